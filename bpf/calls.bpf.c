@@ -1,0 +1,414 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/* `pytrace calls`: exact per-function call counts, inclusive and exclusive
+ * time and latency histograms, aggregated in the kernel.
+ *
+ * Two ways in, one aggregation:
+ *  - uprobe mode: uprobes on _PyEval_EvalFrameDefault's first instruction
+ *    and on its `ret` instructions. The frame's code object identifies the
+ *    function.
+ *  - usdt mode: CPython's function__entry / function__return probes.
+ * Each thread keeps a shadow stack of its open calls (start time, time spent
+ * in callees) so that self time is exact; per-function totals live in a
+ * per-CPU hash map that user space reads at the end. User space hears about a
+ * function once, when it is first seen, through a ring buffer. */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/usdt.bpf.h>
+#include "calls.h"
+#include "python_read.bpf.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+const volatile struct calls_config cfg = {};
+
+/* Set at the first frame evaluation, so the target is stopped only once. */
+__u32 first_eval_seen = 0;
+
+#define SIGSTOP 19
+
+#define SLOT_COUNTED 1   /* a call cProfile would count; else a generator's creation */
+#define SLOT_OUTERMOST 2 /* not a recursive call: its time counts in total_ns */
+
+struct frame_slot {
+	struct func_key key;
+	__u64 start_ns;
+	__u64 child_ns;
+	__u64 flags;
+};
+
+struct thread_stack {
+	/* Open calls, including those past MAX_DEPTH that have no slot. */
+	__u32 depth;
+	__u32 pad;
+	struct frame_slot slots[MAX_DEPTH];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_FUNCTIONS);
+	__type(key, struct func_key);
+	__type(value, struct func_stats);
+} stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_THREADS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct thread_stack);
+} stacks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+} new_functions SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CALLS_COUNTER_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+/* Zeroed templates: the values are too large for the 512-byte BPF stack. */
+struct zeroes {
+	struct func_stats stats;
+	struct thread_stack stack;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct zeroes);
+} zero SEC(".maps");
+
+/* The skeleton emits these types for Rust only if something uses them. */
+struct new_function _new_function = {};
+enum calls_counter _calls_counter = 0;
+enum str_kind _str_kind = 0;
+
+static __always_inline void count(enum calls_counter which)
+{
+	__u32 key = which;
+	__u64 *value = bpf_map_lookup_elem(&counters, &key);
+
+	if (value)
+		*value += 1; /* per-CPU, and a program is not re-entered on one CPU */
+}
+
+static __always_inline __u32 log2_u64(__u64 v)
+{
+	__u32 r = 0;
+
+	if (v >> 32) { v >>= 32; r += 32; }
+	if (v >> 16) { v >>= 16; r += 16; }
+	if (v >> 8) { v >>= 8; r += 8; }
+	if (v >> 4) { v >>= 4; r += 4; }
+	if (v >> 2) { v >>= 2; r += 2; }
+	if (v >> 1) { r += 1; }
+	return r;
+}
+
+static __always_inline __u32 hist_bucket(__u64 ns)
+{
+	__u32 exp;
+
+	if (ns < HIST_LINEAR)
+		return ns;
+	exp = log2_u64(ns);
+	if (exp > HIST_MAX_EXP)
+		return HIST_BUCKETS - 1;
+	return HIST_LINEAR + (exp - HIST_MIN_EXP) * HIST_SUB +
+	       ((ns >> (exp - HIST_SUB_BITS)) & (HIST_SUB - 1));
+}
+
+static __always_inline int same_key(const struct func_key *a, const struct func_key *b)
+{
+	return a->id == b->id && a->aux == b->aux && a->line == b->line;
+}
+
+static __always_inline struct thread_stack *thread_stack(__u32 tid, int create)
+{
+	struct thread_stack *stack = bpf_map_lookup_elem(&stacks, &tid);
+	__u32 zero_key = 0;
+	struct zeroes *z;
+
+	if (stack || !create)
+		return stack;
+	z = bpf_map_lookup_elem(&zero, &zero_key);
+	if (!z)
+		return 0;
+	if (bpf_map_update_elem(&stacks, &tid, &z->stack, BPF_NOEXIST) && 
+	    !bpf_map_lookup_elem(&stacks, &tid)) {
+		count(CALLS_THREAD_MAP_FULL);
+		return 0;
+	}
+	return bpf_map_lookup_elem(&stacks, &tid);
+}
+
+/* Finds or creates the function's statistics; a new function is announced. */
+static __always_inline struct func_stats *function_stats(const struct func_key *key,
+							 int *is_new)
+{
+	struct func_stats *st = bpf_map_lookup_elem(&stats, key);
+	__u32 zero_key = 0;
+	struct zeroes *z;
+
+	*is_new = 0;
+	if (st)
+		return st;
+	z = bpf_map_lookup_elem(&zero, &zero_key);
+	if (!z)
+		return 0;
+	if (bpf_map_update_elem(&stats, key, &z->stats, BPF_NOEXIST) == 0)
+		*is_new = 1;
+	st = bpf_map_lookup_elem(&stats, key);
+	if (!st)
+		count(CALLS_FUNCTION_MAP_FULL);
+	return st;
+}
+
+struct on_stack_ctx {
+	struct thread_stack *stack;
+	const struct func_key *key;
+	__u32 depth;
+	int found;
+};
+
+static long find_on_stack(__u64 i, void *data)
+{
+	struct on_stack_ctx *ctx = data;
+
+	if (i >= ctx->depth || i >= MAX_DEPTH)
+		return 1;
+	if (same_key(&ctx->stack->slots[i], ctx->key)) {
+		ctx->found = 1;
+		return 1;
+	}
+	return 0;
+}
+
+/* Opens a call on this thread's shadow stack. Every entry pushes a slot,
+ * counted or not, so that every return pops the right one. */
+static __always_inline void on_call(const struct func_key *key, int counted)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 now = bpf_ktime_get_ns();
+	struct thread_stack *stack;
+	struct frame_slot *slot;
+	struct func_stats *st;
+	__u32 depth;
+	int is_new;
+
+	if (counted) {
+		st = function_stats(key, &is_new);
+		if (st)
+			__sync_fetch_and_add(&st->calls, 1);
+	}
+
+	stack = thread_stack(tid, 1);
+	if (!stack)
+		return;
+	depth = stack->depth;
+	stack->depth = depth + 1;
+	if (depth >= MAX_DEPTH) {
+		count(CALLS_DEEP_UNTIMED);
+		return;
+	}
+	slot = &stack->slots[depth];
+	slot->key = *key;
+	slot->start_ns = now;
+	slot->child_ns = 0;
+	slot->flags = 0;
+	if (!counted)
+		return;
+	/* Like cProfile, a recursive call's inclusive time is counted only at the
+	 * outermost call, so a function's total never exceeds the wall time. */
+	struct on_stack_ctx ctx = { .stack = stack, .key = key, .depth = depth };
+	bpf_loop(MAX_DEPTH, find_on_stack, &ctx, 0);
+	slot->flags = SLOT_COUNTED | (ctx.found ? 0 : SLOT_OUTERMOST);
+}
+
+static __always_inline void on_return(void)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 now = bpf_ktime_get_ns();
+	struct thread_stack *stack = thread_stack(tid, 0);
+	struct frame_slot *slot;
+	struct func_stats *st;
+	__u64 elapsed, self;
+	__u32 depth, bucket;
+
+	if (!stack || stack->depth == 0) {
+		count(CALLS_UNMATCHED_RETURN);
+		return;
+	}
+	depth = stack->depth - 1;
+	stack->depth = depth;
+	if (depth >= MAX_DEPTH)
+		return;
+	slot = &stack->slots[depth];
+	/* A generator's creation is no call to cProfile: its time stays in the
+	 * caller's self time, as cProfile reports it. */
+	if (!(slot->flags & SLOT_COUNTED))
+		return;
+	elapsed = now - slot->start_ns;
+	self = elapsed > slot->child_ns ? elapsed - slot->child_ns : 0;
+	if (depth > 0) {
+		__u32 parent = depth - 1;
+
+		barrier_var(parent); /* so the verifier sees the check below */
+		if (parent < MAX_DEPTH)
+			stack->slots[parent].child_ns += elapsed;
+	}
+
+	st = bpf_map_lookup_elem(&stats, &slot->key);
+	if (!st)
+		return;
+	__sync_fetch_and_add(&st->timed_calls, 1);
+	if (slot->flags & SLOT_OUTERMOST)
+		__sync_fetch_and_add(&st->total_ns, elapsed);
+	__sync_fetch_and_add(&st->self_ns, self);
+	bucket = hist_bucket(elapsed);
+	if (bucket < HIST_BUCKETS)
+		__sync_fetch_and_add(&st->hist[bucket], 1);
+	for (int i = 0; i < 4; i++) {
+		__u64 max = st->max_ns;
+
+		if (elapsed <= max || __sync_val_compare_and_swap(&st->max_ns, max, elapsed) == max)
+			break;
+	}
+}
+
+static __always_inline void announce(const struct func_key *key, const void *code, const char *file_str,
+				     const char *name_str)
+{
+	struct new_function *ev = bpf_ringbuf_reserve(&new_functions, sizeof(*ev), 0);
+
+	if (!ev) {
+		count(CALLS_NEW_FUNCTION_LOST);
+		return;
+	}
+	ev->key = *key;
+	if (code) {
+		const volatile struct py_layout *l = &cfg.layout;
+
+		ev->name_kind = read_pystr(l, read_ptr(code, l->code_qualname), ev->name, NAME_CAP,
+					   &ev->name_len);
+		ev->file_kind = read_pystr(l, read_ptr(code, l->code_filename), ev->file, FILE_CAP,
+					   &ev->file_len);
+	} else {
+		long n = bpf_probe_read_user_str(ev->name, NAME_CAP, name_str);
+		long m = bpf_probe_read_user_str(ev->file, FILE_CAP, file_str);
+
+		ev->name_kind = n > 0 ? STR_UTF8 : STR_UNREADABLE;
+		ev->name_len = n > 0 ? n - 1 : 0;
+		ev->file_kind = m > 0 ? STR_UTF8 : STR_UNREADABLE;
+		ev->file_len = m > 0 ? m - 1 : 0;
+	}
+	bpf_ringbuf_submit(ev, 0);
+}
+
+/* pytrace started the target and holds it under ptrace until the
+ * interpreter exists. Stopping it at its first frame evaluation, before any
+ * Python code runs, lets user space set the eval-frame hook
+ * (src/python/eval_hook.rs) and only then let it go. */
+static __always_inline void stop_for_hook(void)
+{
+	first_eval_seen = 1;
+	if (bpf_send_signal(SIGSTOP))
+		count(CALLS_STOP_FAILED);
+}
+
+/* From 3.11, calling a generator function runs its frame in the eval loop
+ * just long enough to create the generator (RETURN_GENERATOR). cProfile sees
+ * no call there, only each resumption, which runs in a frame the generator
+ * owns. */
+static __always_inline int is_generator_creation(const void *frame, const void *code)
+{
+	const volatile struct py_layout *l = &cfg.layout;
+	__u32 flags = 0;
+	__u8 owner = 0;
+
+	if (l->frame_owner == PY_NO_FIELD || !code)
+		return 0;
+	if (bpf_probe_read_user(&flags, sizeof(flags), (const char *)code + l->code_flags) ||
+	    bpf_probe_read_user(&owner, sizeof(owner), (const char *)frame + l->frame_owner))
+		return 0;
+	return (flags & PY_CO_GENERATOR_LIKE) && owner == PY_FRAME_OWNED_BY_THREAD;
+}
+
+SEC("uprobe")
+int BPF_UPROBE(eval_entry, const void *tstate, const void *frame)
+{
+	const volatile struct py_layout *l = &cfg.layout;
+	struct func_key key = {};
+	__s32 firstlineno = 0;
+	const void *code;
+	int is_new, counted;
+
+	if (cfg.stop_at_first_eval && !first_eval_seen)
+		stop_for_hook();
+
+	code = read_ptr(frame, l->frame_code);
+	counted = !is_generator_creation(frame, code);
+	if (!code || (cfg.code_type && read_ptr(code, l->object_type) != (void *)cfg.code_type) ||
+	    bpf_probe_read_user(&firstlineno, sizeof(firstlineno),
+				(const char *)code + l->code_firstlineno)) {
+		/* Still push, so that this frame's return pops the right slot. */
+		count(CALLS_BAD_CODE);
+		key.id = 0;
+	} else {
+		key.id = (__u64)code;
+		key.aux = (__u64)read_ptr(code, l->code_qualname);
+		key.line = firstlineno;
+	}
+	key.tgid = bpf_get_current_pid_tgid() >> 32;
+	if (counted && key.id && !bpf_map_lookup_elem(&stats, &key)) {
+		function_stats(&key, &is_new);
+		if (is_new)
+			announce(&key, code, 0, 0);
+	}
+	on_call(&key, counted);
+	return 0;
+}
+
+/* Attached to every `ret` instruction of _PyEval_EvalFrameDefault, not as a
+ * uretprobe: the kernel stops installing uretprobes past 64 nested calls on
+ * one thread, and a Python stack is often deeper. Calls are never inlined
+ * while tracing, so the returning frame is the top of this thread's stack. */
+SEC("uprobe")
+int BPF_UPROBE(eval_return)
+{
+	on_return();
+	return 0;
+}
+
+SEC("usdt")
+int BPF_USDT(usdt_function_entry, const char *file, const char *name, int line)
+{
+	struct func_key key = {
+		.id = (__u64)name,
+		.aux = (__u64)file,
+		.line = line,
+		.tgid = bpf_get_current_pid_tgid() >> 32,
+	};
+	int is_new;
+
+	if (!bpf_map_lookup_elem(&stats, &key)) {
+		function_stats(&key, &is_new);
+		if (is_new)
+			announce(&key, 0, file, name);
+	}
+	on_call(&key, 1);
+	return 0;
+}
+
+SEC("usdt")
+int BPF_USDT(usdt_function_return)
+{
+	on_return();
+	return 0;
+}

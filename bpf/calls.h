@@ -1,0 +1,95 @@
+/* Everything `pytrace calls` shares between its BPF program and user space.
+ * Rust reads these through the skeleton's generated types (src/bpf/mod.rs),
+ * never through a hand-written copy. */
+#ifndef PYTRACE_CALLS_H
+#define PYTRACE_CALLS_H
+
+#include "python.h"
+
+/* Timed frames per thread. Deeper calls are still counted; their time is not
+ * (counter CALLS_DEEP_UNTIMED says how many). */
+#define MAX_DEPTH 256
+/* Preallocated, so a burst of new functions never fails for lack of memory:
+ * about 2.7 KiB each. */
+#define MAX_FUNCTIONS 16384
+#define MAX_THREADS 16384
+
+/* Latency histogram: values below HIST_LINEAR ns get a bucket each; above,
+ * every power of two is split into HIST_SUB buckets (12.5% wide). User space
+ * replays bucket midpoints into hdrhistogram for percentiles. */
+#define HIST_SUB_BITS 3
+#define HIST_SUB (1 << HIST_SUB_BITS)
+#define HIST_LINEAR (2 * HIST_SUB)
+#define HIST_MIN_EXP (HIST_SUB_BITS + 1)
+#define HIST_MAX_EXP 43 /* 2^44 ns is almost 5 hours */
+#define HIST_BUCKETS (HIST_LINEAR + (HIST_MAX_EXP - HIST_MIN_EXP + 1) * HIST_SUB)
+
+#define NAME_CAP 128
+#define FILE_CAP 256
+
+/* How string bytes in new_function were captured. */
+enum str_kind {
+	STR_UNREADABLE = 0,
+	STR_UTF8 = 1,   /* C string (USDT arguments) */
+	STR_ASCII = 2,  /* compact ASCII PyUnicode */
+	STR_UCS1 = 3,   /* compact Latin-1 PyUnicode */
+	STR_UCS2 = 4,
+	STR_UCS4 = 5,
+};
+
+/* Every way an event can be lost or an input can be refused. */
+enum calls_counter {
+	CALLS_NEW_FUNCTION_LOST,   /* ring buffer full: a function's name was not sent */
+	CALLS_FUNCTION_MAP_FULL,   /* more distinct functions than MAX_FUNCTIONS */
+	CALLS_THREAD_MAP_FULL,     /* more live threads than MAX_THREADS */
+	CALLS_BAD_CODE,            /* frame's code object unreadable or not a code object */
+	CALLS_UNMATCHED_RETURN,    /* a return with no entry seen (frames older than attach) */
+	CALLS_DEEP_UNTIMED,        /* calls deeper than MAX_DEPTH: counted, not timed */
+	CALLS_STOP_FAILED,         /* could not stop the target at its first frame */
+	CALLS_COUNTER_COUNT,
+};
+
+/* One Python function. In uprobe mode `id` is the code object's address and
+ * `aux` its qualname's, so a freed code object whose address is reused by
+ * another function gets a new key; in USDT mode they are the probe's name and
+ * file string addresses. */
+struct func_key {
+	__u64 id;
+	__u64 aux;
+	__u32 line;
+	__u32 tgid;
+};
+
+struct func_stats {
+	__u64 calls;
+	__u64 timed_calls;
+	__u64 total_ns;   /* outermost calls only, so recursion is not counted twice */
+	__u64 self_ns;
+	__u64 max_ns;
+	__u64 hist[HIST_BUCKETS];
+};
+
+/* Sent once per function, the first time it is called, while its code object
+ * is certainly alive. */
+struct new_function {
+	struct func_key key;
+	__u32 name_len;  /* characters (PyUnicode) or bytes (UTF-8) */
+	__u32 file_len;
+	__u8 name_kind;  /* enum str_kind */
+	__u8 file_kind;
+	__u8 pad[6];
+	char name[NAME_CAP];
+	char file[FILE_CAP];
+};
+
+struct calls_config {
+	struct py_layout layout;
+	__u32 tgid;
+	/* Address of PyCode_Type in the target; 0 skips the type check. */
+	__u64 code_type;
+	/* Non-zero: stop the target (SIGSTOP, seen by pytrace as its ptrace
+	 * tracer) at its first frame evaluation. */
+	__u64 stop_at_first_eval;
+};
+
+#endif

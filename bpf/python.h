@@ -1,0 +1,40 @@
+/* CPython object layout, as offsets. User space fills one of these per target
+ * from src/python/layouts.rs and puts it in each program's read-only config,
+ * so the BPF code never names a Python version. Shared with Rust through the
+ * skeleton's generated types. */
+#ifndef PYTRACE_PYTHON_H
+#define PYTRACE_PYTHON_H
+
+/* The offset of a field a version does not have. */
+#define PY_NO_FIELD 0xffffffffu
+
+/* co_flags of code whose call makes a generator, coroutine or async
+ * generator instead of running it. */
+#define PY_CO_GENERATOR_LIKE (0x20 | 0x80 | 0x200)
+
+/* _PyInterpreterFrame.owner of a frame run by the calling thread. */
+#define PY_FRAME_OWNED_BY_THREAD 0
+
+struct py_layout {
+	/* PyThreadState */
+	__u32 tstate_interp;
+	/* PyInterpreterState */
+	__u32 interp_eval_frame;
+	/* Python frame (PyFrameObject up to 3.10, _PyInterpreterFrame after) */
+	__u32 frame_code;
+	__u32 frame_owner; /* PY_NO_FIELD before 3.11 */
+	/* PyObject */
+	__u32 object_type;
+	/* PyCodeObject */
+	__u32 code_flags;
+	__u32 code_filename;
+	__u32 code_qualname;
+	__u32 code_firstlineno;
+	/* PyASCIIObject / PyCompactUnicodeObject */
+	__u32 unicode_length;
+	__u32 unicode_state;
+	__u32 unicode_ascii_data;
+	__u32 unicode_compact_data;
+};
+
+#endif

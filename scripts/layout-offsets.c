@@ -1,0 +1,70 @@
+/* Prints the CPython struct offsets pytrace needs, for the Python whose
+ * headers it is compiled against. scripts/layout-offsets.sh runs it for each
+ * installed CPython and its output is pasted into src/python/layouts.rs, so
+ * every number there comes from the real headers, never from a hand count.
+ *
+ * Build: cc -DPy_BUILD_CORE -I$PREFIX/include/python3.X layout-offsets.c
+ */
+#define Py_BUILD_CORE 1
+#include <Python.h>
+#include <stddef.h>
+#include <stdio.h>
+#if PY_VERSION_HEX >= 0x030B0000
+#include <internal/pycore_frame.h>
+#else
+#include <frameobject.h>
+#endif
+#include <internal/pycore_interp.h>
+#include <internal/pycore_runtime.h>
+
+#define FIELD(name, value) printf("    %s: %zu,\n", name, (size_t)(value))
+
+int main(void)
+{
+    printf("// CPython %s, from its headers by scripts/layout-offsets.sh\n", PY_VERSION);
+    printf("Layout {\n");
+    printf("    version: (%d, %d),\n", PY_MAJOR_VERSION, PY_MINOR_VERSION);
+    FIELD("runtime_interpreters_head", offsetof(_PyRuntimeState, interpreters.head));
+    FIELD("interp_next", offsetof(PyInterpreterState, next));
+    FIELD("interp_eval_frame", offsetof(PyInterpreterState, eval_frame));
+#if PY_VERSION_HEX >= 0x030B0000
+    FIELD("interp_threads_head", offsetof(PyInterpreterState, threads.head));
+#else
+    FIELD("interp_threads_head", offsetof(PyInterpreterState, tstate_head));
+#endif
+    FIELD("tstate_next", offsetof(PyThreadState, next));
+    FIELD("tstate_interp", offsetof(PyThreadState, interp));
+    FIELD("tstate_thread_id", offsetof(PyThreadState, thread_id));
+#if PY_VERSION_HEX >= 0x030B0000
+    FIELD("frame_owner", offsetof(_PyInterpreterFrame, owner));
+#else
+    /* Before 3.11 a generator's creation never enters the eval loop. */
+    printf("    frame_owner: NO_FIELD,\n");
+#endif
+#if PY_VERSION_HEX >= 0x030D0000
+    FIELD("frame_code", offsetof(_PyInterpreterFrame, f_executable));
+    FIELD("frame_previous", offsetof(_PyInterpreterFrame, previous));
+#elif PY_VERSION_HEX >= 0x030B0000
+    FIELD("frame_code", offsetof(_PyInterpreterFrame, f_code));
+    FIELD("frame_previous", offsetof(_PyInterpreterFrame, previous));
+#else
+    FIELD("frame_code", offsetof(PyFrameObject, f_code));
+    FIELD("frame_previous", offsetof(PyFrameObject, f_back));
+#endif
+    FIELD("object_type", offsetof(PyObject, ob_type));
+    FIELD("code_flags", offsetof(PyCodeObject, co_flags));
+    FIELD("code_filename", offsetof(PyCodeObject, co_filename));
+    FIELD("code_name", offsetof(PyCodeObject, co_name));
+#if PY_VERSION_HEX >= 0x030B0000
+    FIELD("code_qualname", offsetof(PyCodeObject, co_qualname));
+#else
+    FIELD("code_qualname", offsetof(PyCodeObject, co_name));
+#endif
+    FIELD("code_firstlineno", offsetof(PyCodeObject, co_firstlineno));
+    FIELD("unicode_length", offsetof(PyASCIIObject, length));
+    FIELD("unicode_state", offsetof(PyASCIIObject, state));
+    FIELD("unicode_ascii_data", sizeof(PyASCIIObject));
+    FIELD("unicode_compact_data", sizeof(PyCompactUnicodeObject));
+    printf("}\n");
+    return 0;
+}

@@ -1,0 +1,6 @@
+//! The BPF skeletons built from bpf/*.bpf.c by build.rs.
+
+#[allow(clippy::all, dead_code, non_camel_case_types, unused_imports)]
+pub mod calls {
+    include!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/bpf/calls.skel.rs"));
+}

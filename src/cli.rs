@@ -1,0 +1,143 @@
+//! The command line. Arguments stop here: each subcommand gets a plain
+//! options struct and never sees clap.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::commands;
+use crate::report::calls::SortKey;
+use crate::session::TargetSpec;
+use crate::tracing::calls::Mode;
+
+const EXAMPLES: &str = "\
+Examples:
+  pytrace calls -p 1234 -d 10            exact call counts and latencies for 10 s
+  pytrace calls --top 20 -- python3 app.py
+  pytrace calls -p 1234 --json calls.json
+  pytrace info -p 1234                    what pytrace finds in the process";
+
+#[derive(Parser)]
+#[command(name = "pytrace", version, about = "See what a running CPython process does, from outside it, with eBPF", after_help = EXAMPLES)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Exact call counts, total and self time, and latency percentiles per Python function
+    Calls(CallsArgs),
+    /// What pytrace finds in a Python process or binary, and which mode it would use
+    Info(InfoArgs),
+}
+
+#[derive(Args)]
+struct TargetArgs {
+    /// PID of the Python process to trace
+    #[arg(short, long, conflicts_with = "command")]
+    pid: Option<u32>,
+    /// Stop after this many seconds (default: until the target exits or Ctrl-C)
+    #[arg(short, long, value_name = "SECONDS")]
+    duration: Option<f64>,
+    /// Start this command and trace it from its first Python instruction
+    #[arg(last = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ModeArg {
+    Auto,
+    Usdt,
+    Uprobe,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum SortArg {
+    Calls,
+    Total,
+    #[value(name = "self")]
+    SelfTime,
+}
+
+#[derive(Args)]
+struct CallsArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// How to see calls: CPython's USDT probes or uprobes on the interpreter
+    #[arg(long, value_enum, default_value = "auto")]
+    mode: ModeArg,
+    /// Show only the first N functions
+    #[arg(long, value_name = "N")]
+    top: Option<usize>,
+    /// Order of the rows
+    #[arg(long, value_enum, default_value = "total")]
+    sort: SortArg,
+    /// Also write the report as JSON to FILE ("-" for standard output)
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct InfoArgs {
+    /// PID of a Python process
+    #[arg(short, long, conflicts_with = "binary", required_unless_present = "binary")]
+    pid: Option<u32>,
+    /// A Python executable or libpython, inspected on disk
+    #[arg(long, value_name = "PATH")]
+    binary: Option<PathBuf>,
+    /// Write the findings as JSON to FILE ("-" for standard output)
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+impl TargetArgs {
+    fn into_parts(self) -> Result<(TargetSpec, Option<Duration>)> {
+        let spec = match (self.pid, self.command.is_empty()) {
+            (Some(pid), true) => TargetSpec::Pid(pid),
+            (None, false) => TargetSpec::Command(self.command),
+            (None, true) => bail!("say which process to trace: -p PID, or -- COMMAND to start one"),
+            (Some(_), false) => bail!("give either -p PID or -- COMMAND, not both"),
+        };
+        let duration = match self.duration {
+            Some(s) if !(s > 0.0 && s.is_finite()) => bail!("--duration must be a positive number of seconds"),
+            Some(s) => Some(Duration::from_secs_f64(s)),
+            None => None,
+        };
+        Ok((spec, duration))
+    }
+}
+
+impl Cli {
+    /// Runs the chosen subcommand; returns the process exit code.
+    pub fn run(self) -> Result<i32> {
+        match self.command {
+            Command::Calls(args) => {
+                let (target, duration) = args.target.into_parts()?;
+                commands::calls::run(commands::calls::Options {
+                    target,
+                    duration,
+                    mode: match args.mode {
+                        ModeArg::Auto => None,
+                        ModeArg::Usdt => Some(Mode::Usdt),
+                        ModeArg::Uprobe => Some(Mode::Uprobe),
+                    },
+                    top: args.top,
+                    sort: match args.sort {
+                        SortArg::Calls => SortKey::Calls,
+                        SortArg::Total => SortKey::Total,
+                        SortArg::SelfTime => SortKey::SelfTime,
+                    },
+                    json: args.json,
+                })
+            }
+            Command::Info(args) => commands::info::run(commands::info::Options {
+                pid: args.pid,
+                binary: args.binary,
+                json: args.json,
+            }),
+        }
+    }
+}

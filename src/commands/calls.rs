@@ -1,0 +1,90 @@
+//! `pytrace calls`: exact per-function call counts and latencies.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::python::eval_hook::EvalHook;
+use crate::report::calls::{CallsReport, PythonInfo, SortKey};
+use crate::report::Output;
+use crate::session::{self, Target, TargetSpec};
+use crate::tracing::calls::{self as tracer, Mode, Plan};
+
+pub struct Options {
+    pub target: TargetSpec,
+    pub duration: Option<Duration>,
+    pub mode: Option<Mode>,
+    pub top: Option<usize>,
+    pub sort: SortKey,
+    pub json: Option<PathBuf>,
+}
+
+pub fn run(opts: Options) -> Result<i32> {
+    let mut json = opts.json.as_deref().map(Output::create).transpose()?;
+    let (mut target, python) = Target::prepare(opts.target)?;
+    let (mode, _why) = tracer::choose_mode(&python, opts.mode)?;
+
+    // 3.11+ inlines calls unless the eval-frame hook is set (eval_hook.rs).
+    // The guardian is forked now, before any BPF object or thread exists.
+    let hook = if mode == Mode::Uprobe && python.inlines_calls() {
+        Some(EvalHook::new(target.pid, &python)?)
+    } else {
+        None
+    };
+    let guardian = hook.as_ref().map(EvalHook::spawn_guardian).transpose()?;
+    session::install_signal_handlers();
+
+    let pid = target.pid;
+    let by_us = target.started_by_us();
+    // A command we start has no interpreter yet to set the hook in: the BPF
+    // program stops it at its first frame evaluation and we set it then.
+    let plan = Plan { pid, python: &python, mode, stop_at_first_eval: hook.is_some() && by_us };
+    let target_cell = std::cell::RefCell::new(&mut target);
+    let hook_armed = std::cell::Cell::new(false);
+    let result = tracer::run(
+        &plan,
+        || {
+            let mut target = target_cell.borrow_mut();
+            hook_armed.set(hook.is_some());
+            match &hook {
+                Some(hook) if by_us => target.release_at_first_eval(|| hook.install().map(drop))?,
+                Some(hook) => {
+                    hook.install()?;
+                    target.release()?;
+                }
+                None => target.release()?,
+            }
+            eprintln!("pytrace: attached to PID {pid} (Python {}, {} mode)", python.version, mode.name());
+            Ok(())
+        },
+        || Ok(target_cell.borrow_mut().keep_going(opts.duration)),
+    );
+    let elapsed = target.elapsed();
+    if let Some(hook) = hook.as_ref().filter(|_| hook_armed.get()) {
+        if target.is_running() {
+            if let Err(e) = hook.restore() {
+                eprintln!("pytrace: warning: could not restore interp->eval_frame in PID {pid}: {e:#}");
+            }
+        }
+    }
+    drop(guardian);
+    let data = result?;
+
+    let report = CallsReport::new(
+        pid,
+        PythonInfo { version: python.version.to_string(), mode: mode.name().into() },
+        elapsed.as_nanos() as u64,
+        data,
+        opts.sort,
+    );
+    match &mut json {
+        Some(Output::Stdout) => json.as_mut().unwrap().write_all(report.to_json().as_bytes())?,
+        Some(out) => {
+            out.write_all(report.to_json().as_bytes())?;
+            print!("{}", report.to_table(opts.top));
+        }
+        None => print!("{}", report.to_table(opts.top)),
+    }
+    Ok(target.exit_status().unwrap_or(0))
+}

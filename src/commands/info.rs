@@ -1,0 +1,90 @@
+//! `pytrace info`: what pytrace finds in a Python process or binary, and
+//! which mode each subcommand would use.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+
+use crate::python::{FunctionProbes, Python};
+use crate::report::Output;
+use crate::tracing::calls::choose_mode;
+
+pub struct Options {
+    pub pid: Option<u32>,
+    pub binary: Option<PathBuf>,
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+struct Findings {
+    pid: Option<u32>,
+    version: String,
+    interpreter: String,
+    shared_library: bool,
+    usdt_probes: Vec<String>,
+    function_probes: &'static str,
+    calls_mode: String,
+    calls_mode_reason: String,
+    eval_frame_hook: bool,
+}
+
+pub fn run(opts: Options) -> Result<i32> {
+    let mut json = opts.json.as_deref().map(Output::create).transpose()?;
+    let python = match (opts.pid, &opts.binary) {
+        (Some(pid), _) => Python::from_pid(pid)?,
+        (None, Some(path)) => match Python::from_executable(path, "")? {
+            Some(p) => p,
+            None => bail!("{} is not a CPython executable or libpython", path.display()),
+        },
+        (None, None) => bail!("say what to inspect: -p PID or --binary PATH"),
+    };
+    let mut probes: Vec<String> =
+        python.elf.usdt_probes.iter().map(|p| format!("{}:{}", p.provider, p.name)).collect();
+    probes.sort();
+    probes.dedup();
+    let function_probes = match python.function_probes() {
+        FunctionProbes::Working => "working",
+        FunctionProbes::EntryBroken => "entry probe misses inlined calls (3.11)",
+        FunctionProbes::Missing => "missing",
+    };
+    let (mode, reason) = choose_mode(&python, None)?;
+    let findings = Findings {
+        pid: opts.pid,
+        version: python.version.to_string(),
+        interpreter: python.target_path.clone(),
+        shared_library: python.is_shared_library(),
+        usdt_probes: probes,
+        function_probes,
+        calls_mode: mode.name().into(),
+        calls_mode_reason: reason.into(),
+        eval_frame_hook: mode == crate::tracing::calls::Mode::Uprobe && python.inlines_calls(),
+    };
+    if let Some(out) = &mut json {
+        out.write_all((serde_json::to_string_pretty(&findings)? + "\n").as_bytes())?;
+        if matches!(out, Output::Stdout) {
+            return Ok(0);
+        }
+    }
+    let probes = if findings.usdt_probes.is_empty() {
+        "none (built without --with-dtrace)".to_string()
+    } else {
+        findings.usdt_probes.join(", ")
+    };
+    if let Some(pid) = findings.pid {
+        println!("process:         {pid} ({})", crate::target::proc::command_name(pid));
+    }
+    println!("python:          {}", findings.version);
+    println!(
+        "interpreter:     {} ({})",
+        findings.interpreter,
+        if findings.shared_library { "shared libpython" } else { "in the executable" }
+    );
+    println!("usdt probes:     {probes}");
+    println!("function probes: {}", findings.function_probes);
+    println!("calls mode:      {} ({})", findings.calls_mode, findings.calls_mode_reason);
+    if findings.eval_frame_hook {
+        println!("eval-frame hook: calls sets interp->eval_frame while tracing, so that no call is inlined; restored on exit");
+    }
+    Ok(0)
+}

@@ -1,0 +1,4 @@
+//! One file per subcommand: each wires a BPF session to a report.
+
+pub mod calls;
+pub mod info;

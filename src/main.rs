@@ -1,0 +1,25 @@
+//! pytrace: traces and profiles running CPython processes from outside, with
+//! eBPF. See README.md.
+
+mod bpf;
+mod cli;
+mod commands;
+mod python;
+mod report;
+mod session;
+mod target;
+mod tracing;
+
+use clap::Parser;
+
+fn main() {
+    let cli = cli::Cli::parse();
+    match cli.run() {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            // One sentence, most specific cause last: "what failed: why".
+            eprintln!("pytrace: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}

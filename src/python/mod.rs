@@ -1,0 +1,225 @@
+//! Finding the CPython interpreter in a process or a binary: which ELF file
+//! holds it (the executable, or a shared libpython), its version, where it is
+//! loaded, its USDT probes, and the layout of its structures.
+
+pub mod eval_hook;
+pub mod layouts;
+pub mod strings;
+
+use std::fmt;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+use crate::target::elf::{find_library, ElfFile};
+use crate::target::proc;
+pub use layouts::Layout;
+
+/// The symbols that make an ELF file a CPython interpreter.
+pub const EVAL_FRAME_SYMBOL: &str = "_PyEval_EvalFrameDefault";
+pub const RUNTIME_SYMBOL: &str = "_PyRuntime";
+const CODE_TYPE_SYMBOL: &str = "PyCode_Type";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Version {
+    pub major: u32,
+    pub minor: u32,
+    pub micro: Option<u32>,
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match self.micro {
+            Some(micro) => write!(f, "{}.{}.{}", self.major, self.minor, micro),
+            None => write!(f, "{}.{}", self.major, self.minor),
+        }
+    }
+}
+
+/// A CPython interpreter found in a process or on disk.
+pub struct Python {
+    /// The ELF file holding the interpreter: the executable or libpython.
+    pub elf: ElfFile,
+    /// That file's path as the target sees it.
+    pub target_path: String,
+    pub version: Version,
+    pub layout: &'static Layout,
+    /// Run-time minus link-time addresses, once the file is mapped.
+    pub load_bias: Option<u64>,
+}
+
+impl Python {
+    /// The interpreter inside a running process.
+    pub fn from_pid(pid: u32) -> Result<Self> {
+        if !proc::exists(pid) {
+            bail!("no process with PID {pid}");
+        }
+        let exe = proc::exe_path(pid).map_err(|e| permission_hint(e, pid))?;
+        let maps = proc::file_mappings(pid).map_err(|e| permission_hint(e, pid))?;
+        let mut candidates = vec![exe];
+        for m in &maps {
+            let name = Path::new(&m.path).file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+            if name.starts_with("libpython") && !candidates.contains(&m.path) {
+                candidates.push(m.path.clone());
+            }
+        }
+        for path in candidates {
+            let Ok(elf) = ElfFile::open(&proc::host_path(pid, &path)) else { continue };
+            if !is_interpreter(&elf) {
+                continue;
+            }
+            let first_page = maps
+                .iter()
+                .find(|m| m.path == path && m.offset == 0)
+                .with_context(|| format!("{path} is not mapped at offset 0 in process {pid}"))?
+                .start;
+            let load_bias = Some(elf.load_bias(first_page)?);
+            return Self::new(elf, path, load_bias);
+        }
+        bail!(
+            "process {pid} ({}) is not a CPython process: neither its executable nor its libraries contain the CPython interpreter",
+            proc::command_name(pid)
+        )
+    }
+
+    /// The interpreter a Python executable will run, before it runs: the
+    /// executable itself or the libpython it links. `root` is prefixed to
+    /// library search paths ("" for our own file system). Ok(None): not Python.
+    pub fn from_executable(path: &Path, root: &str) -> Result<Option<Self>> {
+        let exe = ElfFile::open(path)?;
+        let target_path = path.to_string_lossy().into_owned();
+        if is_interpreter(&exe) {
+            return Self::new(exe, target_path, None).map(Some);
+        }
+        let Some(lib) = exe.needed.iter().find(|n| n.starts_with("libpython")) else {
+            return Ok(None);
+        };
+        let dir = path.parent().unwrap_or(Path::new("/"));
+        let lib_path = find_library(&exe, dir, lib, root)
+            .with_context(|| format!("{} needs {lib}, which pytrace could not find", path.display()))?;
+        let elf = ElfFile::open(&lib_path)?;
+        if !is_interpreter(&elf) {
+            bail!("{} does not contain the CPython interpreter", lib_path.display());
+        }
+        let target_path = lib_path.to_string_lossy()[root.len()..].to_string();
+        Self::new(elf, target_path, None).map(Some)
+    }
+
+    fn new(elf: ElfFile, target_path: String, load_bias: Option<u64>) -> Result<Self> {
+        let version = detect_version(&elf, &target_path)?;
+        let Some(layout) = layouts::for_version(version.major, version.minor) else {
+            bail!(
+                "Python {version} ({target_path}) is not supported: pytrace supports CPython {}",
+                layouts::supported_range()
+            );
+        };
+        Ok(Self { elf, target_path, version, layout, load_bias })
+    }
+
+    /// Link-time address of one of the interpreter's symbols.
+    pub fn symbol(&self, name: &str) -> Result<u64> {
+        self.elf
+            .symbol(name)
+            .with_context(|| format!("{} has no symbol {name}", self.target_path))
+    }
+
+    /// Run-time address of a symbol in the target.
+    pub fn runtime_address(&self, name: &str) -> Result<u64> {
+        let bias = self.load_bias.with_context(|| format!("{} is not loaded yet", self.target_path))?;
+        Ok(self.symbol(name)?.wrapping_add(bias))
+    }
+
+    pub fn code_type_address(&self) -> Option<u64> {
+        self.runtime_address(CODE_TYPE_SYMBOL).ok()
+    }
+
+    pub fn is_shared_library(&self) -> bool {
+        self.elf.is_shared_object && self.elf.symbol("main").is_none()
+    }
+
+    /// CPython 3.11 and later inline Python-to-Python calls inside one
+    /// _PyEval_EvalFrameDefault, unless interp->eval_frame is set.
+    pub fn inlines_calls(&self) -> bool {
+        (self.version.major, self.version.minor) >= (3, 11)
+    }
+
+    pub fn function_probes(&self) -> FunctionProbes {
+        let has = |name| self.elf.has_usdt("python", name);
+        if !has("function__entry") || !has("function__return") {
+            FunctionProbes::Missing
+        } else if (self.version.major, self.version.minor) == (3, 11) {
+            FunctionProbes::EntryBroken
+        } else {
+            FunctionProbes::Working
+        }
+    }
+}
+
+/// What CPython's function__entry/function__return USDT probes are good for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FunctionProbes {
+    /// Both fire on every call and return.
+    Working,
+    /// 3.11: function__entry fires only on the rare non-inlined path (5 times
+    /// in 4 million calls, measured), function__return on every return.
+    EntryBroken,
+    /// Built without --with-dtrace, or 3.12 to 3.14 (removed with PEP 669).
+    Missing,
+}
+
+fn is_interpreter(elf: &ElfFile) -> bool {
+    elf.symbol(EVAL_FRAME_SYMBOL).is_some() && elf.symbol(RUNTIME_SYMBOL).is_some()
+}
+
+fn permission_hint(e: anyhow::Error, pid: u32) -> anyhow::Error {
+    let denied = e
+        .chain()
+        .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied));
+    if denied {
+        e.context(format!("pytrace needs root (or CAP_SYS_PTRACE) to inspect process {pid}"))
+    } else {
+        e
+    }
+}
+
+/// From the Py_Version symbol (3.11+), else the PY_VERSION string in the
+/// file's data, else the file name (libpython3.9.so, python3.9).
+fn detect_version(elf: &ElfFile, target_path: &str) -> Result<Version> {
+    if let Some(addr) = elf.symbol("Py_Version") {
+        if let Ok(bytes) = elf.read_static(addr, 4) {
+            let hex = u32::from_le_bytes(bytes.try_into().unwrap());
+            return Ok(Version { major: hex >> 24, minor: (hex >> 16) & 0xff, micro: Some((hex >> 8) & 0xff) });
+        }
+    }
+    let name = Path::new(target_path).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let digits = name.trim_start_matches("lib").strip_prefix("python").unwrap_or("");
+    let mut parts = digits.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty());
+    let (Some(major), Some(minor)) = (parts.next(), parts.next()) else {
+        bail!("could not tell the Python version of {target_path}");
+    };
+    let major: u32 = major.parse()?;
+    let minor: u32 = minor.parse()?;
+    let micro = find_version_string(elf, major, minor);
+    Ok(Version { major, minor, micro })
+}
+
+/// PY_VERSION ("3.9.18") is stored as its own NUL-terminated string.
+fn find_version_string(elf: &ElfFile, major: u32, minor: u32) -> Option<u32> {
+    let bytes = std::fs::read(&elf.path).ok()?;
+    let needle = format!("\0{major}.{minor}.");
+    let mut at = 0;
+    while let Some(i) = find(&bytes[at..], needle.as_bytes()) {
+        let start = at + i + needle.len();
+        let digits: Vec<u8> = bytes[start..].iter().take(3).take_while(|b| b.is_ascii_digit()).copied().collect();
+        let end = start + digits.len();
+        if !digits.is_empty() && bytes.get(end) == Some(&0) {
+            return std::str::from_utf8(&digits).ok()?.parse().ok();
+        }
+        at = start;
+    }
+    None
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}

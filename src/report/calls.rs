@@ -1,0 +1,165 @@
+//! The `calls` report: one row per Python function, as a table or JSON.
+
+use std::collections::HashMap;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use super::{human_ns, thousands};
+use crate::tracing::calls::{CallsData, FunctionTotals};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SortKey {
+    Calls,
+    Total,
+    SelfTime,
+}
+
+#[derive(Serialize)]
+pub struct PythonInfo {
+    pub version: String,
+    pub mode: String,
+}
+
+#[derive(Serialize)]
+pub struct FunctionRow {
+    pub name: String,
+    pub file: String,
+    pub line: u32,
+    pub calls: u64,
+    /// Calls whose duration was measured (deeper than the timed stack, or
+    /// still running at the end, they are counted but not timed).
+    pub timed_calls: u64,
+    pub total_ns: u64,
+    pub self_ns: u64,
+    pub p50_ns: u64,
+    pub p90_ns: u64,
+    pub p99_ns: u64,
+    pub max_ns: u64,
+}
+
+#[derive(Serialize)]
+pub struct CallsReport {
+    pub pid: u32,
+    pub python: PythonInfo,
+    pub duration_ns: u64,
+    pub lost_events: u64,
+    pub counters: HashMap<&'static str, u64>,
+    pub functions: Vec<FunctionRow>,
+}
+
+struct Merged {
+    calls: u64,
+    timed_calls: u64,
+    total_ns: u64,
+    self_ns: u64,
+    max_ns: u64,
+    latency: Histogram<u64>,
+}
+
+impl CallsReport {
+    /// Rows for the same (name, file, line) are merged, as cProfile does: one
+    /// function may have had several code objects (re-executed definitions).
+    pub fn new(pid: u32, python: PythonInfo, duration_ns: u64, data: CallsData, sort: SortKey) -> Self {
+        let lost_events = data.lost_events();
+        let mut merged: HashMap<(String, String, u32), Merged> = HashMap::new();
+        for f in data.functions {
+            let FunctionTotals { name, file, line, calls, timed_calls, total_ns, self_ns, max_ns, latency } = f;
+            match merged.entry((name, file, line)) {
+                std::collections::hash_map::Entry::Occupied(mut e) => {
+                    let m = e.get_mut();
+                    m.calls += calls;
+                    m.timed_calls += timed_calls;
+                    m.total_ns += total_ns;
+                    m.self_ns += self_ns;
+                    m.max_ns = m.max_ns.max(max_ns);
+                    let _ = m.latency.add(&latency);
+                }
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(Merged { calls, timed_calls, total_ns, self_ns, max_ns, latency });
+                }
+            }
+        }
+        let mut functions: Vec<FunctionRow> = merged
+            .into_iter()
+            .map(|((name, file, line), m)| {
+                let q = |q: f64| if m.latency.is_empty() { 0 } else { m.latency.value_at_quantile(q).min(m.max_ns) };
+                FunctionRow {
+                    name,
+                    file,
+                    line,
+                    calls: m.calls,
+                    timed_calls: m.timed_calls,
+                    total_ns: m.total_ns,
+                    self_ns: m.self_ns,
+                    p50_ns: q(0.50),
+                    p90_ns: q(0.90),
+                    p99_ns: q(0.99),
+                    max_ns: m.max_ns,
+                }
+            })
+            .collect();
+        functions.sort_by(|a, b| {
+            let key = |r: &FunctionRow| match sort {
+                SortKey::Calls => r.calls,
+                SortKey::Total => r.total_ns,
+                SortKey::SelfTime => r.self_ns,
+            };
+            key(b).cmp(&key(a)).then_with(|| a.name.cmp(&b.name))
+        });
+        CallsReport {
+            pid,
+            python,
+            duration_ns,
+            lost_events,
+            counters: data.counters.into_iter().collect(),
+            functions,
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("the report serializes") + "\n"
+    }
+
+    pub fn to_table(&self, top: Option<usize>) -> String {
+        let total_calls: u64 = self.functions.iter().map(|f| f.calls).sum();
+        let mut out = format!(
+            "pytrace calls: PID {}, Python {} ({} mode), {:.2} s, {} calls in {} functions, {} lost events\n",
+            self.pid,
+            self.python.version,
+            self.python.mode,
+            self.duration_ns as f64 / 1e9,
+            thousands(total_calls),
+            self.functions.len(),
+            self.lost_events,
+        );
+        let untimed = self.counters.get("deep_untimed_calls").copied().unwrap_or(0);
+        if untimed > 0 {
+            out += &format!("note: {} calls deeper than the timed stack were counted but not timed\n", thousands(untimed));
+        }
+        out += &format!(
+            "{:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {}\n",
+            "calls", "total", "self", "p50", "p90", "p99", "max", "function (file:line)"
+        );
+        let shown = top.unwrap_or(usize::MAX);
+        for f in self.functions.iter().take(shown) {
+            out += &format!(
+                "{:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {} ({}:{})\n",
+                thousands(f.calls),
+                human_ns(f.total_ns),
+                human_ns(f.self_ns),
+                human_ns(f.p50_ns),
+                human_ns(f.p90_ns),
+                human_ns(f.p99_ns),
+                human_ns(f.max_ns),
+                f.name,
+                f.file,
+                f.line,
+            );
+        }
+        if self.functions.len() > shown {
+            out += &format!("… {} more functions (--top)\n", self.functions.len() - shown);
+        }
+        out
+    }
+}

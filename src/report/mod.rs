@@ -1,0 +1,83 @@
+//! Every report pytrace prints or writes: terminal tables and JSON. The
+//! subcommands hand plain data here and never format it themselves.
+
+pub mod calls;
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+/// "-" is standard output; anything else is a file, created now so that an
+/// unwritable path fails before tracing starts, not after.
+pub enum Output {
+    Stdout,
+    File(std::path::PathBuf, File),
+}
+
+impl Output {
+    pub fn create(path: &Path) -> Result<Self> {
+        if path == Path::new("-") {
+            return Ok(Output::Stdout);
+        }
+        let file = File::create(path).with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(Output::File(path.to_path_buf(), file))
+    }
+
+    pub fn write_all(&mut self, bytes: &[u8]) -> Result<()> {
+        match self {
+            Output::Stdout => io::stdout().write_all(bytes).context("failed to write to standard output"),
+            Output::File(path, file) => file.write_all(bytes).with_context(|| format!("failed to write {}", path.display())),
+        }
+    }
+}
+
+/// Nanoseconds in the unit that keeps three or four significant digits.
+pub fn human_ns(ns: u64) -> String {
+    let ns = ns as f64;
+    if ns < 1e3 {
+        format!("{ns:.0}ns")
+    } else if ns < 1e6 {
+        format!("{:.2}µs", ns / 1e3)
+    } else if ns < 1e9 {
+        format!("{:.2}ms", ns / 1e6)
+    } else {
+        format!("{:.2}s", ns / 1e9)
+    }
+}
+
+/// 1234567 -> "1,234,567".
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_numbers_for_people() {
+        assert_eq!(human_ns(999), "999ns");
+        assert_eq!(human_ns(1_500), "1.50µs");
+        assert_eq!(human_ns(2_345_678), "2.35ms");
+        assert_eq!(human_ns(3_000_000_000), "3.00s");
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+        assert_eq!(thousands(100), "100");
+    }
+
+    #[test]
+    fn unwritable_output_fails_at_once() {
+        let err = Output::create(Path::new("/nonexistent-dir/out.json")).err().unwrap();
+        assert!(format!("{err:#}").starts_with("cannot write /nonexistent-dir/out.json"));
+    }
+}

@@ -1,0 +1,6 @@
+//! The process being traced: /proc, its ELF files, and starting it ourselves.
+
+pub mod disasm;
+pub mod elf;
+pub mod launch;
+pub mod proc;

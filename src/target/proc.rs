@@ -1,0 +1,155 @@
+//! What /proc says about a process: its state, its memory mappings, and its
+//! memory itself. The target is untrusted: every read can fail, and callers
+//! get an error with context instead of a guess.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+/// One line of /proc/PID/maps that maps a file.
+#[derive(Debug, Clone)]
+pub struct Mapping {
+    pub start: u64,
+    pub offset: u64,
+    /// The path as the target sees it (in its own mount namespace).
+    pub path: String,
+}
+
+pub fn exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// False once the process has exited, including while it is a zombie that
+/// its parent has not reaped yet.
+pub fn is_running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses and
+        // may itself contain spaces or parentheses.
+        Ok(stat) => match stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()) {
+            Some(state) => state != "Z" && state != "X",
+            None => false,
+        },
+        Err(_) => false,
+    }
+}
+
+pub fn command_name(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// A path in the target's mount namespace, reachable from ours. This is what
+/// makes a Python inside a container look like any other.
+pub fn host_path(pid: u32, path: &str) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/root{path}"))
+}
+
+/// The target's executable as the target names it.
+pub fn exe_path(pid: u32) -> Result<String> {
+    let link = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .with_context(|| format!("failed to read /proc/{pid}/exe"))?;
+    Ok(strip_deleted(&link.to_string_lossy()).to_string())
+}
+
+fn strip_deleted(path: &str) -> &str {
+    path.strip_suffix(" (deleted)").unwrap_or(path)
+}
+
+pub fn file_mappings(pid: u32) -> Result<Vec<Mapping>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .with_context(|| format!("failed to read /proc/{pid}/maps"))?;
+    Ok(text.lines().filter_map(parse_maps_line).collect())
+}
+
+fn parse_maps_line(line: &str) -> Option<Mapping> {
+    // start-end perms offset dev inode path
+    let mut fields = line.splitn(6, ' ');
+    let range = fields.next()?;
+    let _perms = fields.next()?;
+    let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
+    let _dev = fields.next()?;
+    let _inode = fields.next()?;
+    let path = fields.next()?.trim_start();
+    if !path.starts_with('/') {
+        return None;
+    }
+    let start = u64::from_str_radix(range.split('-').next()?, 16).ok()?;
+    Some(Mapping { start, offset, path: strip_deleted(path).to_string() })
+}
+
+/// Reads and writes the target's memory through /proc/PID/mem.
+pub struct Memory {
+    pid: u32,
+    file: File,
+}
+
+impl Memory {
+    pub fn open(pid: u32) -> Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/mem"))
+            .with_context(|| format!("failed to open /proc/{pid}/mem"))?;
+        Ok(Self { pid, file })
+    }
+
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<()> {
+        let n = self
+            .file
+            .read_at(buf, addr)
+            .with_context(|| format!("failed to read {} bytes at {addr:#x} in process {}", buf.len(), self.pid))?;
+        if n != buf.len() {
+            bail!("short read of {} bytes at {addr:#x} in process {}", buf.len(), self.pid);
+        }
+        Ok(())
+    }
+
+    pub fn read_u64(&self, addr: u64) -> Result<u64> {
+        let mut buf = [0u8; 8];
+        self.read(addr, &mut buf)?;
+        Ok(u64::from_ne_bytes(buf))
+    }
+
+    /// One aligned 8-byte write: the target sees the old value or the new.
+    pub fn write_u64(&self, addr: u64, value: u64) -> Result<()> {
+        let n = self
+            .file
+            .write_at(&value.to_ne_bytes(), addr)
+            .with_context(|| format!("failed to write at {addr:#x} in process {}", self.pid))?;
+        if n != 8 {
+            bail!("short write at {addr:#x} in process {}", self.pid);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_file_mappings_and_skips_anonymous_ones() {
+        let m = parse_maps_line(
+            "7f1c2a000000-7f1c2a100000 r-xp 00042000 08:01 1234     /usr/lib/libpython3.11.so.1.0 (deleted)",
+        )
+        .unwrap();
+        assert_eq!(m.start, 0x7f1c2a000000);
+        assert_eq!(m.offset, 0x42000);
+        assert_eq!(m.path, "/usr/lib/libpython3.11.so.1.0");
+        assert!(parse_maps_line("7ffd1000-7ffd2000 rw-p 00000000 00:00 0   [stack]").is_none());
+        assert!(parse_maps_line("7ffd1000-7ffd2000 rw-p 00000000 00:00 0").is_none());
+    }
+
+    #[test]
+    fn this_process_is_running_and_readable() {
+        let pid = std::process::id();
+        assert!(is_running(pid));
+        let value: u64 = 0x1122_3344_5566_7788;
+        let mem = Memory::open(pid).unwrap();
+        assert_eq!(mem.read_u64(&value as *const u64 as u64).unwrap(), value);
+        assert!(mem.read_u64(8).is_err(), "page zero is never mapped");
+    }
+}

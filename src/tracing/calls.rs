@@ -1,0 +1,297 @@
+//! The `calls` BPF session (bpf/calls.bpf.c): load it for one target, attach
+//! it in uprobe or USDT mode, and turn its maps into per-function totals.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::mem::MaybeUninit;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use hdrhistogram::Histogram;
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder};
+
+use super::histogram;
+use crate::bpf::calls::types::{calls_counter, func_key, func_stats, new_function, py_layout};
+use crate::bpf::calls::CallsSkelBuilder;
+use crate::python::{strings, Python, EVAL_FRAME_SYMBOL};
+use crate::target::disasm::return_sites;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// CPython's function__entry / function__return USDT probes.
+    Usdt,
+    /// Uprobes on _PyEval_EvalFrameDefault's entry and its returns.
+    Uprobe,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Usdt => "usdt",
+            Mode::Uprobe => "uprobe",
+        }
+    }
+}
+
+/// One function's totals.
+pub struct FunctionTotals {
+    pub name: String,
+    pub file: String,
+    pub line: u32,
+    pub calls: u64,
+    pub timed_calls: u64,
+    pub total_ns: u64,
+    pub self_ns: u64,
+    pub max_ns: u64,
+    pub latency: Histogram<u64>,
+}
+
+/// Counters from bpf/calls.h's enum calls_counter, by name.
+pub const COUNTER_NAMES: [(&str, calls_counter); 7] = [
+    ("new_function_lost", calls_counter::CALLS_NEW_FUNCTION_LOST),
+    ("function_map_full", calls_counter::CALLS_FUNCTION_MAP_FULL),
+    ("thread_map_full", calls_counter::CALLS_THREAD_MAP_FULL),
+    ("bad_code_object", calls_counter::CALLS_BAD_CODE),
+    ("unmatched_return", calls_counter::CALLS_UNMATCHED_RETURN),
+    ("deep_untimed_calls", calls_counter::CALLS_DEEP_UNTIMED),
+    ("stop_failed", calls_counter::CALLS_STOP_FAILED),
+];
+
+pub struct CallsData {
+    pub functions: Vec<FunctionTotals>,
+    pub counters: Vec<(&'static str, u64)>,
+}
+
+impl CallsData {
+    /// Events that were dropped: each one can make a row wrong or missing.
+    pub fn lost_events(&self) -> u64 {
+        self.counters
+            .iter()
+            .filter(|(name, _)| matches!(*name, "new_function_lost" | "function_map_full" | "thread_map_full"))
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
+pub struct Plan<'a> {
+    pub pid: u32,
+    pub python: &'a Python,
+    pub mode: Mode,
+    /// Stop the target at its first frame evaluation, so the eval-frame hook
+    /// can be set before any Python code runs (see bpf/calls.h).
+    pub stop_at_first_eval: bool,
+}
+
+type Names = HashMap<(u64, u64, u32), (String, String)>;
+
+/// Loads and attaches the program, calls `attached` once it is live, polls
+/// until `keep_going` says stop, then detaches and collects.
+pub fn run(
+    plan: &Plan,
+    attached: impl FnOnce() -> Result<()>,
+    mut keep_going: impl FnMut() -> Result<bool>,
+) -> Result<CallsData> {
+    let mut object = MaybeUninit::uninit();
+    let mut open = CallsSkelBuilder::default()
+        .open(&mut object)
+        .context("failed to open the calls BPF program")?;
+    let rodata = open.maps.rodata_data.as_deref_mut().context("the calls BPF program has no rodata")?;
+    rodata.cfg.layout = bpf_layout(plan.python);
+    rodata.cfg.tgid = plan.pid;
+    rodata.cfg.code_type = plan.python.code_type_address().unwrap_or(0);
+    rodata.cfg.stop_at_first_eval = plan.stop_at_first_eval as u64;
+    let skel = open.load().map_err(privilege_hint).context("failed to load the calls BPF program")?;
+
+    let links = attach(&skel.progs, plan)?;
+    let names: RefCell<Names> = RefCell::new(HashMap::new());
+    let mut builder = RingBufferBuilder::new();
+    builder.add(&skel.maps.new_functions, |bytes: &[u8]| {
+        record_name(&mut names.borrow_mut(), bytes);
+        0
+    })?;
+    let ring = builder.build()?;
+
+    attached()?;
+    while keep_going()? {
+        match ring.poll(Duration::from_millis(100)) {
+            Ok(()) => {}
+            // A signal (Ctrl-C) interrupted the wait: keep_going decides.
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).context("failed to read the calls ring buffer"),
+        }
+    }
+    drop(links);
+    ring.consume().context("failed to drain the calls ring buffer")?;
+    drop(ring);
+    collect(&skel, &names.into_inner())
+}
+
+fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link>> {
+    let python = plan.python;
+    let path = &python.elf.path;
+    let pid = plan.pid as i32;
+    let exited = |e: libbpf_rs::Error| {
+        if !crate::target::proc::is_running(plan.pid) {
+            anyhow::anyhow!("process {} exited while pytrace was attaching", plan.pid)
+        } else {
+            privilege_hint(e)
+        }
+    };
+    let links = match plan.mode {
+        Mode::Uprobe => {
+            let (start, code) = python.elf.function_code(EVAL_FRAME_SYMBOL)?;
+            let returns = return_sites(code, start);
+            if returns.is_empty() {
+                bail!("found no return instruction in {EVAL_FRAME_SYMBOL} of {}", python.target_path);
+            }
+            let what = || format!("failed to attach to {EVAL_FRAME_SYMBOL} in {}", python.target_path);
+            let mut links = Vec::new();
+            let entry = python.elf.file_offset(start)? as usize;
+            links.push(progs.eval_entry.attach_uprobe(false, pid, path, entry).map_err(exited).with_context(what)?);
+            for site in returns {
+                let offset = python.elf.file_offset(site)? as usize;
+                links.push(progs.eval_return.attach_uprobe(false, pid, path, offset).map_err(exited).with_context(what)?);
+            }
+            links
+        }
+        Mode::Usdt => {
+            let what = |probe| format!("failed to attach to the USDT probe python:{probe} in {}", python.target_path);
+            vec![
+                progs
+                    .usdt_function_entry
+                    .attach_usdt(pid, path, "python", "function__entry")
+                    .map_err(exited)
+                    .with_context(|| what("function__entry"))?,
+                progs
+                    .usdt_function_return
+                    .attach_usdt(pid, path, "python", "function__return")
+                    .map_err(exited)
+                    .with_context(|| what("function__return"))?,
+            ]
+        }
+    };
+    if !crate::target::proc::is_running(plan.pid) {
+        bail!("process {} exited while pytrace was attaching", plan.pid);
+    }
+    Ok(links)
+}
+
+/// EPERM/EACCES means missing privileges only when we are not root; as root
+/// EACCES is the verifier refusing a program, whose log libbpf has printed.
+pub fn privilege_hint(e: libbpf_rs::Error) -> anyhow::Error {
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    if e.kind() == libbpf_rs::ErrorKind::PermissionDenied && !root {
+        anyhow::Error::new(e).context("pytrace needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE)")
+    } else {
+        anyhow::Error::new(e)
+    }
+}
+
+fn bpf_layout(python: &Python) -> py_layout {
+    let l = python.layout;
+    py_layout {
+        tstate_interp: l.tstate_interp,
+        interp_eval_frame: l.interp_eval_frame,
+        frame_code: l.frame_code,
+        frame_owner: l.frame_owner,
+        code_flags: l.code_flags,
+        object_type: l.object_type,
+        code_filename: l.code_filename,
+        code_qualname: l.code_qualname,
+        code_firstlineno: l.code_firstlineno,
+        unicode_length: l.unicode_length,
+        unicode_state: l.unicode_state,
+        unicode_ascii_data: l.unicode_ascii_data,
+        unicode_compact_data: l.unicode_compact_data,
+    }
+}
+
+fn record_name(names: &mut Names, bytes: &[u8]) {
+    let mut event = new_function::default();
+    if plain::copy_from_bytes(&mut event, bytes).is_err() {
+        return;
+    }
+    let as_bytes = |chars: &[i8]| chars.iter().map(|&c| c as u8).collect::<Vec<u8>>();
+    let name = strings::decode(event.name_kind, event.name_len, &as_bytes(&event.name));
+    let file = strings::decode(event.file_kind, event.file_len, &as_bytes(&event.file));
+    let k = &event.key;
+    names.insert(
+        (k.id, k.aux, k.line),
+        (name.unwrap_or_else(|| "<unreadable name>".into()), file.unwrap_or_else(|| "<unreadable file>".into())),
+    );
+}
+
+fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsData> {
+    let mut functions = Vec::new();
+    for key_bytes in skel.maps.stats.keys() {
+        let Some(value) = skel.maps.stats.lookup(&key_bytes, MapFlags::ANY)? else { continue };
+        let mut key = func_key::default();
+        plain::copy_from_bytes(&mut key, &key_bytes).map_err(|_| anyhow::anyhow!("bad key size"))?;
+        let (name, file) = match names.get(&(key.id, key.aux, key.line)) {
+            Some(n) => n.clone(),
+            None if key.id == 0 => ("<unreadable code object>".into(), String::new()),
+            None => (format!("<function at {:#x}, name lost>", key.id), String::new()),
+        };
+        let mut totals = FunctionTotals {
+            name,
+            file,
+            line: key.line,
+            calls: 0,
+            timed_calls: 0,
+            total_ns: 0,
+            self_ns: 0,
+            max_ns: 0,
+            latency: histogram::new_histogram(),
+        };
+        let mut s = func_stats::default();
+        plain::copy_from_bytes(&mut s, &value).map_err(|_| anyhow::anyhow!("bad value size"))?;
+        totals.calls = s.calls;
+        totals.timed_calls = s.timed_calls;
+        totals.total_ns = s.total_ns;
+        totals.self_ns = s.self_ns;
+        totals.max_ns = s.max_ns;
+        histogram::add_buckets(&mut totals.latency, &s.hist);
+        functions.push(totals);
+    }
+
+    let mut counters = Vec::new();
+    for (name, which) in COUNTER_NAMES {
+        let key = which.0.to_ne_bytes();
+        let sum = skel
+            .maps
+            .counters
+            .lookup_percpu(&key, MapFlags::ANY)?
+            .map(|cpus| cpus.iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap())).sum())
+            .unwrap_or(0);
+        counters.push((name, sum));
+    }
+    Ok(CallsData { functions, counters })
+}
+
+// SAFETY: plain integer structs generated from bpf/calls.h; any bytes are valid.
+unsafe impl plain::Plain for func_key {}
+unsafe impl plain::Plain for func_stats {}
+unsafe impl plain::Plain for new_function {}
+
+/// The mode `calls` uses for this interpreter, and why. An explicit request
+/// for USDT mode is refused where the probes would miss calls.
+pub fn choose_mode(python: &Python, requested: Option<Mode>) -> Result<(Mode, &'static str)> {
+    use crate::python::FunctionProbes::*;
+    let probes = python.function_probes();
+    match (requested, probes) {
+        (Some(Mode::Uprobe), _) => Ok((Mode::Uprobe, "asked for with --mode uprobe")),
+        (_, Working) => Ok((Mode::Usdt, "function__entry and function__return fire on every call")),
+        (Some(Mode::Usdt), EntryBroken) => bail!(
+            "--mode usdt would miss calls on Python {}: its function__entry probe fires only for calls the interpreter does not inline (almost none); use --mode uprobe",
+            python.version
+        ),
+        (Some(Mode::Usdt), Missing) => bail!(
+            "--mode usdt needs the function__entry and function__return USDT probes, which {} does not have; use --mode uprobe",
+            python.target_path
+        ),
+        (None, EntryBroken) => Ok((Mode::Uprobe, "on 3.11 function__entry misses inlined calls")),
+        (None, Missing) => Ok((Mode::Uprobe, "the interpreter has no function probes")),
+    }
+}

@@ -42,7 +42,7 @@ pub fn preflight() -> Result<()> {
         bail!("this kernel has no BTF ({btf} is missing): pytrace needs a kernel built with CONFIG_DEBUG_INFO_BTF=y");
     }
     if !has_tracing_privileges() {
-        bail!("pytrace needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE) to trace processes: run it with sudo");
+        bail!("tracing needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE): run pytrace with sudo");
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use serde::Serialize;
 
+use crate::python::eval_hook::EvalHook;
 use crate::python::{FunctionProbes, Python};
 use crate::report::Output;
 use crate::tracing::calls::choose_mode;
@@ -27,6 +28,8 @@ struct Findings {
     calls_mode: String,
     calls_mode_reason: String,
     eval_frame_hook: bool,
+    /// With -p on 3.11+: what interp->eval_frame holds now.
+    eval_frame_now: Option<&'static str>,
 }
 
 pub fn run(opts: Options) -> Result<i32> {
@@ -59,6 +62,10 @@ pub fn run(opts: Options) -> Result<i32> {
         calls_mode: mode.name().into(),
         calls_mode_reason: reason.into(),
         eval_frame_hook: mode == crate::tracing::calls::Mode::Uprobe && python.inlines_calls(),
+        eval_frame_now: match opts.pid {
+            Some(pid) if python.inlines_calls() => Some(EvalHook::new(pid, &python)?.state()?.describe()),
+            _ => None,
+        },
     };
     if let Some(out) = &mut json {
         out.write_all((serde_json::to_string_pretty(&findings)? + "\n").as_bytes())?;
@@ -85,6 +92,9 @@ pub fn run(opts: Options) -> Result<i32> {
     println!("calls mode:      {} ({})", findings.calls_mode, findings.calls_mode_reason);
     if findings.eval_frame_hook {
         println!("eval-frame hook: calls sets interp->eval_frame while tracing, so that no call is inlined; restored on exit");
+    }
+    if let Some(now) = findings.eval_frame_now {
+        println!("eval_frame now:  {now}");
     }
     Ok(0)
 }

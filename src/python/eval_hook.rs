@@ -86,6 +86,20 @@ impl EvalHook {
         Ok(changed)
     }
 
+    /// What the main interpreter's eval_frame holds now.
+    pub fn state(&self) -> Result<HookState> {
+        let bias = self.load_bias()?;
+        let mem = Memory::open(self.pid)?;
+        let Some(&slot) = self.eval_frame_slots(&mem, bias)?.first() else {
+            return Ok(HookState::Unset);
+        };
+        Ok(match mem.read_u64(slot)? {
+            0 => HookState::Unset,
+            v if v == self.hook_value(bias) => HookState::Ours,
+            _ => HookState::Other,
+        })
+    }
+
     /// Puts NULL back wherever the hook holds our value; returns how many.
     pub fn restore(&self) -> Result<usize> {
         if !proc::is_running(self.pid) {
@@ -156,6 +170,26 @@ impl EvalHook {
                 }
             };
             libc::_exit(code);
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookState {
+    /// NULL: CPython's default (on 3.11+, calls are inlined).
+    Unset,
+    /// _PyEval_EvalFrameDefault: pytrace's hook, tracing now or left behind.
+    Ours,
+    /// Another function: someone else's PEP 523 hook (a debugger, a JIT).
+    Other,
+}
+
+impl HookState {
+    pub fn describe(self) -> &'static str {
+        match self {
+            HookState::Unset => "not set",
+            HookState::Ours => "set to _PyEval_EvalFrameDefault (pytrace calls is tracing this process)",
+            HookState::Other => "set by another tool (a debugger or JIT's PEP 523 hook)",
         }
     }
 }

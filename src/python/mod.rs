@@ -54,6 +54,9 @@ impl Python {
         if !proc::exists(pid) {
             bail!("no process with PID {pid}");
         }
+        if !proc::is_running(pid) {
+            bail!("process {pid} has exited");
+        }
         let exe = proc::exe_path(pid).map_err(|e| permission_hint(e, pid))?;
         let maps = proc::file_mappings(pid).map_err(|e| permission_hint(e, pid))?;
         let mut candidates = vec![exe];
@@ -176,7 +179,7 @@ fn permission_hint(e: anyhow::Error, pid: u32) -> anyhow::Error {
         .chain()
         .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied));
     if denied {
-        e.context(format!("pytrace needs root (or CAP_SYS_PTRACE) to inspect process {pid}"))
+        e.context(format!("inspecting process {pid} needs root (or CAP_SYS_PTRACE)"))
     } else {
         e
     }

@@ -183,7 +183,7 @@ pub fn privilege_hint(e: libbpf_rs::Error) -> anyhow::Error {
     // SAFETY: geteuid cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
     if e.kind() == libbpf_rs::ErrorKind::PermissionDenied && !root {
-        anyhow::Error::new(e).context("pytrace needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE)")
+        anyhow::Error::new(e).context("tracing needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE)")
     } else {
         anyhow::Error::new(e)
     }

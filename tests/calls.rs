@@ -1,0 +1,182 @@
+//! `pytrace calls` against real CPython processes, with cProfile's ncalls as
+//! the ground truth. Every test loads real BPF programs; none is skipped.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::*;
+
+const ROUNDS: &str = "50";
+
+/// Functions the fixture runs outside main(): its module body and class
+/// bodies. cProfile (around main only) does not see them; pytrace must see
+/// each exactly once when it traces the whole run.
+const OUTSIDE_MAIN: [&str; 3] = ["<module>", "Shape", "Square"];
+
+fn assert_matches_cprofile(label: &str, report: &serde_json::Value, truth: &HashMap<u32, (String, u64)>, whole_run: bool) {
+    let rows = rows_for_file(report, "fixtures/callgraph.py");
+    for (line, (name, calls)) in truth {
+        let row = rows.get(line).unwrap_or_else(|| panic!("{label}: no row for {name} (line {line})"));
+        assert_eq!(row["calls"].as_u64().unwrap(), *calls, "{label}: calls of {name} (line {line})");
+    }
+    for (line, row) in &rows {
+        if truth.contains_key(line) {
+            continue;
+        }
+        let name = row["name"].as_str().unwrap();
+        assert!(whole_run && OUTSIDE_MAIN.contains(&name), "{label}: unexpected row {name} (line {line})");
+        assert_eq!(row["calls"].as_u64().unwrap(), 1, "{label}: {name} runs once");
+    }
+    assert_eq!(report["lost_events"].as_u64().unwrap(), 0, "{label}: lost events");
+}
+
+/// Self time never exceeds total time, and a caller's total covers each
+/// callee's total (the fixture has no mutual recursion).
+fn assert_times_consistent(label: &str, report: &serde_json::Value) {
+    let rows = rows_for_file(report, "fixtures/callgraph.py");
+    for row in rows.values() {
+        let (total, self_ns) = (row["total_ns"].as_u64().unwrap(), row["self_ns"].as_u64().unwrap());
+        assert!(self_ns <= total, "{label}: {} self {self_ns} > total {total}", row["name"]);
+        assert!(row["p50_ns"].as_u64().unwrap() <= row["max_ns"].as_u64().unwrap());
+    }
+    let total = |name: &str| {
+        rows.values().find(|r| r["name"] == name).map(|r| r["total_ns"].as_u64().unwrap()).unwrap_or_else(|| panic!("{label}: no {name}"))
+    };
+    for (caller, callee) in [("main", "one_round"), ("one_round", "middle"), ("middle", "leaf"), ("catches", "raises"), ("one_round", "deep")] {
+        assert!(total(caller) >= total(callee), "{label}: {caller} total < {callee} total");
+    }
+}
+
+#[test]
+fn counts_equal_cprofile_when_pytrace_starts_the_command() {
+    for (label, python) in pythons() {
+        let truth = cprofile_calls(&python, "callgraph.py", &["--rounds", ROUNDS]);
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("calls.json");
+        let out = pytrace(&[
+            "calls", "--json", json.to_str().unwrap(), "--",
+            python.to_str().unwrap(), &fixture("callgraph.py"), "--rounds", ROUNDS,
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{label}: pytrace failed: {stderr}");
+        assert!(stderr.contains("uprobe mode"), "{label}: 3.11 needs uprobe mode: {stderr}");
+        let report = read_json(&json);
+        assert_eq!(report["python"]["mode"], "uprobe");
+        assert_matches_cprofile(label, &report, &truth, true);
+        assert_times_consistent(label, &report);
+        // Everything ran from the first instruction: no return without its call.
+        assert_eq!(report["counters"]["unmatched_return"], 0, "{label}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("function (file:line)"), "the table goes to stdout");
+    }
+}
+
+#[test]
+fn counts_equal_cprofile_when_attached_by_pid() {
+    for (label, python) in pythons() {
+        let truth = cprofile_calls(&python, "callgraph.py", &["--rounds", ROUNDS]);
+        let target = start_waiting(&python, "callgraph.py", &["--rounds", ROUNDS]);
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("calls.json");
+        let pid = target.pid().to_string();
+        let tracer = start_tracer(&["calls", "-p", &pid, "--json", json.to_str().unwrap()]);
+        assert!(tracer.stderr_head.contains(&format!("attached to PID {pid} (Python 3.11")), "{}", tracer.stderr_head);
+        signal(target.pid(), libc::SIGUSR1);
+        let (code, _, stderr) = tracer.finish();
+        assert_eq!(code, 0, "{label}: {stderr}");
+        let report = read_json(&json);
+        assert_matches_cprofile(label, &report, &truth, false);
+        assert_times_consistent(label, &report);
+    }
+}
+
+#[test]
+fn json_has_the_documented_fields_and_sorting_works() {
+    let (_, python) = pythons().remove(0);
+    let out = pytrace(&[
+        "calls", "--sort", "calls", "--json", "-", "--",
+        python.to_str().unwrap(), &fixture("callgraph.py"), "--rounds", "5",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("--json - writes only JSON to stdout");
+    assert!(report["python"]["version"].as_str().unwrap().starts_with("3.11."));
+    assert!(report["lost_events"].is_u64());
+    let functions = report["functions"].as_array().unwrap();
+    for key in ["name", "file", "line", "calls", "total_ns", "self_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns"] {
+        assert!(functions[0].get(key).is_some(), "missing {key}");
+    }
+    let calls: Vec<u64> = functions.iter().map(|f| f["calls"].as_u64().unwrap()).collect();
+    assert!(calls.windows(2).all(|w| w[0] >= w[1]), "--sort calls orders by calls");
+
+    let out = pytrace(&["calls", "--top", "3", "--", python.to_str().unwrap(), &fixture("callgraph.py"), "--rounds", "5"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    // Rows sit between the column header and the "… more" line.
+    let rows = table.lines().skip_while(|l| !l.contains("function (file:line)")).skip(1).filter(|l| !l.starts_with('…')).count();
+    assert_eq!(rows, 3, "--top 3 shows three rows:\n{table}");
+    assert!(table.contains("more functions (--top)"));
+}
+
+#[test]
+fn exit_status_of_the_command_is_passed_on() {
+    let (_, python) = pythons().remove(0);
+    let out = pytrace(&["calls", "--", python.to_str().unwrap(), "-c", "import sys; sys.exit(7)"]);
+    assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("pytrace calls:"), "the report is still written");
+}
+
+/// Stopping by -d, SIGINT or SIGTERM writes the report, puts interp->eval_frame
+/// back, and leaves the target running to its correct end.
+#[test]
+fn every_stop_writes_the_report_and_restores_the_target() {
+    for (label, python) in pythons() {
+        for how in ["duration", "sigint", "sigterm"] {
+            let target = start_waiting(&python, "callgraph.py", &["--rounds", "1000000"]);
+            let pid = target.pid().to_string();
+            let mut args = vec!["calls", "-p", &pid];
+            if how == "duration" {
+                args.extend(["-d", "1"]);
+            }
+            let tracer = start_tracer(&args);
+            signal(target.pid(), libc::SIGUSR1);
+            assert!(eval_frame_now(target.pid()).contains("pytrace calls is tracing"), "{label}/{how}: hook set while tracing");
+            match how {
+                "sigint" => signal(tracer.child.pid(), libc::SIGINT),
+                "sigterm" => signal(tracer.child.pid(), libc::SIGTERM),
+                _ => {}
+            }
+            let (code, out, stderr) = tracer.finish();
+            assert_eq!(code, 0, "{label}/{how}: {stderr}");
+            assert!(out.contains("one_round"), "{label}/{how}: report written:\n{out}");
+            assert_eq!(eval_frame_now(target.pid()), "not set", "{label}/{how}: hook restored");
+            assert_target_still_correct(target);
+        }
+    }
+}
+
+/// SIGKILL gives pytrace no chance to clean up: its guardian does.
+#[test]
+fn sigkill_of_pytrace_still_restores_the_target() {
+    for (label, python) in pythons() {
+        let target = start_waiting(&python, "callgraph.py", &["--rounds", "1000000"]);
+        let pid = target.pid().to_string();
+        let tracer = start_tracer(&["calls", "-p", &pid]);
+        signal(target.pid(), libc::SIGUSR1);
+        assert!(eval_frame_now(target.pid()).contains("pytrace calls is tracing"), "{label}");
+        signal(tracer.child.pid(), libc::SIGKILL);
+        let _ = tracer.finish();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while eval_frame_now(target.pid()) != "not set" {
+            assert!(std::time::Instant::now() < deadline, "{label}: the guardian did not restore eval_frame");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert_target_still_correct(target);
+    }
+}
+
+/// The fixture checks its own results each round: a few more seconds of
+/// running after tracing ends, then SIGTERM, must find it alive (an assertion
+/// failure or crash would have ended it).
+fn assert_target_still_correct(mut target: Proc) {
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(target.0.try_wait().unwrap().is_none(), "the target died after tracing");
+}

@@ -1,0 +1,166 @@
+//! Shared by the integration tests: the real pytrace binary, real Python
+//! processes (killed on drop), and cProfile as ground truth.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const PYTRACE: &str = env!("CARGO_BIN_EXE_pytrace");
+
+pub fn fixture(name: &str) -> String {
+    format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The CPythons every exactness test runs on. Both must exist: CI installs
+/// them (scripts/install.sh); a missing one fails the test, never skips it.
+pub fn pythons() -> Vec<(&'static str, PathBuf)> {
+    let debian = PathBuf::from("/usr/bin/python3.11");
+    assert!(debian.exists(), "Debian's python3.11 is missing: run scripts/install.sh");
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let pyenv = std::fs::read_dir(format!("{home}/.pyenv/versions"))
+        .ok()
+        .and_then(|dirs| {
+            dirs.flatten()
+                .map(|d| d.path().join("bin/python3.11"))
+                .find(|p| p.exists() && p.to_string_lossy().contains("/3.11."))
+        })
+        .expect("pyenv's python 3.11 (shared libpython, no USDT probes) is missing");
+    vec![("debian", debian), ("pyenv", pyenv)]
+}
+
+/// A child process killed (and reaped) when dropped, whatever the test did.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+/// Starts a fixture with --wait and returns once it is blocked waiting for
+/// SIGUSR1, so a tracer can attach before any of its work runs.
+pub fn start_waiting(python: &Path, script: &str, args: &[&str]) -> Proc {
+    let mut child = Command::new(python)
+        .arg(fixture(script))
+        .args(args)
+        .arg("--wait")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the fixture");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready", "fixture did not start");
+    Proc(child)
+}
+
+pub fn signal(pid: u32, sig: i32) {
+    // SAFETY: plain kill(2).
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0, "kill({pid}, {sig})");
+}
+
+/// pytrace started in the background; stderr is read until the attached line.
+pub struct Tracer {
+    pub child: Proc,
+    pub stderr_head: String,
+    stderr_rest: std::thread::JoinHandle<String>,
+}
+
+pub fn start_tracer(args: &[&str]) -> Tracer {
+    let mut child = Command::new(PYTRACE)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start pytrace");
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut head = String::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 || Instant::now() > deadline {
+            let mut rest = String::new();
+            let _ = child.stdout.take().unwrap().read_to_string(&mut rest);
+            panic!("pytrace ended before attaching: {head}{line}{rest}");
+        }
+        head.push_str(&line);
+        if line.contains("attached to PID") {
+            break;
+        }
+    }
+    // Keep draining stderr so pytrace never blocks on a full pipe.
+    let stderr_rest = std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = stderr.read_to_string(&mut rest);
+        rest
+    });
+    Tracer { child: Proc(child), stderr_head: head, stderr_rest }
+}
+
+impl Tracer {
+    /// Waits for pytrace to finish; returns its exit code, stdout and all
+    /// of stderr.
+    pub fn finish(mut self) -> (i32, String, String) {
+        let mut out = String::new();
+        self.child.0.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        let status = self.child.0.wait().unwrap();
+        let Tracer { stderr_head, stderr_rest, .. } = self;
+        let err = stderr_head + &stderr_rest.join().unwrap();
+        (status.code().unwrap_or(-1), out, err)
+    }
+}
+
+pub fn pytrace(args: &[&str]) -> Output {
+    Command::new(PYTRACE).args(args).output().expect("run pytrace")
+}
+
+/// cProfile's ncalls for each function of a fixture, keyed by first line.
+pub fn cprofile_calls(python: &Path, script: &str, args: &[&str]) -> HashMap<u32, (String, u64)> {
+    let out_file = tempfile::NamedTempFile::new().unwrap();
+    let status = Command::new(python)
+        .arg(fixture(script))
+        .args(args)
+        .arg("--cprofile")
+        .arg(out_file.path())
+        .status()
+        .unwrap();
+    assert!(status.success(), "the fixture failed under cProfile");
+    let rows: serde_json::Value = serde_json::from_reader(std::fs::File::open(out_file.path()).unwrap()).unwrap();
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["line"].as_u64().unwrap() as u32, (r["name"].as_str().unwrap().to_string(), r["calls"].as_u64().unwrap())))
+        .collect()
+}
+
+/// pytrace's JSON rows for one file, keyed by first line.
+pub fn rows_for_file<'a>(report: &'a serde_json::Value, file_suffix: &str) -> HashMap<u32, &'a serde_json::Value> {
+    report["functions"]
+        .as_array()
+        .expect("functions array")
+        .iter()
+        .filter(|f| f["file"].as_str().unwrap_or("").ends_with(file_suffix))
+        .map(|f| (f["line"].as_u64().unwrap() as u32, f))
+        .collect()
+}
+
+pub fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("report written")).expect("report is JSON")
+}
+
+/// What `pytrace info -p` says interp->eval_frame holds now.
+pub fn eval_frame_now(pid: u32) -> String {
+    let out = pytrace(&["info", "-p", &pid.to_string(), "--json", "-"]);
+    assert!(out.status.success(), "info failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["eval_frame_now"].as_str().unwrap_or("").to_string()
+}

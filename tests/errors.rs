@@ -1,0 +1,109 @@
+//! Bad input gets one clear sentence on stderr and a non-zero exit code,
+//! never a panic, and nothing is left changed in any process.
+
+mod common;
+
+use std::process::{Command, Stdio};
+
+use common::*;
+
+/// Runs pytrace, expecting failure with a one-line message containing `want`.
+fn assert_fails_with(args: &[&str], envs: &[(&str, &str)], want: &str) {
+    let out = Command::new(PYTRACE).args(args).envs(envs.iter().copied()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "pytrace {args:?} should fail: {stderr}");
+    assert!(stderr.contains(want), "pytrace {args:?}: expected {want:?} in {stderr:?}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line, not a backtrace: {stderr}");
+    assert!(stderr.starts_with("pytrace: ") && !stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn nonexistent_pid() {
+    assert_fails_with(&["calls", "-p", "999999999"], &[], "no process with PID 999999999");
+    assert_fails_with(&["info", "-p", "999999999"], &[], "no process with PID 999999999");
+}
+
+#[test]
+fn process_that_is_not_python() {
+    let sleeper = Proc(Command::new("sleep").arg("30").spawn().unwrap());
+    let pid = sleeper.pid().to_string();
+    assert_fails_with(&["calls", "-p", &pid], &[], &format!("process {pid} (sleep) is not a CPython process"));
+}
+
+#[test]
+fn python_version_not_supported() {
+    // pyenv's 3.8 ships with this machine image; 3.8 has no layout table.
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let python38 = format!("{home}/.pyenv/versions/3.8.18/bin/python3.8");
+    assert!(std::path::Path::new(&python38).exists(), "{python38} is needed for this test");
+    let target = Proc(Command::new(&python38).args(["-c", "import time; time.sleep(30)"]).spawn().unwrap());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let pid = target.pid().to_string();
+    assert_fails_with(&["calls", "-p", &pid], &[], "Python 3.8");
+    assert_fails_with(&["calls", "-p", &pid], &[], "is not supported: pytrace supports CPython 3.9 to");
+    assert_fails_with(&["calls", "--", &python38, "-c", "pass"], &[], "is not supported");
+}
+
+#[test]
+fn target_that_has_already_exited() {
+    // Not reaped, so its PID still exists (a zombie), as when a target dies
+    // while pytrace is starting.
+    let (_, python) = pythons().remove(0);
+    let mut target = Command::new(&python).args(["-c", "pass"]).spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let pid = target.id().to_string();
+    assert_fails_with(&["calls", "-p", &pid], &[], &format!("process {pid} has exited"));
+    target.wait().unwrap();
+}
+
+#[test]
+fn without_privileges() {
+    let (_, python) = pythons().remove(0);
+    let target = start_waiting(&python, "callgraph.py", &["--rounds", "1"]);
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", PYTRACE, "calls", "-p", &target.pid().to_string()])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("tracing needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE)"), "{stderr}");
+    assert_eq!(eval_frame_now(target.pid()), "not set", "nothing was changed");
+}
+
+#[test]
+fn kernel_without_btf() {
+    assert_fails_with(&["calls", "-p", "1"], &[("PYTRACE_KERNEL_BTF", "/nonexistent/vmlinux")], "this kernel has no BTF");
+}
+
+#[test]
+fn command_that_does_not_exist_or_is_not_python() {
+    assert_fails_with(&["calls", "--", "no-such-command-pytrace"], &[], "command not found: no-such-command-pytrace");
+    assert_fails_with(&["calls", "--", "/bin/true"], &[], "/bin/true exited with status 0 before starting Python");
+}
+
+#[test]
+fn unwritable_output_fails_before_tracing() {
+    let (_, python) = pythons().remove(0);
+    let out = Command::new(PYTRACE)
+        .args(["calls", "--json", "/nonexistent-dir/calls.json", "--", python.to_str().unwrap(), "-c", "print('ran')"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot write /nonexistent-dir/calls.json"));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"), "the command must not have run");
+}
+
+#[test]
+fn usdt_mode_is_refused_where_it_would_miss_calls() {
+    let pythons = pythons();
+    assert_fails_with(&["calls", "--mode", "usdt", "--", pythons[0].1.to_str().unwrap(), "-c", "pass"], &[], "would miss calls on Python 3.11");
+    assert_fails_with(&["calls", "--mode", "usdt", "--", pythons[1].1.to_str().unwrap(), "-c", "pass"], &[], "needs the function__entry and function__return USDT probes");
+}
+
+#[test]
+fn missing_or_conflicting_target() {
+    assert_fails_with(&["calls"], &[], "say which process to trace");
+    assert_fails_with(&["calls", "-d", "0", "-p", "1"], &[], "--duration must be a positive number");
+    assert_fails_with(&["info", "--binary", "/bin/ls"], &[], "/bin/ls is not a CPython executable or libpython");
+}

@@ -3,9 +3,9 @@
  * time and latency histograms, aggregated in the kernel.
  *
  * Two ways in, one aggregation:
- *  - uprobe mode: uprobes on _PyEval_EvalFrameDefault's first instruction
- *    and on its `ret` instructions. The frame's code object identifies the
- *    function.
+ *  - uprobe mode: one uprobe session on _PyEval_EvalFrameDefault (entry and
+ *    return in one program and one link). The frame's code object
+ *    identifies the function. Why a session: see eval_frame below.
  *  - usdt mode: CPython's function__entry / function__return probes.
  * Each thread keeps a shadow stack of its open calls (start time, time spent
  * in callees) so that self time is exact; per-function totals live in a
@@ -29,9 +29,11 @@ __u32 first_eval_seen = 0;
 
 #define SLOT_COUNTED 1   /* a call cProfile would count; else a generator's creation */
 #define SLOT_OUTERMOST 2 /* not a recursive call: its time counts in total_ns */
+#define SLOT_RETURNS 4   /* its return will be seen (within URETPROBE_DEPTH) */
 
 struct frame_slot {
 	struct func_key key;
+	__u64 frame; /* the interpreter frame's address, 0 in USDT mode */
 	__u64 start_ns;
 	__u64 child_ns;
 	__u64 flags;
@@ -190,61 +192,16 @@ static long find_on_stack(__u64 i, void *data)
 	return 0;
 }
 
-/* Opens a call on this thread's shadow stack. Every entry pushes a slot,
- * counted or not, so that every return pops the right one. */
-static __always_inline void on_call(const struct func_key *key, int counted)
+/* Closes the top call of a thread's stack at `now`. */
+static __always_inline void close_top(struct thread_stack *stack, __u64 now)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	__u64 now = bpf_ktime_get_ns();
-	struct thread_stack *stack;
-	struct frame_slot *slot;
-	struct func_stats *st;
-	__u32 depth;
-	int is_new;
-
-	if (counted) {
-		st = function_stats(key, &is_new);
-		if (st)
-			__sync_fetch_and_add(&st->calls, 1);
-	}
-
-	stack = thread_stack(tid, 1);
-	if (!stack)
-		return;
-	depth = stack->depth;
-	stack->depth = depth + 1;
-	if (depth >= MAX_DEPTH) {
-		count(CALLS_DEEP_UNTIMED);
-		return;
-	}
-	slot = &stack->slots[depth];
-	slot->key = *key;
-	slot->start_ns = now;
-	slot->child_ns = 0;
-	slot->flags = 0;
-	if (!counted)
-		return;
-	/* Like cProfile, a recursive call's inclusive time is counted only at the
-	 * outermost call, so a function's total never exceeds the wall time. */
-	struct on_stack_ctx ctx = { .stack = stack, .key = key, .depth = depth };
-	bpf_loop(MAX_DEPTH, find_on_stack, &ctx, 0);
-	slot->flags = SLOT_COUNTED | (ctx.found ? 0 : SLOT_OUTERMOST);
-}
-
-static __always_inline void on_return(void)
-{
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	__u64 now = bpf_ktime_get_ns();
-	struct thread_stack *stack = thread_stack(tid, 0);
 	struct frame_slot *slot;
 	struct func_stats *st;
 	__u64 elapsed, self;
 	__u32 depth, bucket;
 
-	if (!stack || stack->depth == 0) {
-		count(CALLS_UNMATCHED_RETURN);
+	if (stack->depth == 0)
 		return;
-	}
 	depth = stack->depth - 1;
 	stack->depth = depth;
 	if (depth >= MAX_DEPTH)
@@ -254,6 +211,8 @@ static __always_inline void on_return(void)
 	 * caller's self time, as cProfile reports it. */
 	if (!(slot->flags & SLOT_COUNTED))
 		return;
+	if (!(slot->flags & SLOT_RETURNS))
+		count(CALLS_INFERRED_RETURN);
 	elapsed = now - slot->start_ns;
 	self = elapsed > slot->child_ns ? elapsed - slot->child_ns : 0;
 	if (depth > 0) {
@@ -280,6 +239,124 @@ static __always_inline void on_return(void)
 		if (elapsed <= max || __sync_val_compare_and_swap(&st->max_ns, max, elapsed) == max)
 			break;
 	}
+}
+
+struct unwind_ctx {
+	struct thread_stack *stack;
+	__u64 now;
+	/* Stop at the slot of this frame (0: stop at the first that returns)... */
+	__u64 until_frame;
+	/* ...or once the stack is this deep (0: no such limit). */
+	__u32 until_depth;
+};
+
+/* Closes the calls whose returns the kernel did not report (deeper than
+ * URETPROBE_DEPTH) and that have ended by now: those above the slot that
+ * returns, or above the caller of a new call. */
+static long unwind_one(__u64 i, void *data)
+{
+	struct unwind_ctx *ctx = data;
+	struct thread_stack *stack = ctx->stack;
+	struct frame_slot *top;
+	__u32 depth = stack->depth;
+
+	if (depth == 0 || depth <= ctx->until_depth)
+		return 1;
+	if (depth > MAX_DEPTH) {
+		/* Slot-less calls past MAX_DEPTH: nothing to time, only to pop. */
+		stack->depth = depth - 1;
+		return 0;
+	}
+	top = &stack->slots[(depth - 1) & (MAX_DEPTH - 1)];
+	if (!ctx->until_depth && (top->flags & SLOT_RETURNS))
+		return 1;
+	if (ctx->until_frame && top->frame == ctx->until_frame)
+		return 1;
+	close_top(stack, ctx->now);
+	return 0;
+}
+
+static __always_inline void unwind(struct thread_stack *stack, __u64 now, __u64 until_frame,
+				   __u32 until_depth)
+{
+	struct unwind_ctx ctx = {
+		.stack = stack, .now = now, .until_frame = until_frame, .until_depth = until_depth,
+	};
+
+	bpf_loop(MAX_DEPTH, unwind_one, &ctx, 0);
+}
+
+/* Opens a call on this thread's shadow stack and returns the stack's new
+ * depth (0 if it has none). Every entry pushes a slot, counted or not, so
+ * that every return pops the right one. `caller` is the frame that made the
+ * call, when known. */
+static __always_inline __u32 on_call(const struct func_key *key, __u64 frame, __u64 caller, int counted,
+				     int returns_seen)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 now = bpf_ktime_get_ns();
+	struct thread_stack *stack;
+	struct frame_slot *slot;
+	struct func_stats *st;
+	__u32 depth;
+	int is_new;
+
+	if (counted) {
+		st = function_stats(key, &is_new);
+		if (st)
+			__sync_fetch_and_add(&st->calls, 1);
+	}
+
+	stack = thread_stack(tid, 1);
+	if (!stack)
+		return 0;
+	if (caller)
+		unwind(stack, now, caller, 0);
+	depth = stack->depth;
+	stack->depth = depth + 1;
+	if (depth >= MAX_DEPTH) {
+		count(CALLS_DEEP_UNTIMED);
+		return depth + 1;
+	}
+	slot = &stack->slots[depth];
+	slot->key = *key;
+	slot->frame = frame;
+	slot->start_ns = now;
+	slot->child_ns = 0;
+	slot->flags = returns_seen || depth < URETPROBE_DEPTH ? SLOT_RETURNS : 0;
+	if (!counted)
+		return depth + 1;
+	/* Like cProfile, a recursive call's inclusive time is counted only at the
+	 * outermost call, so a function's total never exceeds the wall time. */
+	struct on_stack_ctx ctx = { .stack = stack, .key = key, .depth = depth };
+	bpf_loop(MAX_DEPTH, find_on_stack, &ctx, 0);
+	slot->flags |= SLOT_COUNTED | (ctx.found ? 0 : SLOT_OUTERMOST);
+	return depth + 1;
+}
+
+/* A call returns. `depth` is the stack's depth just after that call was
+ * pushed, when known (0 otherwise): calls above it returned unseen. */
+static __always_inline void on_return(__u32 depth)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 now = bpf_ktime_get_ns();
+	struct thread_stack *stack = thread_stack(tid, 0);
+
+	if (!stack || stack->depth == 0) {
+		count(CALLS_UNMATCHED_RETURN);
+		return;
+	}
+	if (depth > stack->depth) {
+		/* The slot is gone: an entry's resync closed it. */
+		count(CALLS_STACK_RESYNC);
+		return;
+	}
+	unwind(stack, now, 0, depth);
+	if (stack->depth == 0) {
+		count(CALLS_STACK_RESYNC);
+		return;
+	}
+	close_top(stack, now);
 }
 
 static __always_inline void announce(const struct func_key *key, const void *code, const char *file_str,
@@ -340,14 +417,43 @@ static __always_inline int is_generator_creation(const void *frame, const void *
 	return (flags & PY_CO_GENERATOR_LIKE) && owner == PY_FRAME_OWNED_BY_THREAD;
 }
 
-SEC("uprobe")
-int BPF_UPROBE(eval_entry, const void *tstate, const void *frame)
+/* The frame running on the calling thread: the caller of a frame about to
+ * be evaluated. */
+static __always_inline __u64 current_frame(const void *tstate)
+{
+	const volatile struct py_layout *l = &cfg.layout;
+	void *current = read_ptr(tstate, l->tstate_current);
+
+	if (current && l->cframe_current_frame != PY_NO_FIELD)
+		current = read_ptr(current, l->cframe_current_frame);
+	return (__u64)current;
+}
+
+extern bool bpf_session_is_return(void) __ksym;
+extern __u64 *bpf_session_cookie(void) __ksym;
+
+/* Entry and return of _PyEval_EvalFrameDefault, as one uprobe session. Not a
+ * uprobe plus a uretprobe: unregistering the entry probe first waits (SRCU)
+ * for pending uretprobe instances, which a target that keeps calling renews
+ * forever, so pytrace could not detach. A session has one link, so one
+ * unregister. (A uprobe on the `ret` instruction instead is single-stepped:
+ * 14 us a hit on a VM, against under 1 us for the return probe.)
+ * The session cookie carries the depth of this call's slot to its return. */
+SEC("uprobe.session")
+int BPF_UPROBE(eval_frame, const void *tstate, const void *frame)
 {
 	const volatile struct py_layout *l = &cfg.layout;
 	struct func_key key = {};
 	__s32 firstlineno = 0;
+	__u64 *cookie = bpf_session_cookie();
 	const void *code;
 	int is_new, counted;
+	__u32 depth;
+
+	if (bpf_session_is_return()) {
+		on_return(cookie ? *cookie : 0);
+		return 0;
+	}
 
 	if (cfg.stop_at_first_eval && !first_eval_seen)
 		stop_for_hook();
@@ -371,20 +477,12 @@ int BPF_UPROBE(eval_entry, const void *tstate, const void *frame)
 		if (is_new)
 			announce(&key, code, 0, 0);
 	}
-	on_call(&key, counted);
-	return 0;
+	depth = on_call(&key, (__u64)frame, current_frame(tstate), counted, 0);
+	if (cookie)
+		*cookie = depth;
+	return 0; /* 0: run this session's return probe too */
 }
 
-/* Attached to every `ret` instruction of _PyEval_EvalFrameDefault, not as a
- * uretprobe: the kernel stops installing uretprobes past 64 nested calls on
- * one thread, and a Python stack is often deeper. Calls are never inlined
- * while tracing, so the returning frame is the top of this thread's stack. */
-SEC("uprobe")
-int BPF_UPROBE(eval_return)
-{
-	on_return();
-	return 0;
-}
 
 SEC("usdt")
 int BPF_USDT(usdt_function_entry, const char *file, const char *name, int line)
@@ -402,13 +500,13 @@ int BPF_USDT(usdt_function_entry, const char *file, const char *name, int line)
 		if (is_new)
 			announce(&key, 0, file, name);
 	}
-	on_call(&key, 1);
+	on_call(&key, 0, 0, 1, 1);
 	return 0;
 }
 
 SEC("usdt")
 int BPF_USDT(usdt_function_return)
 {
-	on_return();
+	on_return(0);
 	return 0;
 }

@@ -9,6 +9,11 @@
 /* Timed frames per thread. Deeper calls are still counted; their time is not
  * (counter CALLS_DEEP_UNTIMED says how many). */
 #define MAX_DEPTH 256
+
+/* The kernel arms a uretprobe only while fewer than this many are pending on
+ * a thread (MAX_URETPROBE_DEPTH in kernel/events/uprobes.c). Calls deeper
+ * than that return unseen; their end is inferred at the thread's next event. */
+#define URETPROBE_DEPTH 64
 /* Preallocated, so a burst of new functions never fails for lack of memory:
  * about 2.7 KiB each. */
 #define MAX_FUNCTIONS 16384
@@ -46,6 +51,8 @@ enum calls_counter {
 	CALLS_UNMATCHED_RETURN,    /* a return with no entry seen (frames older than attach) */
 	CALLS_DEEP_UNTIMED,        /* calls deeper than MAX_DEPTH: counted, not timed */
 	CALLS_STOP_FAILED,         /* could not stop the target at its first frame */
+	CALLS_INFERRED_RETURN,     /* deeper than URETPROBE_DEPTH: timed to the next event */
+	CALLS_STACK_RESYNC,        /* shadow stack disagreed with the interpreter's */
 	CALLS_COUNTER_COUNT,
 };
 

@@ -18,6 +18,10 @@
 struct py_layout {
 	/* PyThreadState */
 	__u32 tstate_interp;
+	/* The running frame: *(tstate + tstate_current), then, unless
+	 * cframe_current_frame is PY_NO_FIELD, *(that + cframe_current_frame). */
+	__u32 tstate_current;
+	__u32 cframe_current_frame;
 	/* PyInterpreterState */
 	__u32 interp_eval_frame;
 	/* Python frame (PyFrameObject up to 3.10, _PyInterpreterFrame after) */

@@ -35,6 +35,18 @@ int main(void)
     FIELD("tstate_next", offsetof(PyThreadState, next));
     FIELD("tstate_interp", offsetof(PyThreadState, interp));
     FIELD("tstate_thread_id", offsetof(PyThreadState, thread_id));
+    /* The frame running on a thread: tstate->cframe->current_frame in 3.11
+     * and 3.12, tstate->current_frame from 3.13, tstate->frame before. */
+#if PY_VERSION_HEX >= 0x030D0000
+    FIELD("tstate_current", offsetof(PyThreadState, current_frame));
+    printf("    cframe_current_frame: NO_FIELD,\n");
+#elif PY_VERSION_HEX >= 0x030B0000
+    FIELD("tstate_current", offsetof(PyThreadState, cframe));
+    FIELD("cframe_current_frame", offsetof(_PyCFrame, current_frame));
+#else
+    FIELD("tstate_current", offsetof(PyThreadState, frame));
+    printf("    cframe_current_frame: NO_FIELD,\n");
+#endif
 #if PY_VERSION_HEX >= 0x030B0000
     FIELD("frame_owner", offsetof(_PyInterpreterFrame, owner));
 #else

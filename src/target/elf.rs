@@ -30,8 +30,7 @@ pub struct ElfFile {
     /// Where we opened it (in our mount namespace).
     pub path: PathBuf,
     bytes: Vec<u8>,
-    /// Name to (link-time address, size).
-    symbols: HashMap<String, (u64, u64)>,
+    symbols: HashMap<String, u64>,
     segments: Vec<Segment>,
     pub is_shared_object: bool,
     pub needed: Vec<String>,
@@ -48,7 +47,7 @@ impl ElfFile {
             for (syms, strtab) in [(&elf.dynsyms, &elf.dynstrtab), (&elf.syms, &elf.strtab)] {
                 for sym in syms.iter().filter(|s| s.st_value != 0) {
                     if let Some(name) = strtab.get_at(sym.st_name) {
-                        symbols.entry(name.to_string()).or_insert((sym.st_value, sym.st_size));
+                        symbols.entry(name.to_string()).or_insert(sym.st_value);
                     }
                 }
             }
@@ -83,19 +82,7 @@ impl ElfFile {
 
     /// Link-time address of a symbol, from .dynsym or .symtab.
     pub fn symbol(&self, name: &str) -> Option<u64> {
-        self.symbols.get(name).map(|&(addr, _)| addr)
-    }
-
-    /// A function's machine code and its link-time address.
-    pub fn function_code(&self, name: &str) -> Result<(u64, &[u8])> {
-        let &(addr, size) = self
-            .symbols
-            .get(name)
-            .with_context(|| format!("{} has no symbol {name}", self.path.display()))?;
-        if size == 0 {
-            bail!("{} does not record the size of {name}", self.path.display());
-        }
-        Ok((addr, self.read_static(addr, size as usize)?))
+        self.symbols.get(name).copied()
     }
 
     /// File offset of a link-time address, as uprobes want it.

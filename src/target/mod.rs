@@ -1,6 +1,5 @@
 //! The process being traced: /proc, its ELF files, and starting it ourselves.
 
-pub mod disasm;
 pub mod elf;
 pub mod launch;
 pub mod proc;

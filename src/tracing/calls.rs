@@ -9,19 +9,18 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder, UprobeMultiOpts};
 
 use super::histogram;
 use crate::bpf::calls::types::{calls_counter, func_key, func_stats, new_function, py_layout};
 use crate::bpf::calls::CallsSkelBuilder;
 use crate::python::{strings, Python, EVAL_FRAME_SYMBOL};
-use crate::target::disasm::return_sites;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// CPython's function__entry / function__return USDT probes.
     Usdt,
-    /// Uprobes on _PyEval_EvalFrameDefault's entry and its returns.
+    /// A uprobe session (entry and return) on _PyEval_EvalFrameDefault.
     Uprobe,
 }
 
@@ -48,7 +47,7 @@ pub struct FunctionTotals {
 }
 
 /// Counters from bpf/calls.h's enum calls_counter, by name.
-pub const COUNTER_NAMES: [(&str, calls_counter); 7] = [
+pub const COUNTER_NAMES: [(&str, calls_counter); 9] = [
     ("new_function_lost", calls_counter::CALLS_NEW_FUNCTION_LOST),
     ("function_map_full", calls_counter::CALLS_FUNCTION_MAP_FULL),
     ("thread_map_full", calls_counter::CALLS_THREAD_MAP_FULL),
@@ -56,6 +55,8 @@ pub const COUNTER_NAMES: [(&str, calls_counter); 7] = [
     ("unmatched_return", calls_counter::CALLS_UNMATCHED_RETURN),
     ("deep_untimed_calls", calls_counter::CALLS_DEEP_UNTIMED),
     ("stop_failed", calls_counter::CALLS_STOP_FAILED),
+    ("inferred_returns", calls_counter::CALLS_INFERRED_RETURN),
+    ("stack_resyncs", calls_counter::CALLS_STACK_RESYNC),
 ];
 
 pub struct CallsData {
@@ -140,20 +141,12 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
     };
     let links = match plan.mode {
         Mode::Uprobe => {
-            let (start, code) = python.elf.function_code(EVAL_FRAME_SYMBOL)?;
-            let returns = return_sites(code, start);
-            if returns.is_empty() {
-                bail!("found no return instruction in {EVAL_FRAME_SYMBOL} of {}", python.target_path);
-            }
+            let offset = python.elf.file_offset(python.symbol(EVAL_FRAME_SYMBOL)?)? as usize;
             let what = || format!("failed to attach to {EVAL_FRAME_SYMBOL} in {}", python.target_path);
-            let mut links = Vec::new();
-            let entry = python.elf.file_offset(start)? as usize;
-            links.push(progs.eval_entry.attach_uprobe(false, pid, path, entry).map_err(exited).with_context(what)?);
-            for site in returns {
-                let offset = python.elf.file_offset(site)? as usize;
-                links.push(progs.eval_return.attach_uprobe(false, pid, path, offset).map_err(exited).with_context(what)?);
-            }
-            links
+            // Entry and return in one session link (see eval_frame in
+            // bpf/calls.bpf.c for why not a uprobe plus a uretprobe).
+            let opts = UprobeMultiOpts { offsets: vec![offset], session: true, ..Default::default() };
+            vec![progs.eval_frame.attach_uprobe_multi_with_opts(pid, path, "", opts).map_err(exited).with_context(what)?]
         }
         Mode::Usdt => {
             let what = |probe| format!("failed to attach to the USDT probe python:{probe} in {}", python.target_path);
@@ -194,6 +187,8 @@ fn bpf_layout(python: &Python) -> py_layout {
     py_layout {
         tstate_interp: l.tstate_interp,
         interp_eval_frame: l.interp_eval_frame,
+        tstate_current: l.tstate_current,
+        cframe_current_frame: l.cframe_current_frame,
         frame_code: l.frame_code,
         frame_owner: l.frame_owner,
         code_flags: l.code_flags,

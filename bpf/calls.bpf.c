@@ -286,32 +286,37 @@ static __always_inline void unwind(struct thread_stack *stack, __u64 now, __u64 
 	bpf_loop(MAX_DEPTH, unwind_one, &ctx, 0);
 }
 
+static __always_inline __u64 current_frame(const void *tstate);
+
 /* Opens a call on this thread's shadow stack and returns the stack's new
  * depth (0 if it has none). Every entry pushes a slot, counted or not, so
- * that every return pops the right one. `caller` is the frame that made the
- * call, when known. */
-static __always_inline __u32 on_call(const struct func_key *key, __u64 frame, __u64 caller, int counted,
-				     int returns_seen)
+ * that every return pops the right one. `st` is the function's statistics
+ * for a counted call; `tstate` (uprobe mode) finds the calling frame. */
+static __always_inline __u32 on_call(const struct func_key *key, struct func_stats *st, __u64 frame,
+				     const void *tstate, int counted, int returns_seen)
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	__u64 now = bpf_ktime_get_ns();
 	struct thread_stack *stack;
 	struct frame_slot *slot;
-	struct func_stats *st;
 	__u32 depth;
-	int is_new;
 
-	if (counted) {
-		st = function_stats(key, &is_new);
-		if (st)
-			__sync_fetch_and_add(&st->calls, 1);
-	}
+	if (counted && st)
+		__sync_fetch_and_add(&st->calls, 1);
 
 	stack = thread_stack(tid, 1);
 	if (!stack)
 		return 0;
-	if (caller)
-		unwind(stack, now, caller, 0);
+	/* Only calls whose return the kernel will not report can be left open
+	 * on top of the caller; find the caller only then. */
+	depth = stack->depth;
+	if (tstate && depth > 0 && depth <= MAX_DEPTH &&
+	    !(stack->slots[(depth - 1) & (MAX_DEPTH - 1)].flags & SLOT_RETURNS)) {
+		__u64 caller = current_frame(tstate);
+
+		if (caller)
+			unwind(stack, now, caller, 0);
+	}
 	depth = stack->depth;
 	stack->depth = depth + 1;
 	if (depth >= MAX_DEPTH) {
@@ -399,24 +404,6 @@ static __always_inline void stop_for_hook(void)
 		count(CALLS_STOP_FAILED);
 }
 
-/* From 3.11, calling a generator function runs its frame in the eval loop
- * just long enough to create the generator (RETURN_GENERATOR). cProfile sees
- * no call there, only each resumption, which runs in a frame the generator
- * owns. */
-static __always_inline int is_generator_creation(const void *frame, const void *code)
-{
-	const volatile struct py_layout *l = &cfg.layout;
-	__u32 flags = 0;
-	__u8 owner = 0;
-
-	if (l->frame_owner == PY_NO_FIELD || !code)
-		return 0;
-	if (bpf_probe_read_user(&flags, sizeof(flags), (const char *)code + l->code_flags) ||
-	    bpf_probe_read_user(&owner, sizeof(owner), (const char *)frame + l->frame_owner))
-		return 0;
-	return (flags & PY_CO_GENERATOR_LIKE) && owner == PY_FRAME_OWNED_BY_THREAD;
-}
-
 /* The frame running on the calling thread: the caller of a frame about to
  * be evaluated. */
 static __always_inline __u64 current_frame(const void *tstate)
@@ -428,6 +415,14 @@ static __always_inline __u64 current_frame(const void *tstate)
 		current = read_ptr(current, l->cframe_current_frame);
 	return (__u64)current;
 }
+
+/* A field of a block read from the target, or 0 if the layout puts it
+ * outside the block. The offsets come from frozen rodata, so the verifier
+ * sees them as constants. */
+#define FIELD(block, size, offset, type)                                                     \
+	((offset) <= (size) - sizeof(type) && (offset) <= sizeof(block) - sizeof(type)       \
+		 ? *(type *)((block) + (offset))                                               \
+		 : 0)
 
 extern bool bpf_session_is_return(void) __ksym;
 extern __u64 *bpf_session_cookie(void) __ksym;
@@ -443,46 +438,61 @@ SEC("uprobe.session")
 int BPF_UPROBE(eval_frame, const void *tstate, const void *frame)
 {
 	const volatile struct py_layout *l = &cfg.layout;
-	struct func_key key = {};
-	__s32 firstlineno = 0;
 	__u64 *cookie = bpf_session_cookie();
+	char frame_head[FRAME_HEAD_MAX];
+	char code_head[CODE_HEAD_MAX];
+	struct func_stats *st = 0;
+	struct func_key key = {};
+	__u32 fsize = cfg.frame_head, csize = cfg.code_head, depth, flags;
 	const void *code;
-	int is_new, counted;
-	__u32 depth;
+	int is_new, counted = 1;
 
 	if (bpf_session_is_return()) {
 		on_return(cookie ? *cookie : 0);
 		return 0;
 	}
-
 	if (cfg.stop_at_first_eval && !first_eval_seen)
 		stop_for_hook();
 
-	code = read_ptr(frame, l->frame_code);
-	counted = !is_generator_creation(frame, code);
-	if (!code || (cfg.code_type && read_ptr(code, l->object_type) != (void *)cfg.code_type) ||
-	    bpf_probe_read_user(&firstlineno, sizeof(firstlineno),
-				(const char *)code + l->code_firstlineno)) {
-		/* Still push, so that this frame's return pops the right slot. */
-		count(CALLS_BAD_CODE);
-		key.id = 0;
-	} else {
-		key.id = (__u64)code;
-		key.aux = (__u64)read_ptr(code, l->code_qualname);
-		key.line = firstlineno;
-	}
 	key.tgid = bpf_get_current_pid_tgid() >> 32;
-	if (counted && key.id && !bpf_map_lookup_elem(&stats, &key)) {
-		function_stats(&key, &is_new);
+	if (fsize > FRAME_HEAD_MAX || csize > CODE_HEAD_MAX || csize < 8 || fsize < 8 ||
+	    bpf_probe_read_user(frame_head, fsize, frame))
+		goto bad;
+	code = FIELD(frame_head, fsize, l->frame_code, void *);
+	if (!code || bpf_probe_read_user(code_head, csize, code))
+		goto bad;
+	if (cfg.code_type && FIELD(code_head, csize, l->object_type, __u64) != cfg.code_type)
+		goto bad;
+	key.id = (__u64)code;
+	key.aux = FIELD(code_head, csize, l->code_qualname, __u64);
+	key.line = FIELD(code_head, csize, l->code_firstlineno, __u32);
+
+	/* From 3.11, calling a generator function runs its frame in the eval
+	 * loop just long enough to create the generator (RETURN_GENERATOR).
+	 * cProfile sees no call there, only each resumption, which runs in a
+	 * frame the generator owns. */
+	flags = FIELD(code_head, csize, l->code_flags, __u32);
+	if (l->frame_owner != PY_NO_FIELD && (flags & PY_CO_GENERATOR_LIKE) &&
+	    FIELD(frame_head, fsize, l->frame_owner, __u8) == PY_FRAME_OWNED_BY_THREAD)
+		counted = 0;
+
+	if (counted) {
+		st = function_stats(&key, &is_new);
 		if (is_new)
 			announce(&key, code, 0, 0);
 	}
-	depth = on_call(&key, (__u64)frame, current_frame(tstate), counted, 0);
+	goto push;
+bad:
+	/* Still push, so that this frame's return pops the right slot. */
+	count(CALLS_BAD_CODE);
+	key.id = 0;
+	st = function_stats(&key, &is_new);
+push:
+	depth = on_call(&key, st, (__u64)frame, tstate, counted, 0);
 	if (cookie)
 		*cookie = depth;
 	return 0; /* 0: run this session's return probe too */
 }
-
 
 SEC("usdt")
 int BPF_USDT(usdt_function_entry, const char *file, const char *name, int line)
@@ -493,14 +503,13 @@ int BPF_USDT(usdt_function_entry, const char *file, const char *name, int line)
 		.line = line,
 		.tgid = bpf_get_current_pid_tgid() >> 32,
 	};
+	struct func_stats *st;
 	int is_new;
 
-	if (!bpf_map_lookup_elem(&stats, &key)) {
-		function_stats(&key, &is_new);
-		if (is_new)
-			announce(&key, 0, file, name);
-	}
-	on_call(&key, 0, 0, 1, 1);
+	st = function_stats(&key, &is_new);
+	if (is_new)
+		announce(&key, 0, file, name);
+	on_call(&key, st, 0, 0, 1, 1);
 	return 0;
 }
 

@@ -89,8 +89,17 @@ struct new_function {
 	char file[FILE_CAP];
 };
 
+/* The entry probe reads a frame's and a code object's first bytes in one
+ * read each, then picks the fields out by offset. */
+#define FRAME_HEAD_MAX 128
+#define CODE_HEAD_MAX 192
+
 struct calls_config {
 	struct py_layout layout;
+	/* Bytes to read from a frame and a code object to cover every field the
+	 * layout names (at most FRAME_HEAD_MAX and CODE_HEAD_MAX). */
+	__u32 frame_head;
+	__u32 code_head;
 	__u32 tgid;
 	/* Address of PyCode_Type in the target; 0 skips the type check. */
 	__u64 code_type;

@@ -30,18 +30,38 @@ fn process_that_is_not_python() {
     assert_fails_with(&["calls", "-p", &pid], &[], &format!("process {pid} (sleep) is not a CPython process"));
 }
 
+/// A real CPython process whose version pytrace has no layout for: a copy of
+/// Debian's python3.11 whose exported Py_Version constant says 3.99 (the
+/// interpreter itself never reads it, so the copy runs normally). This is how
+/// an unknown future release looks to pytrace.
 #[test]
 fn python_version_not_supported() {
-    // pyenv's 3.8 ships with this machine image; 3.8 has no layout table.
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    let python38 = format!("{home}/.pyenv/versions/3.8.18/bin/python3.8");
-    assert!(std::path::Path::new(&python38).exists(), "{python38} is needed for this test");
-    let target = Proc(Command::new(&python38).args(["-c", "import time; time.sleep(30)"]).spawn().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("python3.11");
+    let mut bytes = std::fs::read("/usr/bin/python3.11").unwrap();
+    let elf = goblin::elf::Elf::parse(&bytes).unwrap();
+    let sym = elf
+        .dynsyms
+        .iter()
+        .find(|s| elf.dynstrtab.get_at(s.st_name) == Some("Py_Version"))
+        .expect("Py_Version is exported");
+    let seg = elf
+        .program_headers
+        .iter()
+        .find(|p| p.p_type == goblin::elf::program_header::PT_LOAD && (p.p_vaddr..p.p_vaddr + p.p_filesz).contains(&sym.st_value))
+        .unwrap();
+    let at = (sym.st_value - seg.p_vaddr + seg.p_offset) as usize;
+    bytes[at..at + 4].copy_from_slice(&0x0363_00f0u32.to_le_bytes());
+    std::fs::write(&fake, &bytes).unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+
+    let target = Proc(Command::new(&fake).args(["-c", "import time; time.sleep(30)"]).spawn().unwrap());
     std::thread::sleep(std::time::Duration::from_millis(300));
     let pid = target.pid().to_string();
-    assert_fails_with(&["calls", "-p", &pid], &[], "Python 3.8");
+    assert_fails_with(&["calls", "-p", &pid], &[], "Python 3.99.0");
     assert_fails_with(&["calls", "-p", &pid], &[], "is not supported: pytrace supports CPython 3.9 to");
-    assert_fails_with(&["calls", "--", &python38, "-c", "pass"], &[], "is not supported");
+    assert_fails_with(&["calls", "--", fake.to_str().unwrap(), "-c", "pass"], &[], "Python 3.99.0");
+    assert_fails_with(&["info", "-p", &pid], &[], "Python 3.99.0");
 }
 
 #[test]

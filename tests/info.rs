@@ -32,7 +32,8 @@ fn finds_probes_and_mode_for_each_build() {
                 }
                 assert_eq!(live["function_probes"], "entry probe misses inlined calls (3.11)");
             }
-            // pyenv builds without probes, with a shared libpython.
+            // pyenv (or scripts/pythons.sh) builds without probes, with a
+            // shared libpython.
             _ => {
                 assert_eq!(live["shared_library"], true);
                 assert!(live["interpreter"].as_str().unwrap().contains("libpython3.11.so"));

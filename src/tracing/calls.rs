@@ -14,6 +14,7 @@ use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder, UprobeMultiOpts};
 use super::histogram;
 use crate::bpf::calls::types::{calls_counter, func_key, func_stats, new_function, py_layout};
 use crate::bpf::calls::CallsSkelBuilder;
+use crate::python::layouts::NO_FIELD;
 use crate::python::{strings, Python, EVAL_FRAME_SYMBOL};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +100,11 @@ pub fn run(
         .context("failed to open the calls BPF program")?;
     let rodata = open.maps.rodata_data.as_deref_mut().context("the calls BPF program has no rodata")?;
     rodata.cfg.layout = bpf_layout(plan.python);
+    // How much of a frame and of a code object covers every field read.
+    let end = |offsets: &[u32]| offsets.iter().filter(|&&o| o != NO_FIELD).map(|o| o + 8).max().unwrap_or(8);
+    let l = plan.python.layout;
+    rodata.cfg.frame_head = end(&[l.frame_code, l.frame_owner]);
+    rodata.cfg.code_head = end(&[l.object_type, l.code_flags, l.code_firstlineno, l.code_qualname]);
     rodata.cfg.tgid = plan.pid;
     rodata.cfg.code_type = plan.python.code_type_address().unwrap_or(0);
     rodata.cfg.stop_at_first_eval = plan.stop_at_first_eval as u64;

@@ -14,21 +14,25 @@ pub fn fixture(name: &str) -> String {
     format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The CPythons every exactness test runs on. Both must exist: CI installs
-/// them (scripts/install.sh); a missing one fails the test, never skips it.
+/// The CPythons every exactness test runs on: Debian's 3.11 (USDT probes,
+/// interpreter in the executable) and a 3.11 without probes and with a
+/// shared libpython (pyenv's, or one scripts/pythons.sh built). Both must
+/// exist: scripts/test.sh provides them; a missing one fails, never skips.
 pub fn pythons() -> Vec<(&'static str, PathBuf)> {
     let debian = PathBuf::from("/usr/bin/python3.11");
     assert!(debian.exists(), "Debian's python3.11 is missing: run scripts/install.sh");
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    let pyenv = std::fs::read_dir(format!("{home}/.pyenv/versions"))
-        .ok()
-        .and_then(|dirs| {
-            dirs.flatten()
-                .map(|d| d.path().join("bin/python3.11"))
-                .find(|p| p.exists() && p.to_string_lossy().contains("/3.11."))
+    let nodtrace = std::env::var_os("PYTRACE_NODTRACE_PYTHON")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let out = Command::new(format!("{}/scripts/pythons.sh", env!("CARGO_MANIFEST_DIR")))
+                .arg("nodtrace-3.11")
+                .output()
+                .ok()?;
+            Some(PathBuf::from(String::from_utf8(out.stdout).ok()?.trim()))
         })
-        .expect("pyenv's python 3.11 (shared libpython, no USDT probes) is missing");
-    vec![("debian", debian), ("pyenv", pyenv)]
+        .filter(|p| p.exists())
+        .expect("no CPython 3.11 without USDT probes: run scripts/pythons.sh nodtrace-3.11");
+    vec![("debian", debian), ("nodtrace", nodtrace)]
 }
 
 /// A child process killed (and reaped) when dropped, whatever the test did.

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# What tracing costs the target, measured side by side in one run: the same
+# workload (fixtures/callgraph.py) untraced, under cProfile, and under
+# `pytrace calls`, on each local CPython 3.11. The machine is shared and
+# absolute times drift, so the table reports per-call costs from medians of
+# interleaved runs, and ratios. Writes bench/results.md too.
+#
+#   scripts/bench.sh [ROUNDS] [REPEATS]      (default 2000 rounds, 5 repeats)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-2000}
+repeats=${2:-5}
+pytrace=target/release/pytrace
+[ -x "$pytrace" ] || cargo build --release --locked >&2
+nodtrace=$(scripts/pythons.sh nodtrace-3.11)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+seconds() { grep -o 'workload_seconds=[0-9.]*' | cut -d= -f2; }
+median() { sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+
+rows=""
+for spec in "debian:/usr/bin/python3.11" "no-probes:$nodtrace"; do
+  label=${spec%%:*}
+  python=${spec#*:}
+  : > "$work/base"; : > "$work/cprofile"; : > "$work/pytrace"
+  for _ in $(seq "$repeats"); do
+    "$python" fixtures/callgraph.py --rounds "$rounds" --timing 2>&1 | seconds >> "$work/base"
+    "$python" fixtures/callgraph.py --rounds "$rounds" --timing --cprofile "$work/cp.json" 2>&1 | seconds >> "$work/cprofile"
+    "$pytrace" calls --json "$work/calls.json" -- "$python" fixtures/callgraph.py --rounds "$rounds" --timing 2>&1 >/dev/null \
+      | seconds >> "$work/pytrace"
+  done
+  # Python calls the workload makes, as pytrace counted them (equal to
+  # cProfile's count of Python functions; the integration tests prove it).
+  calls=$(python3 -c "import json,sys; print(sum(f['calls'] for f in json.load(open(sys.argv[1]))['functions'] if f['file'].endswith('callgraph.py') and f['name'] not in ('<module>','Shape','Square')))" "$work/calls.json")
+  base=$(median < "$work/base"); cprof=$(median < "$work/cprofile"); traced=$(median < "$work/pytrace")
+  rows+=$(python3 - "$label" "$python" "$calls" "$base" "$cprof" "$traced" <<'PY'
+import sys
+label, python, calls, base, cprof, traced = sys.argv[1], sys.argv[2], int(sys.argv[3]), *map(float, sys.argv[4:])
+per = lambda t: (t - base) / calls * 1e9
+print(f"| {label} ({python}) | {calls:,} | {base*1e9/calls:.0f} | {per(cprof):.0f} | {per(traced):.0f} | {traced/base:.1f}x | {cprof/base:.1f}x | {per(traced)/per(cprof):.1f} |")
+PY
+)
+  rows+=$'\n'
+done
+
+table="| CPython 3.11 | Python calls | ns/call untraced | cProfile ns/call added | pytrace ns/call added | pytrace slowdown | cProfile slowdown | pytrace / cProfile cost |
+|---|---|---|---|---|---|---|---|
+$rows"
+{
+  echo "# Benchmark: cost of tracing every call"
+  echo
+  echo "\`scripts/bench.sh $rounds $repeats\` on $(date -u +%Y-%m-%d), kernel $(uname -r), $(nproc) CPUs."
+  echo "Workload: fixtures/callgraph.py, $rounds rounds; medians of $repeats interleaved runs."
+  echo "\"ns/call added\" is (traced time - untraced time) / Python calls."
+  echo
+  echo "$table"
+} | tee bench/results.md

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Sets up a Debian machine (as root) for pytrace, builds it, and runs the
+# demo: `pytrace calls` on fixtures/demo.py. Safe to run again.
+#
+#   scripts/install.sh            install, build, run the demo
+#   scripts/install.sh --no-demo  install and build only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# clang builds the BPF programs; bpftool dumps the kernel's BTF into
+# vmlinux.h; libelf and zlib are linked by the vendored libbpf; python3.11 is
+# Debian's CPython with USDT probes; util-linux gives setpriv to the tests.
+packages=(clang llvm bpftool libelf-dev zlib1g-dev pkg-config make gcc python3.11 util-linux)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+export PATH="$HOME/.cargo/bin:$PATH"
+if ! command -v cargo >/dev/null; then
+  echo "pytrace needs Rust 1.82 or newer (cargo): install it with rustup, then run this again" >&2
+  exit 1
+fi
+
+cargo build --release --locked
+
+if [ "${1:-}" != "--no-demo" ]; then
+  echo "demo: target/release/pytrace calls --top 15 -- python3.11 fixtures/demo.py" >&2
+  target/release/pytrace calls --top 15 -- /usr/bin/python3.11 fixtures/demo.py
+fi

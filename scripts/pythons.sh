@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Provides the CPython interpreters the tests run on, and prints where they
+# are. Everything it builds goes to a cache outside the repo
+# ($PYTRACE_CACHE, default /var/cache/pytrace) and is reused when present.
+#
+#   scripts/pythons.sh nodtrace-3.11   a CPython 3.11 without USDT probes and
+#                                      with a shared libpython, like pyenv's
+#                                      and the official Docker images'
+#
+# For nodtrace-3.11 pyenv's 3.11 is used when installed; otherwise it is
+# built from Debian's own python3.11 source package (about 10 minutes on two
+# cores, once).
+set -euo pipefail
+
+cache=${PYTRACE_CACHE:-/var/cache/pytrace}
+
+nodtrace_311() {
+  local found
+  found=$(ls -d "${HOME:-/root}"/.pyenv/versions/3.11.*/bin/python3.11 2>/dev/null | head -n 1 || true)
+  if [ -n "$found" ]; then
+    echo "$found"
+    return
+  fi
+  local prefix=$cache/python-3.11-nodtrace
+  if [ -x "$prefix/bin/python3.11" ]; then
+    echo "$prefix/bin/python3.11"
+    return
+  fi
+  echo "building CPython 3.11 without probes into $prefix (once)" >&2
+  if [ ! -f /etc/apt/sources.list.d/pytrace-deb-src.sources ]; then
+    # The same archive as the binary packages, for source (the security
+    # pool serves no source here, so the release suite is used).
+    sed -n '/^Types:/,/^$/p' /etc/apt/sources.list.d/debian.sources 2>/dev/null \
+      | sed 's/^Types: deb$/Types: deb-src/' > /etc/apt/sources.list.d/pytrace-deb-src.sources
+    apt-get update -qq
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dpkg-dev build-essential libffi-dev \
+    libssl-dev zlib1g-dev libbz2-dev liblzma-dev libexpat1-dev >/dev/null
+  local work
+  work=$(mktemp -d)
+  (cd "$work" && apt-get source -qq --download-only python3.11/bookworm >/dev/null 2>&1 \
+    && tar xf python3.11_*.orig.tar.* && cd Python-3.11* \
+    && ./configure -q --prefix="$prefix" --enable-shared LDFLAGS="-Wl,-rpath,$prefix/lib" >/dev/null \
+    && make -s -j"$(nproc)" >/dev/null 2>&1 && make -s install >/dev/null 2>&1)
+  rm -rf "$work"
+  echo "$prefix/bin/python3.11"
+}
+
+case "${1:-}" in
+  nodtrace-3.11) nodtrace_311 ;;
+  *) echo "usage: $0 nodtrace-3.11" >&2; exit 2 ;;
+esac

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs every test: unit tests and the integration tests, which load real BPF
+# programs into the kernel against real CPython processes (run as root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+
+scripts/install.sh --no-demo
+# The second CPython 3.11 the tests need: no USDT probes, shared libpython.
+PYTRACE_NODTRACE_PYTHON=$(scripts/pythons.sh nodtrace-3.11)
+export PYTRACE_NODTRACE_PYTHON
+
+cargo test --release --locked

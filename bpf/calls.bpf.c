@@ -424,6 +424,28 @@ static __always_inline __u64 current_frame(const void *tstate)
 		 ? *(type *)((block) + (offset))                                               \
 		 : 0)
 
+static __always_inline __u64 mix(__u64 h, __u64 v)
+{
+	h ^= v;
+	h *= 0x9e3779b97f4a7c15ULL;
+	return h ^ (h >> 29);
+}
+
+/* What tells apart two functions whose code objects had the same address:
+ * their name and file objects' addresses, those strings' hashes, and the
+ * name's first 16 bytes (a str's hash may not be computed yet). */
+static __always_inline __u64 code_fingerprint(const void *qualname, const void *filename)
+{
+	const volatile struct py_layout *l = &cfg.layout;
+	__u64 words[2] = {}, name_hash = 0, file_hash = 0;
+
+	bpf_probe_read_user(&name_hash, sizeof(name_hash), (const char *)qualname + l->unicode_hash);
+	bpf_probe_read_user(words, sizeof(words), (const char *)qualname + l->unicode_ascii_data);
+	bpf_probe_read_user(&file_hash, sizeof(file_hash), (const char *)filename + l->unicode_hash);
+	return mix(mix(mix(mix(mix((__u64)qualname, (__u64)filename), name_hash), file_hash), words[0]),
+		   words[1]);
+}
+
 extern bool bpf_session_is_return(void) __ksym;
 extern __u64 *bpf_session_cookie(void) __ksym;
 
@@ -464,7 +486,8 @@ int BPF_UPROBE(eval_frame, const void *tstate, const void *frame)
 	if (cfg.code_type && FIELD(code_head, csize, l->object_type, __u64) != cfg.code_type)
 		goto bad;
 	key.id = (__u64)code;
-	key.aux = FIELD(code_head, csize, l->code_qualname, __u64);
+	key.aux = code_fingerprint(FIELD(code_head, csize, l->code_qualname, const void *),
+				   FIELD(code_head, csize, l->code_filename, const void *));
 	key.line = FIELD(code_head, csize, l->code_firstlineno, __u32);
 
 	/* From 3.11, calling a generator function runs its frame in the eval

@@ -57,9 +57,12 @@ enum calls_counter {
 };
 
 /* One Python function. In uprobe mode `id` is the code object's address and
- * `aux` its qualname's, so a freed code object whose address is reused by
- * another function gets a new key; in USDT mode they are the probe's name and
- * file string addresses. */
+ * `aux` a fingerprint of its name and file: their addresses, their str
+ * hashes and the name's first characters. A function whose code object (and
+ * name) reuse the addresses of a freed one still gets a key of its own.
+ * (Two keys for one function do no harm: user space merges rows by name,
+ * file and line.) In USDT mode they are the probe's name and file string
+ * addresses. */
 struct func_key {
 	__u64 id;
 	__u64 aux;

@@ -36,6 +36,7 @@ struct py_layout {
 	__u32 code_firstlineno;
 	/* PyASCIIObject / PyCompactUnicodeObject */
 	__u32 unicode_length;
+	__u32 unicode_hash;
 	__u32 unicode_state;
 	__u32 unicode_ascii_data;
 	__u32 unicode_compact_data;

@@ -74,6 +74,7 @@ int main(void)
 #endif
     FIELD("code_firstlineno", offsetof(PyCodeObject, co_firstlineno));
     FIELD("unicode_length", offsetof(PyASCIIObject, length));
+    FIELD("unicode_hash", offsetof(PyASCIIObject, hash));
     FIELD("unicode_state", offsetof(PyASCIIObject, state));
     FIELD("unicode_ascii_data", sizeof(PyASCIIObject));
     FIELD("unicode_compact_data", sizeof(PyCompactUnicodeObject));

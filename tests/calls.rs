@@ -14,17 +14,17 @@ const ROUNDS: &str = "50";
 /// each exactly once when it traces the whole run.
 const OUTSIDE_MAIN: [&str; 3] = ["<module>", "Shape", "Square"];
 
-fn assert_matches_cprofile(label: &str, report: &serde_json::Value, truth: &HashMap<u32, (String, u64)>, whole_run: bool) {
+fn assert_matches_cprofile(label: &str, report: &serde_json::Value, truth: &[(u32, String, u64)], whole_run: bool) {
     let rows = rows_for_file(report, "fixtures/callgraph.py");
-    for (line, (name, calls)) in truth {
-        let row = rows.get(line).unwrap_or_else(|| panic!("{label}: no row for {name} (line {line})"));
+    for (line, name, calls) in truth {
+        let row = find_row(&rows, *line, name).unwrap_or_else(|| panic!("{label}: no row for {name} (line {line})"));
         assert_eq!(row["calls"].as_u64().unwrap(), *calls, "{label}: calls of {name} (line {line})");
     }
-    for (line, row) in &rows {
-        if truth.contains_key(line) {
+    for row in &rows {
+        let (name, line) = (row["name"].as_str().unwrap(), row["line"].as_u64().unwrap() as u32);
+        if truth.iter().any(|(l, n, _)| *l == line && find_row(&[*row], *l, n).is_some()) {
             continue;
         }
-        let name = row["name"].as_str().unwrap();
         assert!(whole_run && OUTSIDE_MAIN.contains(&name), "{label}: unexpected row {name} (line {line})");
         assert_eq!(row["calls"].as_u64().unwrap(), 1, "{label}: {name} runs once");
     }
@@ -35,13 +35,13 @@ fn assert_matches_cprofile(label: &str, report: &serde_json::Value, truth: &Hash
 /// callee's total (the fixture has no mutual recursion).
 fn assert_times_consistent(label: &str, report: &serde_json::Value) {
     let rows = rows_for_file(report, "fixtures/callgraph.py");
-    for row in rows.values() {
+    for row in &rows {
         let (total, self_ns) = (row["total_ns"].as_u64().unwrap(), row["self_ns"].as_u64().unwrap());
         assert!(self_ns <= total, "{label}: {} self {self_ns} > total {total}", row["name"]);
         assert!(row["p50_ns"].as_u64().unwrap() <= row["max_ns"].as_u64().unwrap());
     }
     let total = |name: &str| {
-        rows.values().find(|r| r["name"] == name).map(|r| r["total_ns"].as_u64().unwrap()).unwrap_or_else(|| panic!("{label}: no {name}"))
+        rows.iter().find(|r| r["name"] == name).map(|r| r["total_ns"].as_u64().unwrap()).unwrap_or_else(|| panic!("{label}: no {name}"))
     };
     for (caller, callee) in [("main", "one_round"), ("one_round", "middle"), ("middle", "leaf"), ("catches", "raises"), ("one_round", "deep")] {
         assert!(total(caller) >= total(callee), "{label}: {caller} total < {callee} total");
@@ -87,6 +87,63 @@ fn counts_equal_cprofile_when_attached_by_pid() {
         let report = read_json(&json);
         assert_matches_cprofile(label, &report, &truth, false);
         assert_times_consistent(label, &report);
+    }
+}
+
+/// Traces a fixture started by pytrace and returns its JSON report.
+fn trace_command(python: &std::path::Path, script: &str, args: &[&str]) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("calls.json");
+    let script = fixture(script);
+    let mut argv = vec!["calls", "--json", json.to_str().unwrap(), "--", python.to_str().unwrap(), &script];
+    argv.extend(args);
+    let out = pytrace(&argv);
+    assert!(out.status.success(), "pytrace failed: {}", String::from_utf8_lossy(&out.stderr));
+    read_json(&json)
+}
+
+#[test]
+fn threads_running_at_once_are_each_counted_exactly() {
+    let args = ["--threads", "4", "--iterations", "500"];
+    for (label, python) in pythons() {
+        let truth = hook_calls(&python, "threads.py", &args);
+        let report = trace_command(&python, "threads.py", &args);
+        let rows = rows_for_file(&report, "fixtures/threads.py");
+        for (line, name, calls) in &truth {
+            if name == "<lambda>" {
+                continue; // the ground-truth wrapper itself
+            }
+            let row = find_row(&rows, *line, name).unwrap_or_else(|| panic!("{label}: no row for {name}"));
+            assert_eq!(row["calls"].as_u64().unwrap(), *calls, "{label}: calls of {name} (line {line})");
+            assert!(row["self_ns"].as_u64() <= row["total_ns"].as_u64(), "{label}: {name}");
+        }
+        assert_eq!(report["counters"]["unmatched_return"], 0, "{label}");
+        assert_eq!(report["counters"]["stack_resyncs"], 0, "{label}");
+    }
+}
+
+/// 300 functions created, called and freed one after another: each new code
+/// object (and its name) tends to take the freed one's address. Every
+/// function must keep its own name and count: f_<i> is called i % 3 + 1 times.
+#[test]
+fn a_freed_code_objects_address_reused_by_another_function_keeps_them_apart() {
+    for (label, python) in pythons() {
+        let truth: HashMap<String, u64> =
+            hook_calls(&python, "code_reuse.py", &["--functions", "300"]).into_iter().map(|(_, n, c)| (n, c)).collect();
+        let report = trace_command(&python, "code_reuse.py", &["--functions", "300"]);
+        let generated: Vec<&serde_json::Value> = report["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["file"] == "<generated>" && f["name"].as_str().unwrap().starts_with("f_"))
+            .collect();
+        assert_eq!(generated.len(), 300, "{label}: one row per function");
+        for row in generated {
+            let name = row["name"].as_str().unwrap();
+            let i: u64 = name[2..].parse().unwrap();
+            assert_eq!(row["calls"].as_u64().unwrap(), i % 3 + 1, "{label}: {name}");
+            assert_eq!(truth[name], i % 3 + 1, "{label}: the ground truth agrees on {name}");
+        }
     }
 }
 

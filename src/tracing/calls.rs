@@ -104,7 +104,7 @@ pub fn run(
     let end = |offsets: &[u32]| offsets.iter().filter(|&&o| o != NO_FIELD).map(|o| o + 8).max().unwrap_or(8);
     let l = plan.python.layout;
     rodata.cfg.frame_head = end(&[l.frame_code, l.frame_owner]);
-    rodata.cfg.code_head = end(&[l.object_type, l.code_flags, l.code_firstlineno, l.code_qualname]);
+    rodata.cfg.code_head = end(&[l.object_type, l.code_flags, l.code_firstlineno, l.code_qualname, l.code_filename]);
     rodata.cfg.tgid = plan.pid;
     rodata.cfg.code_type = plan.python.code_type_address().unwrap_or(0);
     rodata.cfg.stop_at_first_eval = plan.stop_at_first_eval as u64;
@@ -203,6 +203,7 @@ fn bpf_layout(python: &Python) -> py_layout {
         code_qualname: l.code_qualname,
         code_firstlineno: l.code_firstlineno,
         unicode_length: l.unicode_length,
+        unicode_hash: l.unicode_hash,
         unicode_state: l.unicode_state,
         unicode_ascii_data: l.unicode_ascii_data,
         unicode_compact_data: l.unicode_compact_data,

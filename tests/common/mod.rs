@@ -2,7 +2,6 @@
 //! processes (killed on drop), and cProfile as ground truth.
 #![allow(dead_code)]
 
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -127,34 +126,54 @@ pub fn pytrace(args: &[&str]) -> Output {
     Command::new(PYTRACE).args(args).output().expect("run pytrace")
 }
 
-/// cProfile's ncalls for each function of a fixture, keyed by first line.
-pub fn cprofile_calls(python: &Path, script: &str, args: &[&str]) -> HashMap<u32, (String, u64)> {
+/// cProfile's ncalls for each function of a fixture: (first line, name, calls).
+pub fn cprofile_calls(python: &Path, script: &str, args: &[&str]) -> Vec<(u32, String, u64)> {
+    truth_calls(python, script, args, "--cprofile")
+}
+
+/// The 'call' events CPython's profiling hook reports on every thread
+/// (fixtures/ground_truth.py): (first line, name, calls).
+pub fn hook_calls(python: &Path, script: &str, args: &[&str]) -> Vec<(u32, String, u64)> {
+    truth_calls(python, script, args, "--count-calls")
+}
+
+fn truth_calls(python: &Path, script: &str, args: &[&str], flag: &str) -> Vec<(u32, String, u64)> {
     let out_file = tempfile::NamedTempFile::new().unwrap();
     let status = Command::new(python)
         .arg(fixture(script))
         .args(args)
-        .arg("--cprofile")
+        .arg(flag)
         .arg(out_file.path())
         .status()
         .unwrap();
-    assert!(status.success(), "the fixture failed under cProfile");
+    assert!(status.success(), "the fixture failed under {flag}");
     let rows: serde_json::Value = serde_json::from_reader(std::fs::File::open(out_file.path()).unwrap()).unwrap();
     rows.as_array()
         .unwrap()
         .iter()
-        .map(|r| (r["line"].as_u64().unwrap() as u32, (r["name"].as_str().unwrap().to_string(), r["calls"].as_u64().unwrap())))
+        .map(|r| (r["line"].as_u64().unwrap() as u32, r["name"].as_str().unwrap().to_string(), r["calls"].as_u64().unwrap()))
         .collect()
 }
 
-/// pytrace's JSON rows for one file, keyed by first line.
-pub fn rows_for_file<'a>(report: &'a serde_json::Value, file_suffix: &str) -> HashMap<u32, &'a serde_json::Value> {
+/// pytrace's JSON rows for one file.
+pub fn rows_for_file<'a>(report: &'a serde_json::Value, file_suffix: &str) -> Vec<&'a serde_json::Value> {
     report["functions"]
         .as_array()
         .expect("functions array")
         .iter()
         .filter(|f| f["file"].as_str().unwrap_or("").ends_with(file_suffix))
-        .map(|f| (f["line"].as_u64().unwrap() as u32, f))
         .collect()
+}
+
+/// The row for a function by first line and name. pytrace names functions
+/// by qualified name (`Shape.area`), the profiling hook and cProfile by
+/// plain name (`area`); several functions may share a line (a comprehension
+/// inside a comprehension).
+pub fn find_row<'a>(rows: &[&'a serde_json::Value], line: u32, name: &str) -> Option<&'a serde_json::Value> {
+    rows.iter().copied().find(|r| {
+        let qualname = r["name"].as_str().unwrap_or("");
+        r["line"].as_u64() == Some(line as u64) && (qualname == name || qualname.ends_with(&format!(".{name}")))
+    })
 }
 
 pub fn read_json(path: &Path) -> serde_json::Value {

@@ -57,8 +57,8 @@ enum calls_counter {
 };
 
 /* One Python function. In uprobe mode `id` is the code object's address and
- * `aux` a fingerprint of its name and file: their addresses, their str
- * hashes and the name's first characters. A function whose code object (and
+ * `aux` a fingerprint of its name and file: their addresses, and the name's
+ * str hash and first characters. A function whose code object (and
  * name) reuse the addresses of a freed one still gets a key of its own.
  * (Two keys for one function do no harm: user space merges rows by name,
  * file and line.) In USDT mode they are the probe's name and file string

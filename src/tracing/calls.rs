@@ -152,7 +152,16 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
             // Entry and return in one session link (see eval_frame in
             // bpf/calls.bpf.c for why not a uprobe plus a uretprobe).
             let opts = UprobeMultiOpts { offsets: vec![offset], session: true, ..Default::default() };
-            vec![progs.eval_frame.attach_uprobe_multi_with_opts(pid, path, "", opts).map_err(exited).with_context(what)?]
+            let link = progs.eval_frame.attach_uprobe_multi_with_opts(pid, path, "", opts).map_err(|e| {
+                let unsupported = matches!(e.kind(), libbpf_rs::ErrorKind::InvalidInput | libbpf_rs::ErrorKind::Unsupported);
+                let e = exited(e);
+                if unsupported {
+                    e.context("uprobe sessions need Linux 6.13 or later")
+                } else {
+                    e
+                }
+            });
+            vec![link.with_context(what)?]
         }
         Mode::Usdt => {
             let what = |probe| format!("failed to attach to the USDT probe python:{probe} in {}", python.target_path);

@@ -16,6 +16,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/usdt.bpf.h>
 #include "calls.h"
+#include "ring.bpf.h"
 #include "python_read.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -63,7 +64,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 20);
+	__uint(max_entries, RING_BYTES);
 } new_functions SEC(".maps");
 
 struct {
@@ -395,7 +396,7 @@ static __always_inline void announce(const struct func_key *key, const void *cod
 		ev->file_kind = m > 0 ? STR_UTF8 : STR_UNREADABLE;
 		ev->file_len = m > 0 ? m - 1 : 0;
 	}
-	bpf_ringbuf_submit(ev, 0);
+	bpf_ringbuf_submit(ev, ring_submit_flags(&new_functions));
 }
 
 /* pytrace started the target and holds it under ptrace until the

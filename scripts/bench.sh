@@ -44,6 +44,33 @@ PY
   rows+=$'\n'
 done
 
+# gc tracing: the GC fixture untraced and under `pytrace gc`; the cost per
+# collection is small next to the collection itself.
+gc_rows=""
+for spec in "debian:/usr/bin/python3.11" "no-probes:$nodtrace"; do
+  label=${spec%%:*}
+  python=${spec#*:}
+  : > "$work/gc_base"; : > "$work/gc_traced"
+  for _ in $(seq "$repeats"); do
+    "$python" fixtures/gc_cycles.py --rounds 200000 --timing 2>&1 | seconds >> "$work/gc_base"
+    "$pytrace" gc --json "$work/gc.json" -- "$python" fixtures/gc_cycles.py --rounds 200000 --timing 2>&1 >/dev/null \
+      | seconds >> "$work/gc_traced"
+  done
+  collections=$(python3 -c "import json,sys; print(sum(g['collections'] for g in json.load(open(sys.argv[1]))['generations']))" "$work/gc.json")
+  mode=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['python']['mode'])" "$work/gc.json")
+  base=$(median < "$work/gc_base"); traced=$(median < "$work/gc_traced")
+  gc_rows+=$(python3 - "$label" "$mode" "$collections" "$base" "$traced" <<'PY'
+import sys
+label, mode, n, base, traced = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+print(f"| {label} | {mode} | {n:,} | {base:.3f} | {traced:.3f} | {(traced / base - 1) * 100:+.1f}% | {(traced - base) / n * 1e9:.0f} |")
+PY
+)
+  gc_rows+=$'\n'
+done
+gc_table="| CPython 3.11 | gc mode | collections | s untraced | s under pytrace gc | slowdown | ns added per collection |
+|---|---|---|---|---|---|---|
+$gc_rows"
+
 table="| CPython 3.11 | Python calls | ns/call untraced | cProfile ns/call added | pytrace ns/call added | pytrace slowdown | cProfile slowdown | pytrace / cProfile cost |
 |---|---|---|---|---|---|---|---|
 $rows"
@@ -55,4 +82,8 @@ $rows"
   echo "\"ns/call added\" is (traced time - untraced time) / Python calls."
   echo
   echo "$table"
+  echo
+  echo "## pytrace gc on fixtures/gc_cycles.py (200000 rounds)"
+  echo
+  echo "$gc_table"
 } | tee bench/results.md

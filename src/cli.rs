@@ -17,6 +17,8 @@ Examples:
   pytrace calls -p 1234 -d 10            exact call counts and latencies for 10 s
   pytrace calls --top 20 -- python3 app.py
   pytrace calls -p 1234 --json calls.json
+  pytrace gc -p 1234 --events             a line per garbage collection, then a summary
+  pytrace imports -- python3 app.py       which imports make start-up slow
   pytrace info -p 1234                    what pytrace finds in the process";
 
 #[derive(Parser)]
@@ -30,6 +32,10 @@ pub struct Cli {
 enum Command {
     /// Exact call counts, total and self time, and latency percentiles per Python function
     Calls(CallsArgs),
+    /// Every garbage collection: pauses and objects collected per generation
+    Gc(GcArgs),
+    /// Every module import as a tree with self and cumulative time
+    Imports(ImportsArgs),
     /// What pytrace finds in a Python process or binary, and which mode it would use
     Info(InfoArgs),
 }
@@ -76,6 +82,30 @@ struct CallsArgs {
     #[arg(long, value_enum, default_value = "total")]
     sort: SortArg,
     /// Also write the report as JSON to FILE ("-" for standard output)
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct GcArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Print one line per collection as it happens (time, generation, pause, collected)
+    #[arg(long)]
+    events: bool,
+    /// Also write the summary as JSON to FILE ("-" for standard output)
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct ImportsArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Show only the N slowest top-level imports
+    #[arg(long, value_name = "N")]
+    top: Option<usize>,
+    /// Also write the tree as JSON to FILE ("-" for standard output)
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
 }
@@ -132,6 +162,14 @@ impl Cli {
                     },
                     json: args.json,
                 })
+            }
+            Command::Gc(args) => {
+                let (target, duration) = args.target.into_parts()?;
+                commands::gc::run(commands::gc::Options { target, duration, events: args.events, json: args.json })
+            }
+            Command::Imports(args) => {
+                let (target, duration) = args.target.into_parts()?;
+                commands::imports::run(commands::imports::Options { target, duration, top: args.top, json: args.json })
             }
             Command::Info(args) => commands::info::run(commands::info::Options {
                 pid: args.pid,

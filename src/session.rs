@@ -141,6 +141,11 @@ impl Target {
         self.exit_status
     }
 
+    /// The line a script waits for before it starts the traced work.
+    pub fn say_attached(&self, python: &Python, mode: &str) {
+        eprintln!("pytrace: attached to PID {} (Python {}, {mode} mode)", self.pid, python.version);
+    }
+
     /// Whether the target is still alive (for restoring what we changed).
     pub fn is_running(&self) -> bool {
         self.exit_status.is_none() && proc::is_running(self.pid)

@@ -127,3 +127,9 @@ fn missing_or_conflicting_target() {
     assert_fails_with(&["calls", "-d", "0", "-p", "1"], &[], "--duration must be a positive number");
     assert_fails_with(&["info", "--binary", "/bin/ls"], &[], "/bin/ls is not a CPython executable or libpython");
 }
+
+#[test]
+fn imports_without_import_probes_says_why() {
+    let (_, nodtrace) = pythons().remove(1);
+    assert_fails_with(&["imports", "--", nodtrace.to_str().unwrap(), "-c", "pass"], &[], "has no import__find__load__start/done USDT probes");
+}

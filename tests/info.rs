@@ -31,6 +31,8 @@ fn finds_probes_and_mode_for_each_build() {
                     assert!(probes.contains(&p), "{label}: {p} missing from {probes:?}");
                 }
                 assert_eq!(live["function_probes"], "entry probe misses inlined calls (3.11)");
+                assert!(live["gc_mode"].as_str().unwrap().starts_with("usdt"), "{live}");
+                assert!(live["imports_mode"].as_str().unwrap().starts_with("usdt"), "{live}");
             }
             // pyenv (or scripts/pythons.sh) builds without probes, with a
             // shared libpython.
@@ -39,6 +41,8 @@ fn finds_probes_and_mode_for_each_build() {
                 assert!(live["interpreter"].as_str().unwrap().contains("libpython3.11.so"));
                 assert!(probes.is_empty(), "{probes:?}");
                 assert_eq!(live["function_probes"], "missing");
+                assert!(live["gc_mode"].as_str().unwrap().starts_with("uprobe"), "{live}");
+                assert!(live["imports_mode"].as_str().unwrap().starts_with("unavailable"), "{live}");
             }
         }
     }

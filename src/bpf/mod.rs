@@ -4,3 +4,13 @@
 pub mod calls {
     include!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/bpf/calls.skel.rs"));
 }
+
+#[allow(clippy::all, dead_code, non_camel_case_types, unused_imports)]
+pub mod gc {
+    include!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/bpf/gc.skel.rs"));
+}
+
+#[allow(clippy::all, dead_code, non_camel_case_types, unused_imports)]
+pub mod imports {
+    include!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/bpf/imports.skel.rs"));
+}

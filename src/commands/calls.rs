@@ -55,7 +55,7 @@ pub fn run(opts: Options) -> Result<i32> {
                 }
                 None => target.release()?,
             }
-            eprintln!("pytrace: attached to PID {pid} (Python {}, {} mode)", python.version, mode.name());
+            target.say_attached(&python, mode.name());
             Ok(())
         },
         || Ok(target_cell.borrow_mut().keep_going(opts.duration)),

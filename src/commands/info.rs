@@ -30,6 +30,10 @@ struct Findings {
     eval_frame_hook: bool,
     /// With -p on 3.11+: what interp->eval_frame holds now.
     eval_frame_now: Option<&'static str>,
+    /// How `pytrace gc` would see collections, or why it cannot.
+    gc_mode: String,
+    /// How `pytrace imports` would see imports, or why it cannot.
+    imports_mode: String,
 }
 
 pub fn run(opts: Options) -> Result<i32> {
@@ -62,6 +66,14 @@ pub fn run(opts: Options) -> Result<i32> {
         calls_mode: mode.name().into(),
         calls_mode_reason: reason.into(),
         eval_frame_hook: mode == crate::tracing::calls::Mode::Uprobe && python.inlines_calls(),
+        gc_mode: match crate::tracing::gc::choose_mode(&python) {
+            Ok((mode, why)) => format!("{} ({why})", mode.name()),
+            Err(e) => format!("unavailable: {e}"),
+        },
+        imports_mode: match crate::tracing::imports::check_probes(&python) {
+            Ok(mode) => format!("{mode} (the import__find__load probes)"),
+            Err(e) => format!("unavailable: {e}"),
+        },
         eval_frame_now: match opts.pid {
             Some(pid) if python.inlines_calls() => Some(EvalHook::new(pid, &python)?.state()?.describe()),
             _ => None,
@@ -93,6 +105,8 @@ pub fn run(opts: Options) -> Result<i32> {
     if findings.eval_frame_hook {
         println!("eval-frame hook: calls sets interp->eval_frame while tracing, so that no call is inlined; restored on exit");
     }
+    println!("gc mode:         {}", findings.gc_mode);
+    println!("imports mode:    {}", findings.imports_mode);
     if let Some(now) = findings.eval_frame_now {
         println!("eval_frame now:  {now}");
     }

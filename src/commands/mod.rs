@@ -1,4 +1,6 @@
 //! One file per subcommand: each wires a BPF session to a report.
 
 pub mod calls;
+pub mod gc;
+pub mod imports;
 pub mod info;

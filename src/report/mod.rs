@@ -2,6 +2,8 @@
 //! subcommands hand plain data here and never format it themselves.
 
 pub mod calls;
+pub mod gc;
+pub mod imports;
 
 use std::fs::File;
 use std::io::{self, Write};

@@ -4,14 +4,13 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder, UprobeMultiOpts};
 
-use super::histogram;
+use super::{attach_error, ensure_still_running, histogram, poll_until, privilege_hint, read_counters};
 use crate::bpf::calls::types::{calls_counter, func_key, func_stats, new_function, py_layout};
 use crate::bpf::calls::CallsSkelBuilder;
 use crate::python::layouts::NO_FIELD;
@@ -92,7 +91,7 @@ type Names = HashMap<(u64, u64, u32), (String, String)>;
 pub fn run(
     plan: &Plan,
     attached: impl FnOnce() -> Result<()>,
-    mut keep_going: impl FnMut() -> Result<bool>,
+    keep_going: impl FnMut() -> Result<bool>,
 ) -> Result<CallsData> {
     let mut object = MaybeUninit::uninit();
     let mut open = CallsSkelBuilder::default()
@@ -120,15 +119,10 @@ pub fn run(
     let ring = builder.build()?;
 
     attached()?;
-    while keep_going()? {
-        match ring.poll(Duration::from_millis(100)) {
-            Ok(()) => {}
-            // A signal (Ctrl-C) interrupted the wait: keep_going decides.
-            Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e).context("failed to read the calls ring buffer"),
-        }
-    }
+    let polled = poll_until(&ring, "calls", keep_going);
+    // Detach before reading the maps, and even if polling failed.
     drop(links);
+    polled?;
     ring.consume().context("failed to drain the calls ring buffer")?;
     drop(ring);
     collect(&skel, &names.into_inner())
@@ -138,13 +132,7 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
     let python = plan.python;
     let path = &python.elf.path;
     let pid = plan.pid as i32;
-    let exited = |e: libbpf_rs::Error| {
-        if !crate::target::proc::is_running(plan.pid) {
-            anyhow::anyhow!("process {} exited while pytrace was attaching", plan.pid)
-        } else {
-            privilege_hint(e)
-        }
-    };
+    let exited = |e| attach_error(plan.pid, e);
     let links = match plan.mode {
         Mode::Uprobe => {
             let offset = python.elf.file_offset(python.symbol(EVAL_FRAME_SYMBOL)?)? as usize;
@@ -179,22 +167,8 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
             ]
         }
     };
-    if !crate::target::proc::is_running(plan.pid) {
-        bail!("process {} exited while pytrace was attaching", plan.pid);
-    }
+    ensure_still_running(plan.pid)?;
     Ok(links)
-}
-
-/// EPERM/EACCES means missing privileges only when we are not root; as root
-/// EACCES is the verifier refusing a program, whose log libbpf has printed.
-pub fn privilege_hint(e: libbpf_rs::Error) -> anyhow::Error {
-    // SAFETY: geteuid cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    if e.kind() == libbpf_rs::ErrorKind::PermissionDenied && !root {
-        anyhow::Error::new(e).context("tracing needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE)")
-    } else {
-        anyhow::Error::new(e)
-    }
 }
 
 fn bpf_layout(python: &Python) -> py_layout {
@@ -267,17 +241,8 @@ fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsDa
         functions.push(totals);
     }
 
-    let mut counters = Vec::new();
-    for (name, which) in COUNTER_NAMES {
-        let key = which.0.to_ne_bytes();
-        let sum = skel
-            .maps
-            .counters
-            .lookup_percpu(&key, MapFlags::ANY)?
-            .map(|cpus| cpus.iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap())).sum())
-            .unwrap_or(0);
-        counters.push((name, sum));
-    }
+    let names: Vec<(&'static str, u32)> = COUNTER_NAMES.iter().map(|(n, c)| (*n, c.0)).collect();
+    let counters = read_counters(&skel.maps.counters, &names)?;
     Ok(CallsData { functions, counters })
 }
 

@@ -1,6 +1,80 @@
 //! BPF sessions: load a program, point it at a target, collect what it
 //! aggregated. One file per BPF program; the subcommands in src/commands
-//! wire these to reports.
+//! wire these to reports. What they all share is here.
 
 pub mod calls;
+pub mod gc;
 pub mod histogram;
+pub mod imports;
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use libbpf_rs::{MapCore, MapFlags, RingBuffer};
+
+use crate::target::proc;
+
+/// EPERM/EACCES means missing privileges only when we are not root; as root
+/// EACCES is the verifier refusing a program, whose log libbpf has printed.
+pub fn privilege_hint(e: libbpf_rs::Error) -> anyhow::Error {
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    if e.kind() == libbpf_rs::ErrorKind::PermissionDenied && !root {
+        anyhow::Error::new(e).context("tracing needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE)")
+    } else {
+        anyhow::Error::new(e)
+    }
+}
+
+/// An attach failure, said as what the user can act on: the target is gone,
+/// or privileges are missing, or libbpf's own reason.
+pub fn attach_error(pid: u32, e: libbpf_rs::Error) -> anyhow::Error {
+    if !proc::is_running(pid) {
+        anyhow::anyhow!("process {pid} exited while pytrace was attaching")
+    } else {
+        privilege_hint(e)
+    }
+}
+
+/// Fails if the target died while probes were being attached.
+pub fn ensure_still_running(pid: u32) -> Result<()> {
+    if !proc::is_running(pid) {
+        anyhow::bail!("process {pid} exited while pytrace was attaching");
+    }
+    Ok(())
+}
+
+/// Polls a ring buffer until `keep_going` says stop, then drains it.
+pub fn poll_until(ring: &RingBuffer, what: &str, mut keep_going: impl FnMut() -> Result<bool>) -> Result<()> {
+    while keep_going()? {
+        match ring.poll(Duration::from_millis(100)) {
+            Ok(()) => {}
+            // A signal (Ctrl-C) interrupted the wait: keep_going decides.
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).with_context(|| format!("failed to read the {what} ring buffer")),
+        }
+    }
+    ring.consume().with_context(|| format!("failed to drain the {what} ring buffer"))?;
+    Ok(())
+}
+
+/// Sums a per-CPU array of u64 counters, by name.
+pub fn read_counters(map: &dyn MapCore, names: &[(&'static str, u32)]) -> Result<Vec<(&'static str, u64)>> {
+    let mut counters = Vec::new();
+    for &(name, index) in names {
+        let sum = map
+            .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)?
+            .map(|cpus| cpus.iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap())).sum())
+            .unwrap_or(0);
+        counters.push((name, sum));
+    }
+    Ok(counters)
+}
+
+/// CLOCK_MONOTONIC now, the clock of bpf_ktime_get_ns.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the struct we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -66,6 +66,19 @@ pub fn start_waiting(python: &Path, script: &str, args: &[&str]) -> Proc {
     Proc(child)
 }
 
+/// Reads the target's stdout until a line equal to `want`.
+pub fn wait_for_line(target: &mut Proc, want: &str) {
+    let stdout = target.0.stdout.as_mut().expect("stdout is piped");
+    let mut reader = BufReader::new(stdout);
+    loop {
+        let mut line = String::new();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "the target ended before printing {want:?}");
+        if line.trim() == want {
+            return;
+        }
+    }
+}
+
 pub fn signal(pid: u32, sig: i32) {
     // SAFETY: plain kill(2).
     assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0, "kill({pid}, {sig})");

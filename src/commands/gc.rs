@@ -1,0 +1,68 @@
+//! `pytrace gc`: every garbage collection's pause, per generation.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::report::calls::PythonInfo;
+use crate::report::gc::{event_line, GcTotals};
+use crate::report::Output;
+use crate::session::{self, Target, TargetSpec};
+use crate::tracing::{self, gc};
+
+pub struct Options {
+    pub target: TargetSpec,
+    pub duration: Option<Duration>,
+    /// Print one line per collection as it happens.
+    pub events: bool,
+    pub json: Option<PathBuf>,
+}
+
+pub fn run(opts: Options) -> Result<i32> {
+    let mut json = opts.json.as_deref().map(Output::create).transpose()?;
+    let (mut target, python) = Target::prepare(opts.target)?;
+    let (mode, _why) = gc::choose_mode(&python)?;
+    session::install_signal_handlers();
+
+    let pid = target.pid;
+    let mut totals = GcTotals::default();
+    let attached_at = std::cell::Cell::new(tracing::monotonic_ns());
+    let target_cell = std::cell::RefCell::new(&mut target);
+    let data = gc::run(
+        pid,
+        &python,
+        mode,
+        || {
+            let mut target = target_cell.borrow_mut();
+            target.release()?;
+            attached_at.set(tracing::monotonic_ns());
+            target.say_attached(&python, mode.name());
+            Ok(())
+        },
+        || Ok(target_cell.borrow_mut().keep_going(opts.duration)),
+        |c| {
+            if opts.events {
+                println!("{}", event_line(c.start_ns.saturating_sub(attached_at.get()), &c));
+            }
+            totals.add(&c);
+        },
+    )?;
+    let elapsed = target.elapsed();
+    let report = totals.into_report(
+        pid,
+        PythonInfo { version: python.version.to_string(), mode: mode.name().into() },
+        elapsed.as_nanos() as u64,
+        data.lost_events(),
+        data.counters,
+    );
+    match &mut json {
+        Some(out @ Output::Stdout) => out.write_all(report.to_json().as_bytes())?,
+        Some(out) => {
+            out.write_all(report.to_json().as_bytes())?;
+            print!("{}", report.to_table());
+        }
+        None => print!("{}", report.to_table()),
+    }
+    Ok(target.exit_status().unwrap_or(0))
+}

@@ -1,0 +1,58 @@
+//! `pytrace imports`: every module import as a timed tree.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::report::calls::PythonInfo;
+use crate::report::imports::{build_tree, ImportsReport};
+use crate::report::Output;
+use crate::session::{self, Target, TargetSpec};
+use crate::tracing::imports;
+
+pub struct Options {
+    pub target: TargetSpec,
+    pub duration: Option<Duration>,
+    pub top: Option<usize>,
+    pub json: Option<PathBuf>,
+}
+
+pub fn run(opts: Options) -> Result<i32> {
+    let mut json = opts.json.as_deref().map(Output::create).transpose()?;
+    let (mut target, python) = Target::prepare(opts.target)?;
+    let mode = imports::check_probes(&python)?;
+    session::install_signal_handlers();
+
+    let pid = target.pid;
+    let target_cell = std::cell::RefCell::new(&mut target);
+    let data = imports::run(
+        pid,
+        &python,
+        || {
+            let mut target = target_cell.borrow_mut();
+            target.release()?;
+            target.say_attached(&python, mode);
+            Ok(())
+        },
+        || Ok(target_cell.borrow_mut().keep_going(opts.duration)),
+    )?;
+    let (tree, unfinished) = build_tree(&data.events);
+    let report = ImportsReport {
+        pid,
+        python: PythonInfo { version: python.version.to_string(), mode: mode.into() },
+        duration_ns: target.elapsed().as_nanos() as u64,
+        lost_events: data.counters.iter().map(|(_, n)| n).sum(),
+        unfinished,
+        imports: tree,
+    };
+    match &mut json {
+        Some(out @ Output::Stdout) => out.write_all(report.to_json().as_bytes())?,
+        Some(out) => {
+            out.write_all(report.to_json().as_bytes())?;
+            print!("{}", report.to_table(opts.top));
+        }
+        None => print!("{}", report.to_table(opts.top)),
+    }
+    Ok(target.exit_status().unwrap_or(0))
+}

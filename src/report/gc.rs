@@ -1,0 +1,160 @@
+//! The `gc` report: collections per generation, pauses, and the share of
+//! wall time spent collecting; and the --events log line.
+
+use std::collections::BTreeMap;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use super::{human_ns, thousands};
+use crate::tracing::gc::Collection;
+use crate::tracing::histogram::new_histogram;
+
+#[derive(Serialize)]
+pub struct GenerationRow {
+    pub generation: u32,
+    pub collections: u64,
+    pub collected: i64,
+    pub total_ns: u64,
+    pub p50_ns: u64,
+    pub p90_ns: u64,
+    pub p99_ns: u64,
+    pub max_ns: u64,
+}
+
+#[derive(Serialize)]
+pub struct GcReport {
+    pub pid: u32,
+    pub python: super::calls::PythonInfo,
+    pub duration_ns: u64,
+    pub lost_events: u64,
+    pub counters: BTreeMap<&'static str, u64>,
+    /// Time spent collecting over the traced wall time.
+    pub gc_share: f64,
+    pub generations: Vec<GenerationRow>,
+}
+
+/// Collections summed per generation as they arrive. Pauses are exact
+/// (one event each), so their histogram is hdrhistogram's own.
+#[derive(Default)]
+pub struct GcTotals {
+    per_generation: BTreeMap<u32, (u64, i64, u64, Option<Histogram<u64>>)>,
+}
+
+impl GcTotals {
+    pub fn add(&mut self, c: &Collection) {
+        let entry = self.per_generation.entry(c.generation).or_default();
+        entry.0 += 1;
+        entry.1 += c.collected;
+        entry.2 += c.duration_ns;
+        let _ = entry.3.get_or_insert_with(new_histogram).record(c.duration_ns.max(1));
+    }
+
+    pub fn into_report(
+        self,
+        pid: u32,
+        python: super::calls::PythonInfo,
+        duration_ns: u64,
+        lost_events: u64,
+        counters: Vec<(&'static str, u64)>,
+    ) -> GcReport {
+        let generations: Vec<GenerationRow> = self
+            .per_generation
+            .into_iter()
+            .map(|(generation, (collections, collected, total_ns, hist))| {
+                let hist = hist.unwrap_or_else(new_histogram);
+                GenerationRow {
+                    generation,
+                    collections,
+                    collected,
+                    total_ns,
+                    p50_ns: hist.value_at_quantile(0.5),
+                    p90_ns: hist.value_at_quantile(0.9),
+                    p99_ns: hist.value_at_quantile(0.99),
+                    max_ns: hist.max(),
+                }
+            })
+            .collect();
+        let paused: u64 = generations.iter().map(|g| g.total_ns).sum();
+        GcReport {
+            pid,
+            python,
+            duration_ns,
+            lost_events,
+            counters: counters.into_iter().collect(),
+            gc_share: if duration_ns > 0 { paused as f64 / duration_ns as f64 } else { 0.0 },
+            generations,
+        }
+    }
+}
+
+/// One line of the --events log: time since attach, generation, pause,
+/// objects collected.
+pub fn event_line(since_attach_ns: u64, c: &Collection) -> String {
+    format!(
+        "{:>12.6}s  gen {}  pause {:>9}  collected {}",
+        since_attach_ns as f64 / 1e9,
+        c.generation,
+        human_ns(c.duration_ns),
+        c.collected
+    )
+}
+
+impl GcReport {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("the report serializes") + "\n"
+    }
+
+    pub fn to_table(&self) -> String {
+        let collections: u64 = self.generations.iter().map(|g| g.collections).sum();
+        let mut out = format!(
+            "pytrace gc: PID {}, Python {} ({} mode), {:.2} s, {} collections, {:.2}% of wall time in GC, {} lost events\n",
+            self.pid,
+            self.python.version,
+            self.python.mode,
+            self.duration_ns as f64 / 1e9,
+            thousands(collections),
+            self.gc_share * 100.0,
+            self.lost_events,
+        );
+        out += &format!(
+            "{:>10} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+            "generation", "collections", "collected", "total", "p50", "p90", "p99", "max"
+        );
+        for g in &self.generations {
+            out += &format!(
+                "{:>10} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
+                g.generation,
+                thousands(g.collections),
+                thousands(g.collected.max(0) as u64),
+                human_ns(g.total_ns),
+                human_ns(g.p50_ns),
+                human_ns(g.p90_ns),
+                human_ns(g.p99_ns),
+                human_ns(g.max_ns),
+            );
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_per_generation_and_computes_the_share() {
+        let mut totals = GcTotals::default();
+        for (generation, duration_ns, collected) in [(0, 1_000, 5), (0, 3_000, 7), (2, 10_000, 100)] {
+            totals.add(&Collection { start_ns: 0, duration_ns, collected, generation });
+        }
+        let info = crate::report::calls::PythonInfo { version: "3.11.2".into(), mode: "usdt".into() };
+        let report = totals.into_report(1, info, 1_000_000, 0, vec![]);
+        assert_eq!(report.generations.len(), 2);
+        let g0 = &report.generations[0];
+        assert_eq!((g0.generation, g0.collections, g0.collected, g0.total_ns), (0, 2, 12, 4_000));
+        assert!((3_000..=3_003).contains(&g0.max_ns), "hdrhistogram keeps 3 significant digits: {}", g0.max_ns);
+        assert!((report.gc_share - 0.014).abs() < 1e-9);
+        assert!(report.to_table().contains("1.40% of wall time in GC"));
+    }
+}

@@ -2,6 +2,7 @@
 //! holds it (the executable, or a shared libpython), its version, where it is
 //! loaded, its USDT probes, and the layout of its structures.
 
+pub mod code;
 pub mod eval_hook;
 pub mod layouts;
 pub mod strings;
@@ -67,7 +68,8 @@ impl Python {
             }
         }
         for path in candidates {
-            let Ok(elf) = ElfFile::open(&proc::host_path(pid, &path)) else { continue };
+            let inode = maps.iter().find(|m| m.path == path).map(|m| m.inode).unwrap_or(0);
+            let Ok(elf) = ElfFile::open(&proc::host_path(pid, &path, inode)) else { continue };
             if !is_interpreter(&elf) {
                 continue;
             }

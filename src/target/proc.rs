@@ -13,7 +13,9 @@ use anyhow::{bail, Context, Result};
 pub struct Mapping {
     pub start: u64,
     pub offset: u64,
-    /// The path as the target sees it (in its own mount namespace).
+    pub inode: u64,
+    /// The path as the kernel names it to us: inside the target's mount
+    /// namespace for a container, the full host path for a chroot.
     pub path: String,
 }
 
@@ -41,10 +43,18 @@ pub fn command_name(pid: u32) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// A path in the target's mount namespace, reachable from ours. This is what
-/// makes a Python inside a container look like any other.
-pub fn host_path(pid: u32, path: &str) -> PathBuf {
-    PathBuf::from(format!("/proc/{pid}/root{path}"))
+/// Where we can open a file the target has mapped. In a container (another
+/// mount namespace) the name is only valid under /proc/PID/root; in a chroot
+/// the kernel already gives the host path. The inode from the mapping picks
+/// the right one, so a same-named file on the host is never taken for it.
+pub fn host_path(pid: u32, path: &str, inode: u64) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let candidates = [PathBuf::from(format!("/proc/{pid}/root{path}")), PathBuf::from(path)];
+    candidates
+        .iter()
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| inode == 0 || m.ino() == inode))
+        .unwrap_or(&candidates[0])
+        .clone()
 }
 
 /// The target's executable as the target names it.
@@ -71,13 +81,13 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
     let _perms = fields.next()?;
     let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
     let _dev = fields.next()?;
-    let _inode = fields.next()?;
+    let inode = fields.next()?.parse().ok()?;
     let path = fields.next()?.trim_start();
     if !path.starts_with('/') {
         return None;
     }
     let start = u64::from_str_radix(range.split('-').next()?, 16).ok()?;
-    Some(Mapping { start, offset, path: strip_deleted(path).to_string() })
+    Some(Mapping { start, offset, inode, path: strip_deleted(path).to_string() })
 }
 
 /// Reads and writes the target's memory through /proc/PID/mem.
@@ -139,6 +149,7 @@ mod tests {
         assert_eq!(m.start, 0x7f1c2a000000);
         assert_eq!(m.offset, 0x42000);
         assert_eq!(m.path, "/usr/lib/libpython3.11.so.1.0");
+        assert_eq!(m.inode, 1234);
         assert!(parse_maps_line("7ffd1000-7ffd2000 rw-p 00000000 00:00 0   [stack]").is_none());
         assert!(parse_maps_line("7ffd1000-7ffd2000 rw-p 00000000 00:00 0").is_none());
     }

@@ -251,14 +251,16 @@ unsafe impl plain::Plain for func_key {}
 unsafe impl plain::Plain for func_stats {}
 unsafe impl plain::Plain for new_function {}
 
-/// The mode `calls` uses for this interpreter, and why. An explicit request
-/// for USDT mode is refused where the probes would miss calls.
+/// The mode `calls` uses for this interpreter, and why. Uprobe mode is the
+/// default everywhere: it identifies a call by its code object. The
+/// function__entry probe passes the frame's current line instead of the
+/// function's first line, so on 3.9 and 3.10 a resumed generator shows up
+/// under its `yield` line (measured on Debian's 3.9: countdown split into
+/// rows for lines 41 and 43); on 3.11 it misses inlined calls altogether.
 pub fn choose_mode(python: &Python, requested: Option<Mode>) -> Result<(Mode, &'static str)> {
     use crate::python::FunctionProbes::*;
-    let probes = python.function_probes();
-    match (requested, probes) {
-        (Some(Mode::Uprobe), _) => Ok((Mode::Uprobe, "asked for with --mode uprobe")),
-        (_, Working) => Ok((Mode::Usdt, "function__entry and function__return fire on every call")),
+    match (requested, python.function_probes()) {
+        (Some(Mode::Usdt), Working) => Ok((Mode::Usdt, "asked for with --mode usdt (resumed generators are named by their current line)")),
         (Some(Mode::Usdt), EntryBroken) => bail!(
             "--mode usdt would miss calls on Python {}: its function__entry probe fires only for calls the interpreter does not inline (almost none); use --mode uprobe",
             python.version
@@ -267,7 +269,10 @@ pub fn choose_mode(python: &Python, requested: Option<Mode>) -> Result<(Mode, &'
             "--mode usdt needs the function__entry and function__return USDT probes, which {} does not have; use --mode uprobe",
             python.target_path
         ),
-        (None, EntryBroken) => Ok((Mode::Uprobe, "on 3.11 function__entry misses inlined calls")),
-        (None, Missing) => Ok((Mode::Uprobe, "the interpreter has no function probes")),
+        (Some(Mode::Uprobe), _) => Ok((Mode::Uprobe, "asked for with --mode uprobe")),
+        (None, _) if python.inlines_calls() => {
+            Ok((Mode::Uprobe, "reads each call's code object; the eval-frame hook stops inlining"))
+        }
+        (None, _) => Ok((Mode::Uprobe, "reads each call's code object from the frame being evaluated")),
     }
 }

@@ -47,6 +47,26 @@ int main(void)
     FIELD("tstate_current", offsetof(PyThreadState, frame));
     printf("    cframe_current_frame: NO_FIELD,\n");
 #endif
+    /* The instruction a frame is at: an address inside the code object's
+     * bytecode from 3.11 (code_code is where that starts), an index in
+     * bytes (f_lasti, in code units from 3.10) before. */
+#if PY_VERSION_HEX >= 0x030D0000
+    FIELD("frame_instr", offsetof(_PyInterpreterFrame, instr_ptr));
+    FIELD("code_code", offsetof(PyCodeObject, co_code_adaptive));
+#elif PY_VERSION_HEX >= 0x030B0000
+    FIELD("frame_instr", offsetof(_PyInterpreterFrame, prev_instr));
+    FIELD("code_code", offsetof(PyCodeObject, co_code_adaptive));
+#else
+    FIELD("frame_instr", offsetof(PyFrameObject, f_lasti));
+    printf("    code_code: NO_FIELD,\n");
+#endif
+#if PY_VERSION_HEX >= 0x030A0000
+    FIELD("code_linetable", offsetof(PyCodeObject, co_linetable));
+#else
+    FIELD("code_linetable", offsetof(PyCodeObject, co_lnotab));
+#endif
+    FIELD("bytes_size", offsetof(PyVarObject, ob_size));
+    FIELD("bytes_data", offsetof(PyBytesObject, ob_sval));
 #if PY_VERSION_HEX >= 0x030B0000
     FIELD("frame_owner", offsetof(_PyInterpreterFrame, owner));
 #else

@@ -423,12 +423,10 @@ static __always_inline __u64 current_frame(const void *tstate)
 }
 
 /* A field of a block read from the target, or 0 if the layout puts it
- * outside the block. The offsets come from frozen rodata, so the verifier
- * sees them as constants. */
+ * outside the block. Sizes (checked against the buffers first) and offsets
+ * come from frozen rodata, so the verifier sees constants. */
 #define FIELD(block, size, offset, type)                                                     \
-	((offset) <= (size) - sizeof(type) && (offset) <= sizeof(block) - sizeof(type)       \
-		 ? *(type *)((block) + (offset))                                               \
-		 : 0)
+	((offset) <= (size) - sizeof(type) ? *(type *)((block) + (offset)) : 0)
 
 #define NAME_HEAD_MAX 64
 
@@ -473,8 +471,9 @@ int BPF_UPROBE(eval_frame, const void *tstate, const void *frame)
 {
 	const volatile struct py_layout *l = &cfg.layout;
 	__u64 *cookie = bpf_session_cookie();
-	char frame_head[FRAME_HEAD_MAX];
-	char code_head[CODE_HEAD_MAX];
+	/* 8-byte aligned, for the 8-byte loads FIELD makes. */
+	__u64 frame_words[FRAME_HEAD_MAX / 8], code_words[CODE_HEAD_MAX / 8];
+	char *frame_head = (char *)frame_words, *code_head = (char *)code_words;
 	struct func_stats *st = 0;
 	struct func_key key = {};
 	__u32 fsize = cfg.frame_head, csize = cfg.code_head, depth, flags;
@@ -490,10 +489,10 @@ int BPF_UPROBE(eval_frame, const void *tstate, const void *frame)
 
 	key.tgid = bpf_get_current_pid_tgid() >> 32;
 	if (fsize > FRAME_HEAD_MAX || csize > CODE_HEAD_MAX || csize < 8 || fsize < 8 ||
-	    bpf_probe_read_user(frame_head, fsize, frame))
+	    bpf_probe_read_user(frame_words, fsize, frame))
 		goto bad;
 	code = FIELD(frame_head, fsize, l->frame_code, void *);
-	if (!code || bpf_probe_read_user(code_head, csize, code))
+	if (!code || bpf_probe_read_user(code_words, csize, code))
 		goto bad;
 	if (cfg.code_type && FIELD(code_head, csize, l->object_type, __u64) != cfg.code_type)
 		goto bad;

@@ -32,16 +32,6 @@
 #define NAME_CAP 128
 #define FILE_CAP 256
 
-/* How string bytes in new_function were captured. */
-enum str_kind {
-	STR_UNREADABLE = 0,
-	STR_UTF8 = 1,   /* C string (USDT arguments) */
-	STR_ASCII = 2,  /* compact ASCII PyUnicode */
-	STR_UCS1 = 3,   /* compact Latin-1 PyUnicode */
-	STR_UCS2 = 4,
-	STR_UCS4 = 5,
-};
-
 /* Every way an event can be lost or an input can be refused. */
 enum calls_counter {
 	CALLS_NEW_FUNCTION_LOST,   /* ring buffer full: a function's name was not sent */

@@ -42,4 +42,14 @@ struct py_layout {
 	__u32 unicode_compact_data;
 };
 
+/* How a BPF program captured a string's bytes (decoded by src/python/strings.rs). */
+enum str_kind {
+	STR_UNREADABLE = 0,
+	STR_UTF8 = 1,   /* C string (USDT arguments) */
+	STR_ASCII = 2,  /* compact ASCII PyUnicode */
+	STR_UCS1 = 3,   /* compact Latin-1 PyUnicode */
+	STR_UCS2 = 4,
+	STR_UCS4 = 5,
+};
+
 #endif

@@ -17,6 +17,7 @@ Examples:
   pytrace calls -p 1234 -d 10            exact call counts and latencies for 10 s
   pytrace calls --top 20 -- python3 app.py
   pytrace calls -p 1234 --json calls.json
+  pytrace sample -p 1234 -d 30 --flamegraph out.svg
   pytrace gc -p 1234 --events             a line per garbage collection, then a summary
   pytrace imports -- python3 app.py       which imports make start-up slow
   pytrace info -p 1234                    what pytrace finds in the process";
@@ -36,6 +37,8 @@ enum Command {
     Gc(GcArgs),
     /// Every module import as a tree with self and cumulative time
     Imports(ImportsArgs),
+    /// A statistical profile of where the target spends CPU time: table, flamegraph, folded, speedscope
+    Sample(SampleArgs),
     /// What pytrace finds in a Python process or binary, and which mode it would use
     Info(InfoArgs),
 }
@@ -111,6 +114,36 @@ struct ImportsArgs {
 }
 
 #[derive(Args)]
+struct SampleArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Samples per second per CPU (99 does not beat in step with timer ticks)
+    #[arg(short = 'r', long = "rate", value_name = "HZ", default_value_t = 99)]
+    rate: u64,
+    /// Add kernel frames under the Python frames
+    #[arg(long)]
+    kernel: bool,
+    /// Split stacks by thread (name and TID)
+    #[arg(long)]
+    threads: bool,
+    /// Rows in the terminal table
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    top: usize,
+    /// Write an SVG flamegraph (Python frames green, kernel orange)
+    #[arg(long, value_name = "FILE.svg")]
+    flamegraph: Option<PathBuf>,
+    /// Write folded stacks, one `frame;frame;... count` per line ("-" for standard output)
+    #[arg(long, value_name = "FILE")]
+    folded: Option<PathBuf>,
+    /// Write a speedscope profile (https://www.speedscope.app)
+    #[arg(long, value_name = "FILE.json")]
+    speedscope: Option<PathBuf>,
+    /// Write the summary as JSON ("-" for standard output)
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args)]
 struct InfoArgs {
     /// PID of a Python process
     #[arg(short, long, conflicts_with = "binary", required_unless_present = "binary")]
@@ -170,6 +203,24 @@ impl Cli {
             Command::Imports(args) => {
                 let (target, duration) = args.target.into_parts()?;
                 commands::imports::run(commands::imports::Options { target, duration, top: args.top, json: args.json })
+            }
+            Command::Sample(args) => {
+                let (target, duration) = args.target.into_parts()?;
+                if !(1..=10_000).contains(&args.rate) {
+                    bail!("--rate must be between 1 and 10000 samples per second");
+                }
+                commands::sample::run(commands::sample::Options {
+                    target,
+                    duration,
+                    hz: args.rate,
+                    kernel: args.kernel,
+                    threads: args.threads,
+                    top: args.top,
+                    flamegraph: args.flamegraph,
+                    folded: args.folded,
+                    speedscope: args.speedscope,
+                    json: args.json,
+                })
             }
             Command::Info(args) => commands::info::run(commands::info::Options {
                 pid: args.pid,

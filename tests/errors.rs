@@ -133,3 +133,16 @@ fn imports_without_import_probes_says_why() {
     let (_, nodtrace) = pythons().remove(1);
     assert_fails_with(&["imports", "--", nodtrace.to_str().unwrap(), "-c", "pass"], &[], "has no import__find__load__start/done USDT probes");
 }
+
+#[test]
+fn sample_checks_every_output_path_before_sampling() {
+    let (_, python) = pythons().remove(0);
+    let out = Command::new(PYTRACE)
+        .args(["sample", "--folded", "/tmp/ok.folded", "--flamegraph", "/nonexistent-dir/p.svg", "--", python.to_str().unwrap(), "-c", "print('ran')"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot write /nonexistent-dir/p.svg"));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"), "the command must not have run");
+    assert_fails_with(&["sample", "-r", "0", "-p", "1"], &[], "--rate must be between 1 and 10000");
+}

@@ -14,3 +14,8 @@ pub mod gc {
 pub mod imports {
     include!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/bpf/imports.skel.rs"));
 }
+
+#[allow(clippy::all, dead_code, non_camel_case_types, unused_imports)]
+pub mod sample {
+    include!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/bpf/sample.skel.rs"));
+}

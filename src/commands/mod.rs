@@ -3,4 +3,5 @@
 pub mod calls;
 pub mod gc;
 pub mod imports;
+pub mod sample;
 pub mod info;

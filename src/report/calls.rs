@@ -15,7 +15,7 @@ pub enum SortKey {
     SelfTime,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Clone)]
 pub struct PythonInfo {
     pub version: String,
     pub mode: String,

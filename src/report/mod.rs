@@ -4,6 +4,7 @@
 pub mod calls;
 pub mod gc;
 pub mod imports;
+pub mod profile;
 
 use std::fs::File;
 use std::io::{self, Write};

@@ -6,6 +6,7 @@ pub mod calls;
 pub mod gc;
 pub mod histogram;
 pub mod imports;
+pub mod sample;
 
 use std::time::Duration;
 
@@ -44,7 +45,9 @@ pub fn ensure_still_running(pid: u32) -> Result<()> {
     Ok(())
 }
 
-/// Polls a ring buffer until `keep_going` says stop, then drains it.
+/// Polls a ring buffer until `keep_going` says stop, then drains it. The
+/// BPF side mostly does not wake us (bpf/ring.bpf.h), so each round also
+/// consumes whatever arrived during the wait.
 pub fn poll_until(ring: &RingBuffer, what: &str, mut keep_going: impl FnMut() -> Result<bool>) -> Result<()> {
     while keep_going()? {
         match ring.poll(Duration::from_millis(100)) {
@@ -53,6 +56,7 @@ pub fn poll_until(ring: &RingBuffer, what: &str, mut keep_going: impl FnMut() ->
             Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
             Err(e) => return Err(e).with_context(|| format!("failed to read the {what} ring buffer")),
         }
+        ring.consume().with_context(|| format!("failed to read the {what} ring buffer"))?;
     }
     ring.consume().with_context(|| format!("failed to drain the {what} ring buffer"))?;
     Ok(())

@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/* `pytrace sample`: on a CPU-clock perf event on every CPU, walks the
+ * interrupted thread's Python frames in the kernel and sends them, with the
+ * kernel stack if asked, to user space. Only addresses are recorded (code
+ * object, instruction); names and lines are resolved in user space, once
+ * per code object. */
+#include "vmlinux.h"
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include "sample.h"
+#include "python_read.bpf.h"
+#include "ring.bpf.h" /* RING_BYTES */
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+const volatile struct sample_config cfg = {};
+
+/* Where the target's first interpreter pointer lives
+ * (&_PyRuntime.interpreters.head). Set by user space once the interpreter
+ * file is mapped: with `--`, it is not at load time. */
+__u64 interpreters_head = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, RING_BYTES);
+} samples SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(max_entries, 16384);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, 127 * sizeof(__u64));
+} kernel_stacks SEC(".maps");
+
+/* tid -> its PyThreadState, checked at each use. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u64);
+} thread_states SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SAMPLE_COUNTER_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+struct py_sample _py_sample = {};
+enum sample_counter _sample_counter = 0;
+
+static __always_inline void count(enum sample_counter which)
+{
+	__u32 key = which;
+	__u64 *value = bpf_map_lookup_elem(&counters, &key);
+
+	if (value)
+		*value += 1;
+}
+
+/* CPython records pthread_self() as a thread's id, which on x86-64 is the
+ * thread pointer, the fs base. */
+static __always_inline __u64 thread_pointer(void)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+
+	return BPF_CORE_READ(task, thread.fsbase);
+}
+
+struct scan_ctx {
+	__u64 tstate;
+	__u64 want;
+	__u64 found;
+};
+
+static long scan_one(__u64 i, void *data)
+{
+	struct scan_ctx *ctx = data;
+	__u64 id = 0;
+
+	if (!ctx->tstate)
+		return 1;
+	if (bpf_probe_read_user(&id, sizeof(id), (void *)(ctx->tstate + cfg.tstate_thread_id)))
+		return 1;
+	if (id == ctx->want) {
+		ctx->found = ctx->tstate;
+		return 1;
+	}
+	ctx->tstate = (__u64)read_ptr((void *)ctx->tstate, cfg.tstate_next);
+	return 0;
+}
+
+/* The sampled thread's PyThreadState: cached per thread, else found by
+ * walking the main interpreter's thread list. */
+static __always_inline __u64 thread_state(__u32 tid)
+{
+	__u64 want = thread_pointer(), id = 0, *cached = bpf_map_lookup_elem(&thread_states, &tid);
+	struct scan_ctx ctx = { .want = want };
+	void *interp;
+
+	if (cached && !bpf_probe_read_user(&id, sizeof(id), (void *)(*cached + cfg.tstate_thread_id)) &&
+	    id == want)
+		return *cached;
+	if (!interpreters_head)
+		return 0;
+	interp = read_ptr((void *)interpreters_head, 0);
+	if (!interp)
+		return 0;
+	ctx.tstate = (__u64)read_ptr(interp, cfg.interp_threads_head);
+	bpf_loop(MAX_THREAD_SCAN, scan_one, &ctx, 0);
+	if (ctx.found)
+		bpf_map_update_elem(&thread_states, &tid, &ctx.found, BPF_ANY);
+	return ctx.found;
+}
+
+struct walk_ctx {
+	struct py_sample *s;
+	__u64 frame;
+};
+
+#define FIELD(block, offset, type)                                                             \
+	((offset) <= SAMPLE_FRAME_HEAD - sizeof(type) ? *(type *)((block) + (offset)) : 0)
+
+static long walk_one(__u64 i, void *data)
+{
+	struct walk_ctx *ctx = data;
+	const volatile struct py_layout *l = &cfg.layout;
+	__u64 words[SAMPLE_FRAME_HEAD / 8]; /* 8-byte aligned, for 8-byte loads */
+	char *head = (char *)words;
+	__u32 size = cfg.frame_head, n = ctx->s->frames;
+
+	if (!ctx->frame)
+		return 1;
+	if (n >= MAX_FRAMES) {
+		ctx->s->truncated = 1;
+		return 1;
+	}
+	if (size > SAMPLE_FRAME_HEAD || size < 8 || bpf_probe_read_user(words, size, (void *)ctx->frame)) {
+		count(SAMPLE_BAD_FRAME);
+		return 1;
+	}
+	/* From 3.12, frames owned by the C stack are shims, not Python code. */
+	if (l->frame_owner == PY_NO_FIELD || FIELD(head, l->frame_owner, __u8) != 3) {
+		ctx->s->code[n & (MAX_FRAMES - 1)] = FIELD(head, l->frame_code, __u64);
+		ctx->s->instr[n & (MAX_FRAMES - 1)] = FIELD(head, cfg.frame_instr, __u64);
+		ctx->s->frames = n + 1;
+	}
+	ctx->frame = FIELD(head, cfg.frame_previous, __u64);
+	return 0;
+}
+
+SEC("perf_event")
+int sample_thread(struct bpf_perf_event_data *ctx)
+{
+	const volatile struct py_layout *l = &cfg.layout;
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+	struct walk_ctx walk = {};
+	struct py_sample *s;
+	__u64 tstate, current;
+
+	if (pid_tgid >> 32 != cfg.tgid)
+		return 0;
+	s = bpf_ringbuf_reserve(&samples, sizeof(*s), 0);
+	if (!s) {
+		count(SAMPLE_LOST);
+		return 0;
+	}
+	s->tid = tid;
+	s->frames = 0;
+	s->truncated = 0;
+	s->no_python = 0;
+	s->kernel_stack = cfg.kernel_stacks ? bpf_get_stackid(ctx, &kernel_stacks, 0) : -1;
+
+	tstate = thread_state(tid);
+	current = tstate ? (__u64)read_ptr((void *)tstate, l->tstate_current) : 0;
+	if (current && l->cframe_current_frame != PY_NO_FIELD)
+		current = (__u64)read_ptr((void *)current, l->cframe_current_frame);
+	if (!tstate)
+		count(SAMPLE_NO_THREAD);
+	if (!current) {
+		s->no_python = 1;
+	} else {
+		walk.s = s;
+		walk.frame = current;
+		bpf_loop(MAX_FRAMES + 1, walk_one, &walk, 0);
+	}
+	/* Wake the reader at each sample, unlike the other programs: user space
+	 * names code objects as samples arrive, and a module's code object is
+	 * freed as soon as its import ends. At 99 Hz the wakeups cost little. */
+	bpf_ringbuf_submit(s, 0);
+	return 0;
+}

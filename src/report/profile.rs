@@ -1,0 +1,289 @@
+//! The `sample` reports: a top-functions table, folded stacks, a
+//! flamegraph, a speedscope profile and JSON, all from one aggregation.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::rc::Rc;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use serde_json::json;
+
+use super::thousands;
+use crate::tracing::sample::{Frame, Sample};
+
+/// Samples aggregated into unique stacks (outermost frame first).
+pub struct Profile {
+    pub pid: u32,
+    pub python: super::calls::PythonInfo,
+    pub hz: u64,
+    pub duration_ns: u64,
+    pub counters: Vec<(&'static str, u64)>,
+    pub total: u64,
+    /// (thread label or "", stack) -> samples.
+    stacks: BTreeMap<(String, Vec<Rc<Frame>>), u64>,
+}
+
+pub fn label(frame: &Frame) -> String {
+    match frame {
+        Frame::Python { name, file, line } => format!("{name} ({file}:{line})"),
+        Frame::Kernel(name) => name.clone(),
+        Frame::Unreadable => "[unreadable frame]".into(),
+        Frame::Truncated => "[truncated]".into(),
+        Frame::NoPython => "[no Python code]".into(),
+    }
+}
+
+/// The function a frame belongs to, for the table: lines merged.
+fn function_of(frame: &Frame) -> (String, String) {
+    match frame {
+        Frame::Python { name, file, .. } => (name.clone(), file.clone()),
+        other => (label(other), String::new()),
+    }
+}
+
+#[derive(Serialize)]
+pub struct FunctionShare {
+    pub name: String,
+    pub file: String,
+    pub self_samples: u64,
+    pub total_samples: u64,
+    pub self_share: f64,
+    pub total_share: f64,
+}
+
+impl Profile {
+    pub fn new(
+        pid: u32,
+        python: super::calls::PythonInfo,
+        hz: u64,
+        duration_ns: u64,
+        counters: Vec<(&'static str, u64)>,
+        samples: &[Sample],
+        thread_names: Option<&HashMap<u32, String>>,
+    ) -> Self {
+        let mut stacks = BTreeMap::new();
+        for s in samples {
+            let thread = match thread_names {
+                Some(names) => format!("{} ({})", names.get(&s.tid).map(String::as_str).unwrap_or("thread"), s.tid),
+                None => String::new(),
+            };
+            *stacks.entry((thread, s.frames.clone())).or_insert(0) += 1;
+        }
+        Profile { pid, python, hz, duration_ns, counters, total: samples.len() as u64, stacks }
+    }
+
+    /// Self and total samples per function, most total first.
+    pub fn functions(&self) -> Vec<FunctionShare> {
+        let mut shares: HashMap<(String, String), (u64, u64)> = HashMap::new();
+        for ((_, stack), &n) in &self.stacks {
+            let mut seen = HashSet::new();
+            for frame in stack {
+                let f = function_of(frame);
+                if seen.insert(f.clone()) {
+                    shares.entry(f).or_default().1 += n;
+                }
+            }
+            if let Some(leaf) = stack.last() {
+                shares.entry(function_of(leaf)).or_default().0 += n;
+            }
+        }
+        let total = self.total.max(1) as f64;
+        let mut out: Vec<FunctionShare> = shares
+            .into_iter()
+            .map(|((name, file), (s, t))| FunctionShare {
+                name,
+                file,
+                self_samples: s,
+                total_samples: t,
+                self_share: s as f64 / total,
+                total_share: t as f64 / total,
+            })
+            .collect();
+        out.sort_by(|a, b| b.total_samples.cmp(&a.total_samples).then(b.self_samples.cmp(&a.self_samples)).then(a.name.cmp(&b.name)));
+        out
+    }
+
+    fn lost(&self) -> u64 {
+        self.counters.iter().filter(|(n, _)| *n == "lost").map(|(_, v)| v).sum()
+    }
+
+    pub fn to_table(&self, top: usize) -> String {
+        let mut out = format!(
+            "pytrace sample: PID {}, Python {}, {} Hz, {:.2} s, {} samples, {} lost\n",
+            self.pid,
+            self.python.version,
+            self.hz,
+            self.duration_ns as f64 / 1e9,
+            thousands(self.total),
+            thousands(self.lost()),
+        );
+        out += &format!("{:>7} {:>7}  {}\n", "self", "total", "function (file)");
+        for f in self.functions().iter().take(top) {
+            let file = if f.file.is_empty() { String::new() } else { format!(" ({})", f.file) };
+            out += &format!("{:>6.1}% {:>6.1}%  {}{}\n", f.self_share * 100.0, f.total_share * 100.0, f.name, file);
+        }
+        out
+    }
+
+    /// Brendan Gregg's collapsed format: `frame;frame;... count`, outermost
+    /// first; with --threads the thread is the first frame.
+    pub fn to_folded(&self, annotate: bool) -> String {
+        let mut out = String::new();
+        for ((thread, stack), n) in &self.stacks {
+            let mut parts: Vec<String> = Vec::new();
+            if !thread.is_empty() {
+                parts.push(thread.clone());
+            }
+            for frame in stack {
+                // `;` separates frames: never let a name add one.
+                let mut l = label(frame).replace(';', ":");
+                if annotate {
+                    // inferno's java palette colours by these suffixes.
+                    match frame.as_ref() {
+                        Frame::Python { .. } => l.push_str("_[j]"),
+                        Frame::Kernel(_) => l.push_str("_[k]"),
+                        _ => {}
+                    }
+                }
+                parts.push(l);
+            }
+            out += &format!("{} {n}\n", parts.join(";"));
+        }
+        out
+    }
+
+    /// An SVG flamegraph: Python frames green, kernel orange, markers red.
+    pub fn to_flamegraph(&self) -> Result<Vec<u8>> {
+        let folded = self.to_folded(true);
+        let mut opts = inferno::flamegraph::Options::default();
+        opts.title = format!("pytrace sample: PID {} (Python {}), {} samples", self.pid, self.python.version, self.total);
+        opts.colors = inferno::flamegraph::Palette::Multi(inferno::flamegraph::color::MultiPalette::Java);
+        opts.count_name = "samples".into();
+        let mut svg = Vec::new();
+        if self.total == 0 {
+            opts.title += " (no samples)";
+            // inferno refuses an empty profile; an empty graph is still a graph.
+            inferno::flamegraph::from_lines(&mut opts, ["[no samples] 1"].iter().copied(), &mut svg)
+                .context("failed to draw the flamegraph")?;
+        } else {
+            inferno::flamegraph::from_lines(&mut opts, folded.lines(), &mut svg).context("failed to draw the flamegraph")?;
+        }
+        Ok(svg)
+    }
+
+    /// speedscope's file format: one sampled profile per thread (or one).
+    pub fn to_speedscope(&self) -> String {
+        let mut frames: Vec<serde_json::Value> = Vec::new();
+        let mut index: HashMap<Rc<Frame>, usize> = HashMap::new();
+        let mut profiles: BTreeMap<&str, (Vec<Vec<usize>>, Vec<u64>)> = BTreeMap::new();
+        for ((thread, stack), &n) in &self.stacks {
+            let ids = stack
+                .iter()
+                .map(|f| {
+                    *index.entry(f.clone()).or_insert_with(|| {
+                        frames.push(match f.as_ref() {
+                            Frame::Python { name, file, line } => json!({"name": name, "file": file, "line": line}),
+                            other => json!({"name": label(other)}),
+                        });
+                        frames.len() - 1
+                    })
+                })
+                .collect();
+            let p = profiles.entry(thread.as_str()).or_default();
+            p.0.push(ids);
+            p.1.push(n);
+        }
+        let profiles: Vec<serde_json::Value> = profiles
+            .into_iter()
+            .map(|(thread, (samples, weights))| {
+                let end: u64 = weights.iter().sum();
+                json!({
+                    "type": "sampled",
+                    "name": if thread.is_empty() { format!("PID {}", self.pid) } else { thread.to_string() },
+                    "unit": "none",
+                    "startValue": 0,
+                    "endValue": end,
+                    "samples": samples,
+                    "weights": weights,
+                })
+            })
+            .collect();
+        serde_json::to_string(&json!({
+            "$schema": "https://www.speedscope.app/file-format-schema.json",
+            "shared": {"frames": frames},
+            "profiles": profiles,
+            "name": format!("pytrace sample: PID {}", self.pid),
+            "exporter": "pytrace",
+        }))
+        .expect("the profile serializes")
+    }
+
+    pub fn to_json(&self) -> String {
+        let threads: BTreeMap<&str, u64> = self.stacks.iter().fold(BTreeMap::new(), |mut m, ((t, _), n)| {
+            *m.entry(t.as_str()).or_default() += n;
+            m
+        });
+        serde_json::to_string_pretty(&json!({
+            "pid": self.pid,
+            "python": self.python,
+            "hz": self.hz,
+            "duration_ns": self.duration_ns,
+            "samples": self.total,
+            "lost_events": self.lost(),
+            "counters": self.counters.iter().cloned().collect::<BTreeMap<_, _>>(),
+            "functions": self.functions(),
+            "threads": threads.into_iter().filter(|(t, _)| !t.is_empty()).map(|(t, n)| json!({"thread": t, "samples": n})).collect::<Vec<_>>(),
+        }))
+        .expect("the report serializes")
+            + "\n"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn py(name: &str, line: u32) -> Rc<Frame> {
+        Rc::new(Frame::Python { name: name.into(), file: "f.py".into(), line })
+    }
+
+    fn profile() -> Profile {
+        let main = py("main", 1);
+        let samples = vec![
+            Sample { tid: 1, frames: vec![main.clone(), py("a", 5)] },
+            Sample { tid: 1, frames: vec![main.clone(), py("a", 6)] },
+            Sample { tid: 2, frames: vec![main.clone(), py("b", 9)] },
+            Sample { tid: 2, frames: vec![main.clone()] },
+        ];
+        let info = crate::report::calls::PythonInfo { version: "3.11.2".into(), mode: "sample".into() };
+        Profile::new(7, info, 99, 1, vec![], &samples, None)
+    }
+
+    #[test]
+    fn shares_merge_lines_and_count_each_function_once_per_stack() {
+        let f = profile().functions();
+        let get = |n: &str| f.iter().find(|x| x.name == n).unwrap();
+        assert_eq!((get("main").self_samples, get("main").total_samples), (1, 4));
+        assert_eq!((get("a").self_samples, get("a").total_samples), (2, 2), "lines 5 and 6 are one function");
+        assert!((get("b").total_share - 0.25).abs() < 1e-9);
+    }
+
+    #[test]
+    fn folded_output_is_outermost_first_with_counts() {
+        let folded = profile().to_folded(false);
+        assert!(folded.contains("main (f.py:1);a (f.py:5) 1\n"), "{folded}");
+        assert!(folded.contains("main (f.py:1) 1\n"), "{folded}");
+        let annotated = profile().to_folded(true);
+        assert!(annotated.contains("main (f.py:1)_[j];b (f.py:9)_[j] 1"), "{annotated}");
+    }
+
+    #[test]
+    fn speedscope_and_flamegraph_are_well_formed() {
+        let p = profile();
+        let v: serde_json::Value = serde_json::from_str(&p.to_speedscope()).unwrap();
+        assert_eq!(v["profiles"][0]["type"], "sampled");
+        assert_eq!(v["profiles"][0]["weights"].as_array().unwrap().iter().map(|w| w.as_u64().unwrap()).sum::<u64>(), 4);
+        let svg = String::from_utf8(p.to_flamegraph().unwrap()).unwrap();
+        assert!(svg.starts_with("<?xml") && svg.contains("<svg") && svg.contains("main (f.py:1)"));
+    }
+}

@@ -1,0 +1,350 @@
+//! The `sample` BPF session (bpf/sample.bpf.c): a CPU-clock perf event on
+//! every CPU; each sample of a target thread arrives with its Python frames
+//! as addresses, which are resolved here, once per code object.
+
+use std::collections::HashMap;
+use std::mem::MaybeUninit;
+use std::rc::Rc;
+
+use anyhow::{Context, Result};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder};
+
+use super::{ensure_still_running, poll_until, privilege_hint, read_counters};
+use crate::bpf::sample::types::{py_layout, py_sample, sample_counter};
+use crate::bpf::sample::SampleSkelBuilder;
+use crate::python::code::{instruction_offset, Code};
+use crate::python::layouts::NO_FIELD;
+use crate::python::{Python, RUNTIME_SYMBOL};
+use crate::target::proc::{self, Memory};
+
+/// Code objects are re-read after this many samples, so that one freed and
+/// replaced at the same address is not named after the old one for long.
+const CODE_CACHE_SAMPLES: usize = 2000;
+
+pub struct Options {
+    pub hz: u64,
+    pub kernel: bool,
+}
+
+/// One frame of a sample, resolved.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Frame {
+    Python { name: String, file: String, line: u32 },
+    Kernel(String),
+    /// A frame that could not be read (freed memory, a frame being torn
+    /// down while the thread runs): shown, never guessed.
+    Unreadable,
+    /// The stack went on past what is recorded.
+    Truncated,
+    /// The thread was running no Python code.
+    NoPython,
+}
+
+/// A sample: its thread and frames, outermost first.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub tid: u32,
+    pub frames: Vec<Rc<Frame>>,
+}
+
+pub struct SampleData {
+    pub samples: Vec<Sample>,
+    pub counters: Vec<(&'static str, u64)>,
+}
+
+/// Minimal perf_event_attr (the kernel accepts any size it knows).
+#[repr(C)]
+#[derive(Default)]
+struct PerfEventAttr {
+    kind: u32,
+    size: u32,
+    config: u64,
+    sample_freq: u64,
+    sample_type: u64,
+    read_format: u64,
+    flags: u64,
+    rest: [u64; 10],
+}
+
+const PERF_TYPE_SOFTWARE: u32 = 1;
+const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+const PERF_FLAG_FREQ: u64 = 1 << 10;
+
+fn open_cpu_clock(cpu: i32, hz: u64) -> std::io::Result<i32> {
+    let attr = PerfEventAttr {
+        kind: PERF_TYPE_SOFTWARE,
+        size: std::mem::size_of::<PerfEventAttr>() as u32,
+        config: PERF_COUNT_SW_CPU_CLOCK,
+        sample_freq: hz,
+        flags: PERF_FLAG_FREQ,
+        ..Default::default()
+    };
+    // SAFETY: perf_event_open with a valid attr; the fd is handed to libbpf.
+    let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, &attr, -1i32, cpu, -1i32, 0u64) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd as i32)
+}
+
+fn online_cpus() -> Result<Vec<i32>> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").context("failed to read /sys/devices/system/cpu/online")?;
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        cpus.extend(a.parse::<i32>()?..=b.parse::<i32>()?);
+    }
+    Ok(cpus)
+}
+
+/// Names code objects, reading each from the target once.
+struct Resolver<'a> {
+    python: &'a Python,
+    mem: Option<Memory>,
+    /// &PyCode_Type in the target, once its interpreter file is mapped.
+    code_type: Option<u64>,
+    codes: HashMap<u64, Option<Rc<Code>>>,
+    frames: HashMap<(u64, u32), Rc<Frame>>,
+    unreadable: Rc<Frame>,
+    since_flush: usize,
+}
+
+impl Resolver<'_> {
+    fn frame(&mut self, code_addr: u64, instr: u64) -> Rc<Frame> {
+        let (python, layout) = (self.python, self.python.layout);
+        let Some(mem) = &self.mem else { return self.unreadable.clone() };
+        let cached = self.codes.get(&code_addr).cloned().flatten();
+        let code = match cached {
+            Some(code) if code.still_at(mem, layout, code_addr) => Some(code),
+            _ => {
+                // A frame caught while it is set up or torn down can point
+                // at anything: only a real code object gets a name.
+                let is_code = self.code_type.is_none_or(|t| mem.read_u64(code_addr + layout.object_type as u64).ok() == Some(t));
+                let code = is_code.then(|| Code::read(mem, layout, code_addr).ok()).flatten().map(Rc::new);
+                self.codes.insert(code_addr, code.clone());
+                self.frames.retain(|(addr, _), _| *addr != code_addr);
+                code
+            }
+        };
+        let Some(code) = code else { return self.unreadable.clone() };
+        let line = code.line_at(instruction_offset(python.layout, code_addr, instr));
+        self.frames
+            .entry((code_addr, line))
+            .or_insert_with(|| Rc::new(Frame::Python { name: code.qualname.clone(), file: code.filename.clone(), line }))
+            .clone()
+    }
+
+    fn tick(&mut self) {
+        self.since_flush += 1;
+        if self.since_flush >= CODE_CACHE_SAMPLES {
+            self.codes.clear();
+            self.frames.clear();
+            self.since_flush = 0;
+        }
+    }
+}
+
+/// Loads and attaches, calls `attached` once live, samples until
+/// `keep_going` says stop; `progress` sees the sample count as it grows.
+pub fn run(
+    pid: u32,
+    python: &Python,
+    opts: &Options,
+    attached: impl FnOnce() -> Result<()>,
+    mut keep_going: impl FnMut(usize) -> Result<bool>,
+) -> Result<SampleData> {
+    let mut object = MaybeUninit::uninit();
+    let mut open = SampleSkelBuilder::default().open(&mut object).context("failed to open the sample BPF program")?;
+    let rodata = open.maps.rodata_data.as_deref_mut().context("the sample BPF program has no rodata")?;
+    let l = python.layout;
+    rodata.cfg.layout = py_layout {
+        tstate_interp: l.tstate_interp,
+        tstate_current: l.tstate_current,
+        cframe_current_frame: l.cframe_current_frame,
+        interp_eval_frame: l.interp_eval_frame,
+        frame_code: l.frame_code,
+        frame_owner: l.frame_owner,
+        object_type: l.object_type,
+        code_flags: l.code_flags,
+        code_filename: l.code_filename,
+        code_qualname: l.code_qualname,
+        code_firstlineno: l.code_firstlineno,
+        unicode_length: l.unicode_length,
+        unicode_hash: l.unicode_hash,
+        unicode_state: l.unicode_state,
+        unicode_ascii_data: l.unicode_ascii_data,
+        unicode_compact_data: l.unicode_compact_data,
+    };
+    rodata.cfg.tgid = pid;
+    rodata.cfg.frame_previous = l.frame_previous;
+    rodata.cfg.frame_instr = l.frame_instr;
+    rodata.cfg.frame_head = [l.frame_code, l.frame_previous, l.frame_instr, l.frame_owner]
+        .into_iter()
+        .filter(|&o| o != NO_FIELD)
+        .map(|o| o + 8)
+        .max()
+        .unwrap_or(8);
+    rodata.cfg.tstate_thread_id = l.tstate_thread_id;
+    rodata.cfg.interp_threads_head = l.interp_threads_head;
+    rodata.cfg.tstate_next = l.tstate_next;
+    rodata.cfg.kernel_stacks = opts.kernel as u8;
+    let mut skel = open.load().map_err(privilege_hint).context("failed to load the sample BPF program")?;
+
+    let mut links: Vec<Link> = Vec::new();
+    for cpu in online_cpus()? {
+        let fd = open_cpu_clock(cpu, opts.hz).with_context(|| format!("failed to open a CPU-clock perf event on CPU {cpu}"))?;
+        links.push(skel.progs.sample_thread.attach_perf_event(fd).map_err(privilege_hint).context("failed to attach the sampler")?);
+    }
+    ensure_still_running(pid)?;
+
+    let resolver = std::cell::RefCell::new(Resolver {
+        python,
+        mem: None,
+        code_type: None,
+        codes: HashMap::new(),
+        frames: HashMap::new(),
+        unreadable: Rc::new(Frame::Unreadable),
+        since_flush: 0,
+    });
+    let kernel_frames = std::cell::RefCell::new(HashMap::<i32, Vec<u64>>::new());
+    let samples = std::cell::RefCell::new(Vec::new());
+    let truncated = Rc::new(Frame::Truncated);
+    let no_python = Rc::new(Frame::NoPython);
+    let mut builder = RingBufferBuilder::new();
+    builder.add(&skel.maps.samples, |bytes: &[u8]| {
+        let Some(s) = bytes.get(..std::mem::size_of::<py_sample>()) else { return 0 };
+        // SAFETY: the record is a py_sample written by the BPF program; it is
+        // read unaligned because ring-buffer records are only 8-byte aligned.
+        let s: py_sample = unsafe { std::ptr::read_unaligned(s.as_ptr().cast()) };
+        let mut r = resolver.borrow_mut();
+        r.tick();
+        let mut frames = Vec::new();
+        if s.kernel_stack >= 0 {
+            kernel_frames.borrow_mut().entry(s.kernel_stack).or_default();
+            frames.push(Rc::new(Frame::Kernel(format!("#stack{}", s.kernel_stack))));
+        }
+        if s.no_python != 0 {
+            frames.push(no_python.clone());
+        }
+        let n = (s.frames as usize).min(s.code.len());
+        for i in 0..n {
+            frames.push(r.frame(s.code[i], s.instr[i]));
+        }
+        if s.truncated != 0 {
+            frames.push(truncated.clone());
+        }
+        frames.reverse();
+        samples.borrow_mut().push(Sample { tid: s.tid, frames });
+        0
+    })?;
+    let ring = builder.build()?;
+
+    attached()?;
+    let mut head_set = false;
+    let polled = poll_until(&ring, "sample", || {
+        // With `--`, libpython may be mapped only now: tell BPF where the
+        // interpreter list is as soon as it can be known.
+        if !head_set {
+            if let Ok((head, code_type)) = runtime_addresses(pid, python) {
+                skel.maps.bss_data.as_deref_mut().expect("bss").interpreters_head = head;
+                let mut r = resolver.borrow_mut();
+                r.mem = Memory::open(pid).ok();
+                r.code_type = code_type;
+                head_set = true;
+            }
+        }
+        keep_going(samples.borrow().len())
+    });
+    drop(links);
+    polled?;
+    drop(ring);
+    let kernel = opts.kernel.then(|| resolve_kernel_stacks(&skel.maps.kernel_stacks, &kernel_frames.borrow()));
+    let mut samples = samples.into_inner();
+    if let Some(kernel) = kernel {
+        expand_kernel_frames(&mut samples, &kernel);
+    }
+    let counters = read_counters(
+        &skel.maps.counters,
+        &[
+            ("lost", sample_counter::SAMPLE_LOST.0),
+            ("bad_frame", sample_counter::SAMPLE_BAD_FRAME.0),
+            ("no_thread_state", sample_counter::SAMPLE_NO_THREAD.0),
+        ],
+    )?;
+    Ok(SampleData { samples, counters })
+}
+
+/// &_PyRuntime.interpreters.head and &PyCode_Type in the target, once its
+/// interpreter file is mapped.
+fn runtime_addresses(pid: u32, python: &Python) -> Result<(u64, Option<u64>)> {
+    let maps = proc::file_mappings(pid)?;
+    let first = maps
+        .iter()
+        .find(|m| m.path == python.target_path && m.offset == 0)
+        .context("interpreter not mapped yet")?;
+    let bias = python.elf.load_bias(first.start)?;
+    let head = python.symbol(RUNTIME_SYMBOL)?.wrapping_add(bias) + python.layout.runtime_interpreters_head as u64;
+    Ok((head, python.elf.symbol("PyCode_Type").map(|t| t.wrapping_add(bias))))
+}
+
+/// Kernel stack ids to function names, innermost first.
+fn resolve_kernel_stacks(map: &dyn MapCore, ids: &HashMap<i32, Vec<u64>>) -> HashMap<i32, Vec<String>> {
+    let symbols = KernelSymbols::load();
+    let mut out = HashMap::new();
+    for &id in ids.keys() {
+        let Ok(Some(bytes)) = map.lookup(&(id as u32).to_ne_bytes(), MapFlags::ANY) else { continue };
+        let names = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
+            .take_while(|&ip| ip != 0)
+            .map(|ip| symbols.name(ip))
+            .collect();
+        out.insert(id, names);
+    }
+    out
+}
+
+fn expand_kernel_frames(samples: &mut [Sample], kernel: &HashMap<i32, Vec<String>>) {
+    let mut cache: HashMap<i32, Vec<Rc<Frame>>> = HashMap::new();
+    for s in samples.iter_mut() {
+        let Some(Frame::Kernel(label)) = s.frames.last().map(|f| f.as_ref()) else { continue };
+        let Some(id) = label.strip_prefix("#stack").and_then(|n| n.parse::<i32>().ok()) else { continue };
+        s.frames.pop();
+        let frames = cache.entry(id).or_insert_with(|| {
+            // Outermost (syscall entry) first, like the Python frames.
+            kernel.get(&id).map(|names| names.iter().rev().map(|n| Rc::new(Frame::Kernel(n.clone()))).collect()).unwrap_or_default()
+        });
+        s.frames.extend(frames.iter().cloned());
+    }
+}
+
+/// /proc/kallsyms, for kernel stacks.
+struct KernelSymbols {
+    sorted: Vec<(u64, String)>,
+}
+
+impl KernelSymbols {
+    fn load() -> Self {
+        let mut sorted: Vec<(u64, String)> = std::fs::read_to_string("/proc/kallsyms")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let addr = u64::from_str_radix(f.next()?, 16).ok()?;
+                let kind = f.next()?;
+                let name = f.next()?;
+                (addr != 0 && matches!(kind, "t" | "T" | "w" | "W")).then(|| (addr, name.to_string()))
+            })
+            .collect();
+        sorted.sort();
+        Self { sorted }
+    }
+
+    fn name(&self, ip: u64) -> String {
+        match self.sorted.partition_point(|(a, _)| *a <= ip) {
+            0 => format!("{ip:#x}"),
+            i => self.sorted[i - 1].1.clone(),
+        }
+    }
+}

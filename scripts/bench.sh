@@ -67,6 +67,18 @@ PY
 )
   gc_rows+=$'\n'
 done
+
+# Sampling: pytrace against py-spy (installed into a venv in the cache).
+venv=${PYTRACE_CACHE:-/var/cache/pytrace}/bench-venv
+[ -x "$venv/bin/py-spy" ] || { /usr/bin/python3.11 -m venv "$venv" && "$venv/bin/pip" install -q py-spy; } >&2
+stats_before=$(sysctl -n kernel.bpf_stats_enabled)
+sysctl -qw kernel.bpf_stats_enabled=1
+sample_rows=$(python3 scripts/bench_sample.py "$pytrace" "$venv/bin/py-spy" /usr/bin/python3.11 "$repeats")
+sysctl -qw kernel.bpf_stats_enabled="$stats_before"
+sample_table="| profiler | Hz | samples | profiler CPU per sample (µs) | BPF per sample (µs) | target slowdown |
+|---|---|---|---|---|---|
+$sample_rows"
+
 gc_table="| CPython 3.11 | gc mode | collections | s untraced | s under pytrace gc | slowdown | ns added per collection |
 |---|---|---|---|---|---|---|
 $gc_rows"
@@ -75,13 +87,20 @@ table="| CPython 3.11 | Python calls | ns/call untraced | cProfile ns/call added
 |---|---|---|---|---|---|---|---|
 $rows"
 {
-  echo "# Benchmark: cost of tracing every call"
+  echo "# Benchmarks: what pytrace costs the target, against its peers"
   echo
   echo "\`scripts/bench.sh $rounds $repeats\` on $(date -u +%Y-%m-%d), kernel $(uname -r), $(nproc) CPUs."
   echo "Workload: fixtures/callgraph.py, $rounds rounds; medians of $repeats interleaved runs."
   echo "\"ns/call added\" is (traced time - untraced time) / Python calls."
   echo
   echo "$table"
+  echo
+  echo "## pytrace sample against py-spy (Debian's 3.11, fixtures/callgraph.py 400000 rounds, attached by PID)"
+  echo
+  echo "py-spy in its default mode (it pauses the target to read each sample). pytrace's BPF time is"
+  echo "its program's run time over the samples received, in the target's (and other processes') context."
+  echo
+  echo "$sample_table"
   echo
   echo "## pytrace gc on fixtures/gc_cycles.py (200000 rounds)"
   echo

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a Debian machine (as root) for pytrace, builds it, and runs the
-# demo: `pytrace calls` on fixtures/demo.py. Safe to run again.
+# demo on fixtures/demo.py: `pytrace calls`, then `pytrace sample` writing
+# target/demo-flamegraph.svg. Safe to run again.
 #
 #   scripts/install.sh            install, build, run the demo
 #   scripts/install.sh --no-demo  install and build only
@@ -30,6 +31,9 @@ fi
 cargo build --release --locked
 
 if [ "${1:-}" != "--no-demo" ]; then
-  echo "demo: target/release/pytrace calls --top 15 -- python3.11 fixtures/demo.py" >&2
+  echo "demo: exact calls, then a flamegraph of fixtures/demo.py" >&2
   target/release/pytrace calls --top 15 -- /usr/bin/python3.11 fixtures/demo.py
+  target/release/pytrace sample -r 999 --top 10 --flamegraph target/demo-flamegraph.svg \
+    -- /usr/bin/python3.11 fixtures/demo.py 100000
+  echo "flamegraph written to target/demo-flamegraph.svg (open it in a browser)" >&2
 fi

@@ -85,7 +85,7 @@ pub fn run(opts: Options) -> Result<i32> {
     if opts.threads {
         thread_names(pid, &mut names);
     }
-    let profile = Profile::new(
+    let mut profile = Profile::new(
         pid,
         PythonInfo { version: python.version.to_string(), mode: "sample".into() },
         opts.hz,
@@ -94,6 +94,7 @@ pub fn run(opts: Options) -> Result<i32> {
         &data.samples,
         opts.threads.then_some(&names),
     );
+    profile.bpf_ns_per_sample = data.bpf_ns_per_sample;
     let mut table_on_stdout = true;
     for (kind, out) in &mut outputs {
         let bytes = match *kind {

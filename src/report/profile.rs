@@ -19,6 +19,8 @@ pub struct Profile {
     pub duration_ns: u64,
     pub counters: Vec<(&'static str, u64)>,
     pub total: u64,
+    /// The BPF program's run time per sample (with kernel.bpf_stats_enabled).
+    pub bpf_ns_per_sample: Option<u64>,
     /// (thread label or "", stack) -> samples.
     stacks: BTreeMap<(String, Vec<Rc<Frame>>), u64>,
 }
@@ -69,7 +71,7 @@ impl Profile {
             };
             *stacks.entry((thread, s.frames.clone())).or_insert(0) += 1;
         }
-        Profile { pid, python, hz, duration_ns, counters, total: samples.len() as u64, stacks }
+        Profile { pid, python, hz, duration_ns, counters, total: samples.len() as u64, bpf_ns_per_sample: None, stacks }
     }
 
     /// Self and total samples per function, most total first.
@@ -229,6 +231,7 @@ impl Profile {
             "hz": self.hz,
             "duration_ns": self.duration_ns,
             "samples": self.total,
+            "bpf_ns_per_sample": self.bpf_ns_per_sample,
             "lost_events": self.lost(),
             "counters": self.counters.iter().cloned().collect::<BTreeMap<_, _>>(),
             "functions": self.functions(),

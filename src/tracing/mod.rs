@@ -82,3 +82,17 @@ pub fn monotonic_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// How long a loaded BPF program has run, and how often: (run_time_ns,
+/// run_cnt). Counted only while kernel.bpf_stats_enabled is 1 (the
+/// benchmark turns it on); None otherwise.
+pub fn bpf_run_stats(prog: &libbpf_rs::ProgramMut) -> Option<(u64, u64)> {
+    use std::os::fd::{AsFd, AsRawFd};
+    let mut info = libbpf_rs::libbpf_sys::bpf_prog_info::default();
+    let mut len = std::mem::size_of_val(&info) as u32;
+    // SAFETY: the kernel fills at most `len` bytes of `info`.
+    let r = unsafe {
+        libbpf_rs::libbpf_sys::bpf_obj_get_info_by_fd(prog.as_fd().as_raw_fd(), (&mut info as *mut libbpf_rs::libbpf_sys::bpf_prog_info).cast(), &mut len)
+    };
+    (r == 0 && info.run_cnt > 0).then_some((info.run_time_ns, info.run_cnt))
+}

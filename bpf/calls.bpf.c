@@ -16,6 +16,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/usdt.bpf.h>
 #include "calls.h"
+#include "counters.bpf.h"
 #include "ring.bpf.h"
 #include "python_read.bpf.h"
 
@@ -67,12 +68,7 @@ struct {
 	__uint(max_entries, RING_BYTES);
 } new_functions SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, CALLS_COUNTER_COUNT);
-	__type(key, __u32);
-	__type(value, __u64);
-} counters SEC(".maps");
+DEFINE_COUNTERS(CALLS_COUNTER_COUNT);
 
 /* Zeroed templates: the values are too large for the 512-byte BPF stack. */
 struct zeroes {
@@ -91,15 +87,6 @@ struct {
 struct new_function _new_function = {};
 enum calls_counter _calls_counter = 0;
 enum str_kind _str_kind = 0;
-
-static __always_inline void count(enum calls_counter which)
-{
-	__u32 key = which;
-	__u64 *value = bpf_map_lookup_elem(&counters, &key);
-
-	if (value)
-		*value += 1; /* per-CPU, and a program is not re-entered on one CPU */
-}
 
 static __always_inline __u32 log2_u64(__u64 v)
 {

@@ -10,6 +10,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/usdt.bpf.h>
 #include "gc.h"
+#include "counters.bpf.h"
 #include "ring.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -31,24 +32,10 @@ struct {
 	__uint(max_entries, RING_BYTES);
 } events SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, GC_COUNTER_COUNT);
-	__type(key, __u32);
-	__type(value, __u64);
-} counters SEC(".maps");
+DEFINE_COUNTERS(GC_COUNTER_COUNT);
 
 struct gc_event _gc_event = {};
 enum gc_counter _gc_counter = 0;
-
-static __always_inline void count(enum gc_counter which)
-{
-	__u32 key = which;
-	__u64 *value = bpf_map_lookup_elem(&counters, &key);
-
-	if (value)
-		*value += 1;
-}
 
 static __always_inline void gc_begins(int generation)
 {

@@ -7,6 +7,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/usdt.bpf.h>
 #include "imports.h"
+#include "counters.bpf.h"
 #include "ring.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -16,12 +17,7 @@ struct {
 	__uint(max_entries, RING_BYTES);
 } events SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, IMPORT_COUNTER_COUNT);
-	__type(key, __u32);
-	__type(value, __u64);
-} counters SEC(".maps");
+DEFINE_COUNTERS(IMPORT_COUNTER_COUNT);
 
 struct import_event _import_event = {};
 enum import_counter _import_counter = 0;
@@ -33,11 +29,7 @@ static __always_inline void send(__u8 phase, const char *name, int found)
 	long n;
 
 	if (!ev) {
-		__u32 key = IMPORT_EVENT_LOST;
-		__u64 *lost = bpf_map_lookup_elem(&counters, &key);
-
-		if (lost)
-			*lost += 1;
+		count(IMPORT_EVENT_LOST);
 		return;
 	}
 	ev->ts_ns = bpf_ktime_get_ns();

@@ -10,6 +10,7 @@
 #include <bpf/bpf_tracing.h>
 #include "sample.h"
 #include "python_read.bpf.h"
+#include "counters.bpf.h"
 #include "ring.bpf.h" /* RING_BYTES */
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -41,24 +42,10 @@ struct {
 	__type(value, __u64);
 } thread_states SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, SAMPLE_COUNTER_COUNT);
-	__type(key, __u32);
-	__type(value, __u64);
-} counters SEC(".maps");
+DEFINE_COUNTERS(SAMPLE_COUNTER_COUNT);
 
 struct py_sample _py_sample = {};
 enum sample_counter _sample_counter = 0;
-
-static __always_inline void count(enum sample_counter which)
-{
-	__u32 key = which;
-	__u64 *value = bpf_map_lookup_elem(&counters, &key);
-
-	if (value)
-		*value += 1;
-}
 
 /* CPython records pthread_self() as a thread's id, which on x86-64 is the
  * thread pointer, the fs base. */

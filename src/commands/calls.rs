@@ -7,7 +7,7 @@ use anyhow::Result;
 
 use crate::python::eval_hook::EvalHook;
 use crate::report::calls::{CallsReport, PythonInfo, SortKey};
-use crate::report::Output;
+use crate::report::{self, Output};
 use crate::session::{self, Target, TargetSpec};
 use crate::tracing::calls::{self as tracer, Mode, Plan};
 
@@ -78,13 +78,6 @@ pub fn run(opts: Options) -> Result<i32> {
         data,
         opts.sort,
     );
-    match &mut json {
-        Some(Output::Stdout) => json.as_mut().unwrap().write_all(report.to_json().as_bytes())?,
-        Some(out) => {
-            out.write_all(report.to_json().as_bytes())?;
-            print!("{}", report.to_table(opts.top));
-        }
-        None => print!("{}", report.to_table(opts.top)),
-    }
+    report::emit(json.as_mut(), || report.to_json(), || report.to_table(opts.top))?;
     Ok(target.exit_status().unwrap_or(0))
 }

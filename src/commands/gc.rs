@@ -7,7 +7,7 @@ use anyhow::Result;
 
 use crate::report::calls::PythonInfo;
 use crate::report::gc::{event_line, GcTotals};
-use crate::report::Output;
+use crate::report::{self, Output};
 use crate::session::{self, Target, TargetSpec};
 use crate::tracing::{self, gc};
 
@@ -56,13 +56,6 @@ pub fn run(opts: Options) -> Result<i32> {
         data.lost_events(),
         data.counters,
     );
-    match &mut json {
-        Some(out @ Output::Stdout) => out.write_all(report.to_json().as_bytes())?,
-        Some(out) => {
-            out.write_all(report.to_json().as_bytes())?;
-            print!("{}", report.to_table());
-        }
-        None => print!("{}", report.to_table()),
-    }
+    report::emit(json.as_mut(), || report.to_json(), || report.to_table())?;
     Ok(target.exit_status().unwrap_or(0))
 }

@@ -7,7 +7,7 @@ use anyhow::Result;
 
 use crate::report::calls::PythonInfo;
 use crate::report::imports::{build_tree, ImportsReport};
-use crate::report::Output;
+use crate::report::{self, Output};
 use crate::session::{self, Target, TargetSpec};
 use crate::tracing::imports;
 
@@ -46,13 +46,6 @@ pub fn run(opts: Options) -> Result<i32> {
         unfinished,
         imports: tree,
     };
-    match &mut json {
-        Some(out @ Output::Stdout) => out.write_all(report.to_json().as_bytes())?,
-        Some(out) => {
-            out.write_all(report.to_json().as_bytes())?;
-            print!("{}", report.to_table(opts.top));
-        }
-        None => print!("{}", report.to_table(opts.top)),
-    }
+    report::emit(json.as_mut(), || report.to_json(), || report.to_table(opts.top))?;
     Ok(target.exit_status().unwrap_or(0))
 }

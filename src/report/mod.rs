@@ -36,6 +36,19 @@ impl Output {
     }
 }
 
+/// Writes a report: JSON to `json` if given, and the table to stdout unless
+/// the JSON already went there.
+pub fn emit(json: Option<&mut Output>, to_json: impl FnOnce() -> String, to_table: impl FnOnce() -> String) -> Result<()> {
+    let table_on_stdout = !matches!(json, Some(Output::Stdout));
+    if let Some(out) = json {
+        out.write_all(to_json().as_bytes())?;
+    }
+    if table_on_stdout {
+        print!("{}", to_table());
+    }
+    Ok(())
+}
+
 /// Nanoseconds in the unit that keeps three or four significant digits.
 pub fn human_ns(ns: u64) -> String {
     let ns = ns as f64;

@@ -16,22 +16,7 @@ use crate::bpf::calls::CallsSkelBuilder;
 use crate::python::layouts::NO_FIELD;
 use crate::python::{strings, Python, EVAL_FRAME_SYMBOL};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// CPython's function__entry / function__return USDT probes.
-    Usdt,
-    /// A uprobe session (entry and return) on _PyEval_EvalFrameDefault.
-    Uprobe,
-}
-
-impl Mode {
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Usdt => "usdt",
-            Mode::Uprobe => "uprobe",
-        }
-    }
-}
+pub use super::Mode;
 
 /// One function's totals.
 pub struct FunctionTotals {
@@ -98,7 +83,7 @@ pub fn run(
         .open(&mut object)
         .context("failed to open the calls BPF program")?;
     let rodata = open.maps.rodata_data.as_deref_mut().context("the calls BPF program has no rodata")?;
-    rodata.cfg.layout = bpf_layout(plan.python);
+    rodata.cfg.layout = super::py_layout!(py_layout, plan.python.layout);
     // How much of a frame and of a code object covers every field read.
     let end = |offsets: &[u32]| offsets.iter().filter(|&&o| o != NO_FIELD).map(|o| o + 8).max().unwrap_or(8);
     let l = plan.python.layout;
@@ -169,28 +154,6 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
     };
     ensure_still_running(plan.pid)?;
     Ok(links)
-}
-
-fn bpf_layout(python: &Python) -> py_layout {
-    let l = python.layout;
-    py_layout {
-        tstate_interp: l.tstate_interp,
-        interp_eval_frame: l.interp_eval_frame,
-        tstate_current: l.tstate_current,
-        cframe_current_frame: l.cframe_current_frame,
-        frame_code: l.frame_code,
-        frame_owner: l.frame_owner,
-        code_flags: l.code_flags,
-        object_type: l.object_type,
-        code_filename: l.code_filename,
-        code_qualname: l.code_qualname,
-        code_firstlineno: l.code_firstlineno,
-        unicode_length: l.unicode_length,
-        unicode_hash: l.unicode_hash,
-        unicode_state: l.unicode_state,
-        unicode_ascii_data: l.unicode_ascii_data,
-        unicode_compact_data: l.unicode_compact_data,
-    }
 }
 
 fn record_name(names: &mut Names, bytes: &[u8]) {

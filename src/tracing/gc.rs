@@ -15,22 +15,7 @@ use crate::python::Python;
 /// the generation and whose return value is what gc__done reports.
 const GC_FUNCTION: &str = "gc_collect_main";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// CPython's gc__start / gc__done USDT probes.
-    Usdt,
-    /// A uprobe session on gc_collect_main (needs the symbol table).
-    Uprobe,
-}
-
-impl Mode {
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Usdt => "usdt",
-            Mode::Uprobe => "uprobe",
-        }
-    }
-}
+pub use super::Mode;
 
 /// The mode `gc` uses for this interpreter, and why.
 pub fn choose_mode(python: &Python) -> Result<(Mode, &'static str)> {

@@ -15,6 +15,51 @@ use libbpf_rs::{MapCore, MapFlags, RingBuffer};
 
 use crate::target::proc;
 
+/// How a subcommand sees the interpreter's events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// CPython's own USDT probes.
+    Usdt,
+    /// Uprobes on the interpreter's functions.
+    Uprobe,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Usdt => "usdt",
+            Mode::Uprobe => "uprobe",
+        }
+    }
+}
+
+/// A skeleton's `py_layout` (each skeleton has its own generated type with
+/// the fields of bpf/python.h) from a version's layout.
+macro_rules! py_layout {
+    ($ty:path, $l:expr) => {{
+        let l: &crate::python::layouts::Layout = $l;
+        $ty {
+            tstate_interp: l.tstate_interp,
+            tstate_current: l.tstate_current,
+            cframe_current_frame: l.cframe_current_frame,
+            interp_eval_frame: l.interp_eval_frame,
+            frame_code: l.frame_code,
+            frame_owner: l.frame_owner,
+            object_type: l.object_type,
+            code_flags: l.code_flags,
+            code_filename: l.code_filename,
+            code_qualname: l.code_qualname,
+            code_firstlineno: l.code_firstlineno,
+            unicode_length: l.unicode_length,
+            unicode_hash: l.unicode_hash,
+            unicode_state: l.unicode_state,
+            unicode_ascii_data: l.unicode_ascii_data,
+            unicode_compact_data: l.unicode_compact_data,
+        }
+    }};
+}
+pub(crate) use py_layout;
+
 /// EPERM/EACCES means missing privileges only when we are not root; as root
 /// EACCES is the verifier refusing a program, whose log libbpf has printed.
 pub fn privilege_hint(e: libbpf_rs::Error) -> anyhow::Error {

@@ -172,24 +172,7 @@ pub fn run(
     let mut open = SampleSkelBuilder::default().open(&mut object).context("failed to open the sample BPF program")?;
     let rodata = open.maps.rodata_data.as_deref_mut().context("the sample BPF program has no rodata")?;
     let l = python.layout;
-    rodata.cfg.layout = py_layout {
-        tstate_interp: l.tstate_interp,
-        tstate_current: l.tstate_current,
-        cframe_current_frame: l.cframe_current_frame,
-        interp_eval_frame: l.interp_eval_frame,
-        frame_code: l.frame_code,
-        frame_owner: l.frame_owner,
-        object_type: l.object_type,
-        code_flags: l.code_flags,
-        code_filename: l.code_filename,
-        code_qualname: l.code_qualname,
-        code_firstlineno: l.code_firstlineno,
-        unicode_length: l.unicode_length,
-        unicode_hash: l.unicode_hash,
-        unicode_state: l.unicode_state,
-        unicode_ascii_data: l.unicode_ascii_data,
-        unicode_compact_data: l.unicode_compact_data,
-    };
+    rodata.cfg.layout = super::py_layout!(py_layout, python.layout);
     rodata.cfg.tgid = pid;
     rodata.cfg.frame_previous = l.frame_previous;
     rodata.cfg.frame_instr = l.frame_instr;

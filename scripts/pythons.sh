@@ -6,6 +6,10 @@
 #   scripts/pythons.sh nodtrace-3.11   a CPython 3.11 without USDT probes and
 #                                      with a shared libpython, like pyenv's
 #                                      and the official Docker images'
+#   scripts/pythons.sh root-3.9        a Debian bullseye root file system
+#                                      with its python3.9 (USDT probes), run
+#                                      by the tests with chroot, as a
+#                                      Python in a container is seen
 #
 # For nodtrace-3.11 pyenv's 3.11 is used when installed; otherwise it is
 # built from Debian's own python3.11 source package (about 10 minutes on two
@@ -46,7 +50,21 @@ nodtrace_311() {
   echo "$prefix/bin/python3.11"
 }
 
+# A minimal Debian root with one CPython, made once by debootstrap.
+debian_root() {
+  local suite=$1 package=$2 root=$cache/root-$1
+  if [ ! -x "$root/usr/bin/$package" ]; then
+    command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+    echo "making $root with debootstrap (once)" >&2
+    rm -rf "$root"
+    mkdir -p "$cache"
+    debootstrap --variant=minbase --include="$package" "$suite" "$root" http://deb.debian.org/debian >&2
+  fi
+  echo "$root"
+}
+
 case "${1:-}" in
   nodtrace-3.11) nodtrace_311 ;;
-  *) echo "usage: $0 nodtrace-3.11" >&2; exit 2 ;;
+  root-3.9) debian_root bullseye python3.9 ;;
+  *) echo "usage: $0 nodtrace-3.11|root-3.9" >&2; exit 2 ;;
 esac

@@ -8,6 +8,8 @@ export PATH="$HOME/.cargo/bin:$PATH"
 scripts/install.sh --no-demo
 # The second CPython 3.11 the tests need: no USDT probes, shared libpython.
 PYTRACE_NODTRACE_PYTHON=$(scripts/pythons.sh nodtrace-3.11)
-export PYTRACE_NODTRACE_PYTHON
+# Debian bullseye's CPython 3.9 in a chroot, as a containerised Python.
+PYTRACE_ROOT_39=$(scripts/pythons.sh root-3.9)
+export PYTRACE_NODTRACE_PYTHON PYTRACE_ROOT_39
 
 cargo test --release --locked

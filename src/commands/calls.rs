@@ -6,7 +6,8 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::python::eval_hook::EvalHook;
-use crate::report::calls::{CallsReport, PythonInfo, SortKey};
+use crate::report::calls::{CallsReport, SortKey};
+use crate::report::PythonInfo;
 use crate::report::{self, Output};
 use crate::session::{self, Target, TargetSpec};
 use crate::tracing::calls::{self as tracer, Mode, Plan};

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::report::calls::PythonInfo;
+use crate::report::PythonInfo;
 use crate::report::imports::{build_tree, ImportsReport};
 use crate::report::{self, Output};
 use crate::session::{self, Target, TargetSpec};

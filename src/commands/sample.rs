@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::report::calls::PythonInfo;
+use crate::report::PythonInfo;
 use crate::report::profile::Profile;
 use crate::report::Output;
 use crate::session::{self, Target, TargetSpec};

@@ -210,7 +210,7 @@ fn detect_version(elf: &ElfFile, target_path: &str) -> Result<Version> {
 
 /// PY_VERSION ("3.9.18") is stored as its own NUL-terminated string.
 fn find_version_string(elf: &ElfFile, major: u32, minor: u32) -> Option<u32> {
-    let bytes = std::fs::read(&elf.path).ok()?;
+    let bytes = elf.bytes();
     let needle = format!("\0{major}.{minor}.");
     let mut at = 0;
     while let Some(i) = find(&bytes[at..], needle.as_bytes()) {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::{human_ns, thousands};
+use super::{human_ns, thousands, PythonInfo};
 use crate::tracing::calls::{CallsData, FunctionTotals};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,12 +13,6 @@ pub enum SortKey {
     Calls,
     Total,
     SelfTime,
-}
-
-#[derive(Serialize, Clone)]
-pub struct PythonInfo {
-    pub version: String,
-    pub mode: String,
 }
 
 #[derive(Serialize)]

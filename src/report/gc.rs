@@ -25,7 +25,7 @@ pub struct GenerationRow {
 #[derive(Serialize)]
 pub struct GcReport {
     pub pid: u32,
-    pub python: super::calls::PythonInfo,
+    pub python: super::PythonInfo,
     pub duration_ns: u64,
     pub lost_events: u64,
     pub counters: BTreeMap<&'static str, u64>,
@@ -53,7 +53,7 @@ impl GcTotals {
     pub fn into_report(
         self,
         pid: u32,
-        python: super::calls::PythonInfo,
+        python: super::PythonInfo,
         duration_ns: u64,
         lost_events: u64,
         counters: Vec<(&'static str, u64)>,
@@ -148,7 +148,7 @@ mod tests {
         for (generation, duration_ns, collected) in [(0, 1_000, 5), (0, 3_000, 7), (2, 10_000, 100)] {
             totals.add(&Collection { start_ns: 0, duration_ns, collected, generation });
         }
-        let info = crate::report::calls::PythonInfo { version: "3.11.2".into(), mode: "usdt".into() };
+        let info = crate::report::PythonInfo { version: "3.11.2".into(), mode: "usdt".into() };
         let report = totals.into_report(1, info, 1_000_000, 0, vec![]);
         assert_eq!(report.generations.len(), 2);
         let g0 = &report.generations[0];

@@ -21,7 +21,7 @@ pub struct ImportNode {
 #[derive(Serialize)]
 pub struct ImportsReport {
     pub pid: u32,
-    pub python: super::calls::PythonInfo,
+    pub python: super::PythonInfo,
     pub duration_ns: u64,
     pub lost_events: u64,
     /// Imports still running when tracing stopped, or whose start was not seen.

@@ -12,6 +12,13 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
+/// Which Python a report is about and how pytrace saw it.
+#[derive(serde::Serialize, Clone)]
+pub struct PythonInfo {
+    pub version: String,
+    pub mode: String,
+}
+
 /// "-" is standard output; anything else is a file, created now so that an
 /// unwritable path fails before tracing starts, not after.
 pub enum Output {

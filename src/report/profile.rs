@@ -14,7 +14,7 @@ use crate::tracing::sample::{Frame, Sample};
 /// Samples aggregated into unique stacks (outermost frame first).
 pub struct Profile {
     pub pid: u32,
-    pub python: super::calls::PythonInfo,
+    pub python: super::PythonInfo,
     pub hz: u64,
     pub duration_ns: u64,
     pub counters: Vec<(&'static str, u64)>,
@@ -56,7 +56,7 @@ pub struct FunctionShare {
 impl Profile {
     pub fn new(
         pid: u32,
-        python: super::calls::PythonInfo,
+        python: super::PythonInfo,
         hz: u64,
         duration_ns: u64,
         counters: Vec<(&'static str, u64)>,
@@ -258,7 +258,7 @@ mod tests {
             Sample { tid: 2, frames: vec![main.clone(), py("b", 9)] },
             Sample { tid: 2, frames: vec![main.clone()] },
         ];
-        let info = crate::report::calls::PythonInfo { version: "3.11.2".into(), mode: "sample".into() };
+        let info = crate::report::PythonInfo { version: "3.11.2".into(), mode: "sample".into() };
         Profile::new(7, info, 99, 1, vec![], &samples, None)
     }
 

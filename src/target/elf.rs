@@ -111,6 +111,11 @@ impl ElfFile {
         Ok(first_page.wrapping_sub(first.vaddr & !0xfff))
     }
 
+    /// The whole file's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
     pub fn has_usdt(&self, provider: &str, name: &str) -> bool {
         self.usdt_probes.iter().any(|p| p.provider == provider && p.name == name)
     }

@@ -227,6 +227,26 @@ fn every_stop_writes_the_report_and_restores_the_target() {
     }
 }
 
+/// A target killed in the middle of tracing ends the trace: the report is
+/// still written and pytrace exits normally.
+#[test]
+fn a_target_that_dies_mid_trace_still_gets_its_report() {
+    for (label, python) in pythons() {
+        let target = start_waiting(&python, "callgraph.py", &["--rounds", "1000000"]);
+        let tracer = start_tracer(&["calls", "-p", &target.pid().to_string(), "--json", "-"]);
+        signal(target.pid(), libc::SIGUSR1);
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        signal(target.pid(), libc::SIGKILL);
+        let (code, out, stderr) = tracer.finish();
+        assert_eq!(code, 0, "{label}: {stderr}");
+        let report: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{label}: {e}: {out}"));
+        let rows = rows_for_file(&report, "fixtures/callgraph.py");
+        let leaf = find_row(&rows, 24, "leaf").unwrap_or_else(|| panic!("{label}: no leaf row"));
+        assert!(leaf["calls"].as_u64().unwrap() > 0, "{label}");
+        drop(target);
+    }
+}
+
 /// SIGKILL gives pytrace no chance to clean up: its guardian does.
 #[test]
 fn sigkill_of_pytrace_still_restores_the_target() {

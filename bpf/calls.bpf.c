@@ -443,34 +443,25 @@ static __always_inline __u64 code_fingerprint(const void *qualname, const void *
 	return h;
 }
 
-extern bool bpf_session_is_return(void) __ksym;
-extern __u64 *bpf_session_cookie(void) __ksym;
+/* Weak: on kernels without uprobe sessions (before 6.13) the session
+ * program is not loaded and these stay unresolved. */
+extern bool bpf_session_is_return(void) __ksym __weak;
+extern __u64 *bpf_session_cookie(void) __ksym __weak;
 
-/* Entry and return of _PyEval_EvalFrameDefault, as one uprobe session. Not a
- * uprobe plus a uretprobe: unregistering the entry probe first waits (SRCU)
- * for pending uretprobe instances, which a target that keeps calling renews
- * forever, so pytrace could not detach. A session has one link, so one
- * unregister. (A uprobe on the `ret` instruction instead is single-stepped:
- * 14 us a hit on a VM, against under 1 us for the return probe.)
- * The session cookie carries the depth of this call's slot to its return. */
-SEC("uprobe.session")
-int BPF_UPROBE(eval_frame, const void *tstate, const void *frame)
+/* A frame is about to be evaluated: name its function and open a call.
+ * Returns the stack depth of the call's slot (0 if none). */
+static __always_inline __u32 eval_enter(const void *tstate, const void *frame)
 {
 	const volatile struct py_layout *l = &cfg.layout;
-	__u64 *cookie = bpf_session_cookie();
 	/* 8-byte aligned, for the 8-byte loads FIELD makes. */
 	__u64 frame_words[FRAME_HEAD_MAX / 8], code_words[CODE_HEAD_MAX / 8];
 	char *frame_head = (char *)frame_words, *code_head = (char *)code_words;
 	struct func_stats *st = 0;
 	struct func_key key = {};
-	__u32 fsize = cfg.frame_head, csize = cfg.code_head, depth, flags;
+	__u32 fsize = cfg.frame_head, csize = cfg.code_head, flags;
 	const void *code;
 	int is_new, counted = 1;
 
-	if (bpf_session_is_return()) {
-		on_return(cookie ? *cookie : 0);
-		return 0;
-	}
 	if (cfg.stop_at_first_eval && !first_eval_seen)
 		stop_for_hook();
 
@@ -509,10 +500,48 @@ bad:
 	key.id = 0;
 	st = function_stats(&key, &is_new);
 push:
-	depth = on_call(&key, st, (__u64)frame, tstate, counted, 0);
+	return on_call(&key, st, (__u64)frame, tstate, counted, 0);
+}
+
+/* Entry and return of _PyEval_EvalFrameDefault, as one uprobe session (Linux
+ * 6.13+). Not a uprobe plus a uretprobe where sessions exist: there (6.12+)
+ * unregistering the entry probe waits (SRCU) for pending uretprobe
+ * instances, which a target that keeps calling renews, so pytrace could not
+ * detach. A session has one link, so one unregister. (A uprobe on the `ret`
+ * instruction instead is single-stepped: 14 us a hit on a VM, against under
+ * 1 us for a return probe.) The session cookie carries the depth of this
+ * call's slot to its return. */
+SEC("uprobe.session")
+int BPF_UPROBE(eval_frame, const void *tstate, const void *frame)
+{
+	__u64 *cookie = bpf_session_cookie();
+	__u32 depth;
+
+	if (bpf_session_is_return()) {
+		on_return(cookie ? *cookie : 0);
+		return 0;
+	}
+	depth = eval_enter(tstate, frame);
 	if (cookie)
 		*cookie = depth;
 	return 0; /* 0: run this session's return probe too */
+}
+
+/* Older kernels: a uprobe and a uretprobe. User space detaches the return
+ * probe first, so no new return instance keeps the entry probe's
+ * unregister waiting. */
+SEC("uprobe")
+int BPF_UPROBE(eval_entry, const void *tstate, const void *frame)
+{
+	eval_enter(tstate, frame);
+	return 0;
+}
+
+SEC("uretprobe")
+int BPF_URETPROBE(eval_return)
+{
+	on_return(0);
+	return 0;
 }
 
 SEC("usdt")

@@ -83,8 +83,9 @@ int BPF_USDT(usdt_gc_done, long collected)
 	return 0;
 }
 
-extern bool bpf_session_is_return(void) __ksym;
+extern bool bpf_session_is_return(void) __ksym __weak;
 
+/* gc_collect_main's entry and return, as one uprobe session (Linux 6.13+)... */
 SEC("uprobe.session")
 int BPF_UPROBE(gc_collect_main, void *tstate, int generation)
 {
@@ -92,5 +93,20 @@ int BPF_UPROBE(gc_collect_main, void *tstate, int generation)
 		gc_ends(PT_REGS_RC(ctx));
 	else
 		gc_begins(generation);
+	return 0;
+}
+
+/* ...or, on older kernels, a uprobe and a uretprobe. */
+SEC("uprobe")
+int BPF_UPROBE(gc_collect_main_entry, void *tstate, int generation)
+{
+	gc_begins(generation);
+	return 0;
+}
+
+SEC("uretprobe")
+int BPF_URETPROBE(gc_collect_main_return, long collected)
+{
+	gc_ends(collected);
 	return 0;
 }

@@ -227,6 +227,37 @@ fn every_stop_writes_the_report_and_restores_the_target() {
     }
 }
 
+/// Kernels before 6.13 have no uprobe sessions; pytrace then attaches a
+/// uprobe and a uretprobe (forced here with PYTRACE_NO_UPROBE_SESSION).
+/// Counts stay exact, and Ctrl-C still detaches at once from a target that
+/// keeps calling: the return probe is detached first (detaching the entry
+/// probe first waited for minutes on this 6.18 kernel).
+#[test]
+fn without_uprobe_sessions_counts_stay_exact_and_detaching_is_prompt() {
+    let fallback = [("PYTRACE_NO_UPROBE_SESSION", "1")];
+    for (label, python) in pythons() {
+        let truth = cprofile_calls(&python, "callgraph.py", &["--rounds", "20"]);
+        let out = std::process::Command::new(PYTRACE)
+            .envs(fallback)
+            .args(["calls", "--json", "-", "--", python.to_str().unwrap(), &fixture("callgraph.py"), "--rounds", "20"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_matches_cprofile(label, &serde_json::from_slice(&out.stdout).unwrap(), &truth, true);
+
+        let target = start_waiting(&python, "callgraph.py", &["--rounds", "1000000"]);
+        let tracer = start_tracer_env(&["calls", "-p", &target.pid().to_string()], &fallback);
+        signal(target.pid(), libc::SIGUSR1);
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let asked = std::time::Instant::now();
+        signal(tracer.child.pid(), libc::SIGINT);
+        let (code, _, stderr) = tracer.finish();
+        assert_eq!(code, 0, "{label}: {stderr}");
+        assert!(asked.elapsed() < std::time::Duration::from_secs(10), "{label}: detaching took {:?}", asked.elapsed());
+        assert_eq!(eval_frame_now(target.pid()), "not set", "{label}");
+    }
+}
+
 /// A target killed in the middle of tracing ends the trace: the report is
 /// still written and pytrace exits normally.
 #[test]

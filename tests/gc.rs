@@ -70,3 +70,22 @@ fn events_stream_one_line_per_collection_when_pytrace_starts_the_command() {
         assert_eq!(lines, got.iter().map(|g| g.1).sum::<u64>(), "{label}: one --events line per collection");
     }
 }
+
+/// The probe-less build's uprobe mode without uprobe sessions (kernels
+/// before 6.13, forced here): still exact against gc.callbacks.
+#[test]
+fn gc_uprobe_mode_without_sessions_is_exact_too() {
+    let (label, python) = pythons().remove(1);
+    let dir = tempfile::tempdir().unwrap();
+    let truth = dir.path().join("truth.json");
+    let json = dir.path().join("gc.json");
+    let mut target = start_waiting(&python, "gc_cycles.py", &["--rounds", "60000", "--truth", truth.to_str().unwrap()]);
+    let tracer = start_tracer_env(&["gc", "-p", &target.pid().to_string(), "--json", json.to_str().unwrap()], &[("PYTRACE_NO_UPROBE_SESSION", "1")]);
+    assert!(tracer.stderr_head.contains("uprobe mode"), "{label}: {}", tracer.stderr_head);
+    signal(target.pid(), libc::SIGUSR1);
+    wait_for_line(&mut target, "done");
+    signal(tracer.child.pid(), libc::SIGINT);
+    let (code, _, stderr) = tracer.finish();
+    assert_eq!(code, 0, "{label}: {stderr}");
+    assert_eq!(generations(&read_json(&json)["generations"]), generations(&read_json(&truth)), "{label}");
+}

@@ -8,9 +8,9 @@ use std::mem::MaybeUninit;
 use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder, UprobeMultiOpts};
+use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder};
 
-use super::{attach_error, ensure_still_running, histogram, poll_until, privilege_hint, read_counters};
+use super::{attach_entry_and_return, attach_error, ensure_still_running, has_uprobe_sessions, histogram, poll_until, privilege_hint, read_counters};
 use crate::bpf::calls::types::{calls_counter, func_key, func_stats, new_function, py_layout};
 use crate::bpf::calls::CallsSkelBuilder;
 use crate::python::layouts::NO_FIELD;
@@ -92,6 +92,15 @@ pub fn run(
     rodata.cfg.tgid = plan.pid;
     rodata.cfg.code_type = plan.python.code_type_address().unwrap_or(0);
     rodata.cfg.stop_at_first_eval = plan.stop_at_first_eval as u64;
+    // Load only the programs this kernel and mode can run: a session
+    // program does not load where the kernel has no uprobe sessions.
+    let sessions = has_uprobe_sessions();
+    let uprobe_mode = plan.mode == Mode::Uprobe;
+    open.progs.eval_frame.set_autoload(uprobe_mode && sessions);
+    open.progs.eval_entry.set_autoload(uprobe_mode && !sessions);
+    open.progs.eval_return.set_autoload(uprobe_mode && !sessions);
+    open.progs.usdt_function_entry.set_autoload(!uprobe_mode);
+    open.progs.usdt_function_return.set_autoload(!uprobe_mode);
     let skel = open.load().map_err(privilege_hint).context("failed to load the calls BPF program")?;
 
     let links = attach(&skel.progs, plan)?;
@@ -122,19 +131,9 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
         Mode::Uprobe => {
             let offset = python.elf.file_offset(python.symbol(EVAL_FRAME_SYMBOL)?)? as usize;
             let what = || format!("failed to attach to {EVAL_FRAME_SYMBOL} in {}", python.target_path);
-            // Entry and return in one session link (see eval_frame in
-            // bpf/calls.bpf.c for why not a uprobe plus a uretprobe).
-            let opts = UprobeMultiOpts { offsets: vec![offset], session: true, ..Default::default() };
-            let link = progs.eval_frame.attach_uprobe_multi_with_opts(pid, path, "", opts).map_err(|e| {
-                let unsupported = matches!(e.kind(), libbpf_rs::ErrorKind::InvalidInput | libbpf_rs::ErrorKind::Unsupported);
-                let e = exited(e);
-                if unsupported {
-                    e.context("uprobe sessions need Linux 6.13 or later")
-                } else {
-                    e
-                }
-            });
-            vec![link.with_context(what)?]
+            // See eval_frame in bpf/calls.bpf.c for why a session.
+            attach_entry_and_return(&progs.eval_frame, &progs.eval_entry, &progs.eval_return, plan.pid, path, offset)
+                .with_context(what)?
         }
         Mode::Usdt => {
             let what = |probe| format!("failed to attach to the USDT probe python:{probe} in {}", python.target_path);

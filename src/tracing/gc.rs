@@ -4,9 +4,9 @@ use std::mem::MaybeUninit;
 
 use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, RingBufferBuilder, UprobeMultiOpts};
+use libbpf_rs::{Link, RingBufferBuilder};
 
-use super::{attach_error, ensure_still_running, poll_until, privilege_hint, read_counters};
+use super::{attach_entry_and_return, attach_error, ensure_still_running, has_uprobe_sessions, poll_until, privilege_hint, read_counters};
 use crate::bpf::gc::types::{gc_counter, gc_event};
 use crate::bpf::gc::GcSkelBuilder;
 use crate::python::Python;
@@ -61,7 +61,13 @@ pub fn run(
     mut on_collection: impl FnMut(Collection),
 ) -> Result<GcData> {
     let mut object = MaybeUninit::uninit();
-    let open = GcSkelBuilder::default().open(&mut object).context("failed to open the gc BPF program")?;
+    let mut open = GcSkelBuilder::default().open(&mut object).context("failed to open the gc BPF program")?;
+    let sessions = has_uprobe_sessions();
+    open.progs.usdt_gc_start.set_autoload(mode == Mode::Usdt);
+    open.progs.usdt_gc_done.set_autoload(mode == Mode::Usdt);
+    open.progs.gc_collect_main.set_autoload(mode == Mode::Uprobe && sessions);
+    open.progs.gc_collect_main_entry.set_autoload(mode == Mode::Uprobe && !sessions);
+    open.progs.gc_collect_main_return.set_autoload(mode == Mode::Uprobe && !sessions);
     let skel = open.load().map_err(privilege_hint).context("failed to load the gc BPF program")?;
 
     let path = &python.elf.path;
@@ -73,8 +79,9 @@ pub fn run(
         ],
         Mode::Uprobe => {
             let offset = python.elf.file_offset(python.symbol(GC_FUNCTION)?)? as usize;
-            let opts = UprobeMultiOpts { offsets: vec![offset], session: true, ..Default::default() };
-            vec![skel.progs.gc_collect_main.attach_uprobe_multi_with_opts(pid as i32, path, "", opts).map_err(|e| attach_error(pid, e)).with_context(what)?]
+            let p = &skel.progs;
+            attach_entry_and_return(&p.gc_collect_main, &p.gc_collect_main_entry, &p.gc_collect_main_return, pid, path, offset)
+                .with_context(what)?
         }
     };
     ensure_still_running(pid)?;

@@ -82,6 +82,42 @@ pub fn attach_error(pid: u32, e: libbpf_rs::Error) -> anyhow::Error {
     }
 }
 
+/// Whether this kernel has uprobe sessions (Linux 6.13+): its BTF names the
+/// session kfuncs. PYTRACE_NO_UPROBE_SESSION=1 forces the older path (the
+/// tests use it to cover kernels without them).
+pub fn has_uprobe_sessions() -> bool {
+    if std::env::var_os("PYTRACE_NO_UPROBE_SESSION").is_some() {
+        return false;
+    }
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        let btf = std::env::var("PYTRACE_KERNEL_BTF").unwrap_or_else(|_| "/sys/kernel/btf/vmlinux".into());
+        std::fs::read(btf).is_ok_and(|b| b.windows(22).any(|w| w == b"\0bpf_session_is_return"))
+    })
+}
+
+/// Attaches entry and return probes at one function: as one uprobe session
+/// where the kernel has them, else as a uprobe and a uretprobe. The links
+/// come back return-probe first, so dropping them in order detaches the
+/// return probe before the entry probe.
+pub fn attach_entry_and_return(
+    session: &libbpf_rs::ProgramMut,
+    entry: &libbpf_rs::ProgramMut,
+    ret: &libbpf_rs::ProgramMut,
+    pid: u32,
+    path: &std::path::Path,
+    offset: usize,
+) -> Result<Vec<libbpf_rs::Link>> {
+    if has_uprobe_sessions() {
+        let opts = libbpf_rs::UprobeMultiOpts { offsets: vec![offset], session: true, ..Default::default() };
+        return Ok(vec![session.attach_uprobe_multi_with_opts(pid as i32, path, "", opts).map_err(|e| attach_error(pid, e))?]);
+    }
+    Ok(vec![
+        ret.attach_uprobe(true, pid as i32, path, offset).map_err(|e| attach_error(pid, e))?,
+        entry.attach_uprobe(false, pid as i32, path, offset).map_err(|e| attach_error(pid, e))?,
+    ])
+}
+
 /// Fails if the target died while probes were being attached.
 pub fn ensure_still_running(pid: u32) -> Result<()> {
     if !proc::is_running(pid) {

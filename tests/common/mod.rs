@@ -92,8 +92,13 @@ pub struct Tracer {
 }
 
 pub fn start_tracer(args: &[&str]) -> Tracer {
+    start_tracer_env(args, &[])
+}
+
+pub fn start_tracer_env(args: &[&str], envs: &[(&str, &str)]) -> Tracer {
     let mut child = Command::new(PYTRACE)
         .args(args)
+        .envs(envs.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

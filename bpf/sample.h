@@ -11,6 +11,7 @@
 
 /* One sample of one thread: its Python frames, innermost first. */
 struct py_sample {
+	__u32 pid;
 	__u32 tid;
 	__u32 frames;
 	__u8 truncated;   /* more frames than MAX_FRAMES */
@@ -28,17 +29,26 @@ enum sample_counter {
 	SAMPLE_COUNTER_COUNT,
 };
 
-struct sample_config {
+/* One process to sample, in the `processes` map keyed by its PID: one
+ * BPF program samples any number of them, each with its own Python's
+ * layout. */
+struct sample_target {
 	struct py_layout layout;
-	__u32 tgid;
+	/* &_PyRuntime.interpreters.head; 0 until its file is mapped. */
+	__u64 interpreters_head;
 	__u32 frame_head;      /* bytes of a frame covering code, previous, instr, owner */
 	__u32 frame_previous;  /* offset of the link to the calling frame */
 	__u32 frame_instr;
 	__u32 tstate_thread_id;
 	__u32 interp_threads_head;
 	__u32 tstate_next;
+};
+
+#define MAX_PROCESSES 1024
+
+struct sample_config {
 	__u8 kernel_stacks;    /* also record kernel stacks */
-	__u8 pad[3];
+	__u8 pad[7];
 };
 
 #endif

@@ -117,6 +117,9 @@ struct ImportsArgs {
 struct SampleArgs {
     #[command(flatten)]
     target: TargetArgs,
+    /// Sample every CPython process on the machine (one BPF program for all)
+    #[arg(long, conflicts_with_all = ["pid", "command"])]
+    all: bool,
     /// Samples per second per CPU (99 does not beat in step with timer ticks)
     #[arg(short = 'r', long = "rate", value_name = "HZ", default_value_t = 99)]
     rate: u64,
@@ -205,7 +208,13 @@ impl Cli {
                 commands::imports::run(commands::imports::Options { target, duration, top: args.top, json: args.json })
             }
             Command::Sample(args) => {
-                let (target, duration) = args.target.into_parts()?;
+                let (target, duration) = if args.all {
+                    let duration = TargetArgs { pid: Some(0), duration: args.target.duration, command: vec![] }.into_parts()?.1;
+                    (None, duration)
+                } else {
+                    let (target, duration) = args.target.into_parts()?;
+                    (Some(target), duration)
+                };
                 if !(1..=10_000).contains(&args.rate) {
                     bail!("--rate must be between 1 and 10000 samples per second");
                 }

@@ -35,6 +35,11 @@ pub fn install_signal_handlers() {
     }
 }
 
+/// Whether Ctrl-C or SIGTERM asked pytrace to stop.
+pub fn stop_requested() -> bool {
+    STOP_REQUESTED.load(Ordering::SeqCst)
+}
+
 /// Why tracing cannot work on this machine, said before touching the target.
 pub fn preflight() -> Result<()> {
     let btf = std::env::var("PYTRACE_KERNEL_BTF").unwrap_or_else(|_| "/sys/kernel/btf/vmlinux".into());

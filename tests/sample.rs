@@ -118,3 +118,28 @@ fn every_output_format_is_written_even_when_the_target_exits_mid_sample() {
     // --kernel: some samples end in the kernel (the process exiting, page faults).
     assert!(folded.contains("do_syscall_64") || folded.contains("exc_page_fault") || folded.contains("asm_"), "kernel frames");
 }
+
+/// --all: one BPF program samples every CPython on the machine, each with
+/// its own interpreter's layout (here Debian's and the probe-less build at
+/// once); every sample is rooted at its process.
+#[test]
+fn all_samples_every_python_process_at_once() {
+    let targets: Vec<(String, Proc)> = pythons()
+        .into_iter()
+        .map(|(_, python)| {
+            let mut p = start_waiting(&python, "cpu_split.py", &["--seconds", "4"]);
+            signal(p.pid(), libc::SIGUSR1);
+            let _ = &mut p;
+            (format!("({})", p.pid()), p)
+        })
+        .collect();
+    let out = pytrace(&["sample", "--all", "-d", "2", "-r", "499", "--folded", "-"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let folded = String::from_utf8(out.stdout).unwrap();
+    for (pid, _) in &targets {
+        let lines: Vec<&str> = folded.lines().filter(|l| l.split(';').next().is_some_and(|root| root.ends_with(pid.as_str()))).collect();
+        let sixty: u64 = lines.iter().filter(|l| l.contains(";sixty (")).map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum();
+        assert!(sixty > 100, "process {pid}: {sixty} samples in sixty");
+    }
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sampling every CPython process"));
+}

@@ -12,10 +12,11 @@ use crate::report::PythonInfo;
 use crate::report::profile::Profile;
 use crate::report::Output;
 use crate::session::{self, Target, TargetSpec};
-use crate::tracing::sample::{self, Options as SampleOptions};
+use crate::tracing::sample::{self, Options as SampleOptions, Targets};
 
 pub struct Options {
-    pub target: TargetSpec,
+    /// None: every CPython process on the machine (--all).
+    pub target: Option<TargetSpec>,
     pub duration: Option<Duration>,
     pub hz: u64,
     pub kernel: bool,
@@ -38,7 +39,7 @@ fn thread_names(pid: u32, names: &mut HashMap<u32, String>) {
     }
 }
 
-pub fn run(opts: Options) -> Result<i32> {
+pub fn run(mut opts: Options) -> Result<i32> {
     // Every output is created before sampling starts, so a bad path fails now.
     let mut outputs: Vec<(&str, Output)> = Vec::new();
     for (kind, path) in [("flamegraph", &opts.flamegraph), ("folded", &opts.folded), ("speedscope", &opts.speedscope), ("json", &opts.json)] {
@@ -46,53 +47,111 @@ pub fn run(opts: Options) -> Result<i32> {
             outputs.push((kind, Output::create(path)?));
         }
     }
-    let (mut target, python) = Target::prepare(opts.target)?;
-    session::install_signal_handlers();
+    match opts.target.take() {
+        Some(spec) => {
+            let (mut target, python) = Target::prepare(spec)?;
+            session::install_signal_handlers();
+            let pid = target.pid;
+            let version = python.version.to_string();
+            let duration = opts.duration;
+            let mut progress = Progress::new(opts.threads.then_some(pid));
+            let target_cell = std::cell::RefCell::new(&mut target);
+            let data = sample::run(
+                Targets::One(pid, &python),
+                &SampleOptions { hz: opts.hz, kernel: opts.kernel },
+                || {
+                    let mut target = target_cell.borrow_mut();
+                    target.release()?;
+                    target.say_attached(&python, "sample");
+                    Ok(())
+                },
+                |samples| {
+                    let mut target = target_cell.borrow_mut();
+                    progress.tick(samples, target.elapsed());
+                    Ok(target.keep_going(duration))
+                },
+            )?;
+            let elapsed = target.elapsed();
+            write(&opts, outputs, pid, version, elapsed, data, progress.finish())?;
+            Ok(target.exit_status().unwrap_or(0))
+        }
+        None => {
+            session::preflight()?;
+            session::install_signal_handlers();
+            let started = Instant::now();
+            let mut progress = Progress::new(None);
+            let data = sample::run(
+                Targets::All,
+                &SampleOptions { hz: opts.hz, kernel: opts.kernel },
+                || {
+                    eprintln!("pytrace: sampling every CPython process");
+                    Ok(())
+                },
+                |samples| {
+                    progress.tick(samples, started.elapsed());
+                    Ok(!session::stop_requested() && opts.duration.is_none_or(|d| started.elapsed() < d))
+                },
+            )?;
+            write(&opts, outputs, 0, "any".into(), started.elapsed(), data, progress.finish())?;
+            Ok(0)
+        }
+    }
+}
 
-    let pid = target.pid;
-    let progress = std::io::stderr().is_terminal();
-    let mut names = HashMap::new();
-    let mut last_report = Instant::now();
-    let target_cell = std::cell::RefCell::new(&mut target);
-    let data = sample::run(
-        pid,
-        &python,
-        &SampleOptions { hz: opts.hz, kernel: opts.kernel },
-        || {
-            let mut target = target_cell.borrow_mut();
-            target.release()?;
-            target.say_attached(&python, "sample");
-            Ok(())
-        },
-        |samples| {
-            let mut target = target_cell.borrow_mut();
-            if last_report.elapsed() >= Duration::from_millis(500) {
-                last_report = Instant::now();
-                if opts.threads {
-                    thread_names(pid, &mut names);
-                }
-                if progress {
-                    eprint!("\rpytrace sample: {samples} samples, {:.1} s ", target.elapsed().as_secs_f64());
-                    let _ = std::io::stderr().flush();
-                }
-            }
-            Ok(target.keep_going(opts.duration))
-        },
-    )?;
-    if progress {
-        eprintln!();
+/// The live progress line (on a terminal), and thread names for --threads.
+struct Progress {
+    tty: bool,
+    threads_of: Option<u32>,
+    names: HashMap<u32, String>,
+    last: Instant,
+}
+
+impl Progress {
+    fn new(threads_of: Option<u32>) -> Self {
+        Progress { tty: std::io::stderr().is_terminal(), threads_of, names: HashMap::new(), last: Instant::now() }
     }
-    if opts.threads {
-        thread_names(pid, &mut names);
+
+    fn tick(&mut self, samples: usize, elapsed: Duration) {
+        if self.last.elapsed() < Duration::from_millis(500) {
+            return;
+        }
+        self.last = Instant::now();
+        if let Some(pid) = self.threads_of {
+            thread_names(pid, &mut self.names);
+        }
+        if self.tty {
+            eprint!("\rpytrace sample: {samples} samples, {:.1} s ", elapsed.as_secs_f64());
+            let _ = std::io::stderr().flush();
+        }
     }
+
+    fn finish(mut self) -> Option<HashMap<u32, String>> {
+        if self.tty {
+            eprintln!();
+        }
+        let pid = self.threads_of?;
+        thread_names(pid, &mut self.names);
+        Some(self.names)
+    }
+}
+
+fn write(
+    opts: &Options,
+    mut outputs: Vec<(&str, Output)>,
+    pid: u32,
+    version: String,
+    elapsed: Duration,
+    data: sample::SampleData,
+    thread_names: Option<HashMap<u32, String>>,
+) -> Result<()> {
     let mut profile = Profile::new(
         pid,
-        PythonInfo { version: python.version.to_string(), mode: "sample".into() },
+        PythonInfo { version, mode: "sample".into() },
         opts.hz,
-        target.elapsed().as_nanos() as u64,
+        elapsed.as_nanos() as u64,
         data.counters.clone(),
         &data.samples,
-        opts.threads.then_some(&names),
+        thread_names.as_ref(),
     );
     profile.bpf_ns_per_sample = data.bpf_ns_per_sample;
     let mut table_on_stdout = true;
@@ -109,5 +168,5 @@ pub fn run(opts: Options) -> Result<i32> {
     if table_on_stdout {
         print!("{}", profile.to_table(opts.top));
     }
-    Ok(target.exit_status().unwrap_or(0))
+    Ok(())
 }

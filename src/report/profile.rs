@@ -32,6 +32,7 @@ pub fn label(frame: &Frame) -> String {
         Frame::Unreadable => "[unreadable frame]".into(),
         Frame::Truncated => "[truncated]".into(),
         Frame::NoPython => "[no Python code]".into(),
+        Frame::Process(name) => name.clone(),
     }
 }
 
@@ -66,7 +67,10 @@ impl Profile {
         let mut stacks = BTreeMap::new();
         for s in samples {
             let thread = match thread_names {
-                Some(names) => format!("{} ({})", names.get(&s.tid).map(String::as_str).unwrap_or("thread"), s.tid),
+                Some(names) => match names.get(&s.tid) {
+                    Some(name) => format!("{name} ({})", s.tid),
+                    None => format!("thread {} of {}", s.tid, s.pid),
+                },
                 None => String::new(),
             };
             *stacks.entry((thread, s.frames.clone())).or_insert(0) += 1;
@@ -105,15 +109,23 @@ impl Profile {
         out
     }
 
+    /// What was sampled, for titles: one process, or all (pid 0).
+    fn subject(&self) -> String {
+        if self.pid == 0 {
+            "every CPython process".into()
+        } else {
+            format!("PID {}, Python {}", self.pid, self.python.version)
+        }
+    }
+
     fn lost(&self) -> u64 {
         self.counters.iter().filter(|(n, _)| *n == "lost").map(|(_, v)| v).sum()
     }
 
     pub fn to_table(&self, top: usize) -> String {
         let mut out = format!(
-            "pytrace sample: PID {}, Python {}, {} Hz, {:.2} s, {} samples, {} lost\n",
-            self.pid,
-            self.python.version,
+            "pytrace sample: {}, {} Hz, {:.2} s, {} samples, {} lost\n",
+            self.subject(),
             self.hz,
             self.duration_ns as f64 / 1e9,
             thousands(self.total),
@@ -158,7 +170,7 @@ impl Profile {
     pub fn to_flamegraph(&self) -> Result<Vec<u8>> {
         let folded = self.to_folded(true);
         let mut opts = inferno::flamegraph::Options::default();
-        opts.title = format!("pytrace sample: PID {} (Python {}), {} samples", self.pid, self.python.version, self.total);
+        opts.title = format!("pytrace sample: {}, {} samples", self.subject(), self.total);
         opts.colors = inferno::flamegraph::Palette::Multi(inferno::flamegraph::color::MultiPalette::Java);
         opts.count_name = "samples".into();
         let mut svg = Vec::new();
@@ -253,10 +265,10 @@ mod tests {
     fn profile() -> Profile {
         let main = py("main", 1);
         let samples = vec![
-            Sample { tid: 1, frames: vec![main.clone(), py("a", 5)] },
-            Sample { tid: 1, frames: vec![main.clone(), py("a", 6)] },
-            Sample { tid: 2, frames: vec![main.clone(), py("b", 9)] },
-            Sample { tid: 2, frames: vec![main.clone()] },
+            Sample { pid: 7, tid: 1, frames: vec![main.clone(), py("a", 5)] },
+            Sample { pid: 7, tid: 1, frames: vec![main.clone(), py("a", 6)] },
+            Sample { pid: 7, tid: 2, frames: vec![main.clone(), py("b", 9)] },
+            Sample { pid: 7, tid: 2, frames: vec![main.clone()] },
         ];
         let info = crate::report::PythonInfo { version: "3.11.2".into(), mode: "sample".into() };
         Profile::new(7, info, 99, 1, vec![], &samples, None)

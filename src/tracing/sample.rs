@@ -11,7 +11,7 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder};
 
 use super::{ensure_still_running, poll_until, privilege_hint, read_counters};
-use crate::bpf::sample::types::{py_layout, py_sample, sample_counter};
+use crate::bpf::sample::types::{py_layout, py_sample, sample_counter, sample_target};
 use crate::bpf::sample::SampleSkelBuilder;
 use crate::python::code::{instruction_offset, Code};
 use crate::python::layouts::NO_FIELD;
@@ -44,11 +44,14 @@ pub enum Frame {
     Truncated,
     /// The thread was running no Python code.
     NoPython,
+    /// With --all: the process, as the root frame.
+    Process(String),
 }
 
-/// A sample: its thread and frames, outermost first.
+/// A sample: its process, thread and frames, outermost first.
 #[derive(Debug, Clone)]
 pub struct Sample {
+    pub pid: u32,
     pub tid: u32,
     pub frames: Vec<Rc<Frame>>,
 }
@@ -106,9 +109,9 @@ fn online_cpus() -> Result<Vec<i32>> {
     Ok(cpus)
 }
 
-/// Names code objects, reading each from the target once.
-struct Resolver<'a> {
-    python: &'a Python,
+/// Names one process's code objects, reading each from it once.
+struct Resolver {
+    layout: &'static crate::python::Layout,
     mem: Option<Memory>,
     /// &PyCode_Type in the target, once its interpreter file is mapped.
     code_type: Option<u64>,
@@ -119,9 +122,21 @@ struct Resolver<'a> {
     since_flush: usize,
 }
 
-impl Resolver<'_> {
+impl Resolver {
+    fn new(layout: &'static crate::python::Layout) -> Self {
+        Resolver {
+            layout,
+            mem: None,
+            code_type: None,
+            codes: HashMap::new(),
+            frames: HashMap::new(),
+            unreadable: Rc::new(Frame::Unreadable),
+            since_flush: 0,
+        }
+    }
+
     fn frame(&mut self, code_addr: u64, instr: u64) -> Rc<Frame> {
-        let (python, layout) = (self.python, self.python.layout);
+        let layout = self.layout;
         let Some(mem) = &self.mem else { return self.unreadable.clone() };
         let now = std::time::Instant::now();
         let cached = self.codes.get_mut(&code_addr);
@@ -142,7 +157,7 @@ impl Resolver<'_> {
             }
         };
         let Some(code) = code else { return self.unreadable.clone() };
-        let line = code.line_at(instruction_offset(python.layout, code_addr, instr));
+        let line = code.line_at(instruction_offset(layout, code_addr, instr));
         self.frames
             .entry((code_addr, line))
             .or_insert_with(|| Rc::new(Frame::Python { name: code.qualname.clone(), file: code.filename.clone(), line }))
@@ -159,11 +174,80 @@ impl Resolver<'_> {
     }
 }
 
+/// What to sample: one process, or every CPython on the machine.
+pub enum Targets<'a> {
+    One(u32, &'a Python),
+    All,
+}
+
+/// A sampled process: its Python (borrowed for one target, found by
+/// --all), the resolver for its code objects, its entry in the BPF map.
+struct Process<'a> {
+    python: PythonRef<'a>,
+    resolver: Resolver,
+    label: Rc<Frame>,
+    /// Whether its interpreter's addresses are known and in the map.
+    located: bool,
+}
+
+enum PythonRef<'a> {
+    Borrowed(&'a Python),
+    Owned(Box<Python>),
+}
+
+impl std::ops::Deref for PythonRef<'_> {
+    type Target = Python;
+    fn deref(&self) -> &Python {
+        match self {
+            PythonRef::Borrowed(p) => p,
+            PythonRef::Owned(p) => p,
+        }
+    }
+}
+
+fn target_entry(python: &Python, interpreters_head: u64) -> sample_target {
+    let l = python.layout;
+    sample_target {
+        layout: super::py_layout!(py_layout, l),
+        interpreters_head,
+        frame_head: [l.frame_code, l.frame_previous, l.frame_instr, l.frame_owner]
+            .into_iter()
+            .filter(|&o| o != NO_FIELD)
+            .map(|o| o + 8)
+            .max()
+            .unwrap_or(8),
+        frame_previous: l.frame_previous,
+        frame_instr: l.frame_instr,
+        tstate_thread_id: l.tstate_thread_id,
+        interp_threads_head: l.interp_threads_head,
+        tstate_next: l.tstate_next,
+    }
+}
+
+fn put_target(map: &dyn MapCore, pid: u32, entry: &sample_target) -> Result<()> {
+    // SAFETY: a plain integer struct generated from bpf/sample.h.
+    let bytes = unsafe { std::slice::from_raw_parts((entry as *const sample_target).cast::<u8>(), std::mem::size_of::<sample_target>()) };
+    map.update(&pid.to_ne_bytes(), bytes, MapFlags::ANY).with_context(|| format!("failed to add process {pid} to the sampler"))
+}
+
+/// The CPython processes on the machine not looked at yet (`checked`
+/// remembers every PID looked at, Python or not, so each rescan reads only
+/// new processes' files).
+fn find_pythons(checked: &mut std::collections::HashSet<u32>) -> Vec<(u32, Python)> {
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me && checked.insert(pid))
+        .filter_map(|pid| Python::from_pid(pid).ok().map(|p| (pid, p)))
+        .collect()
+}
+
 /// Loads and attaches, calls `attached` once live, samples until
 /// `keep_going` says stop; `progress` sees the sample count as it grows.
-pub fn run(
-    pid: u32,
-    python: &Python,
+pub fn run<'a>(
+    targets: Targets<'a>,
     opts: &Options,
     attached: impl FnOnce() -> Result<()>,
     mut keep_going: impl FnMut(usize) -> Result<bool>,
@@ -171,39 +255,38 @@ pub fn run(
     let mut object = MaybeUninit::uninit();
     let mut open = SampleSkelBuilder::default().open(&mut object).context("failed to open the sample BPF program")?;
     let rodata = open.maps.rodata_data.as_deref_mut().context("the sample BPF program has no rodata")?;
-    let l = python.layout;
-    rodata.cfg.layout = super::py_layout!(py_layout, python.layout);
-    rodata.cfg.tgid = pid;
-    rodata.cfg.frame_previous = l.frame_previous;
-    rodata.cfg.frame_instr = l.frame_instr;
-    rodata.cfg.frame_head = [l.frame_code, l.frame_previous, l.frame_instr, l.frame_owner]
-        .into_iter()
-        .filter(|&o| o != NO_FIELD)
-        .map(|o| o + 8)
-        .max()
-        .unwrap_or(8);
-    rodata.cfg.tstate_thread_id = l.tstate_thread_id;
-    rodata.cfg.interp_threads_head = l.interp_threads_head;
-    rodata.cfg.tstate_next = l.tstate_next;
     rodata.cfg.kernel_stacks = opts.kernel as u8;
-    let mut skel = open.load().map_err(privilege_hint).context("failed to load the sample BPF program")?;
+    let skel = open.load().map_err(privilege_hint).context("failed to load the sample BPF program")?;
+
+    let all = matches!(targets, Targets::All);
+    let checked = std::cell::RefCell::new(std::collections::HashSet::new());
+    let processes: std::cell::RefCell<HashMap<u32, Process<'a>>> = std::cell::RefCell::new(HashMap::new());
+    let add = |pid: u32, python: PythonRef<'a>| -> Result<()> {
+        put_target(&skel.maps.processes, pid, &target_entry(&python, 0))?;
+        let label = Rc::new(Frame::Process(format!("{} ({pid})", proc::command_name(pid))));
+        let resolver = Resolver::new(python.layout);
+        processes.borrow_mut().insert(pid, Process { python, resolver, label, located: false });
+        Ok(())
+    };
+    match targets {
+        Targets::One(pid, python) => add(pid, PythonRef::Borrowed(python))?,
+        Targets::All => {
+            let found = find_pythons(&mut checked.borrow_mut());
+            for (pid, python) in found {
+                add(pid, PythonRef::Owned(Box::new(python)))?;
+            }
+        }
+    }
 
     let mut links: Vec<Link> = Vec::new();
     for cpu in online_cpus()? {
         let fd = open_cpu_clock(cpu, opts.hz).with_context(|| format!("failed to open a CPU-clock perf event on CPU {cpu}"))?;
         links.push(skel.progs.sample_thread.attach_perf_event(fd).map_err(privilege_hint).context("failed to attach the sampler")?);
     }
-    ensure_still_running(pid)?;
+    if let Some(&pid) = processes.borrow().keys().next().filter(|_| !all) {
+        ensure_still_running(pid)?;
+    }
 
-    let resolver = std::cell::RefCell::new(Resolver {
-        python,
-        mem: None,
-        code_type: None,
-        codes: HashMap::new(),
-        frames: HashMap::new(),
-        unreadable: Rc::new(Frame::Unreadable),
-        since_flush: 0,
-    });
     let kernel_frames = std::cell::RefCell::new(HashMap::<i32, Vec<u64>>::new());
     let samples = std::cell::RefCell::new(Vec::new());
     let truncated = Rc::new(Frame::Truncated);
@@ -214,7 +297,9 @@ pub fn run(
         // SAFETY: the record is a py_sample written by the BPF program; it is
         // read unaligned because ring-buffer records are only 8-byte aligned.
         let s: py_sample = unsafe { std::ptr::read_unaligned(s.as_ptr().cast()) };
-        let mut r = resolver.borrow_mut();
+        let mut processes = processes.borrow_mut();
+        let Some(process) = processes.get_mut(&s.pid) else { return 0 };
+        let r = &mut process.resolver;
         r.tick();
         let mut frames = Vec::new();
         if s.kernel_stack >= 0 {
@@ -231,24 +316,34 @@ pub fn run(
         if s.truncated != 0 {
             frames.push(truncated.clone());
         }
+        if all {
+            frames.push(process.label.clone());
+        }
         frames.reverse();
-        samples.borrow_mut().push(Sample { tid: s.tid, frames });
+        samples.borrow_mut().push(Sample { pid: s.pid, tid: s.tid, frames });
         0
     })?;
     let ring = builder.build()?;
 
     attached()?;
-    let mut head_set = false;
+    let mut last_scan = std::time::Instant::now();
     let polled = poll_until(&ring, "sample", || {
         // With `--`, libpython may be mapped only now: tell BPF where the
         // interpreter list is as soon as it can be known.
-        if !head_set {
-            if let Ok((head, code_type)) = runtime_addresses(pid, python) {
-                skel.maps.bss_data.as_deref_mut().expect("bss").interpreters_head = head;
-                let mut r = resolver.borrow_mut();
-                r.mem = Memory::open(pid).ok();
-                r.code_type = code_type;
-                head_set = true;
+        for (&pid, p) in processes.borrow_mut().iter_mut().filter(|(_, p)| !p.located) {
+            if let Ok((head, code_type)) = runtime_addresses(pid, &p.python) {
+                put_target(&skel.maps.processes, pid, &target_entry(&p.python, head))?;
+                p.resolver.mem = Memory::open(pid).ok();
+                p.resolver.code_type = code_type;
+                p.located = true;
+            }
+        }
+        // --all: Pythons started since are sampled too.
+        if all && last_scan.elapsed() >= std::time::Duration::from_secs(1) {
+            last_scan = std::time::Instant::now();
+            let found = find_pythons(&mut checked.borrow_mut());
+            for (pid, python) in found {
+                add(pid, PythonRef::Owned(Box::new(python)))?;
             }
         }
         keep_going(samples.borrow().len())

@@ -38,16 +38,25 @@ pub struct GcReport {
 /// (one event each), so their histogram is hdrhistogram's own.
 #[derive(Default)]
 pub struct GcTotals {
-    per_generation: BTreeMap<u32, (u64, i64, u64, Option<Histogram<u64>>)>,
+    per_generation: BTreeMap<u32, Generation>,
+}
+
+/// One generation's sums: collections, objects collected, pause total, pauses.
+#[derive(Default)]
+struct Generation {
+    collections: u64,
+    collected: i64,
+    total_ns: u64,
+    pauses: Option<Histogram<u64>>,
 }
 
 impl GcTotals {
     pub fn add(&mut self, c: &Collection) {
-        let entry = self.per_generation.entry(c.generation).or_default();
-        entry.0 += 1;
-        entry.1 += c.collected;
-        entry.2 += c.duration_ns;
-        let _ = entry.3.get_or_insert_with(new_histogram).record(c.duration_ns.max(1));
+        let g = self.per_generation.entry(c.generation).or_default();
+        g.collections += 1;
+        g.collected += c.collected;
+        g.total_ns += c.duration_ns;
+        let _ = g.pauses.get_or_insert_with(new_histogram).record(c.duration_ns.max(1));
     }
 
     pub fn into_report(
@@ -61,13 +70,13 @@ impl GcTotals {
         let generations: Vec<GenerationRow> = self
             .per_generation
             .into_iter()
-            .map(|(generation, (collections, collected, total_ns, hist))| {
-                let hist = hist.unwrap_or_else(new_histogram);
+            .map(|(generation, g)| {
+                let hist = g.pauses.unwrap_or_else(new_histogram);
                 GenerationRow {
                     generation,
-                    collections,
-                    collected,
-                    total_ns,
+                    collections: g.collections,
+                    collected: g.collected,
+                    total_ns: g.total_ns,
                     p50_ns: hist.value_at_quantile(0.5),
                     p90_ns: hist.value_at_quantile(0.9),
                     p99_ns: hist.value_at_quantile(0.99),

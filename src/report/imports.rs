@@ -53,7 +53,7 @@ pub fn build_tree(events: &[ImportEvent]) -> (Vec<ImportNode>, u64) {
                 let cumulative_ns = ev.ts_ns.saturating_sub(open.start_ns);
                 let in_children: u64 = open.children.iter().map(|c| c.cumulative_ns).sum();
                 let mut children = open.children;
-                children.sort_by(|a, b| b.cumulative_ns.cmp(&a.cumulative_ns));
+                children.sort_by_key(|c| std::cmp::Reverse(c.cumulative_ns));
                 let node = ImportNode {
                     name: open.name,
                     found: ev.found,
@@ -71,7 +71,7 @@ pub fn build_tree(events: &[ImportEvent]) -> (Vec<ImportNode>, u64) {
         }
     }
     unfinished += stacks.values().map(|s| s.len() as u64).sum::<u64>();
-    roots.sort_by(|a, b| b.cumulative_ns.cmp(&a.cumulative_ns));
+    roots.sort_by_key(|c| std::cmp::Reverse(c.cumulative_ns));
     (roots, unfinished)
 }
 

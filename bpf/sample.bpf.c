@@ -64,53 +64,15 @@ static __always_inline __u64 thread_pointer(void)
 
 struct scan_ctx {
 	const struct sample_target *t;
+	struct task_struct *task;
 	__u64 tstate;
 	__u64 want;
 	__u64 found;
 };
 
-static long scan_one(__u64 i, void *data)
-{
-	struct scan_ctx *ctx = data;
-	__u64 id = 0;
-
-	if (!ctx->tstate)
-		return 1;
-	if (bpf_probe_read_user(&id, sizeof(id), (void *)(ctx->tstate + ctx->t->tstate_thread_id)))
-		return 1;
-	if (id == ctx->want) {
-		ctx->found = ctx->tstate;
-		return 1;
-	}
-	ctx->tstate = (__u64)read_ptr((void *)ctx->tstate, ctx->t->tstate_next);
-	return 0;
-}
-
-/* The sampled thread's PyThreadState: cached per thread, else found by
- * walking the main interpreter's thread list. */
-static __always_inline __u64 thread_state(const struct sample_target *t, __u32 tid)
-{
-	__u64 want = thread_pointer(), id = 0, *cached = bpf_map_lookup_elem(&thread_states, &tid);
-	struct scan_ctx ctx = { .t = t, .want = want };
-	void *interp;
-
-	if (cached && !bpf_probe_read_user(&id, sizeof(id), (void *)(*cached + t->tstate_thread_id)) &&
-	    id == want)
-		return *cached;
-	if (!t->interpreters_head)
-		return 0;
-	interp = read_ptr((void *)t->interpreters_head, 0);
-	if (!interp)
-		return 0;
-	ctx.tstate = (__u64)read_ptr(interp, t->interp_threads_head);
-	bpf_loop(MAX_THREAD_SCAN, scan_one, &ctx, 0);
-	if (ctx.found)
-		bpf_map_update_elem(&thread_states, &tid, &ctx.found, BPF_ANY);
-	return ctx.found;
-}
-
 struct walk_ctx {
 	const struct sample_target *t;
+	struct task_struct *task;
 	struct py_sample *s;
 	__u64 frame;
 };
@@ -135,33 +97,23 @@ static __always_inline __u8 byte_at(const __u64 *words, __u32 offset)
 	return ((const __u8 *)words)[offset];
 }
 
-static long walk_one(__u64 i, void *data)
-{
-	struct walk_ctx *ctx = data;
-	const struct sample_target *t = ctx->t;
-	const struct py_layout *l = &t->layout;
-	__u64 words[SAMPLE_FRAME_HEAD / 8] = {};
-	__u32 size = t->frame_head, n = ctx->s->frames;
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
 
-	if (!ctx->frame)
-		return 1;
-	if (n >= MAX_FRAMES) {
-		ctx->s->truncated = 1;
-		return 1;
-	}
-	if (size > SAMPLE_FRAME_HEAD || size < 8 || bpf_probe_read_user(words, size, (void *)ctx->frame)) {
-		count(SAMPLE_BAD_FRAME);
-		return 1;
-	}
-	/* From 3.12, frames owned by the C stack are shims, not Python code. */
-	if (l->frame_owner == PY_NO_FIELD || byte_at(words, l->frame_owner) != 3) {
-		ctx->s->code[n & (MAX_FRAMES - 1)] = word_at(words, l->frame_code);
-		ctx->s->instr[n & (MAX_FRAMES - 1)] = word_at(words, t->frame_instr);
-		ctx->s->frames = n + 1;
-	}
-	ctx->frame = word_at(words, t->frame_previous);
-	return 0;
-}
+/* The walker twice, from one template: reading the interrupted thread's own
+ * memory (the perf-event sampler)... */
+#define WALK(name) CAT(name, _current)
+#define WALK_READ(dst, size, src, task) bpf_probe_read_user(dst, size, src)
+#include "sample_walk.bpf.h"
+#undef WALK
+#undef WALK_READ
+
+/* ...and another thread's, from a sleepable task iterator (--idle). */
+#define WALK(name) CAT(name, _task)
+#define WALK_READ(dst, size, src, task) bpf_copy_from_user_task(dst, size, src, task, 0)
+#include "sample_walk.bpf.h"
+#undef WALK
+#undef WALK_READ
 
 SEC("perf_event")
 int sample_thread(struct bpf_perf_event_data *ctx)
@@ -169,14 +121,10 @@ int sample_thread(struct bpf_perf_event_data *ctx)
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)pid_tgid, pid = pid_tgid >> 32;
 	const struct sample_target *t = bpf_map_lookup_elem(&processes, &pid);
-	const struct py_layout *l;
-	struct walk_ctx walk = {};
 	struct py_sample *s;
-	__u64 tstate, current;
 
 	if (!t)
 		return 0;
-	l = &t->layout;
 	s = bpf_ringbuf_reserve(&samples, sizeof(*s), 0);
 	if (!s) {
 		count(SAMPLE_LOST);
@@ -184,28 +132,41 @@ int sample_thread(struct bpf_perf_event_data *ctx)
 	}
 	s->pid = pid;
 	s->tid = tid;
-	s->frames = 0;
-	s->truncated = 0;
-	s->no_python = 0;
 	s->kernel_stack = cfg.kernel_stacks ? bpf_get_stackid(ctx, &kernel_stacks, 0) : -1;
-
-	tstate = thread_state(t, tid);
-	current = tstate ? (__u64)read_ptr((void *)tstate, l->tstate_current) : 0;
-	if (current && l->cframe_current_frame != PY_NO_FIELD)
-		current = (__u64)read_ptr((void *)current, l->cframe_current_frame);
-	if (!tstate)
-		count(SAMPLE_NO_THREAD);
-	if (!current) {
-		s->no_python = 1;
-	} else {
-		walk.t = t;
-		walk.s = s;
-		walk.frame = current;
-		bpf_loop(MAX_FRAMES + 1, walk_one, &walk, 0);
-	}
+	fill_sample_current(t, s, tid, 0, thread_pointer());
 	/* Wake the reader at each sample, unlike the other programs: user space
 	 * names code objects as samples arrive, and a module's code object is
 	 * freed as soon as its import ends. At 99 Hz the wakeups cost little. */
+	bpf_ringbuf_submit(s, 0);
+	return 0;
+}
+
+/* --idle: every thread of every target, running or not, each time user
+ * space reads this iterator (at the sampling rate): a wall-clock view. */
+SEC("iter.s/task")
+int sample_all_threads(struct bpf_iter__task *ctx)
+{
+	struct task_struct *task = ctx->task;
+	const struct sample_target *t;
+	struct py_sample *s;
+	__u32 pid, tid;
+
+	if (!task)
+		return 0;
+	pid = task->tgid;
+	tid = task->pid;
+	t = bpf_map_lookup_elem(&processes, &pid);
+	if (!t)
+		return 0;
+	s = bpf_ringbuf_reserve(&samples, sizeof(*s), 0);
+	if (!s) {
+		count(SAMPLE_LOST);
+		return 0;
+	}
+	s->pid = pid;
+	s->tid = tid;
+	s->kernel_stack = -1;
+	fill_sample_task(t, s, tid, task, task->thread.fsbase);
 	bpf_ringbuf_submit(s, 0);
 	return 0;
 }

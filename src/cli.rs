@@ -126,6 +126,9 @@ struct SampleArgs {
     /// Add kernel frames under the Python frames
     #[arg(long)]
     kernel: bool,
+    /// Wall-clock view: sample every thread at each tick, on CPU or not (waiting, sleeping)
+    #[arg(long, conflicts_with = "kernel")]
+    idle: bool,
     /// Split stacks by thread (name and TID)
     #[arg(long)]
     threads: bool,
@@ -223,6 +226,7 @@ impl Cli {
                     duration,
                     hz: args.rate,
                     kernel: args.kernel,
+                    idle: args.idle,
                     threads: args.threads,
                     top: args.top,
                     flamegraph: args.flamegraph,

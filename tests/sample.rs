@@ -143,3 +143,30 @@ fn all_samples_every_python_process_at_once() {
     }
     assert!(String::from_utf8_lossy(&out.stderr).contains("sampling every CPython process"));
 }
+
+/// --idle samples every thread at each tick, running or not: a thread that
+/// only sleeps shows up as much as one that spins. Without it, sampling is
+/// on-CPU and the sleeper is (almost) absent.
+#[test]
+fn idle_sees_sleeping_threads_and_on_cpu_does_not() {
+    for (label, python) in pythons() {
+        let script = fixture("sleep_and_spin.py");
+        let share = |extra: &[&str]| {
+            let mut args = vec!["sample", "-r", "199", "--json", "-"];
+            args.extend(extra);
+            args.extend(["--", python.to_str().unwrap(), &script]);
+            args.push("2");
+            let out = pytrace(&args);
+            assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+            let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let get = |name: &str| {
+                report["functions"].as_array().unwrap().iter().find(|f| f["name"] == name).map(|f| f["total_share"].as_f64().unwrap()).unwrap_or(0.0)
+            };
+            (get("sleeper"), get("spinner"))
+        };
+        let (sleeper, spinner) = share(&["--idle"]);
+        assert!((sleeper - 0.5).abs() < 0.08 && (spinner - 0.5).abs() < 0.08, "{label}: --idle gave sleeper {sleeper:.2}, spinner {spinner:.2}");
+        let (sleeper, spinner) = share(&[]);
+        assert!(sleeper < 0.05 && spinner > 0.9, "{label}: on-CPU gave sleeper {sleeper:.2}, spinner {spinner:.2}");
+    }
+}

@@ -20,6 +20,7 @@ pub struct Options {
     pub duration: Option<Duration>,
     pub hz: u64,
     pub kernel: bool,
+    pub idle: bool,
     pub threads: bool,
     pub top: usize,
     pub flamegraph: Option<PathBuf>,
@@ -58,7 +59,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
             let target_cell = std::cell::RefCell::new(&mut target);
             let data = sample::run(
                 Targets::One(pid, &python),
-                &SampleOptions { hz: opts.hz, kernel: opts.kernel },
+                &SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle },
                 || {
                     let mut target = target_cell.borrow_mut();
                     target.release()?;
@@ -82,7 +83,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
             let mut progress = Progress::new(None);
             let data = sample::run(
                 Targets::All,
-                &SampleOptions { hz: opts.hz, kernel: opts.kernel },
+                &SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle },
                 || {
                     eprintln!("pytrace: sampling every CPython process");
                     Ok(())

@@ -30,6 +30,9 @@ const TRUST_FOR: std::time::Duration = std::time::Duration::from_millis(5);
 pub struct Options {
     pub hz: u64,
     pub kernel: bool,
+    /// Sample every thread at each tick, running or not (wall-clock view),
+    /// instead of the threads a CPU is running.
+    pub idle: bool,
 }
 
 /// One frame of a sample, resolved.
@@ -256,6 +259,10 @@ pub fn run<'a>(
     let mut open = SampleSkelBuilder::default().open(&mut object).context("failed to open the sample BPF program")?;
     let rodata = open.maps.rodata_data.as_deref_mut().context("the sample BPF program has no rodata")?;
     rodata.cfg.kernel_stacks = opts.kernel as u8;
+    // --idle reads every thread through a sleepable task iterator; without
+    // it, the perf-event program samples threads on CPU.
+    open.progs.sample_all_threads.set_autoload(opts.idle);
+    open.progs.sample_thread.set_autoload(!opts.idle);
     let skel = open.load().map_err(privilege_hint).context("failed to load the sample BPF program")?;
 
     let all = matches!(targets, Targets::All);
@@ -279,9 +286,19 @@ pub fn run<'a>(
     }
 
     let mut links: Vec<Link> = Vec::new();
-    for cpu in online_cpus()? {
-        let fd = open_cpu_clock(cpu, opts.hz).with_context(|| format!("failed to open a CPU-clock perf event on CPU {cpu}"))?;
-        links.push(skel.progs.sample_thread.attach_perf_event(fd).map_err(privilege_hint).context("failed to attach the sampler")?);
+    if opts.idle {
+        links.push(
+            skel.progs
+                .sample_all_threads
+                .attach_iter_with_opts(libbpf_rs::IterOpts::None)
+                .map_err(privilege_hint)
+                .context("failed to attach the thread iterator")?,
+        );
+    } else {
+        for cpu in online_cpus()? {
+            let fd = open_cpu_clock(cpu, opts.hz).with_context(|| format!("failed to open a CPU-clock perf event on CPU {cpu}"))?;
+            links.push(skel.progs.sample_thread.attach_perf_event(fd).map_err(privilege_hint).context("failed to attach the sampler")?);
+        }
     }
     if let Some(&pid) = processes.borrow().keys().next().filter(|_| !all) {
         ensure_still_running(pid)?;
@@ -327,7 +344,7 @@ pub fn run<'a>(
 
     attached()?;
     let mut last_scan = std::time::Instant::now();
-    let polled = poll_until(&ring, "sample", || {
+    let mut between_polls = || -> Result<bool> {
         // With `--`, libpython may be mapped only now: tell BPF where the
         // interpreter list is as soon as it can be known.
         for (&pid, p) in processes.borrow_mut().iter_mut().filter(|(_, p)| !p.located) {
@@ -347,11 +364,44 @@ pub fn run<'a>(
             }
         }
         keep_going(samples.borrow().len())
-    });
+    };
+    let polled = if opts.idle {
+        // One pass of the iterator over every thread is one round of
+        // samples; run it at the sampling rate.
+        let period = std::time::Duration::from_secs_f64(1.0 / opts.hz as f64);
+        let mut next = std::time::Instant::now();
+        let mut run = || -> Result<()> {
+            let mut last_check = std::time::Instant::now();
+            let mut go = between_polls()?;
+            while go {
+                let now = std::time::Instant::now();
+                if now >= next {
+                    let mut pass = libbpf_rs::Iter::new(&links[0]).context("failed to start a pass over the threads")?;
+                    std::io::Read::read_to_end(&mut pass, &mut Vec::new()).context("failed to sample the threads")?;
+                    next += period;
+                    if next < now {
+                        next = now + period;
+                    }
+                }
+                let _ = ring.poll(next.saturating_duration_since(std::time::Instant::now()));
+                ring.consume()?;
+                if last_check.elapsed() >= std::time::Duration::from_millis(100) {
+                    last_check = std::time::Instant::now();
+                    go = between_polls()?;
+                }
+            }
+            ring.consume()?;
+            Ok(())
+        };
+        run()
+    } else {
+        poll_until(&ring, "sample", between_polls)
+    };
     // Per sample received, so the program's runs for other processes (it
     // fires on every CPU and returns at once for them) count too.
     let received = samples.borrow().len().max(1) as u64;
-    let bpf_ns_per_sample = super::bpf_run_stats(&skel.progs.sample_thread).map(|(ns, _)| ns / received);
+    let program = if opts.idle { &skel.progs.sample_all_threads } else { &skel.progs.sample_thread };
+    let bpf_ns_per_sample = super::bpf_run_stats(program).map(|(ns, _)| ns / received);
     drop(links);
     polled?;
     drop(ring);

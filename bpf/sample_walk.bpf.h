@@ -1,0 +1,112 @@
+/* The Python-stack walker of bpf/sample.bpf.c, included once per way of
+ * reading the target's memory: WALK(name) names this copy's functions and
+ * WALK_READ(dst, size, src, task) reads user memory. (A sleepable helper may
+ * not even appear in a non-sleepable program, so one function with a branch
+ * would not load.) No include guard, on purpose. */
+
+static __always_inline void *WALK(read_ptr)(const void *base, __u32 offset, struct task_struct *task)
+{
+	void *value = 0;
+
+	if (WALK_READ(&value, sizeof(value), (const char *)base + offset, task))
+		return 0;
+	return value;
+}
+
+static long WALK(scan_one)(__u64 i, void *data)
+{
+	struct scan_ctx *ctx = data;
+	__u64 id = 0;
+
+	if (!ctx->tstate)
+		return 1;
+	if (WALK_READ(&id, sizeof(id), (void *)(ctx->tstate + ctx->t->tstate_thread_id), ctx->task))
+		return 1;
+	if (id == ctx->want) {
+		ctx->found = ctx->tstate;
+		return 1;
+	}
+	ctx->tstate = (__u64)WALK(read_ptr)((void *)ctx->tstate, ctx->t->tstate_next, ctx->task);
+	return 0;
+}
+
+/* The thread's PyThreadState: cached per thread, else found by walking the
+ * main interpreter's thread list for the one whose id (pthread_self, the fs
+ * base) is `want`. */
+static __always_inline __u64 WALK(thread_state)(const struct sample_target *t, __u32 tid,
+						struct task_struct *task, __u64 want)
+{
+	__u64 id = 0, *cached = bpf_map_lookup_elem(&thread_states, &tid);
+	struct scan_ctx ctx = { .t = t, .task = task, .want = want };
+	void *interp;
+
+	if (cached && !WALK_READ(&id, sizeof(id), (void *)(*cached + t->tstate_thread_id), task) &&
+	    id == want)
+		return *cached;
+	if (!t->interpreters_head)
+		return 0;
+	interp = WALK(read_ptr)((void *)t->interpreters_head, 0, task);
+	if (!interp)
+		return 0;
+	ctx.tstate = (__u64)WALK(read_ptr)(interp, t->interp_threads_head, task);
+	bpf_loop(MAX_THREAD_SCAN, WALK(scan_one), &ctx, 0);
+	if (ctx.found)
+		bpf_map_update_elem(&thread_states, &tid, &ctx.found, BPF_ANY);
+	return ctx.found;
+}
+
+static long WALK(walk_one)(__u64 i, void *data)
+{
+	struct walk_ctx *ctx = data;
+	const struct sample_target *t = ctx->t;
+	const struct py_layout *l = &t->layout;
+	__u64 words[SAMPLE_FRAME_HEAD / 8] = {};
+	__u32 size = t->frame_head, n = ctx->s->frames;
+
+	if (!ctx->frame)
+		return 1;
+	if (n >= MAX_FRAMES) {
+		ctx->s->truncated = 1;
+		return 1;
+	}
+	if (size > SAMPLE_FRAME_HEAD || size < 8 || WALK_READ(words, size, (void *)ctx->frame, ctx->task)) {
+		count(SAMPLE_BAD_FRAME);
+		return 1;
+	}
+	/* From 3.12, frames owned by the C stack are shims, not Python code. */
+	if (l->frame_owner == PY_NO_FIELD || byte_at(words, l->frame_owner) != 3) {
+		ctx->s->code[n & (MAX_FRAMES - 1)] = word_at(words, l->frame_code);
+		ctx->s->instr[n & (MAX_FRAMES - 1)] = word_at(words, t->frame_instr);
+		ctx->s->frames = n + 1;
+	}
+	ctx->frame = word_at(words, t->frame_previous);
+	return 0;
+}
+
+/* Fills a reserved sample with the thread's Python frames. */
+static __always_inline void WALK(fill_sample)(const struct sample_target *t, struct py_sample *s, __u32 tid,
+					       struct task_struct *task, __u64 thread_pointer)
+{
+	const struct py_layout *l = &t->layout;
+	struct walk_ctx walk = {};
+	__u64 tstate, current;
+
+	s->frames = 0;
+	s->truncated = 0;
+	s->no_python = 0;
+	tstate = WALK(thread_state)(t, tid, task, thread_pointer);
+	current = tstate ? (__u64)WALK(read_ptr)((void *)tstate, l->tstate_current, task) : 0;
+	if (current && l->cframe_current_frame != PY_NO_FIELD)
+		current = (__u64)WALK(read_ptr)((void *)current, l->cframe_current_frame, task);
+	if (!tstate)
+		count(SAMPLE_NO_THREAD);
+	if (!current) {
+		s->no_python = 1;
+		return;
+	}
+	walk.t = t;
+	walk.task = task;
+	walk.s = s;
+	walk.frame = current;
+	bpf_loop(MAX_FRAMES + 1, WALK(walk_one), &walk, 0);
+}

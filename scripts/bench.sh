@@ -52,8 +52,8 @@ for spec in "debian:/usr/bin/python3.11" "no-probes:$nodtrace"; do
   python=${spec#*:}
   : > "$work/gc_base"; : > "$work/gc_traced"
   for _ in $(seq "$repeats"); do
-    "$python" fixtures/gc_cycles.py --rounds 200000 --timing 2>&1 | seconds >> "$work/gc_base"
-    "$pytrace" gc --json "$work/gc.json" -- "$python" fixtures/gc_cycles.py --rounds 200000 --timing 2>&1 >/dev/null \
+    "$python" fixtures/gc_cycles.py --rounds 1000000 --timing 2>&1 | seconds >> "$work/gc_base"
+    "$pytrace" gc --json "$work/gc.json" -- "$python" fixtures/gc_cycles.py --rounds 1000000 --timing 2>&1 >/dev/null \
       | seconds >> "$work/gc_traced"
   done
   collections=$(python3 -c "import json,sys; print(sum(g['collections'] for g in json.load(open(sys.argv[1]))['generations']))" "$work/gc.json")
@@ -102,7 +102,7 @@ $rows"
   echo
   echo "$sample_table"
   echo
-  echo "## pytrace gc on fixtures/gc_cycles.py (200000 rounds)"
+  echo "## pytrace gc on fixtures/gc_cycles.py (1000000 rounds)"
   echo
   echo "$gc_table"
 } | tee bench/results.md

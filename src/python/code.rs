@@ -252,6 +252,55 @@ mod tests {
         }
     }
 
+    /// A small deterministic generator, so the garbage is the same each run.
+    fn garbage(seed: &mut u64, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                *seed ^= *seed << 13;
+                *seed ^= *seed >> 7;
+                *seed ^= *seed << 17;
+                *seed as u8
+            })
+            .collect()
+    }
+
+    /// The target is untrusted memory: line tables of random bytes, at any
+    /// offset, must give a line or none, never a panic or a hang.
+    #[test]
+    fn random_line_tables_never_panic() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15;
+        for round in 0..20_000 {
+            let table = garbage(&mut seed, round % 64);
+            let offset = seed % 512;
+            let _ = locations_line(&table, 1, offset);
+            let _ = linetable310_line(&table, 1, offset);
+            let _ = lnotab_line(&table, 1, offset);
+        }
+    }
+
+    /// Code::read pointed at arbitrary places of a live process (this one:
+    /// its stack, its heap, unmapped addresses) returns an error or a code
+    /// object, never panics.
+    #[test]
+    fn reading_code_objects_from_garbage_addresses_never_panics() {
+        let mem = Memory::open(std::process::id()).unwrap();
+        let layout = crate::python::layouts::for_version(3, 11).unwrap();
+        let on_stack = 0u64;
+        let on_heap = Box::new([0x41u8; 4096]);
+        let mut seed = 12345u64;
+        let mut addresses = vec![0, 8, u64::MAX - 7, &on_stack as *const u64 as u64, on_heap.as_ptr() as u64];
+        for _ in 0..2_000 {
+            let noise = u64::from_le_bytes(garbage(&mut seed, 8).try_into().unwrap());
+            addresses.push(on_heap.as_ptr() as u64 + noise % 4096);
+            addresses.push(noise);
+        }
+        for addr in addresses {
+            if let Ok(code) = Code::read(&mem, layout, addr) {
+                let _ = code.line_at(addr % 1000);
+            }
+        }
+    }
+
     #[test]
     fn garbage_tables_give_no_line_instead_of_panicking() {
         assert_eq!(locations_line(&[0x01, 0x02], 5, 0), None);

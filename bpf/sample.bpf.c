@@ -115,6 +115,21 @@ static __always_inline __u8 byte_at(const __u64 *words, __u32 offset)
 #undef WALK
 #undef WALK_READ
 
+/* Reserves a sample for a thread, or counts it lost. */
+static __always_inline struct py_sample *start_sample(__u32 pid, __u32 tid)
+{
+	struct py_sample *s = bpf_ringbuf_reserve(&samples, sizeof(*s), 0);
+
+	if (!s) {
+		count(SAMPLE_LOST);
+		return 0;
+	}
+	s->pid = pid;
+	s->tid = tid;
+	s->kernel_stack = -1;
+	return s;
+}
+
 SEC("perf_event")
 int sample_thread(struct bpf_perf_event_data *ctx)
 {
@@ -123,15 +138,8 @@ int sample_thread(struct bpf_perf_event_data *ctx)
 	const struct sample_target *t = bpf_map_lookup_elem(&processes, &pid);
 	struct py_sample *s;
 
-	if (!t)
+	if (!t || !(s = start_sample(pid, tid)))
 		return 0;
-	s = bpf_ringbuf_reserve(&samples, sizeof(*s), 0);
-	if (!s) {
-		count(SAMPLE_LOST);
-		return 0;
-	}
-	s->pid = pid;
-	s->tid = tid;
 	s->kernel_stack = cfg.kernel_stacks ? bpf_get_stackid(ctx, &kernel_stacks, 0) : -1;
 	fill_sample_current(t, s, tid, 0, thread_pointer());
 	/* Wake the reader at each sample, unlike the other programs: user space
@@ -156,16 +164,8 @@ int sample_all_threads(struct bpf_iter__task *ctx)
 	pid = task->tgid;
 	tid = task->pid;
 	t = bpf_map_lookup_elem(&processes, &pid);
-	if (!t)
+	if (!t || !(s = start_sample(pid, tid)))
 		return 0;
-	s = bpf_ringbuf_reserve(&samples, sizeof(*s), 0);
-	if (!s) {
-		count(SAMPLE_LOST);
-		return 0;
-	}
-	s->pid = pid;
-	s->tid = tid;
-	s->kernel_stack = -1;
 	fill_sample_task(t, s, tid, task, task->thread.fsbase);
 	bpf_ringbuf_submit(s, 0);
 	return 0;

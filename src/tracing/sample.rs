@@ -18,8 +18,9 @@ use crate::python::layouts::NO_FIELD;
 use crate::python::{Python, RUNTIME_SYMBOL};
 use crate::target::proc::{self, Memory};
 
-/// Code objects are re-read after this many samples, so that one freed and
-/// replaced at the same address is not named after the old one for long.
+/// The caches of code objects and frames are emptied after this many
+/// samples, so they do not grow with every address ever seen. (A code
+/// object replaced at the same address is caught by `Code::still_at`.)
 const CODE_CACHE_SAMPLES: usize = 2000;
 
 /// A cached code object is trusted this long after its identity was last
@@ -143,6 +144,7 @@ impl Resolver {
         let Some(mem) = &self.mem else { return self.unreadable.clone() };
         let now = std::time::Instant::now();
         let cached = self.codes.get_mut(&code_addr);
+        let was_named = matches!(cached, Some((_, Some(_))));
         let code = match cached {
             Some((checked, Some(code))) if now.duration_since(*checked) < TRUST_FOR => Some(code.clone()),
             Some((checked, Some(code))) if code.still_at(mem, layout, code_addr) => {
@@ -155,7 +157,10 @@ impl Resolver {
                 let is_code = self.code_type.is_none_or(|t| mem.read_u64(code_addr + layout.object_type as u64).ok() == Some(t));
                 let code = is_code.then(|| Code::read(mem, layout, code_addr).ok()).flatten().map(Rc::new);
                 self.codes.insert(code_addr, (now, code.clone()));
-                self.frames.retain(|(addr, _), _| *addr != code_addr);
+                if was_named {
+                    // Frames named after the code object that was here.
+                    self.frames.retain(|(addr, _), _| *addr != code_addr);
+                }
                 code
             }
         };

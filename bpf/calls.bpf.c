@@ -469,7 +469,7 @@ static __always_inline __u32 eval_enter(const void *tstate, const void *frame)
 	if (fsize > FRAME_HEAD_MAX || csize > CODE_HEAD_MAX || csize < 8 || fsize < 8 ||
 	    bpf_probe_read_user(frame_words, fsize, frame))
 		goto bad;
-	code = FIELD(frame_head, fsize, l->frame_code, void *);
+	code = (const void *)PY_CODE_ADDRESS(FIELD(frame_head, fsize, l->frame_code, __u64));
 	if (!code || bpf_probe_read_user(code_words, csize, code))
 		goto bad;
 	if (cfg.code_type && FIELD(code_head, csize, l->object_type, __u64) != cfg.code_type)

@@ -14,6 +14,16 @@
 
 /* _PyInterpreterFrame.owner of a frame run by the calling thread. */
 #define PY_FRAME_OWNED_BY_THREAD 0
+/* Owners from this value on mark frames that run no Python code: the C
+ * stack's shim frames (owner 3 in 3.12 and 3.13, 4 in 3.14) and, from 3.14,
+ * the interpreter's base frame (3). 3.11 has neither. */
+#define PY_FRAME_OWNED_NOT_CODE 3
+
+/* A frame's code object address: from 3.14 f_executable is a tagged
+ * _PyStackRef whose low bits are flags (1 in 3.14, up to 3 in 3.15).
+ * Objects are 8-byte aligned, so clearing the low 3 bits is right for every
+ * version. */
+#define PY_CODE_ADDRESS(word) ((word) & ~7ULL)
 
 struct py_layout {
 	/* PyThreadState */

@@ -73,9 +73,8 @@ static long WALK(walk_one)(__u64 i, void *data)
 		count(SAMPLE_BAD_FRAME);
 		return 1;
 	}
-	/* From 3.12, frames owned by the C stack are shims, not Python code. */
-	if (l->frame_owner == PY_NO_FIELD || byte_at(words, l->frame_owner) != 3) {
-		ctx->s->code[n & (MAX_FRAMES - 1)] = word_at(words, l->frame_code);
+	if (l->frame_owner == PY_NO_FIELD || byte_at(words, l->frame_owner) < PY_FRAME_OWNED_NOT_CODE) {
+		ctx->s->code[n & (MAX_FRAMES - 1)] = PY_CODE_ADDRESS(word_at(words, l->frame_code));
 		ctx->s->instr[n & (MAX_FRAMES - 1)] = word_at(words, t->frame_instr);
 		ctx->s->frames = n + 1;
 	}

@@ -98,6 +98,40 @@ int main(void)
     FIELD("unicode_state", offsetof(PyASCIIObject, state));
     FIELD("unicode_ascii_data", sizeof(PyASCIIObject));
     FIELD("unicode_compact_data", sizeof(PyCompactUnicodeObject));
+#if PY_VERSION_HEX >= 0x030D0000
+    /* 3.13+: where each of those fields sits inside _Py_DebugOffsets, the
+     * table CPython keeps at the start of _PyRuntime, so pytrace reads the
+     * target's own offsets (they have changed between patch releases). */
+#define DEBUG(name, member) printf("        %s: %zu,\n", name, offsetof(_Py_DebugOffsets, member))
+    printf("    debug_offsets: Some(DebugOffsets {\n");
+    DEBUG("version", version);
+    DEBUG("runtime_interpreters_head", runtime_state.interpreters_head);
+    DEBUG("interp_next", interpreter_state.next);
+    DEBUG("interp_threads_head", interpreter_state.threads_head);
+    DEBUG("tstate_next", thread_state.next);
+    DEBUG("tstate_interp", thread_state.interp);
+    DEBUG("tstate_thread_id", thread_state.thread_id);
+    DEBUG("tstate_current", thread_state.current_frame);
+    DEBUG("frame_instr", interpreter_frame.instr_ptr);
+    DEBUG("frame_owner", interpreter_frame.owner);
+    DEBUG("frame_code", interpreter_frame.executable);
+    DEBUG("frame_previous", interpreter_frame.previous);
+    DEBUG("code_code", code_object.co_code_adaptive);
+    DEBUG("code_linetable", code_object.linetable);
+    DEBUG("code_filename", code_object.filename);
+    DEBUG("code_name", code_object.name);
+    DEBUG("code_qualname", code_object.qualname);
+    DEBUG("code_firstlineno", code_object.firstlineno);
+    DEBUG("object_type", pyobject.ob_type);
+    DEBUG("bytes_size", bytes_object.ob_size);
+    DEBUG("bytes_data", bytes_object.ob_sval);
+    DEBUG("unicode_length", unicode_object.length);
+    DEBUG("unicode_state", unicode_object.state);
+    DEBUG("unicode_ascii_data", unicode_object.asciiobject_size);
+    printf("    }),\n");
+#else
+    printf("    debug_offsets: None,\n");
+#endif
     printf("}\n");
     return 0;
 }

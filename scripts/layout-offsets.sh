@@ -12,7 +12,8 @@ for prefix in "${prefixes[@]}"; do
   for inc in "$prefix"/include/python3.*; do
     [ -f "$inc/internal/pycore_interp.h" ] || continue
     out=$(mktemp)
-    cc -I "$inc" -I "$prefix/include/x86_64-linux-gnu/$(basename "$inc")" \
+    # Debian's pyconfig.h includes <x86_64-linux-gnu/python3.X/pyconfig.h>.
+    cc -I "$inc" -I "$prefix/include" -I "$prefix/include/x86_64-linux-gnu/$(basename "$inc")" \
       "$here/layout-offsets.c" -o "$out"
     "$out"
     rm -f "$out"

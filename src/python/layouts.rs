@@ -1,8 +1,13 @@
 //! Per-version CPython layouts: the offsets of the few fields pytrace reads.
 //! Generated from each version's own headers by scripts/layout-offsets.sh
-//! (never counted by hand); within a minor version they have not changed
-//! (3.11.2 and 3.11.7 give the same table). Everything version-specific that
-//! the BPF programs need is here, so they never name a version.
+//! (never counted by hand). Everything version-specific that the BPF
+//! programs need is here, so they never name a version.
+//!
+//! 3.9 to 3.12 are taken from the table as they are (3.11.2 and 3.11.7 give
+//! the same one). From 3.13 the table is only a default: CPython keeps its
+//! own offsets in `_Py_DebugOffsets` at the start of `_PyRuntime`, and
+//! `resolve` takes every field that has from the target's binary, since
+//! they may change between patch releases.
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
@@ -42,6 +47,120 @@ pub struct Layout {
     pub unicode_state: u32,
     pub unicode_ascii_data: u32,
     pub unicode_compact_data: u32,
+    /// Where each field above sits inside `_Py_DebugOffsets` (3.13+).
+    pub debug_offsets: Option<DebugOffsets>,
+}
+
+/// Positions, inside `_Py_DebugOffsets`, of the u64 that holds each field's
+/// offset. The fields it has no entry for (eval_frame, co_flags, the str
+/// hash, the compact str data) come from the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DebugOffsets {
+    pub version: u32,
+    pub runtime_interpreters_head: u32,
+    pub interp_next: u32,
+    pub interp_threads_head: u32,
+    pub tstate_next: u32,
+    pub tstate_interp: u32,
+    pub tstate_thread_id: u32,
+    pub tstate_current: u32,
+    pub frame_instr: u32,
+    pub frame_owner: u32,
+    pub frame_code: u32,
+    pub frame_previous: u32,
+    pub code_code: u32,
+    pub code_linetable: u32,
+    pub code_filename: u32,
+    pub code_name: u32,
+    pub code_qualname: u32,
+    pub code_firstlineno: u32,
+    pub object_type: u32,
+    pub bytes_size: u32,
+    pub bytes_data: u32,
+    pub unicode_length: u32,
+    pub unicode_state: u32,
+    pub unicode_ascii_data: u32,
+}
+
+/// What `_Py_DebugOffsets` starts with.
+pub const DEBUG_COOKIE: &[u8; 8] = b"xdebugpy";
+
+/// No CPython object is this large: an offset past it is garbage.
+const MAX_OFFSET: u64 = 1 << 16;
+
+impl DebugOffsets {
+    /// How many bytes of `_PyRuntime` hold every position here.
+    pub fn span(&self) -> usize {
+        let last = [
+            self.version, self.runtime_interpreters_head, self.interp_next, self.interp_threads_head,
+            self.tstate_next, self.tstate_interp, self.tstate_thread_id, self.tstate_current,
+            self.frame_instr, self.frame_owner, self.frame_code, self.frame_previous, self.code_code,
+            self.code_linetable, self.code_filename, self.code_name, self.code_qualname,
+            self.code_firstlineno, self.object_type, self.bytes_size, self.bytes_data,
+            self.unicode_length, self.unicode_state, self.unicode_ascii_data,
+        ];
+        last.iter().max().copied().unwrap_or(0) as usize + 8
+    }
+}
+
+impl Layout {
+    /// Where the offsets come from, for `pytrace info`.
+    pub fn source(&self) -> String {
+        match self.debug_offsets {
+            Some(_) => "the interpreter's own _Py_DebugOffsets".into(),
+            None => format!("built-in table for {}.{} (from its headers)", self.version.0, self.version.1),
+        }
+    }
+
+    /// This version's layout for a binary whose `_PyRuntime` starts with
+    /// `runtime` (3.13+: the target's own `_Py_DebugOffsets`; ignored before).
+    pub fn resolve(&self, runtime: &[u8]) -> Result<Layout, String> {
+        let Some(d) = self.debug_offsets else { return Ok(self.clone()) };
+        if runtime.len() < d.span() || &runtime[..8] != DEBUG_COOKIE {
+            return Err("its _PyRuntime does not start with _Py_DebugOffsets".into());
+        }
+        let word = |at: u32| u64::from_le_bytes(runtime[at as usize..at as usize + 8].try_into().unwrap());
+        let hex = word(d.version);
+        if (hex >> 24, (hex >> 16) & 0xff) != (self.version.0 as u64, self.version.1 as u64) {
+            return Err(format!("its _Py_DebugOffsets are for version {:#x}", hex));
+        }
+        let field = |at: u32| -> Result<u32, String> {
+            let value = word(at);
+            if value >= MAX_OFFSET {
+                return Err(format!("its _Py_DebugOffsets hold a garbage offset ({value:#x})"));
+            }
+            Ok(value as u32)
+        };
+        let mut l = self.clone();
+        l.runtime_interpreters_head = field(d.runtime_interpreters_head)?;
+        l.interp_next = field(d.interp_next)?;
+        l.interp_threads_head = field(d.interp_threads_head)?;
+        l.tstate_next = field(d.tstate_next)?;
+        l.tstate_interp = field(d.tstate_interp)?;
+        l.tstate_thread_id = field(d.tstate_thread_id)?;
+        l.tstate_current = field(d.tstate_current)?;
+        l.frame_instr = field(d.frame_instr)?;
+        l.frame_owner = field(d.frame_owner)?;
+        l.frame_code = field(d.frame_code)?;
+        l.frame_previous = field(d.frame_previous)?;
+        l.code_code = field(d.code_code)?;
+        l.code_linetable = field(d.code_linetable)?;
+        l.code_filename = field(d.code_filename)?;
+        l.code_name = field(d.code_name)?;
+        l.code_qualname = field(d.code_qualname)?;
+        l.code_firstlineno = field(d.code_firstlineno)?;
+        l.object_type = field(d.object_type)?;
+        l.bytes_size = field(d.bytes_size)?;
+        l.bytes_data = field(d.bytes_data)?;
+        l.unicode_length = field(d.unicode_length)?;
+        l.unicode_state = field(d.unicode_state)?;
+        // A compact str's data follows PyCompactUnicodeObject, which is
+        // PyASCIIObject plus a fixed tail (utf8_length, utf8).
+        let ascii = field(d.unicode_ascii_data)?;
+        l.unicode_compact_data = ascii + (self.unicode_compact_data - self.unicode_ascii_data);
+        l.unicode_ascii_data = ascii;
+        Ok(l)
+    }
 }
 
 /// The offset of a field this version does not have.
@@ -79,6 +198,7 @@ pub static LAYOUTS: &[Layout] = &[
         unicode_state: 32,
         unicode_ascii_data: 48,
         unicode_compact_data: 72,
+        debug_offsets: None,
     },
     // CPython 3.10.13, from its headers by scripts/layout-offsets.sh
     Layout {
@@ -111,6 +231,7 @@ pub static LAYOUTS: &[Layout] = &[
         unicode_state: 32,
         unicode_ascii_data: 48,
         unicode_compact_data: 72,
+        debug_offsets: None,
     },
     // CPython 3.11.2, from its headers by scripts/layout-offsets.sh
     Layout {
@@ -143,6 +264,7 @@ pub static LAYOUTS: &[Layout] = &[
         unicode_state: 32,
         unicode_ascii_data: 48,
         unicode_compact_data: 72,
+        debug_offsets: None,
     },
     // CPython 3.12.1, from its headers by scripts/layout-offsets.sh
     Layout {
@@ -175,6 +297,181 @@ pub static LAYOUTS: &[Layout] = &[
         unicode_state: 32,
         unicode_ascii_data: 40,
         unicode_compact_data: 56,
+        debug_offsets: None,
+    },
+    // CPython 3.13.18, from its headers by scripts/layout-offsets.sh
+    Layout {
+        version: (3, 13),
+        runtime_interpreters_head: 632,
+        interp_next: 7264,
+        interp_eval_frame: 8472,
+        interp_threads_head: 7344,
+        tstate_next: 8,
+        tstate_interp: 16,
+        tstate_thread_id: 152,
+        tstate_current: 72,
+        cframe_current_frame: NO_FIELD,
+        frame_instr: 56,
+        code_code: 200,
+        code_linetable: 136,
+        bytes_size: 16,
+        bytes_data: 32,
+        frame_owner: 70,
+        frame_code: 0,
+        frame_previous: 8,
+        object_type: 8,
+        code_flags: 48,
+        code_filename: 112,
+        code_name: 120,
+        code_qualname: 128,
+        code_firstlineno: 68,
+        unicode_length: 16,
+        unicode_hash: 24,
+        unicode_state: 32,
+        unicode_ascii_data: 40,
+        unicode_compact_data: 56,
+        debug_offsets: Some(DebugOffsets {
+            version: 8,
+            runtime_interpreters_head: 40,
+            interp_next: 64,
+            interp_threads_head: 72,
+            tstate_next: 168,
+            tstate_interp: 176,
+            tstate_thread_id: 192,
+            tstate_current: 184,
+            frame_instr: 248,
+            frame_owner: 264,
+            frame_code: 240,
+            frame_previous: 232,
+            code_code: 344,
+            code_linetable: 304,
+            code_filename: 280,
+            code_name: 288,
+            code_qualname: 296,
+            code_firstlineno: 312,
+            object_type: 360,
+            bytes_size: 520,
+            bytes_data: 528,
+            unicode_length: 552,
+            unicode_state: 544,
+            unicode_ascii_data: 560,
+        }),
+    },
+    // CPython 3.14.10, from its headers by scripts/layout-offsets.sh
+    Layout {
+        version: (3, 14),
+        runtime_interpreters_head: 808,
+        interp_next: 7272,
+        interp_eval_frame: 8520,
+        interp_threads_head: 7344,
+        tstate_next: 8,
+        tstate_interp: 16,
+        tstate_thread_id: 152,
+        tstate_current: 72,
+        cframe_current_frame: NO_FIELD,
+        frame_instr: 56,
+        code_code: 208,
+        code_linetable: 136,
+        bytes_size: 16,
+        bytes_data: 32,
+        frame_owner: 74,
+        frame_code: 0,
+        frame_previous: 8,
+        object_type: 8,
+        code_flags: 48,
+        code_filename: 112,
+        code_name: 120,
+        code_qualname: 128,
+        code_firstlineno: 68,
+        unicode_length: 16,
+        unicode_hash: 24,
+        unicode_state: 32,
+        unicode_ascii_data: 40,
+        unicode_compact_data: 56,
+        debug_offsets: Some(DebugOffsets {
+            version: 8,
+            runtime_interpreters_head: 40,
+            interp_next: 64,
+            interp_threads_head: 72,
+            tstate_next: 192,
+            tstate_interp: 200,
+            tstate_thread_id: 216,
+            tstate_current: 208,
+            frame_instr: 272,
+            frame_owner: 288,
+            frame_code: 264,
+            frame_previous: 256,
+            code_code: 384,
+            code_linetable: 344,
+            code_filename: 320,
+            code_name: 328,
+            code_qualname: 336,
+            code_firstlineno: 352,
+            object_type: 408,
+            bytes_size: 600,
+            bytes_data: 608,
+            unicode_length: 632,
+            unicode_state: 624,
+            unicode_ascii_data: 640,
+        }),
+    },
+    // CPython 3.15.2, from its headers by scripts/layout-offsets.sh
+    Layout {
+        version: (3, 15),
+        runtime_interpreters_head: 936,
+        interp_next: 7264,
+        interp_eval_frame: 8472,
+        interp_threads_head: 7336,
+        tstate_next: 8,
+        tstate_interp: 16,
+        tstate_thread_id: 176,
+        tstate_current: 72,
+        cframe_current_frame: NO_FIELD,
+        frame_instr: 56,
+        code_code: 208,
+        code_linetable: 136,
+        bytes_size: 16,
+        bytes_data: 32,
+        frame_owner: 74,
+        frame_code: 0,
+        frame_previous: 8,
+        object_type: 8,
+        code_flags: 48,
+        code_filename: 112,
+        code_name: 120,
+        code_qualname: 128,
+        code_firstlineno: 68,
+        unicode_length: 16,
+        unicode_hash: 24,
+        unicode_state: 32,
+        unicode_ascii_data: 40,
+        unicode_compact_data: 56,
+        debug_offsets: Some(DebugOffsets {
+            version: 8,
+            runtime_interpreters_head: 40,
+            interp_next: 64,
+            interp_threads_head: 72,
+            tstate_next: 192,
+            tstate_interp: 200,
+            tstate_thread_id: 240,
+            tstate_current: 208,
+            frame_instr: 336,
+            frame_owner: 352,
+            frame_code: 328,
+            frame_previous: 320,
+            code_code: 448,
+            code_linetable: 408,
+            code_filename: 384,
+            code_name: 392,
+            code_qualname: 400,
+            code_firstlineno: 416,
+            object_type: 472,
+            bytes_size: 696,
+            bytes_data: 704,
+            unicode_length: 728,
+            unicode_state: 720,
+            unicode_ascii_data: 736,
+        }),
     },
 ];
 
@@ -198,6 +495,78 @@ mod tests {
         for pair in LAYOUTS.windows(2) {
             assert!(pair[0].version < pair[1].version, "{:?} before {:?}", pair[0].version, pair[1].version);
         }
-        assert_eq!(supported_range(), "3.9 to 3.12");
+        assert_eq!(supported_range(), "3.9 to 3.15");
+    }
+
+    /// A `_PyRuntime` start holding `layout`'s own offsets, as CPython
+    /// writes them.
+    fn runtime_for(layout: &Layout) -> Vec<u8> {
+        let d = layout.debug_offsets.unwrap();
+        let mut bytes = vec![0u8; d.span()];
+        let mut put = |at: u32, value: u64| bytes[at as usize..at as usize + 8].copy_from_slice(&value.to_le_bytes());
+        put(d.version, ((layout.version.0 as u64) << 24) | ((layout.version.1 as u64) << 16) | 0x02f0);
+        for (at, value) in [
+            (d.runtime_interpreters_head, layout.runtime_interpreters_head),
+            (d.interp_next, layout.interp_next),
+            (d.interp_threads_head, layout.interp_threads_head),
+            (d.tstate_next, layout.tstate_next),
+            (d.tstate_interp, layout.tstate_interp),
+            (d.tstate_thread_id, layout.tstate_thread_id),
+            (d.tstate_current, layout.tstate_current),
+            (d.frame_instr, layout.frame_instr),
+            (d.frame_owner, layout.frame_owner),
+            (d.frame_code, layout.frame_code),
+            (d.frame_previous, layout.frame_previous),
+            (d.code_code, layout.code_code),
+            (d.code_linetable, layout.code_linetable),
+            (d.code_filename, layout.code_filename),
+            (d.code_name, layout.code_name),
+            (d.code_qualname, layout.code_qualname),
+            (d.code_firstlineno, layout.code_firstlineno),
+            (d.object_type, layout.object_type),
+            (d.bytes_size, layout.bytes_size),
+            (d.bytes_data, layout.bytes_data),
+            (d.unicode_length, layout.unicode_length),
+            (d.unicode_state, layout.unicode_state),
+            (d.unicode_ascii_data, layout.unicode_ascii_data),
+        ] {
+            put(at, value as u64);
+        }
+        bytes[..8].copy_from_slice(DEBUG_COOKIE);
+        bytes
+    }
+
+    #[test]
+    fn debug_offsets_override_the_table() {
+        for table in LAYOUTS.iter().filter(|l| l.debug_offsets.is_some()) {
+            assert_eq!(&table.resolve(&runtime_for(table)).unwrap(), table, "{:?}", table.version);
+
+            // A patch release that moved fields: the target's offsets win.
+            let mut moved = table.clone();
+            moved.tstate_current += 8;
+            moved.code_qualname += 16;
+            moved.unicode_ascii_data += 8;
+            moved.unicode_compact_data += 8;
+            assert_eq!(table.resolve(&runtime_for(&moved)).unwrap(), moved);
+        }
+    }
+
+    #[test]
+    fn bad_debug_offsets_are_refused() {
+        let table = for_version(3, 13).unwrap();
+        let good = runtime_for(table);
+        let mut cookie = good.clone();
+        cookie[0] = b'X';
+        assert!(table.resolve(&cookie).unwrap_err().contains("_Py_DebugOffsets"));
+        assert!(table.resolve(&good[..16]).is_err());
+        let other = runtime_for(for_version(3, 14).unwrap());
+        assert!(table.resolve(&other).is_err(), "3.14's offsets accepted for 3.13");
+        let mut garbage = good.clone();
+        let at = table.debug_offsets.unwrap().code_name as usize;
+        garbage[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(table.resolve(&garbage).unwrap_err().contains("garbage"));
+        // Before 3.13 the table stands as it is.
+        let old = for_version(3, 11).unwrap();
+        assert_eq!(&old.resolve(&[]).unwrap(), old);
     }
 }

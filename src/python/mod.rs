@@ -44,7 +44,7 @@ pub struct Python {
     /// That file's path as the target sees it.
     pub target_path: String,
     pub version: Version,
-    pub layout: &'static Layout,
+    pub layout: Layout,
     /// Run-time minus link-time addresses, once the file is mapped.
     pub load_bias: Option<u64>,
 }
@@ -112,12 +112,13 @@ impl Python {
 
     fn new(elf: ElfFile, target_path: String, load_bias: Option<u64>) -> Result<Self> {
         let version = detect_version(&elf, &target_path)?;
-        let Some(layout) = layouts::for_version(version.major, version.minor) else {
+        let Some(table) = layouts::for_version(version.major, version.minor) else {
             bail!(
                 "Python {version} ({target_path}) is not supported: pytrace supports CPython {}",
                 layouts::supported_range()
             );
         };
+        let layout = read_layout(&elf, table).with_context(|| format!("reading the layout of Python {version} in {target_path}"))?;
         Ok(Self { elf, target_path, version, layout, load_bias })
     }
 
@@ -170,6 +171,53 @@ pub enum FunctionProbes {
     EntryBroken,
     /// Built without --with-dtrace, or 3.12 to 3.14 (removed with PEP 669).
     Missing,
+}
+
+/// The version's table, with what the binary itself says: its
+/// `_Py_DebugOffsets` (3.13+), read from the file rather than from the
+/// process, since it is a static initialiser (the same bytes) and the file is
+/// there before a launched target runs; and where
+/// `_PyInterpreterState_GetEvalFrameFunc` reads `interp->eval_frame`, the one
+/// field pytrace writes, which `_Py_DebugOffsets` does not list.
+fn read_layout(elf: &ElfFile, table: &Layout) -> Result<Layout> {
+    let mut layout = match table.debug_offsets {
+        Some(d) => {
+            let runtime = elf.symbol(RUNTIME_SYMBOL).context("no _PyRuntime symbol")?;
+            let bytes = elf.read_static(runtime, d.span()).context("reading _Py_DebugOffsets")?;
+            table.resolve(bytes).map_err(|e| anyhow::anyhow!("{e}"))?
+        }
+        None => table.clone(),
+    };
+    if let Some(offset) = elf
+        .symbol(GET_EVAL_FRAME_SYMBOL)
+        .and_then(|addr| elf.read_static(addr, 16).ok())
+        .and_then(eval_frame_load_offset)
+    {
+        layout.interp_eval_frame = offset;
+    }
+    Ok(layout)
+}
+
+const GET_EVAL_FRAME_SYMBOL: &str = "_PyInterpreterState_GetEvalFrameFunc";
+
+/// The displacement of the first instruction of
+/// `_PyInterpreterState_GetEvalFrameFunc(interp)` when it is a load from
+/// `interp` (`mov reg, [rdi + disp]`, after an optional endbr64): that
+/// function only reads `interp->eval_frame`. None for any other code; the
+/// table's offset stands then.
+pub fn eval_frame_load_offset(code: &[u8]) -> Option<u32> {
+    const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+    let code = code.strip_prefix(&ENDBR64[..]).unwrap_or(code);
+    let [rex, 0x8b, modrm, rest @ ..] = code else { return None };
+    // REX.W, no REX.B (the base is rdi, not r15); the destination may be any register.
+    if rex & 0xf9 != 0x48 || modrm & 0x07 != 0x07 {
+        return None;
+    }
+    match modrm >> 6 {
+        0b01 => rest.first().map(|&d| d as i8).filter(|&d| d >= 0).map(|d| d as u32),
+        0b10 => rest.get(..4).map(|d| i32::from_le_bytes(d.try_into().unwrap())).filter(|&d| d >= 0).map(|d| d as u32),
+        _ => None,
+    }
 }
 
 fn is_interpreter(elf: &ElfFile) -> bool {
@@ -227,4 +275,24 @@ fn find_version_string(elf: &ElfFile, major: u32, minor: u32) -> Option<u32> {
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::eval_frame_load_offset;
+
+    #[test]
+    fn eval_frame_offset_from_machine_code() {
+        // Debian's 3.14: endbr64; mov 0x2148(%rdi),%rax; mov $..,%edx
+        let sid_314 = [0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x8b, 0x87, 0x48, 0x21, 0, 0, 0xba, 0x80, 0x8b, 0x59, 0];
+        assert_eq!(eval_frame_load_offset(&sid_314), Some(0x2148));
+        // No endbr64, an 8-bit displacement, rdx as destination.
+        assert_eq!(eval_frame_load_offset(&[0x48, 0x8b, 0x57, 0x70, 0xc3]), Some(0x70));
+        // Not a load from rdi (rsi base), not a load at all, too short.
+        assert_eq!(eval_frame_load_offset(&[0x48, 0x8b, 0x86, 0x48, 0x21, 0, 0]), None);
+        assert_eq!(eval_frame_load_offset(&[0x55, 0x48, 0x89, 0xe5]), None);
+        assert_eq!(eval_frame_load_offset(&[0x48, 0x8b, 0x87, 0x48]), None);
+        // A REX.B load (base r15) is not interp.
+        assert_eq!(eval_frame_load_offset(&[0x49, 0x8b, 0x87, 0x48, 0x21, 0, 0]), None);
+    }
 }

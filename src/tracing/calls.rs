@@ -83,10 +83,10 @@ pub fn run(
         .open(&mut object)
         .context("failed to open the calls BPF program")?;
     let rodata = open.maps.rodata_data.as_deref_mut().context("the calls BPF program has no rodata")?;
-    rodata.cfg.layout = super::py_layout!(py_layout, plan.python.layout);
+    rodata.cfg.layout = super::py_layout!(py_layout, &plan.python.layout);
     // How much of a frame and of a code object covers every field read.
     let end = |offsets: &[u32]| offsets.iter().filter(|&&o| o != NO_FIELD).map(|o| o + 8).max().unwrap_or(8);
-    let l = plan.python.layout;
+    let l = &plan.python.layout;
     rodata.cfg.frame_head = end(&[l.frame_code, l.frame_owner]);
     rodata.cfg.code_head = end(&[l.object_type, l.code_flags, l.code_firstlineno, l.code_qualname, l.code_filename]);
     rodata.cfg.tgid = plan.pid;

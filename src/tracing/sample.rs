@@ -115,7 +115,7 @@ fn online_cpus() -> Result<Vec<i32>> {
 
 /// Names one process's code objects, reading each from it once.
 struct Resolver {
-    layout: &'static crate::python::Layout,
+    layout: crate::python::Layout,
     mem: Option<Memory>,
     /// &PyCode_Type in the target, once its interpreter file is mapped.
     code_type: Option<u64>,
@@ -127,7 +127,7 @@ struct Resolver {
 }
 
 impl Resolver {
-    fn new(layout: &'static crate::python::Layout) -> Self {
+    fn new(layout: crate::python::Layout) -> Self {
         Resolver {
             layout,
             mem: None,
@@ -140,7 +140,7 @@ impl Resolver {
     }
 
     fn frame(&mut self, code_addr: u64, instr: u64) -> Rc<Frame> {
-        let layout = self.layout;
+        let layout = &self.layout;
         let Some(mem) = &self.mem else { return self.unreadable.clone() };
         let now = std::time::Instant::now();
         let cached = self.codes.get_mut(&code_addr);
@@ -214,7 +214,7 @@ impl std::ops::Deref for PythonRef<'_> {
 }
 
 fn target_entry(python: &Python, interpreters_head: u64) -> sample_target {
-    let l = python.layout;
+    let l = &python.layout;
     sample_target {
         layout: super::py_layout!(py_layout, l),
         interpreters_head,
@@ -276,7 +276,7 @@ pub fn run<'a>(
     let add = |pid: u32, python: PythonRef<'a>| -> Result<()> {
         put_target(&skel.maps.processes, pid, &target_entry(&python, 0))?;
         let label = Rc::new(Frame::Process(format!("{} ({pid})", proc::command_name(pid))));
-        let resolver = Resolver::new(python.layout);
+        let resolver = Resolver::new(python.layout.clone());
         processes.borrow_mut().insert(pid, Process { python, resolver, label, located: false });
         Ok(())
     };

@@ -28,6 +28,10 @@ struct Findings {
     calls_mode: String,
     calls_mode_reason: String,
     eval_frame_hook: bool,
+    /// Where the structure offsets pytrace reads come from.
+    layout: String,
+    /// How `pytrace sample` walks the stacks.
+    sample_mode: &'static str,
     /// With -p on 3.11+: what interp->eval_frame holds now.
     eval_frame_now: Option<&'static str>,
     /// How `pytrace gc` would see collections, or why it cannot.
@@ -66,6 +70,8 @@ pub fn run(opts: Options) -> Result<i32> {
         calls_mode: mode.name().into(),
         calls_mode_reason: reason.into(),
         eval_frame_hook: mode == crate::tracing::calls::Mode::Uprobe && python.inlines_calls(),
+        layout: python.layout.source(),
+        sample_mode: "perf-event (a BPF program walks the frames at each sample)",
         gc_mode: match crate::tracing::gc::choose_mode(&python) {
             Ok((mode, why)) => format!("{} ({why})", mode.name()),
             Err(e) => format!("unavailable: {e}"),
@@ -101,12 +107,14 @@ pub fn run(opts: Options) -> Result<i32> {
     );
     println!("usdt probes:     {probes}");
     println!("function probes: {}", findings.function_probes);
+    println!("layout:          {}", findings.layout);
     println!("calls mode:      {} ({})", findings.calls_mode, findings.calls_mode_reason);
     if findings.eval_frame_hook {
         println!("eval-frame hook: calls sets interp->eval_frame while tracing, so that no call is inlined; restored on exit");
     }
     println!("gc mode:         {}", findings.gc_mode);
     println!("imports mode:    {}", findings.imports_mode);
+    println!("sample mode:     {}", findings.sample_mode);
     if let Some(now) = findings.eval_frame_now {
         println!("eval_frame now:  {now}");
     }

@@ -10,6 +10,8 @@
 #                                      with its python3.9 (USDT probes), run
 #                                      by the tests with chroot, as a
 #                                      Python in a container is seen
+#   scripts/pythons.sh root-sid        a Debian sid root with python3.13,
+#                                      python3.14 and python3.15, the same way
 #
 # For nodtrace-3.11 pyenv's 3.11 is used when installed; otherwise it is
 # built from Debian's own python3.11 source package (about 10 minutes on two
@@ -50,15 +52,19 @@ nodtrace_311() {
   echo "$prefix/bin/python3.11"
 }
 
-# A minimal Debian root with one CPython, made once by debootstrap.
+# A minimal Debian root with the given CPythons, made once by debootstrap.
 debian_root() {
-  local suite=$1 package=$2 root=$cache/root-$1
-  if [ ! -x "$root/usr/bin/$package" ]; then
+  local suite=$1 root=$cache/root-$1 package missing=0
+  shift
+  for package in "$@"; do
+    [ -x "$root/usr/bin/$package" ] || missing=1
+  done
+  if [ $missing = 1 ]; then
     command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
     echo "making $root with debootstrap (once)" >&2
     rm -rf "$root"
     mkdir -p "$cache"
-    debootstrap --variant=minbase --include="$package" "$suite" "$root" http://deb.debian.org/debian >&2
+    debootstrap --variant=minbase --include="$(IFS=,; echo "$*")" "$suite" "$root" http://deb.debian.org/debian >&2
   fi
   echo "$root"
 }
@@ -66,5 +72,6 @@ debian_root() {
 case "${1:-}" in
   nodtrace-3.11) nodtrace_311 ;;
   root-3.9) debian_root bullseye python3.9 ;;
-  *) echo "usage: $0 nodtrace-3.11|root-3.9" >&2; exit 2 ;;
+  root-sid) debian_root sid python3.13 python3.14 python3.15 ;;
+  *) echo "usage: $0 nodtrace-3.11|root-3.9|root-sid" >&2; exit 2 ;;
 esac

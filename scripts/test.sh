@@ -10,6 +10,8 @@ scripts/install.sh --no-demo
 PYTRACE_NODTRACE_PYTHON=$(scripts/pythons.sh nodtrace-3.11)
 # Debian bullseye's CPython 3.9 in a chroot, as a containerised Python.
 PYTRACE_ROOT_39=$(scripts/pythons.sh root-3.9)
-export PYTRACE_NODTRACE_PYTHON PYTRACE_ROOT_39
+# Debian sid's CPython 3.13, 3.14 and 3.15, likewise.
+PYTRACE_ROOT_SID=$(scripts/pythons.sh root-sid)
+export PYTRACE_NODTRACE_PYTHON PYTRACE_ROOT_39 PYTRACE_ROOT_SID
 
 cargo test --release --locked

@@ -147,6 +147,9 @@ fn assert_counts(py: &Interpreter, how: &str, report: &serde_json::Value, truth:
         }
     }
     assert_eq!(report["lost_events"], 0, "{label}");
+    // The report says so where it cannot be exact.
+    let caveats = report["caveats"].to_string();
+    assert_eq!(caveats.contains("__init__ counts are lower bounds"), py.version == "3.13" && report["python"]["mode"] == "uprobe", "{label}: {caveats}");
 }
 
 fn calls_equal_cprofile(version: &'static str) {

@@ -72,13 +72,14 @@ pub fn run(opts: Options) -> Result<i32> {
     drop(guardian);
     let data = result?;
 
-    let report = CallsReport::new(
+    let mut report = CallsReport::new(
         pid,
         PythonInfo { version: python.version.to_string(), mode: mode.name().into() },
         elapsed.as_nanos() as u64,
         data,
         opts.sort,
     );
+    report.caveats = tracer::caveats(&python, mode);
     report::emit(json.as_mut(), || report.to_json(), || report.to_table(opts.top))?;
     Ok(target.exit_status().unwrap_or(0))
 }

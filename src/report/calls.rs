@@ -39,6 +39,9 @@ pub struct CallsReport {
     pub duration_ns: u64,
     pub lost_events: u64,
     pub counters: HashMap<&'static str, u64>,
+    /// What this mode cannot be exact about on this interpreter.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub caveats: Vec<String>,
     pub functions: Vec<FunctionRow>,
 }
 
@@ -107,6 +110,7 @@ impl CallsReport {
             duration_ns,
             lost_events,
             counters: data.counters.into_iter().collect(),
+            caveats: Vec::new(),
             functions,
         }
     }
@@ -127,6 +131,9 @@ impl CallsReport {
             self.functions.len(),
             self.lost_events,
         );
+        for caveat in &self.caveats {
+            out += &format!("note: {caveat}\n");
+        }
         let untimed = self.counters.get("deep_untimed_calls").copied().unwrap_or(0);
         if untimed > 0 {
             out += &format!("note: {} calls deeper than the timed stack were counted but not timed\n", thousands(untimed));

@@ -517,6 +517,9 @@ int BPF_UPROBE(eval_frame, const void *tstate, const void *frame)
 	__u64 *cookie = bpf_session_cookie();
 	__u32 depth;
 
+	/* At entry, 0 still arms the return probe, as a real run does. */
+	if (cfg.empty_probe)
+		return 0;
 	if (bpf_session_is_return()) {
 		on_return(cookie ? *cookie : 0);
 		return 0;
@@ -533,6 +536,8 @@ int BPF_UPROBE(eval_frame, const void *tstate, const void *frame)
 SEC("uprobe")
 int BPF_UPROBE(eval_entry, const void *tstate, const void *frame)
 {
+	if (cfg.empty_probe)
+		return 0;
 	eval_enter(tstate, frame);
 	return 0;
 }
@@ -540,6 +545,8 @@ int BPF_UPROBE(eval_entry, const void *tstate, const void *frame)
 SEC("uretprobe")
 int BPF_URETPROBE(eval_return)
 {
+	if (cfg.empty_probe)
+		return 0;
 	on_return(0);
 	return 0;
 }

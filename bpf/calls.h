@@ -99,6 +99,9 @@ struct calls_config {
 	/* Non-zero: stop the target (SIGSTOP, seen by pytrace as its ptrace
 	 * tracer) at its first frame evaluation. */
 	__u64 stop_at_first_eval;
+	/* Non-zero (scripts/bench.sh only): the uprobe programs return at once,
+	 * so a run measures the kernel's own cost of the probe, the floor. */
+	__u64 empty_probe;
 };
 
 #endif

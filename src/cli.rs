@@ -87,6 +87,10 @@ struct CallsArgs {
     /// Also write the report as JSON to FILE ("-" for standard output)
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// For scripts/bench.sh: attach probes that do nothing (uprobe mode, -p),
+    /// to measure the kernel's own cost of a probe hit
+    #[arg(long, hide = true)]
+    empty_probe: bool,
 }
 
 #[derive(Args)]
@@ -200,6 +204,7 @@ impl Cli {
                         SortArg::SelfTime => SortKey::SelfTime,
                     },
                     json: args.json,
+                    empty_probe: args.empty_probe,
                 })
             }
             Command::Gc(args) => {

@@ -19,6 +19,7 @@ pub struct Options {
     pub top: Option<usize>,
     pub sort: SortKey,
     pub json: Option<PathBuf>,
+    pub empty_probe: bool,
 }
 
 pub fn run(opts: Options) -> Result<i32> {
@@ -40,7 +41,7 @@ pub fn run(opts: Options) -> Result<i32> {
     let by_us = target.started_by_us();
     // A command we start has no interpreter yet to set the hook in: the BPF
     // program stops it at its first frame evaluation and we set it then.
-    let plan = Plan { pid, python: &python, mode, stop_at_first_eval: hook.is_some() && by_us };
+    let plan = Plan { pid, python: &python, mode, stop_at_first_eval: hook.is_some() && by_us, empty_probe: opts.empty_probe };
     let target_cell = std::cell::RefCell::new(&mut target);
     let hook_armed = std::cell::Cell::new(false);
     let result = tracer::run(

@@ -67,6 +67,8 @@ pub struct Plan<'a> {
     /// Stop the target at its first frame evaluation, so the eval-frame hook
     /// can be set before any Python code runs (see bpf/calls.h).
     pub stop_at_first_eval: bool,
+    /// Attach programs that return at once (scripts/bench.sh's floor).
+    pub empty_probe: bool,
 }
 
 type Names = HashMap<(u64, u64, u32), (String, String)>;
@@ -92,6 +94,7 @@ pub fn run(
     rodata.cfg.tgid = plan.pid;
     rodata.cfg.code_type = plan.python.code_type_address().unwrap_or(0);
     rodata.cfg.stop_at_first_eval = plan.stop_at_first_eval as u64;
+    rodata.cfg.empty_probe = plan.empty_probe as u64;
     // Load only the programs this kernel and mode can run: a session
     // program does not load where the kernel has no uprobe sessions.
     let sessions = has_uprobe_sessions();

@@ -10,7 +10,7 @@ use hdrhistogram::Histogram;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder};
 
-use super::{attach_entry_and_return, attach_error, ensure_still_running, has_uprobe_sessions, histogram, poll_until, privilege_hint, read_counters};
+use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, histogram, poll_until, privilege_hint, read_counters};
 use crate::bpf::calls::types::{calls_counter, func_key, func_stats, new_function, py_layout};
 use crate::bpf::calls::CallsSkelBuilder;
 use crate::python::layouts::NO_FIELD;
@@ -132,7 +132,9 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
     let exited = |e| attach_error(plan.pid, e);
     let links = match plan.mode {
         Mode::Uprobe => {
-            let offset = python.elf.file_offset(python.symbol(EVAL_FRAME_SYMBOL)?)? as usize;
+            let addr = python.symbol(EVAL_FRAME_SYMBOL)?;
+            let code = python.elf.read_static(addr, 8)?;
+            let offset = entry_probe_offset(code, python.elf.file_offset(addr)? as usize);
             let what = || format!("failed to attach to {EVAL_FRAME_SYMBOL} in {}", python.target_path);
             // See eval_frame in bpf/calls.bpf.c for why a session.
             attach_entry_and_return(&progs.eval_frame, &progs.eval_entry, &progs.eval_return, plan.pid, path, offset)

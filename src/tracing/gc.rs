@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, RingBufferBuilder};
 
-use super::{attach_entry_and_return, attach_error, ensure_still_running, has_uprobe_sessions, poll_until, privilege_hint, read_counters};
+use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, poll_until, privilege_hint, read_counters};
 use crate::bpf::gc::types::{gc_counter, gc_event};
 use crate::bpf::gc::GcSkelBuilder;
 use crate::python::Python;
@@ -81,7 +81,8 @@ pub fn run(
             skel.progs.usdt_gc_done.attach_usdt(pid as i32, path, "python", "gc__done").map_err(|e| attach_error(pid, e)).with_context(what)?,
         ],
         Mode::Uprobe => {
-            let offset = python.elf.file_offset(python.symbol(GC_FUNCTION)?)? as usize;
+            let addr = python.symbol(GC_FUNCTION)?;
+            let offset = entry_probe_offset(python.elf.read_static(addr, 8)?, python.elf.file_offset(addr)? as usize);
             let p = &skel.progs;
             attach_entry_and_return(&p.gc_collect_main, &p.gc_collect_main_entry, &p.gc_collect_main_return, pid, path, offset)
                 .with_context(what)?

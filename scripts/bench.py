@@ -1,0 +1,403 @@
+"""Every benchmark of pytrace against its peers, side by side in one run on
+one machine (called by scripts/bench.sh, which builds and installs what it
+needs). The machine is shared and absolute times drift, so each table
+interleaves the runs it compares and reports medians and ratios.
+
+    python3 scripts/bench.py PYTRACE PY_SPY NODTRACE_PYTHON SID_ROOT REPEATS
+
+Prints the markdown of bench/results.md on stdout, progress on stderr.
+"""
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PYTRACE, PY_SPY, NODTRACE, SID_ROOT, REPEATS = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(HERE, "..", "fixtures")
+# The fixtures, copied into the sid root so its Pythons can run them.
+INSIDE = "/pytrace-bench"
+CALL_ROUNDS = 2000
+SAMPLE_ROUNDS = 200000
+# A target sleeps this long before its workload, for a profiler to attach.
+# (Not a signal: py-spy's ptrace attach holds a signalled target stopped.)
+DELAY = 1.5
+TMP = tempfile.mkdtemp()
+
+
+def progress(text):
+    print(f"bench: {text}", file=sys.stderr, flush=True)
+
+
+class Python:
+    def __init__(self, label, exe, root=None):
+        self.label, self.exe, self.root = label, exe, root
+
+    def argv(self, script, *args):
+        if self.root:
+            return ["chroot", self.root, self.exe, f"{INSIDE}/{script}", *map(str, args)]
+        return [self.exe, os.path.join(FIXTURES, script), *map(str, args)]
+
+    def out_path(self, name):
+        """A file the target writes: (as the target names it, as we do)."""
+        if self.root:
+            return f"{INSIDE}/{name}", os.path.join(self.root, INSIDE[1:], name)
+        path = os.path.join(TMP, name)
+        return path, path
+
+
+DEBIAN = Python("Debian 3.11.2 (probes)", "/usr/bin/python3.11")
+NO_PROBES = Python("3.11 without probes, shared libpython", NODTRACE)
+SID_315 = Python("Debian sid 3.15 (chroot)", "/usr/bin/python3.15", SID_ROOT)
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def workload_seconds(stderr_text):
+    return float(re.search(r"workload_seconds=([0-9.]+)", stderr_text).group(1))
+
+
+def start(argv, stdout=subprocess.DEVNULL):
+    return subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(stream, pattern):
+    for line in stream:
+        if re.search(pattern, line):
+            return
+    raise RuntimeError(f"never saw {pattern!r}")
+
+
+def usage_of(proc):
+    """CPU seconds and peak RSS (MiB) of a finished child."""
+    _, _, usage = os.wait4(proc.pid, 0)
+    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
+def attach_pytrace(args, pid):
+    prof = start([PYTRACE, *args, "-p", str(pid)])
+    wait_for(prof.stderr, "attached to PID")
+    return prof
+
+
+def timed_target(python, script, *args):
+    return start(python.argv(script, *args, "--delay", DELAY, "--timing"))
+
+
+# --- calls -----------------------------------------------------------------
+
+def calls_runs(python, modes):
+    """Workload seconds: untraced, under cProfile, and under each pytrace mode
+    (attached by PID during the target's delay, so every mode starts alike)."""
+    runs = {name: [] for name in ["untraced", "cProfile", *modes]}
+    calls = None
+    for _ in range(REPEATS):
+        target = timed_target(python, "callgraph.py", "--rounds", CALL_ROUNDS)
+        runs["untraced"].append(workload_seconds(target.communicate()[1]))
+        inside, _ = python.out_path("cp.json")
+        target = start(python.argv("callgraph.py", "--rounds", CALL_ROUNDS, "--timing", "--cprofile", inside))
+        runs["cProfile"].append(workload_seconds(target.communicate()[1]))
+        for name, args in modes.items():
+            report = os.path.join(TMP, "calls.json")
+            target = timed_target(python, "callgraph.py", "--rounds", CALL_ROUNDS)
+            prof = attach_pytrace(["calls", "--json", report, *args], target.pid)
+            runs[name].append(workload_seconds(target.communicate()[1]))
+            prof.stderr.read()
+            prof.wait()
+            if name == "pytrace uprobe":
+                functions = json.load(open(report))["functions"]
+                calls = sum(f["calls"] for f in functions if f["file"].endswith("callgraph.py") and f["name"] not in ("<module>", "Shape", "Square"))
+    return {k: median(v) for k, v in runs.items()}, calls
+
+
+def calls_table():
+    rows = []
+    for python in (DEBIAN, NO_PROBES, SID_315):
+        progress(f"calls on {python.label}")
+        modes = {"floor": ["--empty-probe"], "pytrace uprobe": ["--mode", "uprobe"]}
+        if python is SID_315:
+            modes["pytrace usdt"] = ["--mode", "usdt"]
+        t, calls = calls_runs(python, modes)
+        added = {k: (v - t["untraced"]) / calls * 1e9 for k, v in t.items()}
+        usdt = f"{added['pytrace usdt']:.0f}" if "pytrace usdt" in added else "– (no working probes)"
+        rows.append(
+            f"| {python.label} | {calls:,} | {t['untraced'] / calls * 1e9:.0f} | {added['cProfile']:.0f} | {added['floor']:.0f} "
+            f"| {added['pytrace uprobe']:.0f} | {usdt} | {added['pytrace uprobe'] / added['cProfile']:.1f}x "
+            f"| {added['pytrace uprobe'] - added['floor']:.0f} |"
+        )
+    return (
+        "| CPython | Python calls | ns/call untraced | cProfile +ns/call | bare uprobe (floor) +ns/call | pytrace uprobe +ns/call "
+        "| pytrace usdt +ns/call | pytrace / cProfile | pytrace above floor (ns) |\n|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows)
+    )
+
+
+# --- sample ----------------------------------------------------------------
+
+def folded_samples(path, names=()):
+    """Total samples in a folded file, and samples whose stack has each name."""
+    total, per = 0, {n: 0 for n in names}
+    for line in open(path):
+        stack, _, count = line.strip().rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        total += int(count)
+        for n in names:
+            if re.search(rf"(^|[;:\s(]){n}([\s(:;]|$)", stack):
+                per[n] += int(count)
+    return total, per
+
+
+def run_sampler(sampler, python, hz, target):
+    """Attaches `sampler` to a started target; returns (profiler CPU s, peak
+    RSS MiB, samples, BPF ns per sample or None, path of its output)."""
+    if sampler == "pytrace":
+        out = os.path.join(TMP, "sample.json")
+        prof = attach_pytrace(["sample", "-r", str(hz), "--json", out], target.pid)
+    elif sampler == "py-spy":
+        out = os.path.join(TMP, "pyspy.txt")
+        prof = start([PY_SPY, "record", "--pid", str(target.pid), "-r", str(hz), "--format", "raw", "-o", out])
+    else:  # CPython 3.15's own profiling.sampling, run inside the root
+        inside, out = python.out_path("stdlib.folded")
+        prof = start(["chroot", python.root, python.exe, "-m", "profiling.sampling", "attach", "-r", str(hz),
+                      "--mode", "cpu", "--collapsed", "-o", inside, str(target.pid)])
+    target.wait()
+    prof.stderr.close()
+    cpu, rss = usage_of(prof)
+    if sampler == "pytrace":
+        report = json.load(open(out))
+        return cpu, rss, report["samples"], report.get("bpf_ns_per_sample"), out
+    samples = folded_samples(out)[0] if os.path.exists(out) else 0
+    return cpu, rss, samples, None, out
+
+
+def sample_cost_table():
+    rows = []
+    for python, samplers in ((DEBIAN, ["pytrace", "py-spy"]), (SID_315, ["pytrace", "py-spy", "profiling.sampling"])):
+        progress(f"sampling cost on {python.label}")
+        bases, results = [], {(s, hz): [] for s in samplers for hz in (99, 1000)}
+        for _ in range(REPEATS):
+            target = timed_target(python, "callgraph.py", "--rounds", SAMPLE_ROUNDS)
+            bases.append(workload_seconds(target.communicate()[1]))
+            for hz in (99, 1000):
+                for s in samplers:
+                    target = timed_target(python, "callgraph.py", "--rounds", SAMPLE_ROUNDS)
+                    cpu, rss, samples, bpf, _ = run_sampler(s, python, hz, target)
+                    seconds = workload_seconds(target.stderr.read())
+                    results[(s, hz)].append((seconds, cpu, samples, bpf))
+        base = median(bases)
+        for hz in (99, 1000):
+            for s in samplers:
+                runs = results[(s, hz)]
+                samples = median([r[2] for r in runs])
+                if samples == 0:
+                    rows.append(f"| {python.label} | {s} | {hz} | 0 | – | – | it took no samples (unsupported version?) |")
+                    continue
+                per = median([r[1] / max(r[2], 1) * 1e6 for r in runs])
+                bpf = [r[3] for r in runs if r[3]]
+                bpf_text = f"{median(bpf) / 1000:.1f}" if bpf else "–"
+                slow = (median([r[0] for r in runs]) / base - 1) * 100
+                rows.append(f"| {python.label} | {s} | {hz} | {samples:.0f} | {per:.1f} | {bpf_text} | {slow:+.1f}% |")
+    return (
+        "| CPython | profiler | Hz | samples | profiler CPU per sample (µs) | BPF per sample (µs) | target slowdown |\n"
+        "|---|---|---|---|---|---|---|\n" + "\n".join(rows)
+    )
+
+
+def accuracy_table():
+    """The 60/30/10 fixture, 4 CPU-seconds at 1000 Hz: each sampler's largest
+    share error, in percentage points."""
+    rows = []
+    names = ("sixty", "thirty", "ten")
+    want = {"sixty": 60.0, "thirty": 30.0, "ten": 10.0}
+    for python, samplers in ((DEBIAN, ["pytrace", "py-spy"]), (SID_315, ["pytrace", "py-spy", "profiling.sampling"])):
+        progress(f"accuracy on {python.label}")
+        for s in samplers:
+            errors, counted = [], []
+            for _ in range(REPEATS):
+                # Spinning from the start (py-spy's ptrace attach would hold a
+                # target that waits for a signal stopped): the few ms before
+                # a sampler attaches do not change the shares.
+                target = start(python.argv("cpu_split.py", "--cpu-seconds", 4))
+                time.sleep(0.3)
+                if s == "pytrace":
+                    out = os.path.join(TMP, "split.json")
+                    prof = attach_pytrace(["sample", "-r", "1000", "--json", out], target.pid)
+                elif s == "py-spy":
+                    out = os.path.join(TMP, "split.txt")
+                    prof = start([PY_SPY, "record", "--pid", str(target.pid), "-r", "1000", "--format", "raw", "-o", out])
+                else:
+                    inside, out = python.out_path("split.folded")
+                    prof = start(["chroot", python.root, python.exe, "-m", "profiling.sampling", "attach", "-r", "1000",
+                                  "--mode", "cpu", "--collapsed", "-o", inside, str(target.pid)])
+                target.wait()
+                prof.stderr.close()
+                prof.wait()
+                if s == "pytrace":
+                    functions = json.load(open(out))["functions"]
+                    per = {n: next((f["total_samples"] for f in functions if f["name"] == n), 0) for n in names}
+                else:
+                    per = folded_samples(out, names)[1] if os.path.exists(out) else {n: 0 for n in names}
+                total = sum(per.values())
+                if total == 0:
+                    continue
+                counted.append(total)
+                errors.append(max(abs(per[n] * 100 / total - want[n]) for n in names))
+            if not errors:
+                rows.append(f"| {python.label} | {s} | 0 | – | took no samples |")
+                continue
+            rows.append(f"| {python.label} | {s} | {median(counted):.0f} | {median(errors):.2f} | {max(errors):.2f} |")
+    return (
+        "| CPython | sampler | samples in the three functions | median worst share error (points) | largest (points) |\n"
+        "|---|---|---|---|---|\n" + "\n".join(rows)
+    )
+
+
+def scale_table():
+    """pytrace against py-spy at 99 Hz for 8 s: one target with 100 threads,
+    and 20 targets at once (pytrace: one `sample --all`; py-spy: one per
+    process)."""
+    rows = []
+    seconds = 8
+    progress("scale: 100 threads")
+    for s in ("pytrace", "py-spy"):
+        cpus, rsss, counts = [], [], []
+        for _ in range(REPEATS):
+            target = start(DEBIAN.argv("many_threads.py", 100, seconds + 3))
+            time.sleep(1)
+            if s == "pytrace":
+                out = os.path.join(TMP, "threads.json")
+                prof = start([PYTRACE, "sample", "-p", str(target.pid), "-r", "99", "-d", str(seconds), "--json", out])
+            else:
+                out = os.path.join(TMP, "threads.txt")
+                prof = start([PY_SPY, "record", "--pid", str(target.pid), "-r", "99", "-d", str(seconds), "--format", "raw", "-o", out])
+            prof.stderr.read()
+            cpu, rss = usage_of(prof)
+            target.kill()
+            target.wait()
+            samples = json.load(open(out))["samples"] if s == "pytrace" else folded_samples(out)[0]
+            cpus.append(cpu), rsss.append(rss), counts.append(samples)
+        rows.append(f"| 1 process, 100 threads | {s} (1 process) | {median(counts):.0f} | {median(cpus):.2f} | {median(rsss):.0f} |")
+    progress("scale: 20 processes")
+    for s in ("pytrace", "py-spy"):
+        cpus, rsss, counts = [], [], []
+        for _ in range(REPEATS):
+            targets = [start(DEBIAN.argv("cpu_split.py", "--seconds", seconds + 4)) for _ in range(20)]
+            time.sleep(1.5)
+            if s == "pytrace":
+                out = os.path.join(TMP, "all.json")
+                profs = [start([PYTRACE, "sample", "--all", "-r", "99", "-d", str(seconds), "--json", out])]
+            else:
+                outs = [os.path.join(TMP, f"p{i}.txt") for i in range(20)]
+                profs = [start([PY_SPY, "record", "--pid", str(t.pid), "-r", "99", "-d", str(seconds), "--format", "raw", "-o", o])
+                         for t, o in zip(targets, outs)]
+            for p in profs:
+                p.stderr.read()
+            usage = [usage_of(p) for p in profs]
+            for t in targets:
+                t.kill()
+                t.wait()
+            if s == "pytrace":
+                samples = json.load(open(out))["samples"]
+            else:
+                samples = sum(folded_samples(o)[0] for o in outs if os.path.exists(o))
+            cpus.append(sum(u[0] for u in usage)), rsss.append(sum(u[1] for u in usage)), counts.append(samples)
+        what = "1 process (--all)" if s == "pytrace" else "20 processes"
+        rows.append(f"| 20 processes at once | {s} ({what}) | {median(counts):.0f} | {median(cpus):.2f} | {median(rsss):.0f} |")
+    return (
+        f"| target | profiler | samples | profiler CPU (s, {seconds} s run) | profiler peak RSS (MiB, summed) |\n"
+        "|---|---|---|---|---|\n" + "\n".join(rows)
+    )
+
+
+def attach_table():
+    """Seconds from starting pytrace to its 'attached' line, by PID, on a
+    target waiting for a signal (so it is idle)."""
+    rows = []
+    for python in (DEBIAN, NO_PROBES, SID_315):
+        progress(f"attach time on {python.label}")
+        for sub in (["calls"], ["sample"], ["gc"]):
+            times = []
+            for _ in range(REPEATS):
+                target = start(python.argv("callgraph.py", "--rounds", 1, "--wait"), stdout=subprocess.PIPE)
+                target.stdout.readline()
+                t0 = time.monotonic()
+                prof = attach_pytrace([*sub, "--json", os.path.join(TMP, "attach.json")], target.pid)
+                times.append(time.monotonic() - t0)
+                prof.send_signal(2)
+                prof.stderr.read()
+                prof.wait()
+                target.kill()
+                target.wait()
+            rows.append(f"| {python.label} | {sub[0]} | {median(times) * 1000:.0f} | {max(times) * 1000:.0f} |")
+    return "| CPython | subcommand | median (ms) | slowest (ms) |\n|---|---|---|---|\n" + "\n".join(rows)
+
+
+def gc_table():
+    rows = []
+    for python in (DEBIAN, NO_PROBES):
+        progress(f"gc on {python.label}")
+        base, traced, report = [], [], None
+        for _ in range(REPEATS):
+            target = start(python.argv("gc_cycles.py", "--rounds", 1000000, "--timing"))
+            base.append(workload_seconds(target.communicate()[1]))
+            report = os.path.join(TMP, "gc.json")
+            target = start([PYTRACE, "gc", "--json", report, "--", *python.argv("gc_cycles.py", "--rounds", 1000000, "--timing")])
+            traced.append(workload_seconds(target.communicate()[1]))
+        r = json.load(open(report))
+        n = sum(g["collections"] for g in r["generations"])
+        b, t = median(base), median(traced)
+        rows.append(f"| {python.label} | {r['python']['mode']} | {n:,} | {b:.3f} | {t:.3f} | {(t / b - 1) * 100:+.1f}% | {(t - b) / n * 1e9:.0f} |")
+    return (
+        "| CPython | gc mode | collections | s untraced | s under pytrace gc | slowdown | ns added per collection |\n"
+        "|---|---|---|---|---|---|---|\n" + "\n".join(rows)
+    )
+
+
+def main():
+    shutil.copytree(FIXTURES, os.path.join(SID_ROOT, INSIDE[1:]), dirs_exist_ok=True)
+    # profiling.sampling runs inside the root and reads /proc/PID/maps.
+    proc = os.path.join(SID_ROOT, "proc")
+    subprocess.run(["mount", "-t", "proc", "proc", proc], check=True)
+    try:
+        sections = [
+            ("`calls`: what each traced call costs the target", calls_table(),
+             f"fixtures/callgraph.py, {CALL_ROUNDS} rounds, every profiler attached by PID during the target's start delay "
+             "(cProfile runs in-process). \"+ns/call\" is (traced time - untraced time) / Python calls. The floor is "
+             "`pytrace calls --empty-probe`: the same uprobe session with a program that returns at once, i.e. what the kernel "
+             "charges for the probe alone."),
+            ("`sample`: profiler CPU per sample and target slowdown", sample_cost_table(),
+             f"fixtures/callgraph.py, {SAMPLE_ROUNDS} rounds, attached by PID. py-spy in its default mode (it pauses the "
+             "target for each sample); profiling.sampling is CPython 3.15's own sampler (`python3.15 -m profiling.sampling "
+             "attach --mode cpu`). Profiler CPU includes its start-up. pytrace's BPF time is the program's run time "
+             "(kernel.bpf_stats_enabled) over the samples received; it runs in the target's context."),
+            ("Accuracy: the known 60/30/10 CPU split", accuracy_table(),
+             "fixtures/cpu_split.py for 4 CPU-seconds at 1000 Hz; the error is the largest of the three shares' distance "
+             "from 60, 30 and 10 percent."),
+            ("Scale: many threads, many processes", scale_table(),
+             "Debian's 3.11 at 99 Hz. pytrace profiles every process with one BPF program (`sample --all`); py-spy needs one "
+             "process per target. CPU and peak RSS are summed over the profiler processes."),
+            ("Attach time", attach_table(), "From starting `pytrace SUB -p PID` to its \"attached\" line."),
+            ("`gc`: cost per collection", gc_table(), "fixtures/gc_cycles.py, 1000000 rounds, started by pytrace."),
+        ]
+    finally:
+        subprocess.run(["umount", proc])
+        shutil.rmtree(os.path.join(SID_ROOT, INSIDE[1:]), ignore_errors=True)
+        shutil.rmtree(TMP, ignore_errors=True)
+    print("# Benchmarks: pytrace against its peers, measured side by side\n")
+    kernel = os.uname().release
+    print(f"`scripts/bench.sh {REPEATS}` on {time.strftime('%Y-%m-%d', time.gmtime())}, kernel {kernel}, "
+          f"{os.cpu_count()} CPUs; medians of {REPEATS} interleaved runs. The machine is shared: compare rows within a "
+          "table, not across runs.\n")
+    for title, table, how in sections:
+        print(f"## {title}\n\n{how}\n\n{table}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -28,6 +28,9 @@ struct Findings {
     calls_mode: String,
     calls_mode_reason: String,
     eval_frame_hook: bool,
+    /// Whether the kernel emulates the instruction calls' probe sits on, or
+    /// single-steps it (far costlier per call).
+    calls_probe: &'static str,
     /// Where the structure offsets pytrace reads come from.
     layout: String,
     /// How `pytrace sample` walks the stacks.
@@ -71,6 +74,11 @@ pub fn run(opts: Options) -> Result<i32> {
         calls_mode_reason: reason.into(),
         eval_frame_hook: mode == crate::tracing::calls::Mode::Uprobe && python.inlines_calls(),
         layout: python.layout.source(),
+        calls_probe: match python.elf.read_static(python.symbol(crate::python::EVAL_FRAME_SYMBOL)?, 8) {
+            Ok(code) if crate::tracing::entry_probe_is_emulated(code) => "emulated by the kernel",
+            Ok(_) => "single-stepped by the kernel (endbr64, then no push, starts the function): measured 19 us per call on Debian's 3.13 in a VM, against 2-3 us where it is emulated",
+            Err(_) => "unknown",
+        },
         sample_mode: "perf-event (a BPF program walks the frames at each sample)",
         gc_mode: match crate::tracing::gc::choose_mode(&python) {
             Ok((mode, why)) => format!("{} ({why})", mode.name()),
@@ -109,6 +117,7 @@ pub fn run(opts: Options) -> Result<i32> {
     println!("function probes: {}", findings.function_probes);
     println!("layout:          {}", findings.layout);
     println!("calls mode:      {} ({})", findings.calls_mode, findings.calls_mode_reason);
+    println!("calls probe:     {}", findings.calls_probe);
     if findings.eval_frame_hook {
         println!("eval-frame hook: calls sets interp->eval_frame while tracing, so that no call is inlined; restored on exit");
     }

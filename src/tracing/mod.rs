@@ -126,17 +126,24 @@ pub fn attach_entry_and_return(
 /// pointer, so a return probe there still finds the return address at it.
 /// Any other prologue keeps the function's first byte.
 pub fn entry_probe_offset(code: &[u8], offset: usize) -> usize {
-    const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
-    let is_push = match code.get(4..) {
-        Some([0x50..=0x57, ..]) => true,
-        Some([0x41, 0x50..=0x57, ..]) => true,
-        _ => false,
-    };
-    if code.starts_with(&ENDBR64) && is_push {
+    if code.starts_with(&ENDBR64) && starts_with_push(&code[ENDBR64.len()..]) {
         offset + ENDBR64.len()
     } else {
         offset
     }
+}
+
+/// Whether the kernel emulates the instruction an entry probe on this code
+/// sits on (see entry_probe_offset), rather than single-stepping it.
+pub fn entry_probe_is_emulated(code: &[u8]) -> bool {
+    starts_with_push(code.strip_prefix(&ENDBR64[..]).unwrap_or(code))
+}
+
+const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+
+/// push %reg, with or without a REX.B prefix.
+fn starts_with_push(code: &[u8]) -> bool {
+    matches!(code, [0x50..=0x57, ..] | [0x41, 0x50..=0x57, ..])
 }
 
 /// Fails if the target died while probes were being attached.
@@ -201,7 +208,7 @@ pub fn bpf_run_stats(prog: &libbpf_rs::ProgramMut) -> Option<(u64, u64)> {
 
 #[cfg(test)]
 mod tests {
-    use super::entry_probe_offset;
+    use super::{entry_probe_is_emulated, entry_probe_offset};
 
     #[test]
     fn entry_probes_skip_endbr64_only_before_a_push() {
@@ -214,5 +221,8 @@ mod tests {
         // Debian's 3.11: push %r15 first; and too little code
         assert_eq!(entry_probe_offset(&[0x41, 0x57, 0x41, 0x56], 100), 100);
         assert_eq!(entry_probe_offset(&[0xf3, 0x0f, 0x1e, 0xfa], 100), 100);
+        assert!(entry_probe_is_emulated(&[0xf3, 0x0f, 0x1e, 0xfa, 0x55]));
+        assert!(entry_probe_is_emulated(&[0x41, 0x57]));
+        assert!(!entry_probe_is_emulated(&[0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x81, 0xec]));
     }
 }

@@ -28,11 +28,17 @@ pub struct FunctionTotals {
     pub total_ns: u64,
     pub self_ns: u64,
     pub max_ns: u64,
+    /// Evaluations entered directly from this function's timed calls.
+    pub child_calls: u64,
+    /// Timed calls that were not recursive: those total_ns covers.
+    pub outermost_calls: u64,
+    /// Evaluations entered during the outermost calls.
+    pub nested_calls: u64,
     pub latency: Histogram<u64>,
 }
 
 /// Counters from bpf/calls.h's enum calls_counter, by name.
-pub const COUNTER_NAMES: [(&str, calls_counter); 9] = [
+pub const COUNTER_NAMES: [(&str, calls_counter); 10] = [
     ("new_function_lost", calls_counter::CALLS_NEW_FUNCTION_LOST),
     ("function_map_full", calls_counter::CALLS_FUNCTION_MAP_FULL),
     ("thread_map_full", calls_counter::CALLS_THREAD_MAP_FULL),
@@ -42,6 +48,7 @@ pub const COUNTER_NAMES: [(&str, calls_counter); 9] = [
     ("stop_failed", calls_counter::CALLS_STOP_FAILED),
     ("inferred_returns", calls_counter::CALLS_INFERRED_RETURN),
     ("stack_resyncs", calls_counter::CALLS_STACK_RESYNC),
+    ("evaluations", calls_counter::CALLS_EVALUATIONS),
 ];
 
 pub struct CallsData {
@@ -223,6 +230,9 @@ fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsDa
             total_ns: 0,
             self_ns: 0,
             max_ns: 0,
+            child_calls: 0,
+            outermost_calls: 0,
+            nested_calls: 0,
             latency: histogram::new_histogram(),
         };
         let mut s = func_stats::default();
@@ -232,6 +242,9 @@ fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsDa
         totals.total_ns = s.total_ns;
         totals.self_ns = s.self_ns;
         totals.max_ns = s.max_ns;
+        totals.child_calls = s.child_calls;
+        totals.outermost_calls = s.outermost_calls;
+        totals.nested_calls = s.nested_calls;
         histogram::add_buckets(&mut totals.latency, &s.hist);
         functions.push(totals);
     }

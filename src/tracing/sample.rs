@@ -41,7 +41,9 @@ pub struct Options {
 /// One frame of a sample, resolved.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Frame {
-    Python { name: String, file: String, line: u32 },
+    /// `line` is the line running; `first_line` the function's first line,
+    /// which with name and file tells one function from another.
+    Python { name: String, file: String, line: u32, first_line: u32 },
     Kernel(String),
     /// A frame that could not be read (freed memory, a frame being torn
     /// down while the thread runs): shown, never guessed.
@@ -170,7 +172,9 @@ impl Resolver {
         let line = code.line_at(instruction_offset(layout, code_addr, instr));
         self.frames
             .entry((code_addr, line))
-            .or_insert_with(|| Rc::new(Frame::Python { name: code.qualname.clone(), file: code.filename.clone(), line }))
+            .or_insert_with(|| {
+                Rc::new(Frame::Python { name: code.qualname.clone(), file: code.filename.clone(), line, first_line: code.firstlineno })
+            })
             .clone()
     }
 

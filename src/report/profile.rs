@@ -33,6 +33,7 @@ pub fn label(frame: &Frame) -> String {
         Frame::Truncated => "[truncated]".into(),
         Frame::NoPython => "[no Python code]".into(),
         Frame::Process(name) => name.clone(),
+        Frame::Probes => "[pytrace probes]".into(),
     }
 }
 

@@ -54,6 +54,9 @@ pub enum Frame {
     NoPython,
     /// With --all: the process, as the root frame.
     Process(String),
+    /// A sample taken inside pytrace's own uprobes, while `calls` traces
+    /// the same target (`pytrace compare` sets these apart).
+    Probes,
 }
 
 /// A sample: its process, thread and frames, outermost first.

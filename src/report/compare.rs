@@ -33,9 +33,9 @@ pub const CONSTANT_NS_PER_CALL: u64 = 2_100;
 /// was 0.80-0.92 µs a call, its caller's 1.26-1.41 µs a call: 39 %.
 pub const CALLEE_SHARE: f64 = 0.4;
 
-/// Fewer samples than this inside the probes (about ±22 % at one standard
+/// Fewer samples than this inside the probes (±10 % at one standard
 /// error) and the cost per call is the constant instead.
-pub const MIN_PROBE_SAMPLES: u64 = 20;
+pub const MIN_PROBE_SAMPLES: u64 = 100;
 
 /// The name `set_apart_probe_samples` gives samples taken inside pytrace's probes.
 pub const PROBES_ROW: &str = "[pytrace probes]";
@@ -44,6 +44,10 @@ pub const PROBES_ROW: &str = "[pytrace probes]";
 /// sampled share, and at least MIN_FLAGGED_DIFF (a fraction, 1 point).
 const SIGMAS: f64 = 3.0;
 const MIN_FLAGGED_DIFF: f64 = 0.01;
+
+/// Time off CPU above this share of the traced time is named where it
+/// explains a sampled share above the traced one.
+const OFF_CPU_NOTED: f64 = 0.1;
 
 /// Probes making up at least this much of a function's traced self time
 /// get it flagged (when its share is at least MIN_FLAGGED_DIFF).
@@ -220,6 +224,11 @@ pub struct TracedSummary {
     /// Every function's self time added up: the traced shares' denominator.
     pub self_ns: u64,
     pub corrected_self_ns: Option<u64>,
+    /// Traced self time (corrected if it can be) minus the CPU time of the
+    /// samples in Python code outside the probes: when positive, about the
+    /// time spent off CPU (sleeping, waiting for I/O, a lock, the GIL or a
+    /// CPU), which tracing counts and CPU sampling does not.
+    pub off_cpu_ns: i64,
     pub lost_events: u64,
 }
 
@@ -452,12 +461,19 @@ impl Comparison {
         keys.dedup();
 
         let n = compared_samples;
+        let not_python: u64 = sampled_rows.iter().filter(|((_, file, _), _)| file.is_empty()).map(|(_, (s, _))| s).sum();
+        let python_cpu_ns = (n.saturating_sub(not_python) as f64 * 1e9 / sampled.hz.max(1) as f64).round() as i64;
+        let traced_ns = corrected_self_ns.unwrap_or(self_ns);
+        let off_cpu_ns = traced_ns as i64 - python_cpu_ns;
+        let off_cpu_share = if traced_ns > 0 { off_cpu_ns.max(0) as f64 / traced_ns as f64 } else { 0.0 };
         let mut functions: Vec<Row> = keys
             .into_iter()
             .map(|key| {
                 let (self_samples, total_samples) = sampled_rows.get(&key).copied().unwrap_or((0, 0));
                 let traced_side = traced_rows.get(&key);
-                let python = !key.1.is_empty();
+                // Tracing's own nameless rows (an unreadable code object)
+                // have no file either, but are its rows.
+                let python = traced_side.is_some() || !key.1.is_empty();
                 let line = traced_side.map(|(_, l)| *l).or(key.2).unwrap_or(0);
                 let (name, file, _) = key;
                 let t = traced_side.map_or_else(Traced::none, |(t, _)| t.clone());
@@ -495,7 +511,7 @@ impl Comparison {
                     expected_total_samples: base_total.filter(|_| has_samples).map(|b| b * n as f64),
                     flags: Vec::new(),
                 };
-                row.flags = flags(&row, &t, n, &overhead);
+                row.flags = flags(&row, &t, n, &overhead, off_cpu_share);
                 row
             })
             .collect();
@@ -521,6 +537,7 @@ impl Comparison {
                 evaluations,
                 self_ns,
                 corrected_self_ns,
+                off_cpu_ns,
                 lost_events: traced.lost_events,
             },
             sampled: SampledSummary {
@@ -588,6 +605,15 @@ impl Comparison {
             }
             None => out += "corrected (*): not available\n",
         }
+        let traced_ns = t.corrected_self_ns.unwrap_or(t.self_ns);
+        if t.off_cpu_ns > 0 {
+            out += &format!(
+                "off CPU: {} of the {} traced time ({:.0}%) was not on a CPU (sleep, I/O, locks, the GIL, a busy machine): sampling does not see it\n",
+                human_ns(t.off_cpu_ns as u64),
+                human_ns(traced_ns),
+                ratio(t.off_cpu_ns as u64, traced_ns) * 100.0
+            );
+        }
         for note in &self.notes {
             out += &format!("note: {note}\n");
         }
@@ -633,7 +659,7 @@ impl Comparison {
 }
 
 /// What one side sees and the other misses, for one row.
-fn flags(r: &Row, t: &Traced, n: u64, overhead: &Overhead) -> Vec<Flag> {
+fn flags(r: &Row, t: &Traced, n: u64, overhead: &Overhead, off_cpu_share: f64) -> Vec<Flag> {
     let mut flags = Vec::new();
     let mut flag = |kind: &'static str, message: String| flags.push(Flag { kind, message });
     let Some(calls) = r.calls else {
@@ -673,38 +699,40 @@ fn flags(r: &Row, t: &Traced, n: u64, overhead: &Overhead) -> Vec<Flag> {
         );
         return flags;
     }
+    let probe_heavy = match (r.traced_self_share, t.corrected_self(overhead)) {
+        (Some(raw), Some(corrected)) if raw >= MIN_FLAGGED_DIFF => Some(ratio(t.self_ns - corrected, t.self_ns)).filter(|&i| i >= INFLATED),
+        _ => None,
+    };
     if let (Some(diff), Some(base)) = (r.self_diff, r.corrected_self_share.or(r.traced_self_share)) {
         let p = base.clamp(1.0 / n as f64, 1.0 - 1.0 / n as f64);
         let sigma = (p * (1.0 - p) / n as f64).sqrt();
         if diff.abs() > (SIGMAS * sigma).max(MIN_FLAGGED_DIFF) {
-            if diff > 0.0 {
-                flag("sampled_more", format!("sampled self share exceeds traced by {:.1} points", diff * 100.0));
+            let why = if probe_heavy.is_some() {
+                ": its traced time is mostly the probes', and their cost per call is an estimate".to_string()
+            } else if diff < 0.0 {
+                ": tracing counts wall time, waits off CPU (sleep, I/O, locks, the GIL) included".to_string()
+            } else if off_cpu_share >= OFF_CPU_NOTED {
+                format!(": {:.0}% of the traced time is off CPU, which lowers the traced share of CPU work", off_cpu_share * 100.0)
             } else {
-                flag(
-                    "traced_more",
-                    format!(
-                        "traced self share exceeds sampled by {:.1} points: tracing counts wall time, waits off CPU (sleep, I/O, locks) included",
-                        -diff * 100.0
-                    ),
-                );
+                String::new()
+            };
+            if diff > 0.0 {
+                flag("sampled_more", format!("sampled self share exceeds traced by {:.1} points{why}", diff * 100.0));
+            } else {
+                flag("traced_more", format!("traced self share exceeds sampled by {:.1} points{why}", -diff * 100.0));
             }
         }
     }
-    if let (Some(raw), Some(corrected)) = (r.traced_self_share, t.corrected_self(overhead)) {
-        let inflation = ratio(t.self_ns - corrected, t.self_ns);
-        {
-            if raw >= MIN_FLAGGED_DIFF && inflation >= INFLATED {
-                flag(
-                    "probe_cost",
-                    format!(
-                        "pytrace's probes are ~{:.0}% of its traced self time ({} calls, {} made): read the corrected share",
-                        inflation * 100.0,
-                        thousands(t.timed_calls),
-                        thousands(t.child_calls.unwrap_or(0))
-                    ),
-                );
-            }
-        }
+    if let Some(inflation) = probe_heavy {
+        flag(
+            "probe_cost",
+            format!(
+                "pytrace's probes are ~{:.0}% of its traced self time ({} calls, {} made): read the corrected share",
+                inflation * 100.0,
+                thousands(t.timed_calls),
+                thousands(t.child_calls.unwrap_or(0))
+            ),
+        );
     }
     flags
 }
@@ -818,6 +846,8 @@ mod tests {
         assert_eq!(row(&c, "main", 1).corrected_total_share, Some(main_total as f64 / all));
         let main = row(&c, "main", 1);
         assert_eq!(main.self_diff, Some(main.sampled_self_share - main_self as f64 / all));
+        // 850 samples in Python code (not the probes', not [no Python code]) at 1000 Hz.
+        assert_eq!(c.traced.off_cpu_ns, (work_self + main_self + work9_self) as i64 - 850_000_000);
     }
 
     #[test]

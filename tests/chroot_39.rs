@@ -150,3 +150,23 @@ fn imports_tree_and_sampling_split() {
         assert!((got as f64 / sum * 100.0 - want).abs() <= 2.0, "{got} of {sum} for {want}%");
     }
 }
+
+/// compare on 3.9 (no eval-frame hook: 3.9 inlines no calls): both sides
+/// show the 60/30/10 split, and every round calls each function once.
+#[test]
+fn compare_sees_the_split_on_both_sides() {
+    let root = root();
+    let out = root.pytrace(&["compare", "-r", "999", "--json", "-"], "cpu_split.py", &["--seconds", "3"]);
+    let cmp: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(cmp["python"]["version"], "3.9.2");
+    let row = |name: &str| cmp["functions"].as_array().unwrap().iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("no {name}")).clone();
+    let calls = row("sixty")["calls"].as_u64().unwrap();
+    assert!(calls > 100 && row("thirty")["calls"] == calls && row("ten")["calls"] == calls, "{calls}");
+    for field in ["corrected_total_share", "sampled_total_share"] {
+        let shares: Vec<f64> = ["sixty", "thirty", "ten"].iter().map(|n| row(n)[field].as_f64().unwrap()).collect();
+        let sum: f64 = shares.iter().sum();
+        for (got, want) in shares.iter().zip([60.0, 30.0, 10.0]) {
+            assert!((got / sum * 100.0 - want).abs() <= 3.0, "{field}: {got} of {sum} for {want}%");
+        }
+    }
+}

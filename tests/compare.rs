@@ -273,6 +273,25 @@ fn probe_cost_is_measured_taken_out_and_flagged() {
     }
 }
 
+/// Stopped by -d while the target runs on: the target's eval-frame hook is
+/// put back, and main, still running, is flagged as not timed rather than
+/// compared.
+#[test]
+fn a_duration_ends_it_and_the_target_is_left_as_found() {
+    for (label, python) in pythons() {
+        let target = start_waiting(&python, "cpu_split.py", &["--seconds", "6"]);
+        let pid = target.pid().to_string();
+        let tracer = start_tracer(&["compare", "-p", &pid, "-d", "1.5", "--json", "-"]);
+        signal(target.pid(), libc::SIGUSR1);
+        let (code, stdout, stderr) = tracer.finish();
+        assert_eq!(code, 0, "{label}: {stderr}");
+        assert_eq!(eval_frame_now(target.pid()), "not set", "{label}");
+        let cmp: Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(flag_kinds(row(&cmp, "main", "cpu_split.py")), ["untimed_calls"], "{label}");
+        assert!(u(&row(&cmp, "sixty", "cpu_split.py")["calls"]) > 50, "{label}");
+    }
+}
+
 /// Bad input: one sentence on stderr, exit code 1, no panic.
 fn assert_fails_with(args: &[&str], want: &str) {
     let out = pytrace(args);

@@ -965,7 +965,7 @@ mod tests {
         assert_eq!(set_apart_probe_samples(&mut samples), 2);
         assert_eq!(*samples[0].frames, [Rc::new(Frame::Probes)]);
         assert_eq!(*samples[1].frames, [Rc::new(Frame::Probes)]);
-        assert_eq!(*samples[2].frames, [py.clone()], "a read(2) counts for the Python function");
+        assert_eq!(*samples[2].frames, *std::slice::from_ref(&py), "a read(2) counts for the Python function");
         assert_eq!(*samples[3].frames, [py]);
         assert_eq!(crate::report::profile::label(&Frame::Probes), PROBES_ROW);
     }

@@ -38,13 +38,17 @@ struct frame_slot {
 	__u64 frame; /* the interpreter frame's address, 0 in USDT mode */
 	__u64 start_ns;
 	__u64 child_ns;
-	__u64 flags;
+	__u64 entries_at_start; /* the thread's `entries` when this call began */
+	__u32 flags;
+	__u32 children; /* evaluations entered directly from this call */
 };
 
 struct thread_stack {
 	/* Open calls, including those past MAX_DEPTH that have no slot. */
 	__u32 depth;
 	__u32 pad;
+	/* Evaluations entered on this thread. */
+	__u64 entries;
 	struct frame_slot slots[MAX_DEPTH];
 };
 
@@ -215,9 +219,14 @@ static __always_inline void close_top(struct thread_stack *stack, __u64 now)
 	if (!st)
 		return;
 	__sync_fetch_and_add(&st->timed_calls, 1);
-	if (slot->flags & SLOT_OUTERMOST)
+	if (slot->flags & SLOT_OUTERMOST) {
 		__sync_fetch_and_add(&st->total_ns, elapsed);
+		__sync_fetch_and_add(&st->outermost_calls, 1);
+		__sync_fetch_and_add(&st->nested_calls, stack->entries - slot->entries_at_start);
+	}
 	__sync_fetch_and_add(&st->self_ns, self);
+	if (slot->children)
+		__sync_fetch_and_add(&st->child_calls, slot->children);
 	bucket = hist_bucket(elapsed);
 	if (bucket < HIST_BUCKETS)
 		__sync_fetch_and_add(&st->hist[bucket], 1);
@@ -291,6 +300,7 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 
 	if (counted && st)
 		__sync_fetch_and_add(&st->calls, 1);
+	count(CALLS_EVALUATIONS);
 
 	stack = thread_stack(tid, 1);
 	if (!stack)
@@ -307,6 +317,14 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 	}
 	depth = stack->depth;
 	stack->depth = depth + 1;
+	stack->entries++;
+	if (depth > 0) {
+		__u32 parent = depth - 1;
+
+		barrier_var(parent);
+		if (parent < MAX_DEPTH)
+			stack->slots[parent].children++;
+	}
 	if (depth >= MAX_DEPTH) {
 		count(CALLS_DEEP_UNTIMED);
 		return depth + 1;
@@ -316,6 +334,8 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 	slot->frame = frame;
 	slot->start_ns = now;
 	slot->child_ns = 0;
+	slot->entries_at_start = stack->entries;
+	slot->children = 0;
 	slot->flags = returns_seen || depth < URETPROBE_DEPTH ? SLOT_RETURNS : 0;
 	if (!counted)
 		return depth + 1;

@@ -32,7 +32,8 @@
 #define NAME_CAP 128
 #define FILE_CAP 256
 
-/* Every way an event can be lost or an input can be refused. */
+/* Every way an event can be lost or an input can be refused, and how many
+ * frame evaluations the probes saw (each one entry and one return hit). */
 enum calls_counter {
 	CALLS_NEW_FUNCTION_LOST,   /* ring buffer full: a function's name was not sent */
 	CALLS_FUNCTION_MAP_FULL,   /* more distinct functions than MAX_FUNCTIONS */
@@ -43,6 +44,7 @@ enum calls_counter {
 	CALLS_STOP_FAILED,         /* could not stop the target at its first frame */
 	CALLS_INFERRED_RETURN,     /* deeper than URETPROBE_DEPTH: timed to the next event */
 	CALLS_STACK_RESYNC,        /* shadow stack disagreed with the interpreter's */
+	CALLS_EVALUATIONS,         /* frame evaluations entered, counted as calls or not */
 	CALLS_COUNTER_COUNT,
 };
 
@@ -66,6 +68,12 @@ struct func_stats {
 	__u64 total_ns;   /* outermost calls only, so recursion is not counted twice */
 	__u64 self_ns;
 	__u64 max_ns;
+	/* What `pytrace compare` needs to take the probes' own cost out of the
+	 * times above: every probe hit costs time, part of it inside the timed
+	 * call and part in its caller's. */
+	__u64 child_calls;     /* evaluations entered directly from this function's timed calls */
+	__u64 outermost_calls; /* timed calls whose time counts in total_ns */
+	__u64 nested_calls;    /* evaluations entered during those outermost calls */
 	__u64 hist[HIST_BUCKETS];
 };
 

@@ -18,6 +18,7 @@ Examples:
   pytrace calls --top 20 -- python3 app.py
   pytrace calls -p 1234 --json calls.json
   pytrace sample -p 1234 -d 30 --flamegraph out.svg
+  pytrace compare -p 1234 -d 10 -r 999     exact and sampled shares side by side
   pytrace gc -p 1234 --events             a line per garbage collection, then a summary
   pytrace imports -- python3 app.py       which imports make start-up slow
   pytrace info -p 1234                    what pytrace finds in the process";
@@ -39,6 +40,8 @@ enum Command {
     Imports(ImportsArgs),
     /// A statistical profile of where the target spends CPU time: table, flamegraph, folded, speedscope
     Sample(SampleArgs),
+    /// Calls and sample on one target at once (or two saved reports), compared per function
+    Compare(CompareArgs),
     /// What pytrace finds in a Python process or binary, and which mode it would use
     Info(InfoArgs),
 }
@@ -154,6 +157,38 @@ struct SampleArgs {
 }
 
 #[derive(Args)]
+#[command(after_help = "\
+Examples:
+  pytrace compare -p 1234 -d 10 -r 999
+  pytrace compare --json cmp.json --traced-json calls.json --sampled-json sample.json -- python3 app.py
+  pytrace compare --traced calls.json --sampled sample.json")]
+struct CompareArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Samples per second per CPU for the sampler
+    #[arg(short = 'r', long = "rate", value_name = "HZ", default_value_t = 99)]
+    rate: u64,
+    /// Rows in the terminal table
+    #[arg(long, value_name = "N", default_value_t = 25)]
+    top: usize,
+    /// Write the comparison as JSON ("-" for standard output)
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Also write the calls report compared, as `pytrace calls --json` would
+    #[arg(long, value_name = "FILE")]
+    traced_json: Option<PathBuf>,
+    /// Also write the sample report compared, as `pytrace sample --json` would
+    #[arg(long, value_name = "FILE")]
+    sampled_json: Option<PathBuf>,
+    /// Compare saved reports instead: this one from `pytrace calls --json`...
+    #[arg(long, value_name = "CALLS.json", requires = "sampled", conflicts_with_all = ["pid", "command", "duration", "traced_json", "sampled_json"])]
+    traced: Option<PathBuf>,
+    /// ...and this one from `pytrace sample --json`
+    #[arg(long, value_name = "SAMPLE.json", requires = "traced")]
+    sampled: Option<PathBuf>,
+}
+
+#[derive(Args)]
 struct InfoArgs {
     /// PID of a Python process
     #[arg(short, long, conflicts_with = "binary", required_unless_present = "binary")]
@@ -239,6 +274,25 @@ impl Cli {
                     speedscope: args.speedscope,
                     json: args.json,
                 })
+            }
+            Command::Compare(args) => {
+                let source = match (args.traced, args.sampled) {
+                    (Some(traced), Some(sampled)) => commands::compare::Source::Saved { traced, sampled },
+                    _ => {
+                        let (target, duration) = args.target.into_parts()?;
+                        if !(1..=10_000).contains(&args.rate) {
+                            bail!("--rate must be between 1 and 10000 samples per second");
+                        }
+                        commands::compare::Source::Live {
+                            target,
+                            duration,
+                            hz: args.rate,
+                            traced_json: args.traced_json,
+                            sampled_json: args.sampled_json,
+                        }
+                    }
+                };
+                commands::compare::run(commands::compare::Options { source, top: args.top, json: args.json })
             }
             Command::Info(args) => commands::info::run(commands::info::Options {
                 pid: args.pid,

@@ -7,9 +7,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
+use crate::python::eval_hook::{EvalHook, Guardian};
 use crate::python::Python;
 use crate::target::launch::{self, Launched};
 use crate::target::proc;
+use crate::tracing::Mode;
 
 pub enum TargetSpec {
     Pid(u32),
@@ -154,5 +156,55 @@ impl Target {
     /// Whether the target is still alive (for restoring what we changed).
     pub fn is_running(&self) -> bool {
         self.exit_status.is_none() && proc::is_running(self.pid)
+    }
+}
+
+/// The eval-frame hook around a calls session (src/python/eval_hook.rs): on
+/// 3.11+ in uprobe mode it is set once the probes are attached and restored
+/// at the end; a guardian restores it if pytrace dies first.
+pub struct HookedRelease {
+    hook: Option<EvalHook>,
+    guardian: Option<Guardian>,
+    armed: std::cell::Cell<bool>,
+}
+
+impl HookedRelease {
+    /// Forks the guardian if the hook is needed: call before any BPF object
+    /// or thread exists.
+    pub fn new(target: &Target, python: &Python, mode: Mode) -> Result<Self> {
+        let hook = if mode == Mode::Uprobe && python.inlines_calls() { Some(EvalHook::new(target.pid, python)?) } else { None };
+        let guardian = hook.as_ref().map(EvalHook::spawn_guardian).transpose()?;
+        Ok(HookedRelease { hook, guardian, armed: std::cell::Cell::new(false) })
+    }
+
+    /// A command we start has no interpreter yet to set the hook in: the BPF
+    /// program stops it at its first frame evaluation and `release` sets it then.
+    pub fn stop_at_first_eval(&self, target: &Target) -> bool {
+        self.hook.is_some() && target.started_by_us()
+    }
+
+    /// Once every probe is attached: sets the hook and lets the target run.
+    pub fn release(&self, target: &mut Target) -> Result<()> {
+        self.armed.set(self.hook.is_some());
+        match &self.hook {
+            Some(hook) if target.started_by_us() => target.release_at_first_eval(|| hook.install().map(drop)),
+            Some(hook) => {
+                hook.install()?;
+                target.release()
+            }
+            None => target.release(),
+        }
+    }
+
+    /// Puts the hook back (once the probes are detached), and ends the guardian.
+    pub fn restore(self, target: &Target) {
+        if let Some(hook) = self.hook.as_ref().filter(|_| self.armed.get()) {
+            if target.is_running() {
+                if let Err(e) = hook.restore() {
+                    eprintln!("pytrace: warning: could not restore interp->eval_frame in PID {}: {e:#}", target.pid);
+                }
+            }
+        }
+        drop(self.guardian);
     }
 }

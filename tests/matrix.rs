@@ -291,6 +291,24 @@ fn sample_idle_sees_sleepers(version: &'static str) {
     assert!((sleeper - 0.5).abs() < 0.08 && (spinner - 0.5).abs() < 0.08, "{version}: sleeper {sleeper:.2}, spinner {spinner:.2}");
 }
 
+/// compare runs calls and sample at once: both sides show the 60/30/10
+/// split, and every round calls each function once.
+fn compare_sees_the_split_on_both_sides(version: &'static str) {
+    let py = Interpreter::new(version);
+    let cmp = py.json(&["compare", "-r", "999"], "cpu_split.py", &["--cpu-seconds", "3"]);
+    assert!(cmp["python"]["version"].as_str().unwrap().starts_with(&format!("{version}.")), "{}", cmp["python"]);
+    let row = |name: &str| cmp["functions"].as_array().unwrap().iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("{version}: no {name}")).clone();
+    let calls = row("sixty")["calls"].as_u64().unwrap();
+    assert!(calls > 100 && row("thirty")["calls"] == calls && row("ten")["calls"] == calls, "{version}: {calls}");
+    for field in ["corrected_total_share", "sampled_total_share"] {
+        let shares: Vec<f64> = ["sixty", "thirty", "ten"].iter().map(|n| row(n)[field].as_f64().unwrap()).collect();
+        let sum: f64 = shares.iter().sum();
+        for (got, want) in shares.iter().zip([60.0, 30.0, 10.0]) {
+            assert!((got / sum * 100.0 - want).abs() <= 3.0, "{version}: {field}: {got} of {sum} for {want}%");
+        }
+    }
+}
+
 fn info_names_each_mode(version: &'static str) {
     let py = Interpreter::new(version);
     let target = py.start_waiting("callgraph.py", &["--rounds", "1"]);
@@ -346,6 +364,10 @@ macro_rules! matrix {
             #[test]
             fn sample_idle_sees_sleepers() {
                 super::sample_idle_sees_sleepers($version)
+            }
+            #[test]
+            fn compare_sees_the_split_on_both_sides() {
+                super::compare_sees_the_split_on_both_sides($version)
             }
             #[test]
             fn info_names_each_mode() {

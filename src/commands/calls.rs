@@ -5,11 +5,10 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::python::eval_hook::EvalHook;
 use crate::report::calls::{CallsReport, SortKey};
 use crate::report::PythonInfo;
 use crate::report::{self, Output};
-use crate::session::{self, Target, TargetSpec};
+use crate::session::{self, HookedRelease, Target, TargetSpec};
 use crate::tracing::calls::{self as tracer, Mode, Plan};
 
 pub struct Options {
@@ -26,51 +25,25 @@ pub fn run(opts: Options) -> Result<i32> {
     let mut json = opts.json.as_deref().map(Output::create).transpose()?;
     let (mut target, python) = Target::prepare(opts.target)?;
     let (mode, _why) = tracer::choose_mode(&python, opts.mode)?;
-
     // 3.11+ inlines calls unless the eval-frame hook is set (eval_hook.rs).
-    // The guardian is forked now, before any BPF object or thread exists.
-    let hook = if mode == Mode::Uprobe && python.inlines_calls() {
-        Some(EvalHook::new(target.pid, &python)?)
-    } else {
-        None
-    };
-    let guardian = hook.as_ref().map(EvalHook::spawn_guardian).transpose()?;
+    let hook = HookedRelease::new(&target, &python, mode)?;
     session::install_signal_handlers();
 
     let pid = target.pid;
-    let by_us = target.started_by_us();
-    // A command we start has no interpreter yet to set the hook in: the BPF
-    // program stops it at its first frame evaluation and we set it then.
-    let plan = Plan { pid, python: &python, mode, stop_at_first_eval: hook.is_some() && by_us, empty_probe: opts.empty_probe };
+    let plan = Plan { pid, python: &python, mode, stop_at_first_eval: hook.stop_at_first_eval(&target), empty_probe: opts.empty_probe };
     let target_cell = std::cell::RefCell::new(&mut target);
-    let hook_armed = std::cell::Cell::new(false);
     let result = tracer::run(
         &plan,
         || {
             let mut target = target_cell.borrow_mut();
-            hook_armed.set(hook.is_some());
-            match &hook {
-                Some(hook) if by_us => target.release_at_first_eval(|| hook.install().map(drop))?,
-                Some(hook) => {
-                    hook.install()?;
-                    target.release()?;
-                }
-                None => target.release()?,
-            }
+            hook.release(&mut target)?;
             target.say_attached(&python, mode.name());
             Ok(())
         },
         || Ok(target_cell.borrow_mut().keep_going(opts.duration)),
     );
     let elapsed = target.elapsed();
-    if let Some(hook) = hook.as_ref().filter(|_| hook_armed.get()) {
-        if target.is_running() {
-            if let Err(e) = hook.restore() {
-                eprintln!("pytrace: warning: could not restore interp->eval_frame in PID {pid}: {e:#}");
-            }
-        }
-    }
-    drop(guardian);
+    hook.restore(&target);
     let data = result?;
 
     let mut report = CallsReport::new(

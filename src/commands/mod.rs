@@ -1,6 +1,7 @@
 //! One file per subcommand: each wires a BPF session to a report.
 
 pub mod calls;
+pub mod compare;
 pub mod gc;
 pub mod imports;
 pub mod sample;

@@ -30,6 +30,13 @@ pub struct FunctionRow {
     pub p90_ns: u64,
     pub p99_ns: u64,
     pub max_ns: u64,
+    /// Evaluations entered directly from this function's timed calls, the
+    /// outermost (not recursive) timed calls, and the evaluations entered
+    /// during those: where the probes' own cost sits in self_ns and total_ns
+    /// (`pytrace compare` takes it out).
+    pub child_calls: u64,
+    pub outermost_calls: u64,
+    pub nested_calls: u64,
 }
 
 #[derive(Serialize)]
@@ -51,6 +58,9 @@ struct Merged {
     total_ns: u64,
     self_ns: u64,
     max_ns: u64,
+    child_calls: u64,
+    outermost_calls: u64,
+    nested_calls: u64,
     latency: Histogram<u64>,
 }
 
@@ -61,7 +71,8 @@ impl CallsReport {
         let lost_events = data.lost_events();
         let mut merged: HashMap<(String, String, u32), Merged> = HashMap::new();
         for f in data.functions {
-            let FunctionTotals { name, file, line, calls, timed_calls, total_ns, self_ns, max_ns, latency } = f;
+            let FunctionTotals { name, file, line, calls, timed_calls, total_ns, self_ns, max_ns, child_calls, outermost_calls, nested_calls, latency } =
+                f;
             match merged.entry((name, file, line)) {
                 std::collections::hash_map::Entry::Occupied(mut e) => {
                     let m = e.get_mut();
@@ -70,10 +81,13 @@ impl CallsReport {
                     m.total_ns += total_ns;
                     m.self_ns += self_ns;
                     m.max_ns = m.max_ns.max(max_ns);
+                    m.child_calls += child_calls;
+                    m.outermost_calls += outermost_calls;
+                    m.nested_calls += nested_calls;
                     let _ = m.latency.add(&latency);
                 }
                 std::collections::hash_map::Entry::Vacant(e) => {
-                    e.insert(Merged { calls, timed_calls, total_ns, self_ns, max_ns, latency });
+                    e.insert(Merged { calls, timed_calls, total_ns, self_ns, max_ns, child_calls, outermost_calls, nested_calls, latency });
                 }
             }
         }
@@ -93,6 +107,9 @@ impl CallsReport {
                     p90_ns: q(0.90),
                     p99_ns: q(0.99),
                     max_ns: m.max_ns,
+                    child_calls: m.child_calls,
+                    outermost_calls: m.outermost_calls,
+                    nested_calls: m.nested_calls,
                 }
             })
             .collect();

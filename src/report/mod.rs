@@ -2,6 +2,7 @@
 //! subcommands hand plain data here and never format it themselves.
 
 pub mod calls;
+pub mod compare;
 pub mod gc;
 pub mod imports;
 pub mod profile;
@@ -13,7 +14,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 /// Which Python a report is about and how pytrace saw it.
-#[derive(serde::Serialize, Clone)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct PythonInfo {
     pub version: String,
     pub mode: String,

@@ -27,20 +27,23 @@ pub struct Profile {
 
 pub fn label(frame: &Frame) -> String {
     match frame {
-        Frame::Python { name, file, line } => format!("{name} ({file}:{line})"),
+        Frame::Python { name, file, line, .. } => format!("{name} ({file}:{line})"),
         Frame::Kernel(name) => name.clone(),
         Frame::Unreadable => "[unreadable frame]".into(),
         Frame::Truncated => "[truncated]".into(),
         Frame::NoPython => "[no Python code]".into(),
         Frame::Process(name) => name.clone(),
+        Frame::Probes => "[pytrace probes]".into(),
     }
 }
 
-/// The function a frame belongs to, for the table: lines merged.
-fn function_of(frame: &Frame) -> (String, String) {
+/// The function a frame belongs to, for the table: lines merged, functions
+/// told apart by name, file and first line (as `calls` does). Other
+/// frames have no file and line 0.
+fn function_of(frame: &Frame) -> (String, String, u32) {
     match frame {
-        Frame::Python { name, file, .. } => (name.clone(), file.clone()),
-        other => (label(other), String::new()),
+        Frame::Python { name, file, first_line, .. } => (name.clone(), file.clone(), *first_line),
+        other => (label(other), String::new(), 0),
     }
 }
 
@@ -48,6 +51,8 @@ fn function_of(frame: &Frame) -> (String, String) {
 pub struct FunctionShare {
     pub name: String,
     pub file: String,
+    /// The function's first line (0 for frames that are not Python's).
+    pub line: u32,
     pub self_samples: u64,
     pub total_samples: u64,
     pub self_share: f64,
@@ -80,7 +85,7 @@ impl Profile {
 
     /// Self and total samples per function, most total first.
     pub fn functions(&self) -> Vec<FunctionShare> {
-        let mut shares: HashMap<(String, String), (u64, u64)> = HashMap::new();
+        let mut shares: HashMap<(String, String, u32), (u64, u64)> = HashMap::new();
         for ((_, stack), &n) in &self.stacks {
             let mut seen = HashSet::new();
             for frame in stack {
@@ -96,16 +101,19 @@ impl Profile {
         let total = self.total.max(1) as f64;
         let mut out: Vec<FunctionShare> = shares
             .into_iter()
-            .map(|((name, file), (s, t))| FunctionShare {
+            .map(|((name, file, line), (s, t))| FunctionShare {
                 name,
                 file,
+                line,
                 self_samples: s,
                 total_samples: t,
                 self_share: s as f64 / total,
                 total_share: t as f64 / total,
             })
             .collect();
-        out.sort_by(|a, b| b.total_samples.cmp(&a.total_samples).then(b.self_samples.cmp(&a.self_samples)).then(a.name.cmp(&b.name)));
+        out.sort_by(|a, b| {
+            b.total_samples.cmp(&a.total_samples).then(b.self_samples.cmp(&a.self_samples)).then(a.name.cmp(&b.name)).then(a.line.cmp(&b.line))
+        });
         out
     }
 
@@ -131,9 +139,9 @@ impl Profile {
             thousands(self.total),
             thousands(self.lost()),
         );
-        out += &format!("{:>7} {:>7}  {}\n", "self", "total", "function (file)");
+        out += &format!("{:>7} {:>7}  {}\n", "self", "total", "function (file:line)");
         for f in self.functions().iter().take(top) {
-            let file = if f.file.is_empty() { String::new() } else { format!(" ({})", f.file) };
+            let file = if f.file.is_empty() { String::new() } else { format!(" ({}:{})", f.file, f.line) };
             out += &format!("{:>6.1}% {:>6.1}%  {}{}\n", f.self_share * 100.0, f.total_share * 100.0, f.name, file);
         }
         out
@@ -196,7 +204,7 @@ impl Profile {
                 .map(|f| {
                     *index.entry(f.clone()).or_insert_with(|| {
                         frames.push(match f.as_ref() {
-                            Frame::Python { name, file, line } => json!({"name": name, "file": file, "line": line}),
+                            Frame::Python { name, file, line, .. } => json!({"name": name, "file": file, "line": line}),
                             other => json!({"name": label(other)}),
                         });
                         frames.len() - 1
@@ -259,7 +267,7 @@ mod tests {
     use super::*;
 
     fn py(name: &str, line: u32) -> Rc<Frame> {
-        Rc::new(Frame::Python { name: name.into(), file: "f.py".into(), line })
+        Rc::new(Frame::Python { name: name.into(), file: "f.py".into(), line, first_line: 1 })
     }
 
     fn profile() -> Profile {

@@ -8,11 +8,11 @@ use std::mem::MaybeUninit;
 use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 
 use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, histogram, poll_until, privilege_hint, read_counters};
 use crate::bpf::calls::types::{calls_counter, func_key, func_stats, new_function, py_layout};
-use crate::bpf::calls::CallsSkelBuilder;
+use crate::bpf::calls::{CallsSkel, CallsSkelBuilder};
 use crate::python::layouts::NO_FIELD;
 use crate::python::{strings, Python, EVAL_FRAME_SYMBOL};
 
@@ -28,11 +28,17 @@ pub struct FunctionTotals {
     pub total_ns: u64,
     pub self_ns: u64,
     pub max_ns: u64,
+    /// Evaluations entered directly from this function's timed calls.
+    pub child_calls: u64,
+    /// Timed calls that were not recursive: those total_ns covers.
+    pub outermost_calls: u64,
+    /// Evaluations entered during the outermost calls.
+    pub nested_calls: u64,
     pub latency: Histogram<u64>,
 }
 
 /// Counters from bpf/calls.h's enum calls_counter, by name.
-pub const COUNTER_NAMES: [(&str, calls_counter); 9] = [
+pub const COUNTER_NAMES: [(&str, calls_counter); 10] = [
     ("new_function_lost", calls_counter::CALLS_NEW_FUNCTION_LOST),
     ("function_map_full", calls_counter::CALLS_FUNCTION_MAP_FULL),
     ("thread_map_full", calls_counter::CALLS_THREAD_MAP_FULL),
@@ -42,6 +48,7 @@ pub const COUNTER_NAMES: [(&str, calls_counter); 9] = [
     ("stop_failed", calls_counter::CALLS_STOP_FAILED),
     ("inferred_returns", calls_counter::CALLS_INFERRED_RETURN),
     ("stack_resyncs", calls_counter::CALLS_STACK_RESYNC),
+    ("evaluations", calls_counter::CALLS_EVALUATIONS),
 ];
 
 pub struct CallsData {
@@ -73,6 +80,68 @@ pub struct Plan<'a> {
 
 type Names = HashMap<(u64, u64, u32), (String, String)>;
 
+/// The calls program loaded and attached to one target. Split into steps
+/// (`start`, `add_to`, `detach`, `finish`) so that another session can run
+/// beside it on the same ring-buffer poll (`pytrace compare`); `run` is the
+/// whole of it for `pytrace calls`.
+pub struct Session<'obj> {
+    skel: CallsSkel<'obj>,
+    links: RefCell<Vec<Link>>,
+    names: RefCell<Names>,
+}
+
+impl<'obj> Session<'obj> {
+    /// Loads the program into `object` and attaches it: from here on every
+    /// call of the target is seen.
+    pub fn start(object: &'obj mut MaybeUninit<OpenObject>, plan: &Plan) -> Result<Self> {
+        let mut open = CallsSkelBuilder::default().open(object).context("failed to open the calls BPF program")?;
+        let rodata = open.maps.rodata_data.as_deref_mut().context("the calls BPF program has no rodata")?;
+        rodata.cfg.layout = super::py_layout!(py_layout, &plan.python.layout);
+        // How much of a frame and of a code object covers every field read.
+        let end = |offsets: &[u32]| offsets.iter().filter(|&&o| o != NO_FIELD).map(|o| o + 8).max().unwrap_or(8);
+        let l = &plan.python.layout;
+        rodata.cfg.frame_head = end(&[l.frame_code, l.frame_owner]);
+        rodata.cfg.code_head = end(&[l.object_type, l.code_flags, l.code_firstlineno, l.code_qualname, l.code_filename]);
+        rodata.cfg.tgid = plan.pid;
+        rodata.cfg.code_type = plan.python.code_type_address().unwrap_or(0);
+        rodata.cfg.stop_at_first_eval = plan.stop_at_first_eval as u64;
+        rodata.cfg.empty_probe = plan.empty_probe as u64;
+        // Load only the programs this kernel and mode can run: a session
+        // program does not load where the kernel has no uprobe sessions.
+        let sessions = has_uprobe_sessions();
+        let uprobe_mode = plan.mode == Mode::Uprobe;
+        open.progs.eval_frame.set_autoload(uprobe_mode && sessions);
+        open.progs.eval_entry.set_autoload(uprobe_mode && !sessions);
+        open.progs.eval_return.set_autoload(uprobe_mode && !sessions);
+        open.progs.usdt_function_entry.set_autoload(!uprobe_mode);
+        open.progs.usdt_function_return.set_autoload(!uprobe_mode);
+        let skel = open.load().map_err(privilege_hint).context("failed to load the calls BPF program")?;
+        let links = attach(&skel.progs, plan)?;
+        Ok(Session { skel, links: RefCell::new(links), names: RefCell::new(HashMap::new()) })
+    }
+
+    /// Adds this session's ring buffer (new functions' names) to `builder`.
+    pub fn add_to<'s>(&'s self, builder: &mut RingBufferBuilder<'s, 's>) -> Result<()> {
+        builder.add(&self.skel.maps.new_functions, |bytes: &[u8]| {
+            record_name(&mut self.names.borrow_mut(), bytes);
+            0
+        })?;
+        Ok(())
+    }
+
+    /// Removes the probes; the maps stay readable.
+    pub fn detach(&self) {
+        self.links.borrow_mut().clear();
+    }
+
+    /// Detaches (if not yet done) and reads the totals. The ring buffer
+    /// built with `add_to` must have been drained and dropped.
+    pub fn finish(self) -> Result<CallsData> {
+        self.detach();
+        collect(&self.skel, &self.names.into_inner())
+    }
+}
+
 /// Loads and attaches the program, calls `attached` once it is live, polls
 /// until `keep_going` says stop, then detaches and collects.
 pub fn run(
@@ -81,48 +150,19 @@ pub fn run(
     keep_going: impl FnMut() -> Result<bool>,
 ) -> Result<CallsData> {
     let mut object = MaybeUninit::uninit();
-    let mut open = CallsSkelBuilder::default()
-        .open(&mut object)
-        .context("failed to open the calls BPF program")?;
-    let rodata = open.maps.rodata_data.as_deref_mut().context("the calls BPF program has no rodata")?;
-    rodata.cfg.layout = super::py_layout!(py_layout, &plan.python.layout);
-    // How much of a frame and of a code object covers every field read.
-    let end = |offsets: &[u32]| offsets.iter().filter(|&&o| o != NO_FIELD).map(|o| o + 8).max().unwrap_or(8);
-    let l = &plan.python.layout;
-    rodata.cfg.frame_head = end(&[l.frame_code, l.frame_owner]);
-    rodata.cfg.code_head = end(&[l.object_type, l.code_flags, l.code_firstlineno, l.code_qualname, l.code_filename]);
-    rodata.cfg.tgid = plan.pid;
-    rodata.cfg.code_type = plan.python.code_type_address().unwrap_or(0);
-    rodata.cfg.stop_at_first_eval = plan.stop_at_first_eval as u64;
-    rodata.cfg.empty_probe = plan.empty_probe as u64;
-    // Load only the programs this kernel and mode can run: a session
-    // program does not load where the kernel has no uprobe sessions.
-    let sessions = has_uprobe_sessions();
-    let uprobe_mode = plan.mode == Mode::Uprobe;
-    open.progs.eval_frame.set_autoload(uprobe_mode && sessions);
-    open.progs.eval_entry.set_autoload(uprobe_mode && !sessions);
-    open.progs.eval_return.set_autoload(uprobe_mode && !sessions);
-    open.progs.usdt_function_entry.set_autoload(!uprobe_mode);
-    open.progs.usdt_function_return.set_autoload(!uprobe_mode);
-    let skel = open.load().map_err(privilege_hint).context("failed to load the calls BPF program")?;
-
-    let links = attach(&skel.progs, plan)?;
-    let names: RefCell<Names> = RefCell::new(HashMap::new());
+    let session = Session::start(&mut object, plan)?;
     let mut builder = RingBufferBuilder::new();
-    builder.add(&skel.maps.new_functions, |bytes: &[u8]| {
-        record_name(&mut names.borrow_mut(), bytes);
-        0
-    })?;
+    session.add_to(&mut builder)?;
     let ring = builder.build()?;
 
     attached()?;
     let polled = poll_until(&ring, "calls", keep_going);
     // Detach before reading the maps, and even if polling failed.
-    drop(links);
+    session.detach();
     polled?;
     ring.consume().context("failed to drain the calls ring buffer")?;
     drop(ring);
-    collect(&skel, &names.into_inner())
+    session.finish()
 }
 
 fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link>> {
@@ -195,6 +235,9 @@ fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsDa
             total_ns: 0,
             self_ns: 0,
             max_ns: 0,
+            child_calls: 0,
+            outermost_calls: 0,
+            nested_calls: 0,
             latency: histogram::new_histogram(),
         };
         let mut s = func_stats::default();
@@ -204,6 +247,9 @@ fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsDa
         totals.total_ns = s.total_ns;
         totals.self_ns = s.self_ns;
         totals.max_ns = s.max_ns;
+        totals.child_calls = s.child_calls;
+        totals.outermost_calls = s.outermost_calls;
+        totals.nested_calls = s.nested_calls;
         histogram::add_buckets(&mut totals.latency, &s.hist);
         functions.push(totals);
     }

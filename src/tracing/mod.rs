@@ -3,6 +3,7 @@
 //! wire these to reports. What they all share is here.
 
 pub mod calls;
+pub mod compare;
 pub mod gc;
 pub mod histogram;
 pub mod imports;

@@ -2,17 +2,18 @@
 //! every CPU; each sample of a target thread arrives with its Python frames
 //! as addresses, which are resolved here, once per code object.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::rc::Rc;
 
 use anyhow::{Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 
 use super::{ensure_still_running, poll_until, privilege_hint, read_counters};
 use crate::bpf::sample::types::{py_layout, py_sample, sample_counter, sample_target};
-use crate::bpf::sample::SampleSkelBuilder;
+use crate::bpf::sample::{SampleSkel, SampleSkelBuilder};
 use crate::python::code::{instruction_offset, Code};
 use crate::python::layouts::NO_FIELD;
 use crate::python::{Python, RUNTIME_SYMBOL};
@@ -28,6 +29,7 @@ const CODE_CACHE_SAMPLES: usize = 2000;
 /// of every sample cost ~100 us a sample on a 100-deep stack (measured).
 const TRUST_FOR: std::time::Duration = std::time::Duration::from_millis(5);
 
+#[derive(Clone, Copy)]
 pub struct Options {
     pub hz: u64,
     pub kernel: bool,
@@ -39,7 +41,9 @@ pub struct Options {
 /// One frame of a sample, resolved.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Frame {
-    Python { name: String, file: String, line: u32 },
+    /// `line` is the line running; `first_line` the function's first line,
+    /// which with name and file tells one function from another.
+    Python { name: String, file: String, line: u32, first_line: u32 },
     Kernel(String),
     /// A frame that could not be read (freed memory, a frame being torn
     /// down while the thread runs): shown, never guessed.
@@ -50,6 +54,9 @@ pub enum Frame {
     NoPython,
     /// With --all: the process, as the root frame.
     Process(String),
+    /// A sample taken inside pytrace's own uprobes, while `calls` traces
+    /// the same target (`pytrace compare` sets these apart).
+    Probes,
 }
 
 /// A sample: its process, thread and frames, outermost first.
@@ -168,7 +175,9 @@ impl Resolver {
         let line = code.line_at(instruction_offset(layout, code_addr, instr));
         self.frames
             .entry((code_addr, line))
-            .or_insert_with(|| Rc::new(Frame::Python { name: code.qualname.clone(), file: code.filename.clone(), line }))
+            .or_insert_with(|| {
+                Rc::new(Frame::Python { name: code.qualname.clone(), file: code.filename.clone(), line, first_line: code.firstlineno })
+            })
             .clone()
     }
 
@@ -252,6 +261,204 @@ fn find_pythons(checked: &mut std::collections::HashSet<u32>) -> Vec<(u32, Pytho
         .collect()
 }
 
+/// The sampler loaded and attached. Split into steps (`start`, `add_to`,
+/// `between_polls`, `detach`, `finish`) so that another session can run
+/// beside it on the same ring-buffer poll (`pytrace compare`); `run` is the
+/// whole of it for `pytrace sample`.
+pub struct Session<'obj, 'a> {
+    skel: SampleSkel<'obj>,
+    links: RefCell<Vec<Link>>,
+    opts: Options,
+    all: bool,
+    /// Every PID looked at by --all, Python or not.
+    checked: RefCell<std::collections::HashSet<u32>>,
+    processes: RefCell<HashMap<u32, Process<'a>>>,
+    kernel_frames: RefCell<HashMap<i32, Vec<u64>>>,
+    samples: RefCell<Vec<Sample>>,
+    truncated: Rc<Frame>,
+    no_python: Rc<Frame>,
+    last_scan: std::cell::Cell<std::time::Instant>,
+    bpf_ns_per_sample: std::cell::Cell<Option<u64>>,
+}
+
+impl<'obj, 'a> Session<'obj, 'a> {
+    /// Loads the program into `object` and attaches it: from here on the
+    /// targets are sampled (once their interpreter is located, see
+    /// `between_polls`).
+    pub fn start(object: &'obj mut MaybeUninit<OpenObject>, targets: Targets<'a>, opts: &Options) -> Result<Self> {
+        let mut open = SampleSkelBuilder::default().open(object).context("failed to open the sample BPF program")?;
+        let rodata = open.maps.rodata_data.as_deref_mut().context("the sample BPF program has no rodata")?;
+        rodata.cfg.kernel_stacks = opts.kernel as u8;
+        // --idle reads every thread through a sleepable task iterator; without
+        // it, the perf-event program samples threads on CPU.
+        open.progs.sample_all_threads.set_autoload(opts.idle);
+        open.progs.sample_thread.set_autoload(!opts.idle);
+        let skel = open.load().map_err(privilege_hint).context("failed to load the sample BPF program")?;
+        let session = Session {
+            skel,
+            links: RefCell::new(Vec::new()),
+            opts: *opts,
+            all: matches!(targets, Targets::All),
+            checked: RefCell::new(std::collections::HashSet::new()),
+            processes: RefCell::new(HashMap::new()),
+            kernel_frames: RefCell::new(HashMap::new()),
+            samples: RefCell::new(Vec::new()),
+            truncated: Rc::new(Frame::Truncated),
+            no_python: Rc::new(Frame::NoPython),
+            last_scan: std::cell::Cell::new(std::time::Instant::now()),
+            bpf_ns_per_sample: std::cell::Cell::new(None),
+        };
+        match targets {
+            Targets::One(pid, python) => session.add_process(pid, PythonRef::Borrowed(python))?,
+            Targets::All => session.add_new_pythons()?,
+        }
+
+        let mut links = session.links.borrow_mut();
+        if opts.idle {
+            links.push(
+                session
+                    .skel
+                    .progs
+                    .sample_all_threads
+                    .attach_iter_with_opts(libbpf_rs::IterOpts::None)
+                    .map_err(privilege_hint)
+                    .context("failed to attach the thread iterator")?,
+            );
+        } else {
+            for cpu in online_cpus()? {
+                let fd = open_cpu_clock(cpu, opts.hz).with_context(|| format!("failed to open a CPU-clock perf event on CPU {cpu}"))?;
+                links.push(session.skel.progs.sample_thread.attach_perf_event(fd).map_err(privilege_hint).context("failed to attach the sampler")?);
+            }
+        }
+        drop(links);
+        if let Some(&pid) = session.processes.borrow().keys().next().filter(|_| !session.all) {
+            ensure_still_running(pid)?;
+        }
+        Ok(session)
+    }
+
+    fn add_process(&self, pid: u32, python: PythonRef<'a>) -> Result<()> {
+        put_target(&self.skel.maps.processes, pid, &target_entry(&python, 0))?;
+        let label = Rc::new(Frame::Process(format!("{} ({pid})", proc::command_name(pid))));
+        let resolver = Resolver::new(python.layout.clone());
+        self.processes.borrow_mut().insert(pid, Process { python, resolver, label, located: false });
+        Ok(())
+    }
+
+    /// --all: the Pythons not seen yet.
+    fn add_new_pythons(&self) -> Result<()> {
+        let found = find_pythons(&mut self.checked.borrow_mut());
+        for (pid, python) in found {
+            self.add_process(pid, PythonRef::Owned(Box::new(python)))?;
+        }
+        Ok(())
+    }
+
+    /// Adds this session's ring buffer (the samples) to `builder`.
+    pub fn add_to<'s>(&'s self, builder: &mut RingBufferBuilder<'s, 's>) -> Result<()> {
+        builder.add(&self.skel.maps.samples, |bytes: &[u8]| {
+            self.receive(bytes);
+            0
+        })?;
+        Ok(())
+    }
+
+    fn receive(&self, bytes: &[u8]) {
+        let Some(s) = bytes.get(..std::mem::size_of::<py_sample>()) else { return };
+        // SAFETY: the record is a py_sample written by the BPF program; it is
+        // read unaligned because ring-buffer records are only 8-byte aligned.
+        let s: py_sample = unsafe { std::ptr::read_unaligned(s.as_ptr().cast()) };
+        let mut processes = self.processes.borrow_mut();
+        let Some(process) = processes.get_mut(&s.pid) else { return };
+        let r = &mut process.resolver;
+        r.tick();
+        let mut frames = Vec::new();
+        if s.kernel_stack >= 0 {
+            self.kernel_frames.borrow_mut().entry(s.kernel_stack).or_default();
+            frames.push(Rc::new(Frame::Kernel(format!("#stack{}", s.kernel_stack))));
+        }
+        if s.no_python != 0 {
+            frames.push(self.no_python.clone());
+        }
+        let n = (s.frames as usize).min(s.code.len());
+        for i in 0..n {
+            frames.push(r.frame(s.code[i], s.instr[i]));
+        }
+        if s.truncated != 0 {
+            frames.push(self.truncated.clone());
+        }
+        if self.all {
+            frames.push(process.label.clone());
+        }
+        frames.reverse();
+        self.samples.borrow_mut().push(Sample { pid: s.pid, tid: s.tid, frames });
+    }
+
+    /// Between two polls of the ring buffer: tells BPF where each target's
+    /// interpreter is as soon as it can be known, and with --all picks up
+    /// new Pythons. Returns the samples received so far.
+    pub fn between_polls(&self) -> Result<usize> {
+        // With `--`, libpython may be mapped only now.
+        for (&pid, p) in self.processes.borrow_mut().iter_mut().filter(|(_, p)| !p.located) {
+            if let Ok((head, code_type)) = runtime_addresses(pid, &p.python) {
+                put_target(&self.skel.maps.processes, pid, &target_entry(&p.python, head))?;
+                p.resolver.mem = Memory::open(pid).ok();
+                p.resolver.code_type = code_type;
+                p.located = true;
+            }
+        }
+        // --all: Pythons started since are sampled too.
+        if self.all && self.last_scan.get().elapsed() >= std::time::Duration::from_secs(1) {
+            self.last_scan.set(std::time::Instant::now());
+            self.add_new_pythons()?;
+        }
+        Ok(self.samples.borrow().len())
+    }
+
+    /// --idle: one pass of the thread iterator, one round of samples.
+    fn sample_every_thread(&self) -> Result<()> {
+        let links = self.links.borrow();
+        let iter = links.first().context("the thread iterator is not attached")?;
+        let mut pass = libbpf_rs::Iter::new(iter).context("failed to start a pass over the threads")?;
+        std::io::Read::read_to_end(&mut pass, &mut Vec::new()).context("failed to sample the threads")?;
+        Ok(())
+    }
+
+    /// Stops sampling; the maps stay readable.
+    pub fn detach(&self) {
+        if self.links.borrow().is_empty() {
+            return;
+        }
+        // Per sample received, so the program's runs for other processes (it
+        // fires on every CPU and returns at once for them) count too.
+        let received = self.samples.borrow().len().max(1) as u64;
+        let program = if self.opts.idle { &self.skel.progs.sample_all_threads } else { &self.skel.progs.sample_thread };
+        self.bpf_ns_per_sample.set(super::bpf_run_stats(program).map(|(ns, _)| ns / received));
+        self.links.borrow_mut().clear();
+    }
+
+    /// Detaches (if not yet done), names kernel frames and returns every
+    /// sample. The ring buffer built with `add_to` must have been drained
+    /// and dropped.
+    pub fn finish(self) -> Result<SampleData> {
+        self.detach();
+        let kernel = self.opts.kernel.then(|| resolve_kernel_stacks(&self.skel.maps.kernel_stacks, &self.kernel_frames.borrow()));
+        let mut samples = self.samples.into_inner();
+        if let Some(kernel) = kernel {
+            expand_kernel_frames(&mut samples, &kernel);
+        }
+        let counters = read_counters(
+            &self.skel.maps.counters,
+            &[
+                ("lost", sample_counter::SAMPLE_LOST.0),
+                ("bad_frame", sample_counter::SAMPLE_BAD_FRAME.0),
+                ("no_thread_state", sample_counter::SAMPLE_NO_THREAD.0),
+            ],
+        )?;
+        Ok(SampleData { samples, counters, bpf_ns_per_sample: self.bpf_ns_per_sample.get() })
+    }
+}
+
 /// Loads and attaches, calls `attached` once live, samples until
 /// `keep_going` says stop; `progress` sees the sample count as it grows.
 pub fn run<'a>(
@@ -261,114 +468,15 @@ pub fn run<'a>(
     mut keep_going: impl FnMut(usize) -> Result<bool>,
 ) -> Result<SampleData> {
     let mut object = MaybeUninit::uninit();
-    let mut open = SampleSkelBuilder::default().open(&mut object).context("failed to open the sample BPF program")?;
-    let rodata = open.maps.rodata_data.as_deref_mut().context("the sample BPF program has no rodata")?;
-    rodata.cfg.kernel_stacks = opts.kernel as u8;
-    // --idle reads every thread through a sleepable task iterator; without
-    // it, the perf-event program samples threads on CPU.
-    open.progs.sample_all_threads.set_autoload(opts.idle);
-    open.progs.sample_thread.set_autoload(!opts.idle);
-    let skel = open.load().map_err(privilege_hint).context("failed to load the sample BPF program")?;
-
-    let all = matches!(targets, Targets::All);
-    let checked = std::cell::RefCell::new(std::collections::HashSet::new());
-    let processes: std::cell::RefCell<HashMap<u32, Process<'a>>> = std::cell::RefCell::new(HashMap::new());
-    let add = |pid: u32, python: PythonRef<'a>| -> Result<()> {
-        put_target(&skel.maps.processes, pid, &target_entry(&python, 0))?;
-        let label = Rc::new(Frame::Process(format!("{} ({pid})", proc::command_name(pid))));
-        let resolver = Resolver::new(python.layout.clone());
-        processes.borrow_mut().insert(pid, Process { python, resolver, label, located: false });
-        Ok(())
-    };
-    match targets {
-        Targets::One(pid, python) => add(pid, PythonRef::Borrowed(python))?,
-        Targets::All => {
-            let found = find_pythons(&mut checked.borrow_mut());
-            for (pid, python) in found {
-                add(pid, PythonRef::Owned(Box::new(python)))?;
-            }
-        }
-    }
-
-    let mut links: Vec<Link> = Vec::new();
-    if opts.idle {
-        links.push(
-            skel.progs
-                .sample_all_threads
-                .attach_iter_with_opts(libbpf_rs::IterOpts::None)
-                .map_err(privilege_hint)
-                .context("failed to attach the thread iterator")?,
-        );
-    } else {
-        for cpu in online_cpus()? {
-            let fd = open_cpu_clock(cpu, opts.hz).with_context(|| format!("failed to open a CPU-clock perf event on CPU {cpu}"))?;
-            links.push(skel.progs.sample_thread.attach_perf_event(fd).map_err(privilege_hint).context("failed to attach the sampler")?);
-        }
-    }
-    if let Some(&pid) = processes.borrow().keys().next().filter(|_| !all) {
-        ensure_still_running(pid)?;
-    }
-
-    let kernel_frames = std::cell::RefCell::new(HashMap::<i32, Vec<u64>>::new());
-    let samples = std::cell::RefCell::new(Vec::new());
-    let truncated = Rc::new(Frame::Truncated);
-    let no_python = Rc::new(Frame::NoPython);
+    let session = Session::start(&mut object, targets, opts)?;
     let mut builder = RingBufferBuilder::new();
-    builder.add(&skel.maps.samples, |bytes: &[u8]| {
-        let Some(s) = bytes.get(..std::mem::size_of::<py_sample>()) else { return 0 };
-        // SAFETY: the record is a py_sample written by the BPF program; it is
-        // read unaligned because ring-buffer records are only 8-byte aligned.
-        let s: py_sample = unsafe { std::ptr::read_unaligned(s.as_ptr().cast()) };
-        let mut processes = processes.borrow_mut();
-        let Some(process) = processes.get_mut(&s.pid) else { return 0 };
-        let r = &mut process.resolver;
-        r.tick();
-        let mut frames = Vec::new();
-        if s.kernel_stack >= 0 {
-            kernel_frames.borrow_mut().entry(s.kernel_stack).or_default();
-            frames.push(Rc::new(Frame::Kernel(format!("#stack{}", s.kernel_stack))));
-        }
-        if s.no_python != 0 {
-            frames.push(no_python.clone());
-        }
-        let n = (s.frames as usize).min(s.code.len());
-        for i in 0..n {
-            frames.push(r.frame(s.code[i], s.instr[i]));
-        }
-        if s.truncated != 0 {
-            frames.push(truncated.clone());
-        }
-        if all {
-            frames.push(process.label.clone());
-        }
-        frames.reverse();
-        samples.borrow_mut().push(Sample { pid: s.pid, tid: s.tid, frames });
-        0
-    })?;
+    session.add_to(&mut builder)?;
     let ring = builder.build()?;
 
     attached()?;
-    let mut last_scan = std::time::Instant::now();
     let mut between_polls = || -> Result<bool> {
-        // With `--`, libpython may be mapped only now: tell BPF where the
-        // interpreter list is as soon as it can be known.
-        for (&pid, p) in processes.borrow_mut().iter_mut().filter(|(_, p)| !p.located) {
-            if let Ok((head, code_type)) = runtime_addresses(pid, &p.python) {
-                put_target(&skel.maps.processes, pid, &target_entry(&p.python, head))?;
-                p.resolver.mem = Memory::open(pid).ok();
-                p.resolver.code_type = code_type;
-                p.located = true;
-            }
-        }
-        // --all: Pythons started since are sampled too.
-        if all && last_scan.elapsed() >= std::time::Duration::from_secs(1) {
-            last_scan = std::time::Instant::now();
-            let found = find_pythons(&mut checked.borrow_mut());
-            for (pid, python) in found {
-                add(pid, PythonRef::Owned(Box::new(python)))?;
-            }
-        }
-        keep_going(samples.borrow().len())
+        let samples = session.between_polls()?;
+        keep_going(samples)
     };
     let polled = if opts.idle {
         // One pass of the iterator over every thread is one round of
@@ -381,8 +489,7 @@ pub fn run<'a>(
             while go {
                 let now = std::time::Instant::now();
                 if now >= next {
-                    let mut pass = libbpf_rs::Iter::new(&links[0]).context("failed to start a pass over the threads")?;
-                    std::io::Read::read_to_end(&mut pass, &mut Vec::new()).context("failed to sample the threads")?;
+                    session.sample_every_thread()?;
                     next += period;
                     if next < now {
                         next = now + period;
@@ -402,28 +509,10 @@ pub fn run<'a>(
     } else {
         poll_until(&ring, "sample", between_polls)
     };
-    // Per sample received, so the program's runs for other processes (it
-    // fires on every CPU and returns at once for them) count too.
-    let received = samples.borrow().len().max(1) as u64;
-    let program = if opts.idle { &skel.progs.sample_all_threads } else { &skel.progs.sample_thread };
-    let bpf_ns_per_sample = super::bpf_run_stats(program).map(|(ns, _)| ns / received);
-    drop(links);
+    session.detach();
     polled?;
     drop(ring);
-    let kernel = opts.kernel.then(|| resolve_kernel_stacks(&skel.maps.kernel_stacks, &kernel_frames.borrow()));
-    let mut samples = samples.into_inner();
-    if let Some(kernel) = kernel {
-        expand_kernel_frames(&mut samples, &kernel);
-    }
-    let counters = read_counters(
-        &skel.maps.counters,
-        &[
-            ("lost", sample_counter::SAMPLE_LOST.0),
-            ("bad_frame", sample_counter::SAMPLE_BAD_FRAME.0),
-            ("no_thread_state", sample_counter::SAMPLE_NO_THREAD.0),
-        ],
-    )?;
-    Ok(SampleData { samples, counters, bpf_ns_per_sample })
+    session.finish()
 }
 
 /// &_PyRuntime.interpreters.head and &PyCode_Type in the target, once its

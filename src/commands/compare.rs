@@ -1,0 +1,96 @@
+//! `pytrace compare`: `calls` and `sample` on one target at the same time,
+//! or two saved reports, compared per function (src/report/compare.rs).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::report::calls::{CallsReport, SortKey};
+use crate::report::compare::{set_apart_probe_samples, Comparison, SampledReport, TracedReport};
+use crate::report::profile::Profile;
+use crate::report::{self, Output, PythonInfo};
+use crate::session::{self, HookedRelease, Target, TargetSpec};
+use crate::tracing::calls::{self as tracer, Plan};
+use crate::tracing::{compare, sample};
+
+pub enum Source {
+    /// Trace and sample a target now.
+    Live {
+        target: TargetSpec,
+        duration: Option<Duration>,
+        hz: u64,
+        /// Where to also write the two reports compared.
+        traced_json: Option<PathBuf>,
+        sampled_json: Option<PathBuf>,
+    },
+    /// A `calls --json` and a `sample --json` report written before.
+    Saved { traced: PathBuf, sampled: PathBuf },
+}
+
+pub struct Options {
+    pub source: Source,
+    pub top: usize,
+    pub json: Option<PathBuf>,
+}
+
+pub fn run(opts: Options) -> Result<i32> {
+    let mut json = opts.json.as_deref().map(Output::create).transpose()?;
+    let (traced, sampled, status) = match opts.source {
+        Source::Saved { traced, sampled } => (TracedReport::read(&traced)?, SampledReport::read(&sampled)?, 0),
+        Source::Live { target, duration, hz, traced_json, sampled_json } => {
+            let mut traced_out = traced_json.as_deref().map(Output::create).transpose()?;
+            let mut sampled_out = sampled_json.as_deref().map(Output::create).transpose()?;
+            let (traced, sampled, status) = trace_and_sample(target, duration, hz)?;
+            if let Some(out) = &mut traced_out {
+                out.write_all(traced.as_bytes())?;
+            }
+            if let Some(out) = &mut sampled_out {
+                out.write_all(sampled.as_bytes())?;
+            }
+            // Read back as a saved pair is, so both give the same result.
+            (TracedReport::parse(&traced, "the calls report")?, SampledReport::parse(&sampled, "the sample report")?, status)
+        }
+    };
+    let comparison = Comparison::new(&traced, &sampled);
+    report::emit(json.as_mut(), || comparison.to_json(), || comparison.to_table(opts.top))?;
+    Ok(status)
+}
+
+/// Runs both programs on the target; returns the two reports as JSON (what
+/// `calls --json` and `sample --json` would write) and the target's exit
+/// status.
+fn trace_and_sample(spec: TargetSpec, duration: Option<Duration>, hz: u64) -> Result<(String, String, i32)> {
+    let (mut target, python) = Target::prepare(spec)?;
+    let (mode, _why) = tracer::choose_mode(&python, None)?;
+    let hook = HookedRelease::new(&target, &python, mode)?;
+    session::install_signal_handlers();
+
+    let pid = target.pid;
+    let plan = Plan { pid, python: &python, mode, stop_at_first_eval: hook.stop_at_first_eval(&target), empty_probe: false };
+    // Kernel stacks show which samples fell inside the probes.
+    let sample_opts = sample::Options { hz, kernel: true, idle: false };
+    let target_cell = std::cell::RefCell::new(&mut target);
+    let result = compare::run(
+        &plan,
+        &sample_opts,
+        || {
+            let mut target = target_cell.borrow_mut();
+            hook.release(&mut target)?;
+            target.say_attached(&python, &format!("{} and sample", mode.name()));
+            Ok(())
+        },
+        || Ok(target_cell.borrow_mut().keep_going(duration)),
+    );
+    let elapsed = target.elapsed().as_nanos() as u64;
+    hook.restore(&target);
+    let (calls, mut samples) = result?;
+
+    let version = python.version.to_string();
+    let traced = CallsReport::new(pid, PythonInfo { version: version.clone(), mode: mode.name().into() }, elapsed, calls, SortKey::Total);
+    set_apart_probe_samples(&mut samples.samples);
+    let mut profile =
+        Profile::new(pid, PythonInfo { version, mode: "sample".into() }, hz, elapsed, samples.counters.clone(), &samples.samples, None);
+    profile.bpf_ns_per_sample = samples.bpf_ns_per_sample;
+    Ok((traced.to_json(), profile.to_json(), target.exit_status().unwrap_or(0)))
+}

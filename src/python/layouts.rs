@@ -29,6 +29,10 @@ pub struct Layout {
     pub bytes_data: u32,
     /// _PyInterpreterFrame.owner (3.11+), else NO_FIELD.
     pub frame_owner: u32,
+    /// _PyInterpreterFrame.is_entry (3.11 only): the frame began a C-level
+    /// _PyEval_EvalFrameDefault call. Before 3.11 every frame does; from
+    /// 3.12 a shim frame with a non-code owner marks where a call began.
+    pub frame_is_entry: u32,
     pub frame_code: u32,
     pub frame_previous: u32,
     pub object_type: u32,
@@ -66,6 +70,7 @@ pub static LAYOUTS: &[Layout] = &[
         bytes_size: 16,
         bytes_data: 32,
         frame_owner: NO_FIELD,
+        frame_is_entry: NO_FIELD,
         frame_code: 32,
         frame_previous: 24,
         object_type: 8,
@@ -98,6 +103,7 @@ pub static LAYOUTS: &[Layout] = &[
         bytes_size: 16,
         bytes_data: 32,
         frame_owner: NO_FIELD,
+        frame_is_entry: NO_FIELD,
         frame_code: 32,
         frame_previous: 24,
         object_type: 8,
@@ -130,6 +136,7 @@ pub static LAYOUTS: &[Layout] = &[
         bytes_size: 16,
         bytes_data: 32,
         frame_owner: 69,
+        frame_is_entry: 68,
         frame_code: 32,
         frame_previous: 48,
         object_type: 8,
@@ -162,6 +169,7 @@ pub static LAYOUTS: &[Layout] = &[
         bytes_size: 16,
         bytes_data: 32,
         frame_owner: 70,
+        frame_is_entry: NO_FIELD,
         frame_code: 0,
         frame_previous: 8,
         object_type: 8,

@@ -218,7 +218,7 @@ fn target_entry(python: &Python, interpreters_head: u64) -> sample_target {
     sample_target {
         layout: super::py_layout!(py_layout, l),
         interpreters_head,
-        frame_head: [l.frame_code, l.frame_previous, l.frame_instr, l.frame_owner]
+        frame_head: [l.frame_code, l.frame_previous, l.frame_instr, l.frame_owner, l.frame_is_entry]
             .into_iter()
             .filter(|&o| o != NO_FIELD)
             .map(|o| o + 8)
@@ -226,9 +226,11 @@ fn target_entry(python: &Python, interpreters_head: u64) -> sample_target {
             .unwrap_or(8),
         frame_previous: l.frame_previous,
         frame_instr: l.frame_instr,
+        frame_is_entry: l.frame_is_entry,
         tstate_thread_id: l.tstate_thread_id,
         interp_threads_head: l.interp_threads_head,
         tstate_next: l.tstate_next,
+        ..Default::default()
     }
 }
 

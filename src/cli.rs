@@ -126,6 +126,9 @@ struct SampleArgs {
     /// Add kernel frames under the Python frames
     #[arg(long)]
     kernel: bool,
+    /// Put native frames (C extensions, libpython, libc) between the Python frames
+    #[arg(long)]
+    native: bool,
     /// Wall-clock view: sample every thread at each tick, on CPU or not (waiting, sleeping)
     #[arg(long, conflicts_with = "kernel")]
     idle: bool,
@@ -135,7 +138,7 @@ struct SampleArgs {
     /// Rows in the terminal table
     #[arg(long, value_name = "N", default_value_t = 20)]
     top: usize,
-    /// Write an SVG flamegraph (Python frames green, kernel orange)
+    /// Write an SVG flamegraph (Python frames green, native aqua, kernel orange)
     #[arg(long, value_name = "FILE.svg")]
     flamegraph: Option<PathBuf>,
     /// Write folded stacks, one `frame;frame;... count` per line ("-" for standard output)
@@ -226,6 +229,7 @@ impl Cli {
                     duration,
                     hz: args.rate,
                     kernel: args.kernel,
+                    native: args.native,
                     idle: args.idle,
                     threads: args.threads,
                     top: args.top,

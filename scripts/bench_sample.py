@@ -49,10 +49,10 @@ def untraced():
     return finish_target(start_target())
 
 
-def pytrace(hz):
+def pytrace(hz, extra=()):
     out = tempfile.NamedTemporaryFile(suffix=".json")
     target = start_target()
-    prof = subprocess.Popen([PYTRACE, "sample", "-p", str(target.pid), "-r", str(hz), "--json", out.name],
+    prof = subprocess.Popen([PYTRACE, "sample", "-p", str(target.pid), "-r", str(hz), "--json", out.name, *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wait_for(prof.stderr, "attached to PID")
     seconds = finish_target(target)
@@ -78,16 +78,18 @@ def py_spy(hz):
 
 # Interleaved: each repeat runs the untraced target and every profiler
 # once, so drift on a shared machine hits them alike.
-results = {(name, hz): [] for hz in (99, 1000) for name in ("pytrace", "py-spy")}
+PROFILERS = ("pytrace", "pytrace --native", "py-spy")
+results = {(name, hz): [] for hz in (99, 1000) for name in PROFILERS}
 bases = []
 for _ in range(REPEATS):
     bases.append(untraced())
     for hz in (99, 1000):
         results[("pytrace", hz)].append(pytrace(hz))
+        results[("pytrace --native", hz)].append(pytrace(hz, ["--native"]))
         results[("py-spy", hz)].append(py_spy(hz))
 base = statistics.median(bases)
 for hz in (99, 1000):
-    for name in ("pytrace", "py-spy"):
+    for name in PROFILERS:
         runs = results[(name, hz)]
         seconds = statistics.median(r[0] for r in runs)
         per_sample = statistics.median(r[1] / max(r[2], 1) * 1e6 for r in runs)

@@ -35,9 +35,10 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// frames must come after compress_work (further from the root) with no
 /// Python frame after them. The fixture spends 4 ms of CPU in each of
 /// compress_work and spin_work per round (compress_work overshoots by half
-/// a 0.15 ms call): 50 % each. At 999 Hz for 6 s there are up to 6000
-/// samples, at least 3000 on a busy machine, where one share's standard
-/// error is 0.9 points: 3 points is a real bound. Of compress_work's
+/// a 0.15 ms call, under 1 point): 50 % each. At 999 Hz for 6 s there are
+/// up to 6000 samples, where one share's standard error is 0.65 points; the
+/// bound is 1 point plus four standard errors, at least 3 points (7 on a
+/// machine so busy that only 1000 samples are taken). Of compress_work's
 /// samples, all but its own loop, its calls to time.process_time and zlib's
 /// glue around libz (about 3.5 %, measured) have libz frames above it: at
 /// least 95 %. libz's exported functions (deflate, deflateInit2_,
@@ -77,9 +78,10 @@ fn native_frames_sit_between_the_python_caller_and_the_leaf() {
             }
         }
         let total = (compress + spin) as f64;
-        assert!(total > 3000.0, "{label}: only {total} samples");
+        assert!(total > 1000.0, "{label}: only {total} samples");
         let share = compress as f64 / total * 100.0;
-        assert!((share - 50.0).abs() <= 3.0, "{label}: compress_work has {share:.1}% of samples, expected 50%");
+        let bound = (1.0 + 4.0 * (0.25 / total).sqrt() * 100.0).max(3.0);
+        assert!((share - 50.0).abs() <= bound, "{label}: compress_work has {share:.1}% of {total} samples, expected 50% within {bound:.1}");
         let in_c = in_libz as f64 / compress as f64 * 100.0;
         assert!(in_c >= 95.0, "{label}: libz above compress_work in {in_c:.1}% of its samples, expected 95% or more");
         assert!(named_entry as f64 >= in_libz as f64 * 0.99, "{label}: the way into libz named in {named_entry} of {in_libz}");

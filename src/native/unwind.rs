@@ -31,6 +31,9 @@ pub struct ModuleFiles {
 /// A module as one process maps it.
 struct Mapped {
     range: Range<u64>,
+    /// Which file, so that another file mapped at the same addresses later
+    /// is not taken for this one.
+    inode: u64,
     bias: u64,
     file: Rc<ModuleFile>,
 }
@@ -106,13 +109,14 @@ impl ProcessUnwinder {
         self.last_scan = Some(Instant::now());
         self.unmapped_pages.clear();
         let Ok(mappings) = proc::code_mappings(self.pid) else { return };
-        let current: Vec<Range<u64>> = mappings.iter().map(|m| m.start..m.end).collect();
-        for gone in self.modules.iter().filter(|m| !current.contains(&m.range)) {
+        let current: Vec<(Range<u64>, u64)> = mappings.iter().map(|m| (m.start..m.end, m.inode)).collect();
+        let still = |m: &Mapped| current.contains(&(m.range.clone(), m.inode));
+        for gone in self.modules.iter().filter(|m| !still(m)) {
             self.unwinder.remove_module(gone.range.start);
         }
-        self.modules.retain(|m| current.contains(&m.range));
+        self.modules.retain(still);
         for m in mappings {
-            if self.modules.iter().any(|known| known.range == (m.start..m.end)) {
+            if self.modules.iter().any(|known| known.range == (m.start..m.end) && known.inode == m.inode) {
                 continue;
             }
             let file = if m.path == "[vdso]" {
@@ -136,7 +140,7 @@ impl ProcessUnwinder {
             let Some(file) = file else { continue };
             let Some(bias) = file.bias(m.start, m.offset) else { continue };
             self.unwinder.add_module(Module::new(file.name.clone(), m.start..m.end, bias, section_info(&file)));
-            self.modules.push(Mapped { range: m.start..m.end, bias, file });
+            self.modules.push(Mapped { range: m.start..m.end, inode: m.inode, bias, file });
         }
         self.modules.sort_by_key(|m| m.range.start);
     }

@@ -50,7 +50,8 @@ enum sample_counter {
 	SAMPLE_LOST,          /* ring buffer full */
 	SAMPLE_BAD_FRAME,     /* a frame could not be read: the walk stopped there */
 	SAMPLE_NO_THREAD,     /* no thread state for the sampled thread */
-	SAMPLE_NO_USER_REGS,  /* --native: the thread has no user registers (a kernel thread) */
+	SAMPLE_NO_USER_REGS,  /* --native: the thread's saved registers are not user mode ones
+			       * (a kernel thread; seen too while a `--` target is being started) */
 	SAMPLE_NATIVE_ON_CPU, /* --idle --native: the thread was running on another CPU, so its
 			       * registers were not saved anywhere BPF can read them */
 	SAMPLE_COUNTER_COUNT,

@@ -97,6 +97,11 @@ static __always_inline __u8 byte_at(const __u64 *words, __u32 offset)
 	return ((const __u8 *)words)[offset];
 }
 
+static __always_inline void mark_entry(struct py_sample *s, __u32 n)
+{
+	s->entry[(n >> 6) & (MAX_FRAMES / 64 - 1)] |= 1ULL << (n & 63);
+}
+
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 
@@ -115,10 +120,11 @@ static __always_inline __u8 byte_at(const __u64 *words, __u32 offset)
 #undef WALK
 #undef WALK_READ
 
-/* Reserves a sample for a thread, or counts it lost. */
+/* Reserves a sample for a thread (with room for its stack with --native),
+ * or counts it lost. */
 static __always_inline struct py_sample *start_sample(__u32 pid, __u32 tid)
 {
-	struct py_sample *s = bpf_ringbuf_reserve(&samples, sizeof(*s), 0);
+	struct py_sample *s = bpf_ringbuf_reserve(&samples, cfg.native ? NATIVE_RECORD_BYTES : sizeof(*s), 0);
 
 	if (!s) {
 		count(SAMPLE_LOST);
@@ -127,6 +133,8 @@ static __always_inline struct py_sample *start_sample(__u32 pid, __u32 tid)
 	s->pid = pid;
 	s->tid = tid;
 	s->kernel_stack = -1;
+	s->native = 0;
+	s->stack_len = 0;
 	return s;
 }
 
@@ -142,6 +150,8 @@ int sample_thread(struct bpf_perf_event_data *ctx)
 		return 0;
 	s->kernel_stack = cfg.kernel_stacks ? bpf_get_stackid(ctx, &kernel_stacks, 0) : -1;
 	fill_sample_current(t, s, tid, 0, thread_pointer());
+	if (cfg.native)
+		fill_native_current(s, bpf_get_current_task_btf());
 	/* Wake the reader at each sample, unlike the other programs: user space
 	 * names code objects as samples arrive, and a module's code object is
 	 * freed as soon as its import ends. At 99 Hz the wakeups cost little. */
@@ -167,6 +177,12 @@ int sample_all_threads(struct bpf_iter__task *ctx)
 	if (!t || !(s = start_sample(pid, tid)))
 		return 0;
 	fill_sample_task(t, s, tid, task, task->thread.fsbase);
+	/* A thread running on another CPU right now has its registers in that
+	 * CPU, not saved in its task: no native stack for it this tick. */
+	if (cfg.native && task->on_cpu)
+		count(SAMPLE_NATIVE_ON_CPU);
+	else if (cfg.native)
+		fill_native_task(s, task);
 	bpf_ringbuf_submit(s, 0);
 	return 0;
 }

@@ -76,7 +76,17 @@ static long WALK(walk_one)(__u64 i, void *data)
 	if (l->frame_owner == PY_NO_FIELD || byte_at(words, l->frame_owner) < PY_FRAME_OWNED_NOT_CODE) {
 		ctx->s->code[n & (MAX_FRAMES - 1)] = PY_CODE_ADDRESS(word_at(words, l->frame_code));
 		ctx->s->instr[n & (MAX_FRAMES - 1)] = word_at(words, t->frame_instr);
+		/* Before 3.11 (no owner field) every frame has its own C-level
+		 * eval call; 3.11 flags the first frame of each. */
+		if (l->frame_owner == PY_NO_FIELD ||
+		    (t->frame_is_entry != PY_NO_FIELD && byte_at(words, t->frame_is_entry)))
+			mark_entry(ctx->s, n);
 		ctx->s->frames = n + 1;
+	} else if (n > 0) {
+		/* From 3.12 each C-level eval call puts a shim frame just outside
+		 * its first frame (and 3.14's base frame, outside the outermost
+		 * shim, marks a frame already marked). */
+		mark_entry(ctx->s, n - 1);
 	}
 	ctx->frame = word_at(words, t->frame_previous);
 	return 0;
@@ -93,6 +103,8 @@ static __always_inline void WALK(fill_sample)(const struct sample_target *t, str
 	s->frames = 0;
 	s->truncated = 0;
 	s->no_python = 0;
+	for (int i = 0; i < MAX_FRAMES / 64; i++)
+		s->entry[i] = 0;
 	tstate = WALK(thread_state)(t, tid, task, thread_pointer);
 	current = tstate ? (__u64)WALK(read_ptr)((void *)tstate, l->tstate_current, task) : 0;
 	if (current && l->cframe_current_frame != PY_NO_FIELD)
@@ -108,4 +120,34 @@ static __always_inline void WALK(fill_sample)(const struct sample_target *t, str
 	walk.s = s;
 	walk.frame = current;
 	bpf_loop(MAX_FRAMES + 1, WALK(walk_one), &walk, 0);
+}
+
+/* --native: the thread's user registers, as saved when it last entered the
+ * kernel (the sampling interrupt itself, or the system call it is blocked
+ * in), and its stack in whole pages from the stack pointer's up, after the
+ * record. Unwinding and naming are left to user space. */
+static __always_inline void WALK(fill_native)(struct py_sample *s, struct task_struct *task)
+{
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	__u8 *stack = (__u8 *)(s + 1);
+	__u64 start;
+
+	if (!regs || (regs->cs & 3) != 3) {
+		count(SAMPLE_NO_USER_REGS);
+		return;
+	}
+	s->user_ip = regs->ip;
+	s->user_sp = regs->sp;
+	s->user_bp = regs->bp;
+	start = s->user_sp & ~(__u64)(NATIVE_PAGE - 1);
+	s->stack_start = start;
+	s->native = 1;
+	/* Page by page: a read that crosses into an unmapped page fails whole,
+	 * and the stack's mapping ends a few pages above the outermost frame. */
+#pragma unroll
+	for (int i = 0; i < NATIVE_STACK_PAGES; i++) {
+		if (WALK_READ(stack + i * NATIVE_PAGE, NATIVE_PAGE, (void *)(start + i * NATIVE_PAGE), task))
+			break;
+		s->stack_len = (i + 1) * NATIVE_PAGE;
+	}
 }

@@ -157,12 +157,14 @@ def folded_samples(path, names=()):
 def run_sampler(sampler, python, hz, target):
     """Attaches `sampler` to a started target; returns (profiler CPU s, peak
     RSS MiB, samples, BPF ns per sample or None, path of its output)."""
-    if sampler == "pytrace":
+    if sampler.startswith("pytrace"):
         out = os.path.join(TMP, "sample.json")
-        prof = attach_pytrace(["sample", "-r", str(hz), "--json", out], target.pid)
-    elif sampler == "py-spy":
+        native = ["--native"] if sampler.endswith("--native") else []
+        prof = attach_pytrace(["sample", "-r", str(hz), "--json", out, *native], target.pid)
+    elif sampler.startswith("py-spy"):
         out = os.path.join(TMP, "pyspy.txt")
-        prof = start([PY_SPY, "record", "--pid", str(target.pid), "-r", str(hz), "--format", "raw", "-o", out])
+        native = ["--native"] if sampler.endswith("--native") else []
+        prof = start([PY_SPY, "record", "--pid", str(target.pid), "-r", str(hz), "--format", "raw", "-o", out, *native])
     else:  # CPython 3.15's own profiling.sampling, run inside the root
         inside, out = python.out_path("stdlib.folded")
         prof = start(["chroot", python.root, python.exe, "-m", "profiling.sampling", "attach", "-r", str(hz),
@@ -170,7 +172,7 @@ def run_sampler(sampler, python, hz, target):
     target.wait()
     prof.stderr.close()
     cpu, rss = usage_of(prof)
-    if sampler == "pytrace":
+    if sampler.startswith("pytrace"):
         report = json.load(open(out))
         return cpu, rss, report["samples"], report.get("bpf_ns_per_sample"), out
     samples = folded_samples(out)[0] if os.path.exists(out) else 0
@@ -179,7 +181,8 @@ def run_sampler(sampler, python, hz, target):
 
 def sample_cost_table():
     rows = []
-    for python, samplers in ((DEBIAN, ["pytrace", "py-spy"]), (SID_315, ["pytrace", "py-spy", "profiling.sampling"])):
+    for python, samplers in ((DEBIAN, ["pytrace", "pytrace --native", "py-spy", "py-spy --native"]),
+                             (SID_315, ["pytrace", "py-spy", "profiling.sampling"])):
         progress(f"sampling cost on {python.label}")
         bases, results = [], {(s, hz): [] for s in samplers for hz in (99, 1000)}
         for _ in range(REPEATS):

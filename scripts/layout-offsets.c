@@ -73,6 +73,15 @@ int main(void)
     /* Before 3.11 a generator's creation never enters the eval loop. */
     printf("    frame_owner: NO_FIELD,\n");
 #endif
+    /* Which frames began a C-level _PyEval_EvalFrameDefault call (for
+     * `sample --native`): 3.11 flags them with is_entry. Before 3.11 every
+     * frame has its own call; from 3.12 a shim frame owned by the C stack
+     * (a non-code owner) sits just outside each call's first frame. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+    FIELD("frame_is_entry", offsetof(_PyInterpreterFrame, is_entry));
+#else
+    printf("    frame_is_entry: NO_FIELD,\n");
+#endif
 #if PY_VERSION_HEX >= 0x030D0000
     FIELD("frame_code", offsetof(_PyInterpreterFrame, f_executable));
     FIELD("frame_previous", offsetof(_PyInterpreterFrame, previous));

@@ -133,6 +133,9 @@ struct SampleArgs {
     /// Add kernel frames under the Python frames
     #[arg(long)]
     kernel: bool,
+    /// Put native frames (C extensions, libpython, libc) between the Python frames
+    #[arg(long)]
+    native: bool,
     /// Wall-clock view: sample every thread at each tick, on CPU or not (waiting, sleeping)
     #[arg(long, conflicts_with = "kernel")]
     idle: bool,
@@ -142,7 +145,7 @@ struct SampleArgs {
     /// Rows in the terminal table
     #[arg(long, value_name = "N", default_value_t = 20)]
     top: usize,
-    /// Write an SVG flamegraph (Python frames green, kernel orange)
+    /// Write an SVG flamegraph (Python frames green, native aqua, kernel orange)
     #[arg(long, value_name = "FILE.svg")]
     flamegraph: Option<PathBuf>,
     /// Write folded stacks, one `frame;frame;... count` per line ("-" for standard output)
@@ -266,6 +269,7 @@ impl Cli {
                     duration,
                     hz: args.rate,
                     kernel: args.kernel,
+                    native: args.native,
                     idle: args.idle,
                     threads: args.threads,
                     top: args.top,

@@ -4,6 +4,7 @@
 mod bpf;
 mod cli;
 mod commands;
+mod native;
 mod python;
 mod report;
 mod session;

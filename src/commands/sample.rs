@@ -20,6 +20,7 @@ pub struct Options {
     pub duration: Option<Duration>,
     pub hz: u64,
     pub kernel: bool,
+    pub native: bool,
     pub idle: bool,
     pub threads: bool,
     pub top: usize,
@@ -59,7 +60,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
             let target_cell = std::cell::RefCell::new(&mut target);
             let data = sample::run(
                 Targets::One(pid, &python),
-                &SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle },
+                &SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle, native: opts.native },
                 || {
                     let mut target = target_cell.borrow_mut();
                     target.release()?;
@@ -83,7 +84,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
             let mut progress = Progress::new(None);
             let data = sample::run(
                 Targets::All,
-                &SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle },
+                &SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle, native: opts.native },
                 || {
                     eprintln!("pytrace: sampling every CPython process");
                     Ok(())

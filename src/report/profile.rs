@@ -28,12 +28,16 @@ pub struct Profile {
 pub fn label(frame: &Frame) -> String {
     match frame {
         Frame::Python { name, file, line, .. } => format!("{name} ({file}:{line})"),
+        Frame::Native { name, module } => format!("{name} ({module})"),
         Frame::Kernel(name) => name.clone(),
         Frame::Unreadable => "[unreadable frame]".into(),
         Frame::Truncated => "[truncated]".into(),
         Frame::NoPython => "[no Python code]".into(),
         Frame::Process(name) => name.clone(),
         Frame::Probes => "[pytrace probes]".into(),
+        Frame::NativeIncomplete => "[native stack incomplete]".into(),
+        Frame::NativeUnmatched => "[native stack unmatched]".into(),
+        Frame::NativeUnavailable => "[native stack unavailable]".into(),
     }
 }
 
@@ -43,6 +47,7 @@ pub fn label(frame: &Frame) -> String {
 fn function_of(frame: &Frame) -> (String, String, u32) {
     match frame {
         Frame::Python { name, file, first_line, .. } => (name.clone(), file.clone(), *first_line),
+        Frame::Native { name, module } => (name.clone(), module.clone(), 0),
         other => (label(other), String::new(), 0),
     }
 }
@@ -160,9 +165,11 @@ impl Profile {
                 // `;` separates frames: never let a name add one.
                 let mut l = label(frame).replace(';', ":");
                 if annotate {
-                    // inferno's java palette colours by these suffixes.
+                    // inferno's java palette colours by these suffixes:
+                    // green, aqua (its "inlined" colour), orange.
                     match frame.as_ref() {
                         Frame::Python { .. } => l.push_str("_[j]"),
+                        Frame::Native { .. } => l.push_str("_[i]"),
                         Frame::Kernel(_) => l.push_str("_[k]"),
                         _ => {}
                     }
@@ -174,7 +181,8 @@ impl Profile {
         out
     }
 
-    /// An SVG flamegraph: Python frames green, kernel orange, markers red.
+    /// An SVG flamegraph: Python frames green, native aqua, kernel orange,
+    /// markers red.
     pub fn to_flamegraph(&self) -> Result<Vec<u8>> {
         let folded = self.to_folded(true);
         let mut opts = inferno::flamegraph::Options::default();
@@ -205,6 +213,7 @@ impl Profile {
                     *index.entry(f.clone()).or_insert_with(|| {
                         frames.push(match f.as_ref() {
                             Frame::Python { name, file, line, .. } => json!({"name": name, "file": file, "line": line}),
+                            Frame::Native { name, module } => json!({"name": name, "file": module}),
                             other => json!({"name": label(other)}),
                         });
                         frames.len() - 1
@@ -298,6 +307,23 @@ mod tests {
         assert!(folded.contains("main (f.py:1) 1\n"), "{folded}");
         let annotated = profile().to_folded(true);
         assert!(annotated.contains("main (f.py:1)_[j];b (f.py:9)_[j] 1"), "{annotated}");
+    }
+
+    /// The flamegraph tells kinds apart by colour: inferno's java palette
+    /// reads these suffixes (Python green, native aqua, kernel orange).
+    #[test]
+    fn frames_are_annotated_with_their_kind() {
+        let stack = vec![
+            py("main", 1),
+            Rc::new(Frame::Native { name: "deflate".into(), module: "libz.so.1".into() }),
+            Rc::new(Frame::Kernel("do_syscall_64".into())),
+            Rc::new(Frame::NativeIncomplete),
+        ];
+        let info = crate::report::PythonInfo { version: "3.11.2".into(), mode: "sample".into() };
+        let p = Profile::new(7, info, 99, 1, vec![], &[Sample { pid: 7, tid: 1, frames: stack }], None);
+        assert_eq!(p.to_folded(true), "main (f.py:1)_[j];deflate (libz.so.1)_[i];do_syscall_64_[k];[native stack incomplete] 1\n");
+        let f = p.functions();
+        assert!(f.iter().any(|x| x.name == "deflate" && x.file == "libz.so.1" && x.self_samples == 0 && x.total_samples == 1));
     }
 
     #[test]

@@ -90,6 +90,45 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
     Some(Mapping { start, offset, inode, path: strip_deleted(path).to_string() })
 }
 
+/// An executable mapping: a file's code, or the vDSO (path `[vdso]`).
+#[derive(Debug, Clone)]
+pub struct CodeMapping {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    pub inode: u64,
+    pub path: String,
+}
+
+/// The process's executable mappings, in address order.
+pub fn code_mappings(pid: u32) -> Result<Vec<CodeMapping>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .with_context(|| format!("failed to read /proc/{pid}/maps"))?;
+    Ok(text.lines().filter_map(parse_code_mapping).collect())
+}
+
+fn parse_code_mapping(line: &str) -> Option<CodeMapping> {
+    let mut fields = line.splitn(6, ' ');
+    let (start, end) = fields.next()?.split_once('-')?;
+    if !fields.next()?.contains('x') {
+        return None;
+    }
+    let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
+    let _dev = fields.next()?;
+    let inode = fields.next()?.parse().ok()?;
+    let path = fields.next()?.trim_start();
+    if !path.starts_with('/') && path != "[vdso]" {
+        return None;
+    }
+    Some(CodeMapping {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        offset,
+        inode,
+        path: strip_deleted(path).to_string(),
+    })
+}
+
 /// Reads and writes the target's memory through /proc/PID/mem.
 pub struct Memory {
     pid: u32,
@@ -152,6 +191,17 @@ mod tests {
         assert_eq!(m.inode, 1234);
         assert!(parse_maps_line("7ffd1000-7ffd2000 rw-p 00000000 00:00 0   [stack]").is_none());
         assert!(parse_maps_line("7ffd1000-7ffd2000 rw-p 00000000 00:00 0").is_none());
+    }
+
+    #[test]
+    fn code_mappings_are_executable_files_and_the_vdso() {
+        let m = parse_code_mapping("7f1c2a000000-7f1c2a100000 r-xp 00042000 08:01 1234     /usr/lib/libz.so.1").unwrap();
+        assert_eq!((m.start, m.end, m.offset, m.inode, m.path.as_str()), (0x7f1c2a000000, 0x7f1c2a100000, 0x42000, 1234, "/usr/lib/libz.so.1"));
+        assert!(parse_code_mapping("7f1c2a000000-7f1c2a100000 r--p 00000000 08:01 1234     /usr/lib/libz.so.1").is_none());
+        assert_eq!(parse_code_mapping("7ffd1000-7ffd3000 r-xp 00000000 00:00 0   [vdso]").unwrap().path, "[vdso]");
+        assert!(parse_code_mapping("7ffd1000-7ffd3000 rwxp 00000000 00:00 0").is_none(), "anonymous code (a JIT) has no unwind information");
+        let mine = code_mappings(std::process::id()).unwrap();
+        assert!(mine.iter().any(|m| m.path == "[vdso]") && mine.windows(2).all(|w| w[0].start < w[1].start));
     }
 
     #[test]

@@ -1,0 +1,135 @@
+//! `sample --native`: the C frames between the Python ones. BPF copies each
+//! sampled thread's user registers and the top of its stack; here the stack
+//! is unwound (unwind.rs, framehop over each module's .eh_frame), its frames
+//! named (symbols.rs, blazesym) and merged with the Python frames
+//! (merge.rs). Every sample whose native stack could not be had whole, or
+//! could not be paired with its Python frames, is counted.
+
+pub mod merge;
+mod module;
+mod symbols;
+mod unwind;
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use merge::{End, Markers, Outcome, PythonStack};
+pub use unwind::UserStack;
+use unwind::{ModuleFiles, ProcessUnwinder, Stop};
+
+use crate::tracing::sample::Frame;
+
+/// What became of the samples' native stacks, for the report's counters.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Counts {
+    /// The stack went on past the bytes BPF copied.
+    pub stack_cut: u64,
+    /// Unwinding stopped at code without unwind information (or failed).
+    pub unwind_lost: u64,
+    /// Eval frames and Python eval calls disagreed: not merged.
+    pub unmatched: u64,
+    /// No registers or stack for the sample.
+    pub unavailable: u64,
+}
+
+pub struct NativeStacks {
+    files: ModuleFiles,
+    symbols: symbols::Symbols,
+    processes: HashMap<u32, ProcessUnwinder>,
+    markers: Markers,
+    unavailable: Rc<Frame>,
+    pub counts: Counts,
+}
+
+impl Default for NativeStacks {
+    fn default() -> Self {
+        NativeStacks {
+            files: ModuleFiles::default(),
+            symbols: symbols::Symbols::default(),
+            processes: HashMap::new(),
+            markers: Markers::default(),
+            unavailable: Rc::new(Frame::NativeUnavailable),
+            counts: Counts::default(),
+        }
+    }
+}
+
+impl NativeStacks {
+    /// A sample's frames, innermost first: its Python frames merged with
+    /// its native stack, or, without one (`user` None), the Python frames
+    /// under a `[native stack unavailable]` marker.
+    pub fn frames(&mut self, pid: u32, python: &PythonStack, user: Option<&UserStack>) -> Vec<Rc<Frame>> {
+        let Some(user) = user else {
+            self.counts.unavailable += 1;
+            let mut out: Vec<Rc<Frame>> = python.frames.to_vec();
+            if python.truncated {
+                out.push(self.markers.truncated.clone());
+            }
+            out.push(self.unavailable.clone());
+            return out;
+        };
+        let unwound = self.processes.entry(pid).or_insert_with(|| ProcessUnwinder::new(pid)).unwind(user, &mut self.files);
+        let native: Vec<_> = unwound.frames.iter().map(|raw| self.symbols.frame(raw)).collect();
+        let end = match unwound.stop {
+            Stop::Complete => End::Complete,
+            Stop::StackCut => {
+                self.counts.stack_cut += 1;
+                End::Early
+            }
+            Stop::Lost => {
+                self.counts.unwind_lost += 1;
+                End::Early
+            }
+        };
+        let (frames, outcome) = merge::merge(python, &native, end, &self.markers);
+        if outcome == Outcome::Unmatched {
+            self.counts.unmatched += 1;
+        }
+        frames
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::profile::label;
+
+    /// The registers here and the stack above them, copied the way BPF
+    /// copies a target's: whole pages from the stack pointer's up, until a
+    /// page cannot be read.
+    #[inline(never)]
+    fn capture() -> (u64, u64, u64, u64, Vec<u8>) {
+        let (ip, sp, bp): (u64, u64, u64);
+        // SAFETY: only reads registers.
+        unsafe { std::arch::asm!("lea {ip}, [rip]", "mov {sp}, rsp", "mov {bp}, rbp", ip = out(reg) ip, sp = out(reg) sp, bp = out(reg) bp) };
+        let start = sp & !4095;
+        let mem = crate::target::proc::Memory::open(std::process::id()).unwrap();
+        let mut bytes = Vec::new();
+        let mut page = vec![0u8; 4096];
+        while bytes.len() < 1 << 20 && mem.read(start + bytes.len() as u64, &mut page).is_ok() {
+            bytes.extend_from_slice(&page);
+        }
+        (ip, sp, bp, start, bytes)
+    }
+
+    /// Unwinds this test's own thread (no Python: its frames are all
+    /// native) through pytrace's executable and libc, to the thread's
+    /// first frame, naming the frames on the way.
+    #[test]
+    fn unwinds_and_names_its_own_stack() {
+        let (ip, sp, bp, start, bytes) = capture();
+        let user = UserStack { ip, sp, bp, start, bytes: &bytes, full: false };
+        let mut native = NativeStacks::default();
+        let python = PythonStack { frames: &[], entry: &[], truncated: false };
+        let frames = native.frames(std::process::id(), &python, Some(&user));
+        let names: Vec<String> = frames.iter().map(|f| label(f)).collect();
+        assert!(names[0].starts_with("pytrace::native::tests::capture"), "{names:?}");
+        // (The test function itself is inlined into its caller in release.)
+        assert!(names.iter().any(|n| n.contains("__rust_begin_short_backtrace")), "{names:?}");
+        assert!(names.iter().any(|n| n.starts_with("<std::sys::thread::unix::Thread>::new::thread_start")), "{names:?}");
+        // A test runs on a thread of its own: the stack ends in libc's
+        // thread start, where unwinding stops on purpose.
+        assert!(names.last().unwrap().ends_with("(libc.so.6)"), "{names:?}");
+        assert_eq!((native.counts.unwind_lost, native.counts.stack_cut, native.counts.unmatched), (0, 0, 0), "{names:?}");
+    }
+}

@@ -1,0 +1,223 @@
+//! Unwinding one process's native stacks from what BPF copied: the
+//! registers and the stack pages above the stack pointer, walked with
+//! framehop over each mapped module's .eh_frame (the Pythons pytrace meets
+//! are built without frame pointers, so nothing else works).
+
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
+
+use super::module::{Bytes, ModuleFile};
+use crate::target::proc;
+
+/// Frames kept per stack; deeper ones end it early.
+const MAX_NATIVE_FRAMES: usize = 1024;
+
+/// /proc/PID/maps is read again when a stack holds an address in no known
+/// module: at once for a page not seen before (a library just loaded), at
+/// most this often for pages seen before (code in no file, like a JIT's).
+const RESCAN_EVERY: Duration = Duration::from_secs(1);
+
+/// Module files by (host path, inode), shared by every process.
+#[derive(Default)]
+pub struct ModuleFiles {
+    files: HashMap<(std::path::PathBuf, u64), Option<Rc<ModuleFile>>>,
+}
+
+/// A module as one process maps it.
+struct Mapped {
+    range: Range<u64>,
+    /// Which file, so that another file mapped at the same addresses later
+    /// is not taken for this one.
+    inode: u64,
+    bias: u64,
+    file: Rc<ModuleFile>,
+}
+
+/// The registers and stack bytes of one sample.
+pub struct UserStack<'a> {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Address of bytes[0].
+    pub start: u64,
+    pub bytes: &'a [u8],
+    /// The copy stopped at its size limit, not at the end of the stack.
+    pub full: bool,
+}
+
+/// A native frame as unwound: the module and link-time address to name it by.
+#[derive(Clone)]
+pub struct RawFrame {
+    pub module: Option<Rc<ModuleFile>>,
+    /// Link-time address in `module` (return addresses minus one, so that
+    /// they fall in the call), or the run-time address without a module.
+    pub address: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The thread's first frame was reached.
+    Complete,
+    /// The stack goes on past the bytes copied.
+    StackCut,
+    /// Code without unwind information, or an unwinding error.
+    Lost,
+}
+
+pub struct Unwound {
+    /// Innermost first.
+    pub frames: Vec<RawFrame>,
+    pub stop: Stop,
+}
+
+/// One process's modules and framehop's state for it.
+pub struct ProcessUnwinder {
+    pid: u32,
+    modules: Vec<Mapped>,
+    unwinder: UnwinderX86_64<Bytes>,
+    cache: Box<CacheX86_64>,
+    last_scan: Option<Instant>,
+    /// Pages of code found in no module at the last scan.
+    unmapped_pages: HashSet<u64>,
+}
+
+impl ProcessUnwinder {
+    pub fn new(pid: u32) -> Self {
+        ProcessUnwinder {
+            pid,
+            modules: Vec::new(),
+            unwinder: UnwinderX86_64::new(),
+            cache: Box::new(CacheX86_64::new()),
+            last_scan: None,
+            unmapped_pages: HashSet::new(),
+        }
+    }
+
+    fn module_at(&self, address: u64) -> Option<&Mapped> {
+        let i = self.modules.partition_point(|m| m.range.start <= address).checked_sub(1)?;
+        let m = &self.modules[i];
+        (address < m.range.end).then_some(m)
+    }
+
+    /// Reads the process's executable mappings again, adding the new ones.
+    fn rescan(&mut self, files: &mut ModuleFiles) {
+        self.last_scan = Some(Instant::now());
+        self.unmapped_pages.clear();
+        let Ok(mappings) = proc::code_mappings(self.pid) else { return };
+        let current: Vec<(Range<u64>, u64)> = mappings.iter().map(|m| (m.start..m.end, m.inode)).collect();
+        let still = |m: &Mapped| current.contains(&(m.range.clone(), m.inode));
+        for gone in self.modules.iter().filter(|m| !still(m)) {
+            self.unwinder.remove_module(gone.range.start);
+        }
+        self.modules.retain(still);
+        for m in mappings {
+            if self.modules.iter().any(|known| known.range == (m.start..m.end) && known.inode == m.inode) {
+                continue;
+            }
+            let file = if m.path == "[vdso]" {
+                let mut bytes = vec![0u8; (m.end - m.start) as usize];
+                proc::Memory::open(self.pid)
+                    .and_then(|mem| mem.read(m.start, &mut bytes))
+                    .ok()
+                    .and_then(|()| ModuleFile::from_memory(&bytes).ok())
+                    .map(Rc::new)
+            } else {
+                let host = proc::host_path(self.pid, &m.path, m.inode);
+                files
+                    .files
+                    .entry((host.clone(), m.inode))
+                    .or_insert_with(|| {
+                        let name = std::path::Path::new(&m.path).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                        ModuleFile::read(host, name).ok().map(Rc::new)
+                    })
+                    .clone()
+            };
+            let Some(file) = file else { continue };
+            let Some(bias) = file.bias(m.start, m.offset) else { continue };
+            self.unwinder.add_module(Module::new(file.name.clone(), m.start..m.end, bias, section_info(&file)));
+            self.modules.push(Mapped { range: m.start..m.end, inode: m.inode, bias, file });
+        }
+        self.modules.sort_by_key(|m| m.range.start);
+    }
+
+    /// The stack's frames, innermost first, as far as they can be unwound.
+    pub fn unwind(&mut self, stack: &UserStack, files: &mut ModuleFiles) -> Unwound {
+        if self.last_scan.is_none() {
+            self.rescan(files);
+        }
+        let unwound = self.unwind_once(stack);
+        let Some(RawFrame { module: None, address }) = unwound.frames.last() else { return unwound };
+        let page = address >> 12;
+        if !self.unmapped_pages.contains(&page) || self.last_scan.is_some_and(|t| t.elapsed() >= RESCAN_EVERY) {
+            self.rescan(files);
+            let unwound = self.unwind_once(stack);
+            if let Some(RawFrame { module: None, address }) = unwound.frames.last() {
+                self.unmapped_pages.insert(address >> 12);
+            }
+            return unwound;
+        }
+        unwound
+    }
+
+    fn unwind_once(&mut self, stack: &UserStack) -> Unwound {
+        let end = stack.start + stack.bytes.len() as u64;
+        // Whether the unwinder wanted bytes above the copy.
+        let past_copy = std::cell::Cell::new(false);
+        let mut read_stack = |addr: u64| -> Result<u64, ()> {
+            if addr < stack.start || addr.saturating_add(8) > end {
+                past_copy.set(past_copy.get() || addr.saturating_add(8) > end);
+                return Err(());
+            }
+            let at = (addr - stack.start) as usize;
+            Ok(u64::from_le_bytes(stack.bytes[at..at + 8].try_into().unwrap()))
+        };
+        let mut regs = UnwindRegsX86_64::new(stack.ip, stack.sp, stack.bp);
+        let mut address = FrameAddress::from_instruction_pointer(stack.ip);
+        let mut frames = Vec::new();
+        let stop = loop {
+            let lookup = address.address_for_lookup();
+            let Some(m) = self.module_at(lookup) else {
+                frames.push(RawFrame { module: None, address: lookup });
+                break Stop::Lost;
+            };
+            let svma = lookup.wrapping_sub(m.bias);
+            frames.push(RawFrame { module: Some(m.file.clone()), address: svma });
+            // framehop falls back to frame pointers where no unwind entry
+            // covers an address; without frame pointers that yields garbage,
+            // so the walk stops there instead.
+            if m.file.function_start(svma).is_none() || frames.len() >= MAX_NATIVE_FRAMES {
+                break Stop::Lost;
+            }
+            match self.unwinder.unwind_frame(address, &mut regs, &mut self.cache, &mut read_stack) {
+                Ok(Some(ra)) if !past_copy.get() => match FrameAddress::from_return_address(ra) {
+                    Some(next) => address = next,
+                    None => break Stop::Complete,
+                },
+                Ok(None) => break Stop::Complete,
+                Ok(Some(_)) | Err(_) => {
+                    break if past_copy.get() && stack.full { Stop::StackCut } else { Stop::Lost };
+                }
+            }
+        };
+        Unwound { frames, stop }
+    }
+}
+
+fn section_info(file: &ModuleFile) -> ExplicitModuleSectionInfo<Bytes> {
+    ExplicitModuleSectionInfo {
+        base_svma: 0,
+        text_svma: file.text.as_ref().map(|(r, _)| r.clone()),
+        text: file.text.as_ref().map(|(_, d)| d.clone()),
+        got_svma: file.got.clone(),
+        eh_frame_svma: file.eh_frame.as_ref().map(|(r, _)| r.clone()),
+        eh_frame: file.eh_frame.as_ref().map(|(_, d)| d.clone()),
+        eh_frame_hdr_svma: file.eh_frame_hdr.as_ref().map(|(r, _)| r.clone()),
+        eh_frame_hdr: file.eh_frame_hdr.as_ref().map(|(_, d)| d.clone()),
+        ..Default::default()
+    }
+}

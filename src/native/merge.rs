@@ -159,7 +159,7 @@ mod tests {
     use crate::report::profile::label;
 
     fn py(name: &str) -> Rc<Frame> {
-        Rc::new(Frame::Python { name: name.into(), file: "f.py".into(), line: 1 })
+        Rc::new(Frame::Python { name: name.into(), file: "f.py".into(), line: 1, first_line: 1 })
     }
 
     fn c(name: &str) -> NativeFrame {

@@ -2,8 +2,8 @@
 //! extension, libc, the vDSO): what unwinding through it and naming its
 //! functions need, read once however many processes map it.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
+use std::cell::{OnceCell, RefCell};
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,7 +34,16 @@ pub struct ModuleFile {
     /// Link-time address -> start of the function whose unwind entry (FDE)
     /// covers it, None where no entry does.
     fde_starts: RefCell<HashMap<u64, Option<u64>>>,
+    /// _PyEval_EvalFrameDefault's (start, size), if this file has it.
+    eval_function: Option<(u64, u64)>,
+    /// Starts of the unwind entries of its cold parts (see eval_cold_parts).
+    eval_cold: OnceCell<HashSet<u64>>,
 }
+
+/// Distinct jump targets from the interpreter loop into one unnamed unwind
+/// entry that make it the loop's cold part rather than a tail-called
+/// function (which is jumped to at its start only).
+const COLD_PART_JUMPS: usize = 8;
 
 impl ModuleFile {
     pub fn read(path: PathBuf, name: String) -> Result<Self> {
@@ -79,6 +88,11 @@ impl ModuleFile {
         } else {
             Vec::new()
         };
+        let eval_function = elf
+            .dynsyms
+            .iter()
+            .find(|s| s.is_function() && elf.dynstrtab.get_at(s.st_name) == Some(crate::python::EVAL_FRAME_SYMBOL))
+            .map(|s| (s.st_value, s.st_size));
         Ok(ModuleFile {
             name,
             path,
@@ -89,7 +103,42 @@ impl ModuleFile {
             got: section(".got").map(|(r, _)| r),
             own_symbols: symbols,
             fde_starts: RefCell::new(HashMap::new()),
+            eval_function,
+            eval_cold: OnceCell::new(),
         })
+    }
+
+    /// Whether the unwind entry starting at `fde_start` is a cold part of
+    /// _PyEval_EvalFrameDefault: code the compiler split off the function
+    /// (`.cold`), which a stripped file leaves unnamed. Debian's 3.13-3.15
+    /// (GCC 16, PGO) run much of the loop there: without this, their eval
+    /// frames were not recognised and --native paired nothing.
+    pub fn is_eval_cold_part(&self, fde_start: u64) -> bool {
+        self.eval_cold.get_or_init(|| self.eval_cold_parts()).contains(&fde_start)
+    }
+
+    /// The unwind entries the loop jumps into (jcc rel32, jmp rel32, read
+    /// off its bytes) at COLD_PART_JUMPS or more distinct places.
+    fn eval_cold_parts(&self) -> HashSet<u64> {
+        let (Some((start, size)), Some((text, bytes))) = (self.eval_function, &self.text) else { return HashSet::new() };
+        let (Some(from), Some(to)) = (start.checked_sub(text.start), (start + size).checked_sub(text.start)) else { return HashSet::new() };
+        let Some(code) = bytes.get(from as usize..(to as usize).min(bytes.len())) else { return HashSet::new() };
+        let mut targets: HashMap<u64, HashSet<u64>> = HashMap::new();
+        for i in 0..code.len() {
+            let (len, rel) = match code[i..] {
+                [0x0f, 0x80..=0x8f, a, b, c, d, ..] => (6, i32::from_le_bytes([a, b, c, d])),
+                [0xe9, a, b, c, d, ..] => (5, i32::from_le_bytes([a, b, c, d])),
+                _ => continue,
+            };
+            let target = (start + i as u64 + len).wrapping_add(rel as i64 as u64);
+            if (start..start + size).contains(&target) || !text.contains(&target) {
+                continue;
+            }
+            if let Some(fde) = self.function_start(target) {
+                targets.entry(fde).or_default().insert(target);
+            }
+        }
+        targets.into_iter().filter(|(_, t)| t.len() >= COLD_PART_JUMPS).map(|(fde, _)| fde).collect()
     }
 
     /// Run-time minus link-time addresses for a mapping of this file that

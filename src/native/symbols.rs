@@ -56,7 +56,8 @@ impl Symbols {
         let name = self.name(module, raw.address);
         // The interpreter loop, or its cold part split off by the compiler
         // (`_PyEval_EvalFrameDefault.cold`): one C-level eval call either way.
-        let is_eval = name.strip_prefix(EVAL_FRAME_SYMBOL).is_some_and(|rest| rest.is_empty() || rest.starts_with('.'));
+        let is_eval = name.strip_prefix(EVAL_FRAME_SYMBOL).is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+            || module.function_start(raw.address).is_some_and(|start| module.is_eval_cold_part(start));
         let frame = NativeFrame { frame: Rc::new(Frame::Native { name, module: module.name.clone() }), is_eval };
         self.names.insert(key, (module.clone(), frame.clone()));
         frame

@@ -291,6 +291,30 @@ fn sample_idle_sees_sleepers(version: &'static str) {
     assert!((sleeper - 0.5).abs() < 0.08 && (spinner - 0.5).abs() < 0.08, "{version}: sleeper {sleeper:.2}, spinner {spinner:.2}");
 }
 
+/// --native: in each sample of compress_work, libz's frames sit above it
+/// (between it and the leaf) with no Python frame above them; half the
+/// samples are there (the fixture splits its CPU evenly), and every eval
+/// frame was paired with its Python frames.
+fn sample_native_puts_c_frames_under_their_python_caller(version: &'static str) {
+    let py = Interpreter::new(version);
+    let out = py.pytrace(&["sample", "--native", "-r", "499", "--folded", "-"], "native_split.py", &["--seconds", "3"]);
+    let (mut total, mut in_libz) = (0u64, 0u64);
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap();
+        let n: u64 = n.parse().unwrap();
+        let frames: Vec<&str> = stack.split(';').collect();
+        total += n;
+        let Some(caller) = frames.iter().rposition(|f| f.starts_with("compress_work (")) else { continue };
+        let above = &frames[caller + 1..];
+        if above.iter().any(|f| f.contains("(libz.so")) && !above.iter().any(|f| f.contains(".py:")) {
+            in_libz += n;
+        }
+        assert!(!stack.contains("[native stack unmatched]") || n < 5, "{version}: {line}");
+    }
+    let share = in_libz as f64 / total as f64;
+    assert!(total > 800 && (share - 0.5).abs() < 0.06, "{version}: libz under compress_work in {in_libz} of {total} samples");
+}
+
 /// compare runs calls and sample at once: both sides show the 60/30/10
 /// split, and every round calls each function once.
 fn compare_sees_the_split_on_both_sides(version: &'static str) {
@@ -364,6 +388,10 @@ macro_rules! matrix {
             #[test]
             fn sample_idle_sees_sleepers() {
                 super::sample_idle_sees_sleepers($version)
+            }
+            #[test]
+            fn sample_native_puts_c_frames_under_their_python_caller() {
+                super::sample_native_puts_c_frames_under_their_python_caller($version)
             }
             #[test]
             fn compare_sees_the_split_on_both_sides() {

@@ -24,15 +24,16 @@ fn per_thread(folded: &str, functions: &[&str]) -> HashMap<String, HashMap<Strin
 }
 
 /// The fixture spins 6, 3 and 1 ms of CPU in sixty, thirty and ten each
-/// round. At 999 Hz for 5 s (about 5000 samples) one share's standard
-/// error is about 0.7 points, so 2 points is a real bound, not noise.
+/// round. At 999 Hz for 5 CPU-seconds (about 5000 samples, however busy
+/// the machine) one share's standard error is about 0.7 points, so 2
+/// points is a real bound, not noise. pytrace stops when the target ends.
 #[test]
 fn cpu_shares_match_the_known_split_within_two_points() {
     for (label, python) in pythons() {
-        let target = start_waiting(&python, "cpu_split.py", &["--seconds", "8"]);
+        let target = start_waiting(&python, "cpu_split.py", &["--cpu-seconds", "5"]);
         let dir = tempfile::tempdir().unwrap();
         let json = dir.path().join("profile.json");
-        let tracer = start_tracer(&["sample", "-p", &target.pid().to_string(), "-r", "999", "-d", "5", "--json", json.to_str().unwrap()]);
+        let tracer = start_tracer(&["sample", "-p", &target.pid().to_string(), "-r", "999", "--json", json.to_str().unwrap()]);
         signal(target.pid(), libc::SIGUSR1);
         let (code, _, stderr) = tracer.finish();
         assert_eq!(code, 0, "{label}: {stderr}");
@@ -103,7 +104,7 @@ fn every_output_format_is_written_even_when_the_target_exits_mid_sample() {
     let out = pytrace(&[
         "sample", "-r", "999", "-d", "600", "--kernel",
         "--flamegraph", &path("p.svg"), "--folded", &path("p.folded"), "--speedscope", &path("p.speedscope.json"), "--json", &path("p.json"),
-        "--", python.to_str().unwrap(), &fixture("cpu_split.py"), "--seconds", "1",
+        "--", python.to_str().unwrap(), &fixture("cpu_split.py"), "--cpu-seconds", "1",
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let svg = std::fs::read_to_string(path("p.svg")).unwrap();

@@ -8,14 +8,17 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-/// One line of /proc/PID/maps that maps a file.
+/// One line of /proc/PID/maps that maps a file (or the vDSO).
 #[derive(Debug, Clone)]
 pub struct Mapping {
     pub start: u64,
+    pub end: u64,
     pub offset: u64,
     pub inode: u64,
+    pub executable: bool,
     /// The path as the kernel names it to us: inside the target's mount
-    /// namespace for a container, the full host path for a chroot.
+    /// namespace for a container, the full host path for a chroot; `[vdso]`
+    /// for the vDSO.
     pub path: String,
 }
 
@@ -68,51 +71,28 @@ fn strip_deleted(path: &str) -> &str {
     path.strip_suffix(" (deleted)").unwrap_or(path)
 }
 
+/// The process's mappings of files, in address order.
 pub fn file_mappings(pid: u32) -> Result<Vec<Mapping>> {
+    Ok(mappings(pid)?.into_iter().filter(|m| m.path.starts_with('/')).collect())
+}
+
+/// The process's executable mappings (files' code and the vDSO), in
+/// address order.
+pub fn code_mappings(pid: u32) -> Result<Vec<Mapping>> {
+    Ok(mappings(pid)?.into_iter().filter(|m| m.executable).collect())
+}
+
+fn mappings(pid: u32) -> Result<Vec<Mapping>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))
         .with_context(|| format!("failed to read /proc/{pid}/maps"))?;
     Ok(text.lines().filter_map(parse_maps_line).collect())
 }
 
+/// `start-end perms offset dev inode path`, for a file or the vDSO.
 fn parse_maps_line(line: &str) -> Option<Mapping> {
-    // start-end perms offset dev inode path
-    let mut fields = line.splitn(6, ' ');
-    let range = fields.next()?;
-    let _perms = fields.next()?;
-    let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
-    let _dev = fields.next()?;
-    let inode = fields.next()?.parse().ok()?;
-    let path = fields.next()?.trim_start();
-    if !path.starts_with('/') {
-        return None;
-    }
-    let start = u64::from_str_radix(range.split('-').next()?, 16).ok()?;
-    Some(Mapping { start, offset, inode, path: strip_deleted(path).to_string() })
-}
-
-/// An executable mapping: a file's code, or the vDSO (path `[vdso]`).
-#[derive(Debug, Clone)]
-pub struct CodeMapping {
-    pub start: u64,
-    pub end: u64,
-    pub offset: u64,
-    pub inode: u64,
-    pub path: String,
-}
-
-/// The process's executable mappings, in address order.
-pub fn code_mappings(pid: u32) -> Result<Vec<CodeMapping>> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .with_context(|| format!("failed to read /proc/{pid}/maps"))?;
-    Ok(text.lines().filter_map(parse_code_mapping).collect())
-}
-
-fn parse_code_mapping(line: &str) -> Option<CodeMapping> {
     let mut fields = line.splitn(6, ' ');
     let (start, end) = fields.next()?.split_once('-')?;
-    if !fields.next()?.contains('x') {
-        return None;
-    }
+    let executable = fields.next()?.contains('x');
     let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
     let _dev = fields.next()?;
     let inode = fields.next()?.parse().ok()?;
@@ -120,11 +100,12 @@ fn parse_code_mapping(line: &str) -> Option<CodeMapping> {
     if !path.starts_with('/') && path != "[vdso]" {
         return None;
     }
-    Some(CodeMapping {
+    Some(Mapping {
         start: u64::from_str_radix(start, 16).ok()?,
         end: u64::from_str_radix(end, 16).ok()?,
         offset,
         inode,
+        executable,
         path: strip_deleted(path).to_string(),
     })
 }
@@ -195,13 +176,15 @@ mod tests {
 
     #[test]
     fn code_mappings_are_executable_files_and_the_vdso() {
-        let m = parse_code_mapping("7f1c2a000000-7f1c2a100000 r-xp 00042000 08:01 1234     /usr/lib/libz.so.1").unwrap();
-        assert_eq!((m.start, m.end, m.offset, m.inode, m.path.as_str()), (0x7f1c2a000000, 0x7f1c2a100000, 0x42000, 1234, "/usr/lib/libz.so.1"));
-        assert!(parse_code_mapping("7f1c2a000000-7f1c2a100000 r--p 00000000 08:01 1234     /usr/lib/libz.so.1").is_none());
-        assert_eq!(parse_code_mapping("7ffd1000-7ffd3000 r-xp 00000000 00:00 0   [vdso]").unwrap().path, "[vdso]");
-        assert!(parse_code_mapping("7ffd1000-7ffd3000 rwxp 00000000 00:00 0").is_none(), "anonymous code (a JIT) has no unwind information");
+        let m = parse_maps_line("7f1c2a000000-7f1c2a100000 r-xp 00042000 08:01 1234     /usr/lib/libz.so.1").unwrap();
+        assert_eq!((m.start, m.end, m.offset, m.inode, m.executable, m.path.as_str()), (0x7f1c2a000000, 0x7f1c2a100000, 0x42000, 1234, true, "/usr/lib/libz.so.1"));
+        assert!(!parse_maps_line("7f1c2a000000-7f1c2a100000 r--p 00000000 08:01 1234     /usr/lib/libz.so.1").unwrap().executable);
+        assert_eq!(parse_maps_line("7ffd1000-7ffd3000 r-xp 00000000 00:00 0   [vdso]").unwrap().path, "[vdso]");
+        assert!(parse_maps_line("7ffd1000-7ffd3000 rwxp 00000000 00:00 0").is_none(), "anonymous code (a JIT) has no unwind information");
         let mine = code_mappings(std::process::id()).unwrap();
-        assert!(mine.iter().any(|m| m.path == "[vdso]") && mine.windows(2).all(|w| w[0].start < w[1].start));
+        assert!(mine.iter().all(|m| m.executable) && mine.iter().any(|m| m.path == "[vdso]"));
+        assert!(mine.windows(2).all(|w| w[0].start < w[1].start));
+        assert!(file_mappings(std::process::id()).unwrap().iter().all(|m| m.path.starts_with('/')), "no [vdso] among files");
     }
 
     #[test]

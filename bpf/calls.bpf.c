@@ -468,17 +468,40 @@ static __always_inline __u64 code_fingerprint(const void *qualname, const void *
 extern bool bpf_session_is_return(void) __ksym __weak;
 extern __u64 *bpf_session_cookie(void) __ksym __weak;
 
+/* Names the function of a code object: fills the key's id, fingerprint and
+ * first line, and *flags with its co_flags. Non-zero if `code` cannot be
+ * read or is not a code object. */
+static __always_inline int code_key(const void *code, struct func_key *key, __u32 *flags)
+{
+	const volatile struct py_layout *l = &cfg.layout;
+	/* 8-byte aligned, for the 8-byte loads FIELD makes. */
+	__u64 code_words[CODE_HEAD_MAX / 8];
+	char *code_head = (char *)code_words;
+	__u32 csize = cfg.code_head;
+
+	if (!code || csize > CODE_HEAD_MAX || csize < 8 || bpf_probe_read_user(code_words, csize, code))
+		return -1;
+	if (cfg.code_type && FIELD(code_head, csize, l->object_type, __u64) != cfg.code_type)
+		return -1;
+	key->id = (__u64)code;
+	key->aux = code_fingerprint(FIELD(code_head, csize, l->code_qualname, const void *),
+				    FIELD(code_head, csize, l->code_filename, const void *));
+	key->line = FIELD(code_head, csize, l->code_firstlineno, __u32);
+	*flags = FIELD(code_head, csize, l->code_flags, __u32);
+	return 0;
+}
+
 /* A frame is about to be evaluated: name its function and open a call.
  * Returns the stack depth of the call's slot (0 if none). */
 static __always_inline __u32 eval_enter(const void *tstate, const void *frame)
 {
 	const volatile struct py_layout *l = &cfg.layout;
 	/* 8-byte aligned, for the 8-byte loads FIELD makes. */
-	__u64 frame_words[FRAME_HEAD_MAX / 8], code_words[CODE_HEAD_MAX / 8];
-	char *frame_head = (char *)frame_words, *code_head = (char *)code_words;
+	__u64 frame_words[FRAME_HEAD_MAX / 8];
+	char *frame_head = (char *)frame_words;
 	struct func_stats *st = 0;
 	struct func_key key = {};
-	__u32 fsize = cfg.frame_head, csize = cfg.code_head, flags;
+	__u32 fsize = cfg.frame_head, flags = 0;
 	const void *code;
 	int is_new, counted = 1;
 
@@ -486,24 +509,16 @@ static __always_inline __u32 eval_enter(const void *tstate, const void *frame)
 		stop_for_hook();
 
 	key.tgid = bpf_get_current_pid_tgid() >> 32;
-	if (fsize > FRAME_HEAD_MAX || csize > CODE_HEAD_MAX || csize < 8 || fsize < 8 ||
-	    bpf_probe_read_user(frame_words, fsize, frame))
+	if (fsize > FRAME_HEAD_MAX || fsize < 8 || bpf_probe_read_user(frame_words, fsize, frame))
 		goto bad;
 	code = (const void *)PY_CODE_ADDRESS(FIELD(frame_head, fsize, l->frame_code, __u64));
-	if (!code || bpf_probe_read_user(code_words, csize, code))
+	if (code_key(code, &key, &flags))
 		goto bad;
-	if (cfg.code_type && FIELD(code_head, csize, l->object_type, __u64) != cfg.code_type)
-		goto bad;
-	key.id = (__u64)code;
-	key.aux = code_fingerprint(FIELD(code_head, csize, l->code_qualname, const void *),
-				   FIELD(code_head, csize, l->code_filename, const void *));
-	key.line = FIELD(code_head, csize, l->code_firstlineno, __u32);
 
 	/* From 3.11, calling a generator function runs its frame in the eval
 	 * loop just long enough to create the generator (RETURN_GENERATOR).
 	 * cProfile sees no call there, only each resumption, which runs in a
 	 * frame the generator owns. */
-	flags = FIELD(code_head, csize, l->code_flags, __u32);
 	if (l->frame_owner != PY_NO_FIELD && (flags & PY_CO_GENERATOR_LIKE) &&
 	    FIELD(frame_head, fsize, l->frame_owner, __u8) == PY_FRAME_OWNED_BY_THREAD)
 		counted = 0;
@@ -521,6 +536,39 @@ bad:
 	st = function_stats(&key, &is_new);
 push:
 	return on_call(&key, st, (__u64)frame, tstate, counted, 0);
+}
+
+/* 3.13 only: its CALL_ALLOC_AND_ENTER_INIT (a call of a Python class at a
+ * site it has specialized) runs __init__ inline even with the eval-frame
+ * hook set, so that frame never enters _PyEval_EvalFrameDefault (3.14
+ * checks the hook there). The instruction first allocates the instance
+ * with _PyType_NewManagedObject(type), which nothing else calls: a probe
+ * there counts one call of the type's cached __init__, untimed (its time
+ * stays in the caller's self time). */
+SEC("uprobe")
+int BPF_UPROBE(inlined_init, const void *type)
+{
+	const void *init = read_ptr(type, cfg.heaptype_spec_init);
+	const void *code = init ? (const void *)PY_CODE_ADDRESS((__u64)read_ptr(init, cfg.function_code)) : 0;
+	struct func_key key = { .tgid = bpf_get_current_pid_tgid() >> 32 };
+	struct func_stats *st;
+	__u32 flags;
+	int is_new;
+
+	if (cfg.empty_probe)
+		return 0;
+	if (code_key(code, &key, &flags)) {
+		count(CALLS_BAD_CODE);
+		return 0;
+	}
+	st = function_stats(&key, &is_new);
+	if (!st)
+		return 0;
+	if (is_new)
+		announce(&key, code, 0, 0);
+	__sync_fetch_and_add(&st->calls, 1);
+	count(CALLS_INLINED_INIT);
+	return 0;
 }
 
 /* Entry and return of _PyEval_EvalFrameDefault, as one uprobe session (Linux

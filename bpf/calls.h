@@ -45,6 +45,7 @@ enum calls_counter {
 	CALLS_INFERRED_RETURN,     /* deeper than URETPROBE_DEPTH: timed to the next event */
 	CALLS_STACK_RESYNC,        /* shadow stack disagreed with the interpreter's */
 	CALLS_EVALUATIONS,         /* frame evaluations entered, counted as calls or not */
+	CALLS_INLINED_INIT,        /* 3.13: __init__ calls run inline, counted untimed */
 	CALLS_COUNTER_COUNT,
 };
 
@@ -110,6 +111,10 @@ struct calls_config {
 	/* Non-zero (scripts/bench.sh only): the uprobe programs return at once,
 	 * so a run measures the kernel's own cost of the probe, the floor. */
 	__u64 empty_probe;
+	/* 3.13's inlined __init__ (inlined_init in calls.bpf.c): where a heap
+	 * type keeps its cached __init__ and a function its code object. */
+	__u32 heaptype_spec_init;
+	__u32 function_code;
 };
 
 #endif

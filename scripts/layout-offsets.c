@@ -82,6 +82,15 @@ int main(void)
 #else
     printf("    frame_is_entry: NO_FIELD,\n");
 #endif
+    /* A heap type's cached __init__ (the CALL_ALLOC_AND_ENTER_INIT
+     * specialization's, 3.13+) and a function's code object: calls counts
+     * 3.13's inlined __init__ calls through them. */
+#if PY_VERSION_HEX >= 0x030D0000
+    FIELD("heaptype_spec_init", offsetof(PyHeapTypeObject, _spec_cache.init));
+#else
+    printf("    heaptype_spec_init: NO_FIELD,\n");
+#endif
+    FIELD("function_code", offsetof(PyFunctionObject, func_code));
 #if PY_VERSION_HEX >= 0x030D0000
     FIELD("frame_code", offsetof(_PyInterpreterFrame, f_executable));
     FIELD("frame_previous", offsetof(_PyInterpreterFrame, previous));

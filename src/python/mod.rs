@@ -151,6 +151,19 @@ impl Python {
         (self.version.major, self.version.minor) >= (3, 11)
     }
 
+    /// 3.13: where _PyType_NewManagedObject starts, the allocation that
+    /// its inlined __init__ calls go through (inlined_init in
+    /// bpf/calls.bpf.c), when the symbol table names it (pyenv's builds do).
+    /// Not guessed otherwise: Debian's stripped 3.13.18 has it inlined into
+    /// the eval loop, and the one function there that calls
+    /// PyType_GenericAlloc directly turned out to be another one.
+    pub fn inlined_init_allocator(&self) -> Option<u64> {
+        if (self.version.major, self.version.minor) != (3, 13) {
+            return None;
+        }
+        self.elf.symbol("_PyType_NewManagedObject")
+    }
+
     pub fn function_probes(&self) -> FunctionProbes {
         let has = |name| self.elf.has_usdt("python", name);
         if !has("function__entry") || !has("function__return") {
@@ -208,8 +221,7 @@ const GET_EVAL_FRAME_SYMBOL: &str = "_PyInterpreterState_GetEvalFrameFunc";
 /// function only reads `interp->eval_frame`. None for any other code; the
 /// table's offset stands then.
 pub fn eval_frame_load_offset(code: &[u8]) -> Option<u32> {
-    const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
-    let code = code.strip_prefix(&ENDBR64[..]).unwrap_or(code);
+    let code = code.strip_prefix(&crate::target::elf::ENDBR64[..]).unwrap_or(code);
     let [rex, 0x8b, modrm, rest @ ..] = code else { return None };
     // REX.W, no REX.B (the base is rdi, not r15); the destination may be any register.
     if rex & 0xf9 != 0x48 || modrm & 0x07 != 0x07 {

@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use goblin::elf::{program_header::PT_LOAD, Elf};
 
+/// The instruction that starts functions in CET builds (Debian's 3.13+).
+pub const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+
 #[derive(Debug, Clone)]
 struct Segment {
     vaddr: u64,

@@ -38,7 +38,7 @@ pub struct FunctionTotals {
 }
 
 /// Counters from bpf/calls.h's enum calls_counter, by name.
-pub const COUNTER_NAMES: [(&str, calls_counter); 10] = [
+pub const COUNTER_NAMES: [(&str, calls_counter); 11] = [
     ("new_function_lost", calls_counter::CALLS_NEW_FUNCTION_LOST),
     ("function_map_full", calls_counter::CALLS_FUNCTION_MAP_FULL),
     ("thread_map_full", calls_counter::CALLS_THREAD_MAP_FULL),
@@ -48,6 +48,7 @@ pub const COUNTER_NAMES: [(&str, calls_counter); 10] = [
     ("stop_failed", calls_counter::CALLS_STOP_FAILED),
     ("inferred_returns", calls_counter::CALLS_INFERRED_RETURN),
     ("stack_resyncs", calls_counter::CALLS_STACK_RESYNC),
+    ("inlined_init_calls", calls_counter::CALLS_INLINED_INIT),
     ("evaluations", calls_counter::CALLS_EVALUATIONS),
 ];
 
@@ -106,6 +107,8 @@ impl<'obj> Session<'obj> {
         rodata.cfg.code_type = plan.python.code_type_address().unwrap_or(0);
         rodata.cfg.stop_at_first_eval = plan.stop_at_first_eval as u64;
         rodata.cfg.empty_probe = plan.empty_probe as u64;
+        rodata.cfg.heaptype_spec_init = l.heaptype_spec_init;
+        rodata.cfg.function_code = l.function_code;
         // Load only the programs this kernel and mode can run: a session
         // program does not load where the kernel has no uprobe sessions.
         let sessions = has_uprobe_sessions();
@@ -115,6 +118,8 @@ impl<'obj> Session<'obj> {
         open.progs.eval_return.set_autoload(uprobe_mode && !sessions);
         open.progs.usdt_function_entry.set_autoload(!uprobe_mode);
         open.progs.usdt_function_return.set_autoload(!uprobe_mode);
+        let inlined_init = plan.python.inlined_init_allocator().filter(|_| uprobe_mode);
+        open.progs.inlined_init.set_autoload(inlined_init.is_some());
         let skel = open.load().map_err(privilege_hint).context("failed to load the calls BPF program")?;
         let links = attach(&skel.progs, plan)?;
         Ok(Session { skel, links: RefCell::new(links), names: RefCell::new(HashMap::new()) })
@@ -177,8 +182,19 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
             let offset = entry_probe_offset(code, python.elf.file_offset(addr)? as usize);
             let what = || format!("failed to attach to {EVAL_FRAME_SYMBOL} in {}", python.target_path);
             // See eval_frame in bpf/calls.bpf.c for why a session.
-            attach_entry_and_return(&progs.eval_frame, &progs.eval_entry, &progs.eval_return, plan.pid, path, offset)
-                .with_context(what)?
+            let mut links = attach_entry_and_return(&progs.eval_frame, &progs.eval_entry, &progs.eval_return, plan.pid, path, offset)
+                .with_context(what)?;
+            if let Some(addr) = python.inlined_init_allocator() {
+                let offset = entry_probe_offset(python.elf.read_static(addr, 8)?, python.elf.file_offset(addr)? as usize);
+                links.push(
+                    progs
+                        .inlined_init
+                        .attach_uprobe(false, pid, path, offset)
+                        .map_err(exited)
+                        .with_context(|| format!("failed to attach to _PyType_NewManagedObject in {}", python.target_path))?,
+                );
+            }
+            links
         }
         Mode::Usdt => {
             let what = |probe| format!("failed to attach to the USDT probe python:{probe} in {}", python.target_path);
@@ -270,11 +286,12 @@ pub fn caveats(python: &Python, mode: Mode) -> Vec<String> {
     let minor = (python.version.major, python.version.minor);
     let mut out = Vec::new();
     if mode == Mode::Uprobe && minor == (3, 13) {
-        // Measured on Debian's 3.13.18: 1 of 20 calls seen; 3.14 respects
-        // the hook there.
-        out.push(
-            "CPython 3.13 inlines a class's __init__ at call sites it has specialized (CALL_ALLOC_AND_ENTER_INIT) even with the eval-frame hook set, so __init__ counts are lower bounds".into(),
-        );
+        // 3.14 respects the hook there. Without the allocator probe, 1 of
+        // 20 such calls was seen on Debian's 3.13.18.
+        out.push(match python.inlined_init_allocator() {
+            Some(_) => "CPython 3.13 runs a class's __init__ inline at call sites it has specialized (CALL_ALLOC_AND_ENTER_INIT) even with the eval-frame hook set: those calls are counted (at the instance's allocation) but not timed, so __init__'s timed_calls is below its calls and their time is in the caller's self time".into(),
+            None => "CPython 3.13 runs a class's __init__ inline at call sites it has specialized (CALL_ALLOC_AND_ENTER_INIT) even with the eval-frame hook set, and pytrace found no _PyType_NewManagedObject to count them at: __init__ counts are lower bounds".into(),
+        });
     }
     if mode == Mode::Usdt && minor >= (3, 11) {
         out.push("function__entry fires when a generator is created as well as when it resumes, so generator rows count one call more per generator".into());

@@ -127,6 +127,7 @@ pub fn attach_entry_and_return(
 /// pointer, so a return probe there still finds the return address at it.
 /// Any other prologue keeps the function's first byte.
 pub fn entry_probe_offset(code: &[u8], offset: usize) -> usize {
+    use crate::target::elf::ENDBR64;
     if code.starts_with(&ENDBR64) && starts_with_push(&code[ENDBR64.len()..]) {
         offset + ENDBR64.len()
     } else {
@@ -137,10 +138,8 @@ pub fn entry_probe_offset(code: &[u8], offset: usize) -> usize {
 /// Whether the kernel emulates the instruction an entry probe on this code
 /// sits on (see entry_probe_offset), rather than single-stepping it.
 pub fn entry_probe_is_emulated(code: &[u8]) -> bool {
-    starts_with_push(code.strip_prefix(&ENDBR64[..]).unwrap_or(code))
+    starts_with_push(code.strip_prefix(&crate::target::elf::ENDBR64[..]).unwrap_or(code))
 }
-
-const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 
 /// push %reg, with or without a REX.B prefix.
 fn starts_with_push(code: &[u8]) -> bool {

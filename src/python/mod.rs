@@ -234,11 +234,14 @@ pub fn eval_frame_load_offset(code: &[u8]) -> Option<u32> {
     }
 }
 
+/// A file's identity: device, inode, size and modification time.
+type FileId = (u64, u64, u64, i64);
+
 thread_local! {
     /// Files already looked at, by identity: `sample --all` looks at every
     /// process each rescan, and 20 processes of one Python read and parsed
     /// its executable 20 times (2 s and 440 MB on this VM) before this.
-    static LOOKED_AT: RefCell<HashMap<(u64, u64, u64, i64), Option<Rc<ElfFile>>>> = RefCell::new(HashMap::new());
+    static LOOKED_AT: RefCell<HashMap<FileId, Option<Rc<ElfFile>>>> = RefCell::new(HashMap::new());
 }
 
 /// The parsed file at `path` if it holds the CPython interpreter; each file

@@ -15,6 +15,7 @@
 #include <frameobject.h>
 #endif
 #include <internal/pycore_interp.h>
+#include <opcode.h>
 #include <internal/pycore_runtime.h>
 
 #define FIELD(name, value) printf("    %s: %zu,\n", name, (size_t)(value))
@@ -91,6 +92,13 @@ int main(void)
     printf("    heaptype_spec_init: NO_FIELD,\n");
 #endif
     FIELD("function_code", offsetof(PyFunctionObject, func_code));
+    /* The opcode whose handler pytrace finds in a stripped 3.13 (see
+     * Python::inlined_init_probe). */
+#if PY_VERSION_HEX >= 0x030D0000
+    FIELD("opcode_alloc_and_enter_init", CALL_ALLOC_AND_ENTER_INIT);
+#else
+    printf("    opcode_alloc_and_enter_init: NO_FIELD,\n");
+#endif
 #if PY_VERSION_HEX >= 0x030D0000
     FIELD("frame_code", offsetof(_PyInterpreterFrame, f_executable));
     FIELD("frame_previous", offsetof(_PyInterpreterFrame, previous));

@@ -4,6 +4,7 @@
 
 pub mod code;
 pub mod eval_hook;
+pub mod inlined_init;
 pub mod layouts;
 pub mod strings;
 
@@ -149,19 +150,6 @@ impl Python {
     /// _PyEval_EvalFrameDefault, unless interp->eval_frame is set.
     pub fn inlines_calls(&self) -> bool {
         (self.version.major, self.version.minor) >= (3, 11)
-    }
-
-    /// 3.13: where _PyType_NewManagedObject starts, the allocation that
-    /// its inlined __init__ calls go through (inlined_init in
-    /// bpf/calls.bpf.c), when the symbol table names it (pyenv's builds do).
-    /// Not guessed otherwise: Debian's stripped 3.13.18 has it inlined into
-    /// the eval loop, and the one function there that calls
-    /// PyType_GenericAlloc directly turned out to be another one.
-    pub fn inlined_init_allocator(&self) -> Option<u64> {
-        if (self.version.major, self.version.minor) != (3, 13) {
-            return None;
-        }
-        self.elf.symbol("_PyType_NewManagedObject")
     }
 
     pub fn function_probes(&self) -> FunctionProbes {

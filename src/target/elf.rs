@@ -119,6 +119,18 @@ impl ElfFile {
         &self.bytes
     }
 
+    /// The loadable segment holding `vaddr`, as link-time addresses.
+    pub fn segment_range(&self, vaddr: u64) -> Option<std::ops::Range<u64>> {
+        self.segments.iter().map(|s| s.vaddr..s.vaddr + s.filesz).find(|r| r.contains(&vaddr))
+    }
+
+    /// Each loadable segment's link-time address and its bytes in the file.
+    pub fn segment_bytes(&self) -> impl Iterator<Item = (u64, &[u8])> {
+        self.segments
+            .iter()
+            .filter_map(|s| Some((s.vaddr, self.bytes.get(s.offset as usize..(s.offset + s.filesz) as usize)?)))
+    }
+
     pub fn has_usdt(&self, provider: &str, name: &str) -> bool {
         self.usdt_probes.iter().any(|p| p.provider == provider && p.name == name)
     }

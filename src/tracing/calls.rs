@@ -14,6 +14,7 @@ use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_st
 use crate::bpf::calls::types::{calls_counter, func_key, func_stats, new_function, py_layout};
 use crate::bpf::calls::{CallsSkel, CallsSkelBuilder};
 use crate::python::layouts::NO_FIELD;
+use crate::python::inlined_init::InitProbe;
 use crate::python::{strings, Python, EVAL_FRAME_SYMBOL};
 
 pub use super::Mode;
@@ -118,7 +119,7 @@ impl<'obj> Session<'obj> {
         open.progs.eval_return.set_autoload(uprobe_mode && !sessions);
         open.progs.usdt_function_entry.set_autoload(!uprobe_mode);
         open.progs.usdt_function_return.set_autoload(!uprobe_mode);
-        let inlined_init = plan.python.inlined_init_allocator().filter(|_| uprobe_mode);
+        let inlined_init = plan.python.inlined_init_probe().filter(|_| uprobe_mode);
         open.progs.inlined_init.set_autoload(inlined_init.is_some());
         let skel = open.load().map_err(privilege_hint).context("failed to load the calls BPF program")?;
         let links = attach(&skel.progs, plan)?;
@@ -184,14 +185,18 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
             // See eval_frame in bpf/calls.bpf.c for why a session.
             let mut links = attach_entry_and_return(&progs.eval_frame, &progs.eval_entry, &progs.eval_return, plan.pid, path, offset)
                 .with_context(what)?;
-            if let Some(addr) = python.inlined_init_allocator() {
-                let offset = entry_probe_offset(python.elf.read_static(addr, 8)?, python.elf.file_offset(addr)? as usize);
+            if let Some(probe) = python.inlined_init_probe() {
+                let offset = match probe {
+                    InitProbe::Function(addr) => entry_probe_offset(python.elf.read_static(addr, 8)?, python.elf.file_offset(addr)? as usize),
+                    // A call instruction: the kernel emulates it.
+                    InitProbe::CallSite(addr) => python.elf.file_offset(addr)? as usize,
+                };
                 links.push(
                     progs
                         .inlined_init
                         .attach_uprobe(false, pid, path, offset)
                         .map_err(exited)
-                        .with_context(|| format!("failed to attach to _PyType_NewManagedObject in {}", python.target_path))?,
+                        .with_context(|| format!("failed to attach to the allocation of inlined __init__ calls in {}", python.target_path))?,
                 );
             }
             links
@@ -288,9 +293,9 @@ pub fn caveats(python: &Python, mode: Mode) -> Vec<String> {
     if mode == Mode::Uprobe && minor == (3, 13) {
         // 3.14 respects the hook there. Without the allocator probe, 1 of
         // 20 such calls was seen on Debian's 3.13.18.
-        out.push(match python.inlined_init_allocator() {
+        out.push(match python.inlined_init_probe() {
             Some(_) => "CPython 3.13 runs a class's __init__ inline at call sites it has specialized (CALL_ALLOC_AND_ENTER_INIT) even with the eval-frame hook set: those calls are counted (at the instance's allocation) but not timed, so __init__'s timed_calls is below its calls and their time is in the caller's self time".into(),
-            None => "CPython 3.13 runs a class's __init__ inline at call sites it has specialized (CALL_ALLOC_AND_ENTER_INIT) even with the eval-frame hook set, and pytrace found no _PyType_NewManagedObject to count them at: __init__ counts are lower bounds".into(),
+            None => "CPython 3.13 runs a class's __init__ inline at call sites it has specialized (CALL_ALLOC_AND_ENTER_INIT) even with the eval-frame hook set, and pytrace found no place to count them at: __init__ counts are lower bounds".into(),
         });
     }
     if mode == Mode::Usdt && minor >= (3, 11) {

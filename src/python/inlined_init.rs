@@ -26,6 +26,10 @@ const HANDLER_WINDOW: usize = 512;
 
 impl Python {
     pub fn inlined_init_probe(&self) -> Option<InitProbe> {
+        *self.inlined_init.get_or_init(|| self.find_inlined_init_probe())
+    }
+
+    fn find_inlined_init_probe(&self) -> Option<InitProbe> {
         if (self.version.major, self.version.minor) != (3, 13) {
             return None;
         }

@@ -53,6 +53,9 @@ pub struct Python {
     pub layout: Layout,
     /// Run-time minus link-time addresses, once the file is mapped.
     pub load_bias: Option<u64>,
+    /// 3.13's inlined-__init__ probe, found once (inlined_init.rs scans the
+    /// file for it) however many places ask.
+    inlined_init: std::cell::OnceCell<Option<inlined_init::InitProbe>>,
 }
 
 impl Python {
@@ -122,7 +125,7 @@ impl Python {
             );
         };
         let layout = read_layout(&elf, table).with_context(|| format!("reading the layout of Python {version} in {target_path}"))?;
-        Ok(Self { elf, target_path, version, layout, load_bias })
+        Ok(Self { elf, target_path, version, layout, load_bias, inlined_init: std::cell::OnceCell::new() })
     }
 
     /// Link-time address of one of the interpreter's symbols.

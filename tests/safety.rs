@@ -463,6 +463,29 @@ fn thread_churn_leaves_the_thread_map_empty() {
     assert_eq!(report["lost_events"], 0);
 }
 
+/// A target that keeps making new functions can make pytrace hold one row
+/// per function the kernel's map has room for (16,384), and no more: the
+/// rest are counted as dropped, in the table's footer too. Each row's latencies used
+/// to be an hdrhistogram of tens of KiB (318 MiB at the peak for this run).
+#[test]
+fn a_function_flood_is_bounded_and_counted() {
+    let (_, python) = pythons().remove(0);
+    let out = Command::new("/usr/bin/time")
+        .args(["-f", "maxrss_kb=%M", PYTRACE, "calls", "--top", "1", "--", python.to_str().unwrap(), &fixture("safety.py"), "flood", "30000"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let rss: u64 = stderr.lines().find_map(|l| l.strip_prefix("maxrss_kb=")).unwrap().trim().parse().unwrap();
+    assert!(rss < 120 * 1024, "pytrace peaked at {rss} KiB");
+    let table = String::from_utf8_lossy(&out.stdout);
+    let footer = table.lines().last().unwrap();
+    assert!(footer.contains("calls of functions past the function map's size, not counted"), "{footer}");
+    // 30,000 functions for 16,384 map entries (module bodies reuse theirs).
+    let dropped: u64 = footer.trim_start_matches("dropped: ").split_whitespace().next().unwrap().replace(',', "").parse().unwrap();
+    assert!(dropped > 10_000, "{footer}");
+}
+
 /// The table's footer names every drop (here: none).
 #[test]
 fn the_calls_table_ends_with_what_was_dropped() {

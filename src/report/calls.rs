@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 
-use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::{human_ns, thousands, PythonInfo};
@@ -65,7 +64,7 @@ struct Merged {
     child_calls: u64,
     outermost_calls: u64,
     nested_calls: u64,
-    latency: Histogram<u64>,
+    latency: crate::tracing::histogram::Latency,
 }
 
 impl CallsReport {
@@ -88,7 +87,7 @@ impl CallsReport {
                     m.child_calls += child_calls;
                     m.outermost_calls += outermost_calls;
                     m.nested_calls += nested_calls;
-                    let _ = m.latency.add(&latency);
+                    m.latency.add(&latency);
                 }
                 std::collections::hash_map::Entry::Vacant(e) => {
                     e.insert(Merged { calls, timed_calls, total_ns, self_ns, max_ns, child_calls, outermost_calls, nested_calls, latency });

@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::mem::MaybeUninit;
 
 use anyhow::{bail, Context, Result};
-use hdrhistogram::Histogram;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 
@@ -35,7 +34,7 @@ pub struct FunctionTotals {
     pub outermost_calls: u64,
     /// Evaluations entered during the outermost calls.
     pub nested_calls: u64,
-    pub latency: Histogram<u64>,
+    pub latency: histogram::Latency,
 }
 
 /// Counters from bpf/calls.h's enum calls_counter, by name.
@@ -285,7 +284,7 @@ fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsDa
             child_calls: 0,
             outermost_calls: 0,
             nested_calls: 0,
-            latency: histogram::new_histogram(),
+            latency: histogram::Latency::default(),
         };
         let mut s = func_stats::default();
         plain::copy_from_bytes(&mut s, &value).map_err(|_| anyhow::anyhow!("bad value size"))?;
@@ -297,7 +296,7 @@ fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsDa
         totals.child_calls = s.child_calls;
         totals.outermost_calls = s.outermost_calls;
         totals.nested_calls = s.nested_calls;
-        histogram::add_buckets(&mut totals.latency, &s.hist);
+        totals.latency = histogram::Latency::from_kernel(&s.hist);
         functions.push(totals);
     }
 

@@ -85,15 +85,14 @@ fn first_access(code: &[u8], want: Access) -> Option<u32> {
             return Some(d);
         }
         // `mov r64, r64` from a register holding interp: a copy.
-        if instr.code() == Code::Mov_r64_rm64 || instr.code() == Code::Mov_rm64_r64 {
-            if instr.op0_kind() == OpKind::Register && instr.op1_kind() == OpKind::Register {
-                let (dst, src) = (instr.op0_register(), instr.op1_register());
-                holds_interp.retain(|&r| r != dst);
-                if holds_interp.contains(&src) {
-                    holds_interp.push(dst);
-                }
-                continue;
+        let is_mov = instr.code() == Code::Mov_r64_rm64 || instr.code() == Code::Mov_rm64_r64;
+        if is_mov && instr.op0_kind() == OpKind::Register && instr.op1_kind() == OpKind::Register {
+            let (dst, src) = (instr.op0_register(), instr.op1_register());
+            holds_interp.retain(|&r| r != dst);
+            if holds_interp.contains(&src) {
+                holds_interp.push(dst);
             }
+            continue;
         }
         if instr.is_call_near() || instr.is_call_far() || instr.is_call_near_indirect() || instr.is_call_far_indirect() {
             holds_interp.retain(|r| !CALLER_SAVED.contains(r));

@@ -15,7 +15,7 @@ use std::fs::File;
 use std::io::{Read, Seek, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
@@ -36,7 +36,7 @@ fn lock_path(pid: u32) -> Result<PathBuf> {
 
 /// Opens (creating if asked) the lock file without following a symlink, in
 /// a directory that only we can write.
-fn open_lock_file(path: &PathBuf, create: bool) -> std::io::Result<File> {
+fn open_lock_file(path: &Path, create: bool) -> std::io::Result<File> {
     if create {
         ensure_run_dir()?;
     }

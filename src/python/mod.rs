@@ -260,12 +260,15 @@ fn read_layout(elf: &ElfFile, table: &Layout) -> Result<(Layout, EvalFrameOffset
 /// runtime_state.interpreters_head at 40, three words later).
 const DEBUG_FREE_THREADED: usize = 16;
 
+/// What tells one version of a file from the next: identity, size, mtime.
+type FileStamp = (FileId, u64, i64);
+
 thread_local! {
     /// Files already looked at, by identity, size and modification time:
     /// `sample --all` looks at every process each rescan, and 20 processes
     /// of one Python read and parsed its executable 20 times (2 s and 440
     /// MB on this VM) before this.
-    static LOOKED_AT: RefCell<HashMap<(FileId, u64, i64), Option<Rc<ElfFile>>>> = RefCell::new(HashMap::new());
+    static LOOKED_AT: RefCell<HashMap<FileStamp, Option<Rc<ElfFile>>>> = RefCell::new(HashMap::new());
 }
 
 /// The parsed file mapped at `m` in process `pid` if it holds the CPython

@@ -205,6 +205,25 @@ fn without_cap_sys_admin_files_are_checked_by_identity() {
     assert_alive(&mut target, "no CAP_SYS_ADMIN");
 }
 
+/// With `-- command`, libpython is not mapped yet when pytrace reads it: it
+/// is found as the command's own loader will find it (here through the
+/// LD_LIBRARY_PATH a wrapper gives only the command, ahead of the
+/// executable's RUNPATH), probed by inode, and checked to be the mapped file
+/// before the hook is written. Searching with pytrace's own environment
+/// probed the original library, which the command never ran: no calls.
+#[test]
+fn a_command_gets_the_library_its_own_loader_maps() {
+    let copy = copy_nodtrace_python();
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("calls.json");
+    let script = format!("LD_LIBRARY_PATH={} exec {} {} brief", copy.lib_dir.display(), copy.exe.display(), fixture("safety.py"));
+    let out = Command::new(PYTRACE).env_remove("LD_LIBRARY_PATH").args(["calls", "--json", json.to_str().unwrap(), "--", "sh", "-c", &script]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = read_json(&json);
+    assert!(leaf_calls(&report) > 1000, "the copied library was probed: {report}");
+    assert_eq!(report["counters"]["unmatched_return"], 0, "traced from the first instruction");
+}
+
 /// A container root (a private mount namespace and a chroot, as unshare
 /// and a runtime make) whose executable is then replaced by an absolute
 /// symlink to a host FIFO, or to /dev/zero. Walking /proc/PID/root, pytrace

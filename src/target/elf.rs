@@ -48,6 +48,9 @@ pub struct ElfFile {
     pub is_shared_object: bool,
     pub needed: Vec<String>,
     pub runpaths: Vec<String>,
+    /// Whether `runpaths` came from DT_RUNPATH (searched after
+    /// LD_LIBRARY_PATH) rather than DT_RPATH (before it).
+    pub has_runpath: bool,
     pub usdt_probes: Vec<UsdtProbe>,
 }
 
@@ -61,7 +64,7 @@ impl ElfFile {
     pub fn read(file: CheckedFile) -> Result<Self> {
         let bytes = file.read_all()?;
         let name = file.name.clone();
-        let (symbols, segments, is_shared_object, needed, runpaths, usdt_probes) = {
+        let (symbols, segments, is_shared_object, needed, runpaths, has_runpath, usdt_probes) = {
             let elf = Elf::parse(&bytes).with_context(|| format!("{name} is not an ELF file"))?;
             let mut symbols = HashMap::new();
             for (syms, strtab) in [(&elf.dynsyms, &elf.dynstrtab), (&elf.syms, &elf.strtab)] {
@@ -86,7 +89,8 @@ impl ElfFile {
                 .map(str::to_string)
                 .collect();
             let usdt_probes = parse_usdt_notes(&elf, &bytes);
-            (symbols, segments, elf.header.e_type == goblin::elf::header::ET_DYN, needed, runpaths, usdt_probes)
+            let has_runpath = !elf.runpaths.is_empty();
+            (symbols, segments, elf.header.e_type == goblin::elf::header::ET_DYN, needed, runpaths, has_runpath, usdt_probes)
         };
         Ok(Self {
             path: file.fd_path(),
@@ -99,6 +103,7 @@ impl ElfFile {
             is_shared_object,
             needed,
             runpaths,
+            has_runpath,
             usdt_probes,
         })
     }
@@ -184,25 +189,42 @@ fn parse_usdt_notes(elf: &Elf, bytes: &[u8]) -> Vec<UsdtProbe> {
     probes
 }
 
-/// Finds a shared library the way the dynamic loader would, enough for
-/// CPython: RUNPATH/RPATH (with $ORIGIN), LD_LIBRARY_PATH, ld.so.conf, then
-/// the default directories, all inside process `pid`'s root (see
-/// files::open_in_root: no path leads out of it). Returns the path as the
-/// process names it.
+/// Finds a shared library the way the dynamic loader of process `pid` (at
+/// its exec, or pytrace itself) will, enough for CPython: RUNPATH/RPATH
+/// (with $ORIGIN), the process's LD_LIBRARY_PATH, ld.so.conf, then the
+/// default directories, all inside its root (see files::open_in_root: no
+/// path leads out of it). Returns the path as the process names it.
 pub fn find_library(exe: &ElfFile, exe_dir: &Path, name: &str, pid: u32) -> Option<String> {
     let mut dirs: Vec<String> = exe
         .runpaths
         .iter()
         .map(|d| d.replace("$ORIGIN", &exe_dir.to_string_lossy()).replace("${ORIGIN}", &exe_dir.to_string_lossy()))
         .collect();
-    if let Ok(paths) = std::env::var("LD_LIBRARY_PATH") {
-        dirs.extend(paths.split(':').filter(|d| !d.is_empty()).map(str::to_string));
+    // RPATH is searched before LD_LIBRARY_PATH, RUNPATH after it.
+    let ld_library_path = environment_variable(pid, "LD_LIBRARY_PATH").unwrap_or_default();
+    let at = if exe.has_runpath { 0 } else { dirs.len() };
+    for (i, d) in ld_library_path.split(':').filter(|d| !d.is_empty()).enumerate() {
+        dirs.insert(at + i, d.to_string());
     }
     dirs.extend(ld_so_conf_dirs(pid));
     for d in ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib"] {
         dirs.push(d.to_string());
     }
     dirs.iter().map(|d| format!("{d}/{name}")).find(|p| files::exists_in_root(pid, p))
+}
+
+/// A process's environment is at most this large to pytrace (the kernel
+/// allows more; the loader variables sit among the first ones in practice).
+const MAX_ENVIRON_BYTES: u64 = 1 << 20;
+
+/// One variable of process `pid`'s environment as it was at its exec (the
+/// loader reads it then).
+fn environment_variable(pid: u32, name: &str) -> Option<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(format!("/proc/{pid}/environ")).ok()?.take(MAX_ENVIRON_BYTES).read_to_end(&mut bytes).ok()?;
+    let prefix = format!("{name}=");
+    bytes.split(|&b| b == 0).find_map(|entry| entry.strip_prefix(prefix.as_bytes())).map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
 /// ld.so.conf is at most this large; more is not a loader configuration.

@@ -137,11 +137,10 @@ impl Target {
     }
 
     /// False once tracing should end: the target exited, the duration ran
-    /// out, or a stop was requested.
-    /// With a command we started, a stop (Ctrl-C) waits, still tracing,
-    /// for the command to exit (the terminal sent it the signal too), so
-    /// that pytrace returns its exit status; for at most
-    /// COMMAND_EXIT_GRACE, or until a second stop signal.
+    /// out, or a stop was requested. With a command we started, a stop
+    /// (Ctrl-C) waits, still tracing, for the command to exit (the terminal
+    /// sent it the signal too), so that pytrace returns its exit status;
+    /// for at most COMMAND_EXIT_GRACE, or until a second stop signal.
     pub fn keep_going(&mut self, duration: Option<Duration>) -> bool {
         if STOP_REQUESTED.load(Ordering::SeqCst) {
             let Some(l) = &mut self.launched else { return false };

@@ -30,7 +30,7 @@ impl Output {
         }
         if let Ok(meta) = std::fs::symlink_metadata(path) {
             if meta.file_type().is_symlink() {
-                bail!("cannot write {}: it is a symbolic link, and pytrace does not write through links (give the real path)", path.display());
+                bail!("cannot write {}: it is a symbolic link, and pytrace does not write through links (give the real path, or - for standard output)", path.display());
             }
             if !meta.file_type().is_file() {
                 bail!("cannot write {}: it is not a regular file (use - for standard output)", path.display());

@@ -40,40 +40,17 @@ impl Python {
     }
 
     /// In a stripped build: the interpreter's table of opcode handlers
-    /// (`opcode_targets`, 256 addresses into the code, a static initialiser
-    /// in a non-PIE executable) gives CALL_ALLOC_AND_ENTER_INIT's handler.
-    /// That handler reads the class's cached `__init__` (a load at
+    /// (opcode_table.rs) gives CALL_ALLOC_AND_ENTER_INIT's handler. That
+    /// handler reads the class's cached `__init__` (a load at
     /// `_spec_cache.init`'s offset) and then makes its first call, the
-    /// allocation. Only an answer every table candidate agrees on is taken:
-    /// a wrong site would count calls that were not made.
+    /// allocation.
     fn allocation_call_site(&self) -> Option<u64> {
         let l = &self.layout;
         if l.opcode_alloc_and_enter_init == NO_FIELD || l.heaptype_spec_init == NO_FIELD {
             return None;
         }
-        let eval = self.elf.symbol(super::EVAL_FRAME_SYMBOL)?;
-        let code = self.elf.segment_range(eval)?;
         let opcode = l.opcode_alloc_and_enter_init as usize;
-        let mut found = None;
-        for (_, bytes) in self.elf.segment_bytes() {
-            let words: Vec<u64> = bytes.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().unwrap())).collect();
-            let mut run = 0;
-            for (i, &w) in words.iter().enumerate() {
-                run = if code.contains(&w) { run + 1 } else { 0 };
-                if run < 256 {
-                    continue;
-                }
-                // A table of 256 code addresses ends at word i.
-                let table = &words[i + 1 - 256..=i];
-                let Some(site) = self.handler_allocation_call(table[opcode]) else { continue };
-                match found {
-                    None => found = Some(site),
-                    Some(other) if other == site => {}
-                    Some(_) => return None,
-                }
-            }
-        }
-        found
+        self.agreed_by_handler_tables(|table| self.handler_allocation_call(table[opcode]))
     }
 
     /// The first `call rel32` to a function (CET builds start every one

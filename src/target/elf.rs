@@ -39,12 +39,20 @@ pub struct ElfFile {
     pub needed: Vec<String>,
     pub runpaths: Vec<String>,
     pub usdt_probes: Vec<UsdtProbe>,
+    /// R_X86_64_RELATIVE relocations (.rela.dyn) of a PIE or shared
+    /// object: the link-time address the loader writes at each place. A
+    /// table of addresses (the interpreter's opcode handlers) is zeros in
+    /// such a file and holds these addends once loaded.
+    relative_relocs: HashMap<u64, u64>,
 }
+
+/// x86-64's "base address plus addend" relocation type.
+const R_X86_64_RELATIVE: u32 = 8;
 
 impl ElfFile {
     pub fn open(path: &Path) -> Result<Self> {
         let bytes = std::fs::read(path).with_context(|| format!("failed to read {}", path.display()))?;
-        let (symbols, segments, is_shared_object, needed, runpaths, usdt_probes) = {
+        let (symbols, segments, is_shared_object, needed, runpaths, usdt_probes, relative_relocs) = {
             let elf = Elf::parse(&bytes).with_context(|| format!("{} is not an ELF file", path.display()))?;
             let mut symbols = HashMap::new();
             for (syms, strtab) in [(&elf.dynsyms, &elf.dynstrtab), (&elf.syms, &elf.strtab)] {
@@ -69,7 +77,13 @@ impl ElfFile {
                 .map(str::to_string)
                 .collect();
             let usdt_probes = parse_usdt_notes(&elf, &bytes);
-            (symbols, segments, elf.header.e_type == goblin::elf::header::ET_DYN, needed, runpaths, usdt_probes)
+            let relative_relocs = elf
+                .dynrelas
+                .iter()
+                .filter(|r| r.r_type == R_X86_64_RELATIVE)
+                .filter_map(|r| Some((r.r_offset, u64::try_from(r.r_addend?).ok()?)))
+                .collect();
+            (symbols, segments, elf.header.e_type == goblin::elf::header::ET_DYN, needed, runpaths, usdt_probes, relative_relocs)
         };
         Ok(Self {
             path: path.to_path_buf(),
@@ -80,6 +94,7 @@ impl ElfFile {
             needed,
             runpaths,
             usdt_probes,
+            relative_relocs,
         })
     }
 
@@ -129,6 +144,29 @@ impl ElfFile {
         self.segments
             .iter()
             .filter_map(|s| Some((s.vaddr, self.bytes.get(s.offset as usize..(s.offset + s.filesz) as usize)?)))
+    }
+
+    /// Each loadable segment's link-time address and its 8-byte words as
+    /// the loader leaves them, less the load bias: a word a RELATIVE
+    /// relocation targets holds its addend (a link-time address), as the
+    /// same table does in the file of a non-PIE executable.
+    pub fn segment_words(&self) -> impl Iterator<Item = (u64, Vec<u64>)> + '_ {
+        self.segment_bytes().map(|(vaddr, bytes)| {
+            // From the first 8-byte aligned address: tables of pointers are aligned.
+            let skip = (vaddr.wrapping_neg() % 8) as usize;
+            let start = vaddr + skip as u64;
+            let words = bytes
+                .get(skip..)
+                .unwrap_or_default()
+                .chunks_exact(8)
+                .enumerate()
+                .map(|(i, w)| {
+                    let at = start + 8 * i as u64;
+                    self.relative_relocs.get(&at).copied().unwrap_or_else(|| u64::from_le_bytes(w.try_into().unwrap()))
+                })
+                .collect();
+            (start, words)
+        })
     }
 
     pub fn has_usdt(&self, provider: &str, name: &str) -> bool {

@@ -3,3 +3,4 @@
 pub mod elf;
 pub mod launch;
 pub mod proc;
+pub mod x86;

@@ -4,7 +4,10 @@
 
 pub mod code;
 pub mod eval_hook;
+pub mod generator_close;
+pub mod inlined_getitem;
 pub mod inlined_init;
+pub mod opcode_table;
 pub mod layouts;
 pub mod strings;
 
@@ -56,6 +59,10 @@ pub struct Python {
     /// 3.13's inlined-__init__ probe, found once (inlined_init.rs scans the
     /// file for it) however many places ask.
     inlined_init: std::cell::OnceCell<Option<inlined_init::InitProbe>>,
+    /// 3.11.0-3.11.3's inlined __getitem__ probe (inlined_getitem.rs), likewise.
+    inlined_getitem: std::cell::OnceCell<Option<inlined_getitem::InlineFrameProbe>>,
+    /// Where generator close() skips the frame (generator_close.rs), likewise.
+    skipped_close: std::cell::OnceCell<generator_close::CloseProbe>,
 }
 
 impl Python {
@@ -125,7 +132,7 @@ impl Python {
             );
         };
         let layout = read_layout(&elf, table).with_context(|| format!("reading the layout of Python {version} in {target_path}"))?;
-        Ok(Self { elf, target_path, version, layout, load_bias, inlined_init: std::cell::OnceCell::new() })
+        Ok(Self { elf, target_path, version, layout, load_bias, inlined_init: std::cell::OnceCell::new(), inlined_getitem: std::cell::OnceCell::new(), skipped_close: std::cell::OnceCell::new() })
     }
 
     /// Link-time address of one of the interpreter's symbols.

@@ -39,12 +39,12 @@ use crate::target::x86;
 pub enum CloseProbe {
     /// The branches into the fast path: counting there makes counts exact.
     Sites(Vec<CloseSite>),
-    /// Before 3.13, or a build from before gh-140373 (its symbol table has
-    /// no `_PyEval_NoToolsForUnwind`): close() takes the fast path under
-    /// cProfile too, so neither counts those calls.
+    /// Before 3.13, or a build from before gh-140373: close() takes the
+    /// fast path under cProfile too, so neither counts those calls.
     NotNeeded,
-    /// 3.13+ without a symbol to tell, or a fast path of a shape not
-    /// recognised: such calls go uncounted.
+    /// A stripped shared libpython recent enough to have the check (which
+    /// it does not name), or a fast path of a shape not recognised: such
+    /// calls go uncounted.
     Unknown,
 }
 
@@ -73,8 +73,7 @@ impl Python {
             return CloseProbe::NotNeeded;
         }
         let Some(tools) = self.elf.symbol(NO_TOOLS_SYMBOL).and_then(|f| self.unwind_tools_displacement(f)) else {
-            // A symbol table that names static functions but not this one: older.
-            return if self.elf.symbol("gen_close").is_some() { CloseProbe::NotNeeded } else { CloseProbe::Unknown };
+            return if self.predates_unwind_check() { CloseProbe::NotNeeded } else { CloseProbe::Unknown };
         };
         let Some(eval) = self.elf.symbol(super::EVAL_FRAME_SYMBOL) else { return CloseProbe::Unknown };
         let Some(text) = self.elf.segment_range(eval) else { return CloseProbe::Unknown };
@@ -98,6 +97,25 @@ impl Python {
             CloseProbe::Unknown
         } else {
             CloseProbe::Sites(sites)
+        }
+    }
+
+    /// Whether a build without `_PyEval_NoToolsForUnwind` is one from
+    /// before gh-140373 rather than one that hides the symbol: a symbol
+    /// table that names static functions (gen_close) would name it; an
+    /// executable exports every global function (CPython links it with
+    /// -export-dynamic, for extension modules); a stripped shared
+    /// libpython hides it, so only its version tells (the change came with
+    /// 3.13.10 and 3.14.1).
+    fn predates_unwind_check(&self) -> bool {
+        if self.elf.symbol("gen_close").is_some() || !self.is_shared_library() {
+            return true;
+        }
+        let micro = self.version.micro.unwrap_or(u32::MAX);
+        match (self.version.major, self.version.minor) {
+            (3, 13) => micro < 10,
+            (3, 14) => micro < 1,
+            _ => false,
         }
     }
 

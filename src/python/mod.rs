@@ -291,21 +291,35 @@ fn detect_version(elf: &ElfFile, target_path: &str) -> Result<Version> {
     Ok(Version { major, minor, micro })
 }
 
-/// PY_VERSION ("3.9.18") is stored as its own NUL-terminated string.
+/// PY_VERSION ("3.9.18") as a string of its own, or as the tail of a longer
+/// one: the linker may store it only inside another string that ends with
+/// it (pyenv's 3.10 keeps "3.10.13" as the end of its install path and of
+/// "Python-3.10.13"). Every string ending in "X.Y.<digits>" (not after a
+/// digit or a dot) must agree on the patch level.
 fn find_version_string(elf: &ElfFile, major: u32, minor: u32) -> Option<u32> {
     let bytes = elf.bytes();
-    let needle = format!("\0{major}.{minor}.");
+    let needle = format!("{major}.{minor}.");
+    let mut found = None;
     let mut at = 0;
     while let Some(i) = find(&bytes[at..], needle.as_bytes()) {
-        let start = at + i + needle.len();
-        let digits: Vec<u8> = bytes[start..].iter().take(3).take_while(|b| b.is_ascii_digit()).copied().collect();
-        let end = start + digits.len();
-        if !digits.is_empty() && bytes.get(end) == Some(&0) {
-            return std::str::from_utf8(&digits).ok()?.parse().ok();
-        }
+        let begin = at + i;
+        let start = begin + needle.len();
         at = start;
+        if begin > 0 && (bytes[begin - 1].is_ascii_digit() || bytes[begin - 1] == b'.') {
+            continue;
+        }
+        let digits: Vec<u8> = bytes[start..].iter().take(4).take_while(|b| b.is_ascii_digit()).copied().collect();
+        if digits.is_empty() || digits.len() > 3 || bytes.get(start + digits.len()) != Some(&0) {
+            continue;
+        }
+        let micro: u32 = std::str::from_utf8(&digits).ok()?.parse().ok()?;
+        match found {
+            None => found = Some(micro),
+            Some(other) if other == micro => {}
+            Some(_) => return None,
+        }
     }
-    None
+    found
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {

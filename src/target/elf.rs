@@ -37,6 +37,8 @@ pub struct ElfFile {
     segments: Vec<Segment>,
     pub is_shared_object: bool,
     pub needed: Vec<String>,
+    /// DT_RPATH (searched before LD_LIBRARY_PATH) and DT_RUNPATH (after it).
+    pub rpaths: Vec<String>,
     pub runpaths: Vec<String>,
     pub usdt_probes: Vec<UsdtProbe>,
     /// R_X86_64_RELATIVE relocations (.rela.dyn) of a PIE or shared
@@ -52,7 +54,7 @@ const R_X86_64_RELATIVE: u32 = 8;
 impl ElfFile {
     pub fn open(path: &Path) -> Result<Self> {
         let bytes = std::fs::read(path).with_context(|| format!("failed to read {}", path.display()))?;
-        let (symbols, segments, is_shared_object, needed, runpaths, usdt_probes, relative_relocs) = {
+        let (symbols, segments, is_shared_object, needed, rpaths, runpaths, usdt_probes, relative_relocs) = {
             let elf = Elf::parse(&bytes).with_context(|| format!("{} is not an ELF file", path.display()))?;
             let mut symbols = HashMap::new();
             for (syms, strtab) in [(&elf.dynsyms, &elf.dynstrtab), (&elf.syms, &elf.strtab)] {
@@ -69,13 +71,10 @@ impl ElfFile {
                 .map(|ph| Segment { vaddr: ph.p_vaddr, offset: ph.p_offset, filesz: ph.p_filesz })
                 .collect();
             let needed = elf.libraries.iter().map(|s| s.to_string()).collect();
-            let runpaths = elf
-                .runpaths
-                .iter()
-                .chain(elf.rpaths.iter())
-                .flat_map(|s| s.split(':'))
-                .map(str::to_string)
-                .collect();
+            let split = |paths: &[&str]| paths.iter().flat_map(|s| s.split(':')).map(str::to_string).collect::<Vec<_>>();
+            // The loader ignores DT_RPATH where DT_RUNPATH is present.
+            let (rpaths, runpaths) =
+                if elf.runpaths.is_empty() { (split(&elf.rpaths), Vec::new()) } else { (Vec::new(), split(&elf.runpaths)) };
             let usdt_probes = parse_usdt_notes(&elf, &bytes);
             let relative_relocs = elf
                 .dynrelas
@@ -83,7 +82,7 @@ impl ElfFile {
                 .filter(|r| r.r_type == R_X86_64_RELATIVE)
                 .filter_map(|r| Some((r.r_offset, u64::try_from(r.r_addend?).ok()?)))
                 .collect();
-            (symbols, segments, elf.header.e_type == goblin::elf::header::ET_DYN, needed, runpaths, usdt_probes, relative_relocs)
+            (symbols, segments, elf.header.e_type == goblin::elf::header::ET_DYN, needed, rpaths, runpaths, usdt_probes, relative_relocs)
         };
         Ok(Self {
             path: path.to_path_buf(),
@@ -92,6 +91,7 @@ impl ElfFile {
             segments,
             is_shared_object,
             needed,
+            rpaths,
             runpaths,
             usdt_probes,
             relative_relocs,
@@ -194,18 +194,18 @@ fn parse_usdt_notes(elf: &Elf, bytes: &[u8]) -> Vec<UsdtProbe> {
 }
 
 /// Finds a shared library the way the dynamic loader would, enough for
-/// CPython: RUNPATH/RPATH (with $ORIGIN), LD_LIBRARY_PATH, ld.so.conf, then
-/// the default directories. `root` prefixes every path (a target's /proc
-/// root, or "" for ours).
+/// CPython: RPATH, LD_LIBRARY_PATH, RUNPATH (both with $ORIGIN; a
+/// LD_LIBRARY_PATH pointing at another copy of libpython wins over the
+/// RUNPATH pyenv's executables carry), ld.so.conf, then the default
+/// directories. `root` prefixes every path (a target's /proc root, or ""
+/// for ours).
 pub fn find_library(exe: &ElfFile, exe_dir: &Path, name: &str, root: &str) -> Option<PathBuf> {
-    let mut dirs: Vec<String> = exe
-        .runpaths
-        .iter()
-        .map(|d| d.replace("$ORIGIN", &exe_dir.to_string_lossy()).replace("${ORIGIN}", &exe_dir.to_string_lossy()))
-        .collect();
+    let origin = |d: &String| d.replace("$ORIGIN", &exe_dir.to_string_lossy()).replace("${ORIGIN}", &exe_dir.to_string_lossy());
+    let mut dirs: Vec<String> = exe.rpaths.iter().map(origin).collect();
     if let Ok(paths) = std::env::var("LD_LIBRARY_PATH") {
         dirs.extend(paths.split(':').filter(|d| !d.is_empty()).map(str::to_string));
     }
+    dirs.extend(exe.runpaths.iter().map(origin));
     dirs.extend(ld_so_conf_dirs(root));
     for d in ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib"] {
         dirs.push(d.to_string());

@@ -65,6 +65,65 @@ pub fn leaves_straight_line(instruction: &Instruction) -> bool {
     instruction.flow_control() != FlowControl::Next
 }
 
+/// Every site `check` finds on the paths from `start`: jumps to their
+/// target, conditional branches both ways while `branches(state)` says so
+/// and else only by falling through (calls are stepped over), within
+/// `code` (link-time addresses), breadth first, each address once, until
+/// `budget` instructions have been looked at. A
+/// compiler may split one handler of the eval loop into pieces joined by
+/// jumps, so a straight line from its start does not see all of it.
+/// `read` gives the bytes at an address; `State` is what a path has seen.
+pub fn search_paths<State: Clone, Found: PartialEq>(
+    read: impl Fn(u64) -> Option<Vec<u8>>,
+    code: std::ops::Range<u64>,
+    start: u64,
+    initial: State,
+    budget: usize,
+    branches: impl Fn(&State) -> bool,
+    mut check: impl FnMut(&Instruction, &mut State) -> Option<Found>,
+) -> Vec<Found> {
+    let mut found = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut queue = std::collections::VecDeque::from([(start, initial)]);
+    let mut looked = 0;
+    'paths: while let Some((at, mut state)) = queue.pop_front() {
+        if !code.contains(&at) || !seen.insert(at) {
+            continue;
+        }
+        let Some(bytes) = read(at) else { continue };
+        let instructions = decode(&bytes, at);
+        let Some(end) = instructions.last().map(|i| i.next_ip()) else { continue };
+        for instruction in instructions {
+            looked += 1;
+            if looked > budget {
+                break 'paths;
+            }
+            if let Some(site) = check(&instruction, &mut state) {
+                if !found.contains(&site) {
+                    found.push(site);
+                }
+            }
+            match instruction.flow_control() {
+                FlowControl::Next | FlowControl::Call => continue,
+                FlowControl::ConditionalBranch => {
+                    if branches(&state) {
+                        queue.push_back((instruction.near_branch_target(), state.clone()));
+                    }
+                    queue.push_back((instruction.next_ip(), state));
+                }
+                FlowControl::UnconditionalBranch if instruction.op0_kind() == OpKind::NearBranch64 => {
+                    queue.push_back((instruction.near_branch_target(), state));
+                }
+                _ => {}
+            }
+            continue 'paths;
+        }
+        // The window ended inside a straight line: it goes on from there.
+        queue.push_front((end, state));
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,5 +142,21 @@ mod tests {
         assert!(insns[3].is_jcc_short_or_near() && leaves_straight_line(&insns[3]));
         assert_eq!(insns[3].near_branch_target(), 0x1000 + 16 + 0x10);
         assert_eq!(register_number(Register::EAX), Some(0));
+    }
+
+    #[test]
+    fn paths_follow_both_ways_of_a_branch_and_jumps() {
+        // 0x1000: je 0x1010; jmp 0x1020 / 0x1010: nop; ret / 0x1020: call 0x2000; ret
+        let mut code = vec![0x90u8; 0x30];
+        code[0..2].copy_from_slice(&[0x74, 0x0e]);
+        code[2..4].copy_from_slice(&[0xeb, 0x1c]);
+        code[0x11] = 0xc3;
+        code[0x20..0x25].copy_from_slice(&[0xe8, 0xdb, 0x0f, 0, 0]);
+        code[0x25] = 0xc3;
+        let read = |at: u64| code.get((at - 0x1000) as usize..).map(|b| b.to_vec());
+        let calls = search_paths(read, 0x1000..0x1030, 0x1000, (), 100, |_| true, |i, _| (i.mnemonic() == Mnemonic::Call).then(|| i.near_branch_target()));
+        assert_eq!(calls, [0x2000]);
+        let nops = search_paths(read, 0x1000..0x1030, 0x1000, (), 100, |_| true, |i, _| (i.mnemonic() == Mnemonic::Nop).then(|| i.ip()));
+        assert_eq!(nops, [0x1010], "the branch target's nop; the jump skips the others");
     }
 }

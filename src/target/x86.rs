@@ -147,7 +147,7 @@ mod tests {
     #[test]
     fn paths_follow_both_ways_of_a_branch_and_jumps() {
         // 0x1000: je 0x1010; jmp 0x1020 / 0x1010: nop; ret / 0x1020: call 0x2000; ret
-        let mut code = vec![0x90u8; 0x30];
+        let mut code = [0x90u8; 0x30];
         code[0..2].copy_from_slice(&[0x74, 0x0e]);
         code[2..4].copy_from_slice(&[0xeb, 0x1c]);
         code[0x11] = 0xc3;

@@ -235,11 +235,6 @@ fn exact_by_command_and_pid(build: Build) {
     check(&build, "-p", &build.trace_pid(), &truth);
 }
 
-fn exact_by_pid(build: Build) {
-    let truth = build.truth();
-    check(&build, "-p", &build.trace_pid(), &truth);
-}
-
 #[test]
 fn debian_3_11_2() {
     exact_by_command_and_pid(Build::host("debian-3.11", PathBuf::from("/usr/bin/python3.11")));
@@ -284,11 +279,11 @@ fn trixie_3_13_5() {
 }
 
 /// Debian 13's stripped shared libpython3.13 (a PIE), as a program that
-/// embeds the interpreter runs it. By -p only: started by pytrace inside a
-/// chroot, a command's libraries are looked for on this machine's paths.
+/// embeds the interpreter runs it; started by pytrace, its library is found
+/// in the chroot's own root.
 #[test]
 fn trixie_3_13_5_stripped_shared_library() {
-    exact_by_pid(Build::chroot("trixie-3.13-shared", "root-trixie", "/usr/local/bin/python3.13-shared"));
+    exact_by_command_and_pid(Build::chroot("trixie-3.13-shared", "root-trixie", "/usr/local/bin/python3.13-shared"));
 }
 
 #[test]

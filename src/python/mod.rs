@@ -119,7 +119,13 @@ impl Python {
         if !is_interpreter(&elf) {
             bail!("{} does not contain the CPython interpreter", lib_path.display());
         }
-        let target_path = lib_path.to_string_lossy()[root.len()..].to_string();
+        // The path /proc/PID/maps will show us: symbolic links resolved (a
+        // merged-/usr root reaches /usr/lib through /lib), and for a target
+        // in a chroot, the path from our root (the kernel prints it so).
+        let target_path = match std::fs::canonicalize(&lib_path) {
+            Ok(real) => real.to_string_lossy().into_owned(),
+            Err(_) => lib_path.to_string_lossy()[root.len()..].to_string(),
+        };
         Self::new(Rc::new(elf), target_path, None).map(Some)
     }
 

@@ -116,7 +116,11 @@ fn wait_for_python(pid: libc::pid_t, program: &str) -> Result<Python> {
         }
         if exec_stop {
             let exe = crate::target::proc::exe_path(pid as u32)?;
-            match Python::from_executable(Path::new(&exe), "") {
+            // A program in a chroot or container links the libpython of its
+            // own root, which the kernel's path for it leads to only there.
+            let found = Python::from_executable(Path::new(&exe), "")
+                .or_else(|e| Python::from_executable(Path::new(&exe), &format!("/proc/{pid}/root")).map_err(|_| e));
+            match found {
                 Ok(Some(python)) => return Ok(python),
                 Ok(None) => {}
                 Err(e) => {

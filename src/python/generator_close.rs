@@ -12,8 +12,8 @@
 //! where the fast path decides, so its counts equal cProfile's.
 //!
 //! gen_close is static (no symbol in a stripped build) and the check is
-//! inlined into it, but `_PyEval_NoToolsForUnwind`, an exported function,
-//! holds the same check, `interp->monitors.tools[PY_UNWIND] == 0`: its
+//! inlined into it, but `_PyEval_NoToolsForUnwind`, exported (PyAPI_FUNC)
+//! by the same change and so in every build that has it, holds the same check, `interp->monitors.tools[PY_UNWIND] == 0`: its
 //! displacement identifies the inlined copies. After each copy, gen_close
 //! tests the RESUME instruction's "exception depth 1" bit, then branches to
 //! the fast path, which starts by storing the generator's new state. The
@@ -42,9 +42,7 @@ pub enum CloseProbe {
     /// Before 3.13, or a build from before gh-140373: close() takes the
     /// fast path under cProfile too, so neither counts those calls.
     NotNeeded,
-    /// A stripped shared libpython recent enough to have the check (which
-    /// it does not name), or a fast path of a shape not recognised: such
-    /// calls go uncounted.
+    /// A fast path of a shape not recognised: such calls go uncounted.
     Unknown,
 }
 
@@ -72,9 +70,9 @@ impl Python {
         if (self.version.major, self.version.minor) < (3, 13) || self.layout.gen_frame_state == NO_FIELD {
             return CloseProbe::NotNeeded;
         }
-        let Some(tools) = self.elf.symbol(NO_TOOLS_SYMBOL).and_then(|f| self.unwind_tools_displacement(f)) else {
-            return if self.predates_unwind_check() { CloseProbe::NotNeeded } else { CloseProbe::Unknown };
-        };
+        // Exported (PyAPI_FUNC) with the change: a build without it predates it.
+        let Some(function) = self.elf.symbol(NO_TOOLS_SYMBOL) else { return CloseProbe::NotNeeded };
+        let Some(tools) = self.unwind_tools_displacement(function) else { return CloseProbe::Unknown };
         let Some(eval) = self.elf.symbol(super::EVAL_FRAME_SYMBOL) else { return CloseProbe::Unknown };
         let Some(text) = self.elf.segment_range(eval) else { return CloseProbe::Unknown };
         let Ok(bytes) = self.elf.read_static(text.start, (text.end - text.start) as usize) else { return CloseProbe::Unknown };
@@ -97,25 +95,6 @@ impl Python {
             CloseProbe::Unknown
         } else {
             CloseProbe::Sites(sites)
-        }
-    }
-
-    /// Whether a build without `_PyEval_NoToolsForUnwind` is one from
-    /// before gh-140373 rather than one that hides the symbol: a symbol
-    /// table that names static functions (gen_close) would name it; an
-    /// executable exports every global function (CPython links it with
-    /// -export-dynamic, for extension modules); a stripped shared
-    /// libpython hides it, so only its version tells (the change came with
-    /// 3.13.10 and 3.14.1).
-    fn predates_unwind_check(&self) -> bool {
-        if self.elf.symbol("gen_close").is_some() || !self.is_shared_library() {
-            return true;
-        }
-        let micro = self.version.micro.unwrap_or(u32::MAX);
-        match (self.version.major, self.version.minor) {
-            (3, 13) => micro < 10,
-            (3, 14) => micro < 1,
-            _ => false,
         }
     }
 

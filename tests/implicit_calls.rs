@@ -240,6 +240,17 @@ fn debian_3_11_2() {
     exact_by_command_and_pid(Build::host("debian-3.11", PathBuf::from("/usr/bin/python3.11")));
 }
 
+/// Kernels before 6.13 get a uprobe and a uretprobe instead of a session
+/// (forced here): the inlined __getitem__'s slot is closed by its caller's
+/// return all the same.
+#[test]
+fn debian_3_11_2_without_uprobe_sessions() {
+    let mut build = Build::host("debian-3.11-no-session", PathBuf::from("/usr/bin/python3.11"));
+    build.env.push(("PYTRACE_NO_UPROBE_SESSION".into(), "1".into()));
+    let truth = build.truth();
+    check(&build, "--", &build.trace_command(), &truth);
+}
+
 #[test]
 fn pyenv_3_10() {
     exact_by_command_and_pid(Build::host("pyenv-3.10", script_output(&["pyenv-3.10"])));

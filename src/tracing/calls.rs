@@ -332,7 +332,7 @@ pub fn caveats(python: &Python, mode: Mode) -> Vec<String> {
     }
     if mode == Mode::Uprobe && python.inlines_getitem_unhooked() {
         out.push(match python.inlined_getitem_probe() {
-            Some(_) => format!("CPython {} runs __getitem__ inline at `obj[i]` sites it has specialized (BINARY_SUBSCR_GETITEM) even with the eval-frame hook set (fixed in 3.11.4): those calls are counted where the instruction starts them, but no probe sees them return, so each ends at the thread's next traced event: the time of such a __getitem__ (and its caller's self time) is an upper bound", python.version),
+            Some(_) => format!("CPython {} runs __getitem__ inline at `obj[i]` sites it has specialized (BINARY_SUBSCR_GETITEM) even with the eval-frame hook set (fixed in 3.11.4): those calls are counted where the instruction starts them, but no probe sees them return, so each ends at the thread's next traced event: the time of such a __getitem__ is an upper bound, and its caller's self time short by as much", python.version),
             None => format!("CPython {} runs __getitem__ inline at `obj[i]` sites it has specialized (BINARY_SUBSCR_GETITEM) even with the eval-frame hook set (fixed in 3.11.4), and pytrace found no place to count them at: __getitem__ counts are lower bounds, and what __getitem__ calls is attributed to its caller", python.version),
         });
     }

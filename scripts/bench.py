@@ -369,6 +369,41 @@ def gc_table():
     )
 
 
+# --- calls a build makes without entering the eval function ---------------
+
+BYPASSED_COUNT = 200000
+
+
+def bypassed_table():
+    """What pytrace adds per call where it counts a call at the place a build
+    bypasses _PyEval_EvalFrameDefault, next to an ordinary traced call:
+    3.11.2's inlined __getitem__ against a plain call, and a generator
+    close() whose frame 3.14 skips (close loop minus the same loop without
+    the close)."""
+    sid_314 = Python("Debian sid 3.14 (chroot)", "/usr/bin/python3.14", SID_ROOT)
+    cases = [(DEBIAN, "getitem", "call"), (sid_314, "close", "keep")]
+    rows = []
+    for python, what, baseline in cases:
+        progress(f"bypassed calls ({what}) on {python.label}")
+        t = {}
+        for name in (what, baseline):
+            untraced, traced = [], []
+            for _ in range(REPEATS):
+                argv = python.argv("bypassed_calls.py", "--what", name, "--count", BYPASSED_COUNT, "--timing")
+                untraced.append(workload_seconds(start(argv).communicate()[1]))
+                target = start([PYTRACE, "calls", "--", *argv])
+                traced.append(workload_seconds(target.communicate()[1]))
+            t[name] = (fastest(untraced), fastest(traced))
+        per = lambda name: (t[name][1] - t[name][0]) / BYPASSED_COUNT * 1e9
+        if what == "getitem":
+            rows.append(f"| {python.label} | inlined `__getitem__` (BINARY_SUBSCR_GETITEM) | {per(what):.0f} | plain call: {per(baseline):.0f} |")
+        else:
+            rows.append(f"| {python.label} | `close()` skipping a generator's frame | {per(what) - per(baseline):.0f} | – |")
+    return (
+        "| CPython | call | pytrace +ns per such call | an ordinary traced call, +ns |\n|---|---|---|---|\n" + "\n".join(rows)
+    )
+
+
 def main():
     shutil.copytree(FIXTURES, os.path.join(SID_ROOT, INSIDE[1:]), dirs_exist_ok=True)
     # profiling.sampling runs inside the root and reads /proc/PID/maps.
@@ -394,6 +429,10 @@ def main():
              "process per target. CPU and peak RSS are summed over the profiler processes."),
             ("Attach time", attach_table(), "From starting `pytrace SUB -p PID` to its \"attached\" line."),
             ("`gc`: cost per collection", gc_table(), "fixtures/gc_cycles.py, 1000000 rounds, started by pytrace."),
+            ("`calls` where a build bypasses the eval function", bypassed_table(),
+             f"fixtures/bypassed_calls.py, {BYPASSED_COUNT} iterations, started by pytrace; CPU time of the loop (the probes "
+             "run in the target's context). The close row is the close loop's added time minus that of the same loop "
+             "without close()."),
         ]
     finally:
         subprocess.run(["umount", proc])

@@ -99,6 +99,25 @@ int main(void)
 #else
     printf("    opcode_alloc_and_enter_init: NO_FIELD,\n");
 #endif
+    /* 3.11 before 3.11.4 runs __getitem__ inline at BINARY_SUBSCR_GETITEM
+     * even with the eval-frame hook set (gh-104405): pytrace finds that
+     * handler by its opcode, and checks it loads the cached __getitem__. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+    FIELD("opcode_binary_subscr_getitem", BINARY_SUBSCR_GETITEM);
+    FIELD("heaptype_spec_getitem", offsetof(PyHeapTypeObject, _spec_cache.getitem));
+#else
+    printf("    opcode_binary_subscr_getitem: NO_FIELD,\n");
+    printf("    heaptype_spec_getitem: NO_FIELD,\n");
+#endif
+    /* A generator's state and frame: where close()'s fast path (3.13+)
+     * skips running the frame. */
+#if PY_VERSION_HEX >= 0x030D0000
+    FIELD("gen_frame_state", offsetof(PyGenObject, gi_frame_state));
+    FIELD("gen_iframe", offsetof(PyGenObject, gi_iframe));
+#else
+    printf("    gen_frame_state: NO_FIELD,\n");
+    printf("    gen_iframe: NO_FIELD,\n");
+#endif
 #if PY_VERSION_HEX >= 0x030D0000
     FIELD("frame_code", offsetof(_PyInterpreterFrame, f_executable));
     FIELD("frame_previous", offsetof(_PyInterpreterFrame, previous));

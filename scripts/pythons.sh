@@ -12,6 +12,15 @@
 #                                      Python in a container is seen
 #   scripts/pythons.sh root-sid        a Debian sid root with python3.13,
 #                                      python3.14 and python3.15, the same way
+#   scripts/pythons.sh root-trixie     a Debian trixie root with its python3.13
+#                                      (3.13.5) and libpython3.13, plus
+#                                      /usr/local/bin/python3.13-shared: the same
+#                                      interpreter from the stripped shared
+#                                      library (a PIE), as embedding programs
+#                                      run it
+#   scripts/pythons.sh pyenv-3.10      pyenv's CPython 3.10, 3.12 and 3.13
+#   scripts/pythons.sh pyenv-3.12      (shared libpython, symbol tables, no
+#   scripts/pythons.sh pyenv-3.13      probes), which every machine here has
 #
 # For nodtrace-3.11 pyenv's 3.11 is used when installed; otherwise it is
 # built from Debian's own python3.11 source package (about 10 minutes on two
@@ -57,7 +66,8 @@ debian_root() {
   local suite=$1 root=$cache/root-$1 package missing=0
   shift
   for package in "$@"; do
-    [ -x "$root/usr/bin/$package" ] || missing=1
+    # An interpreter by its executable, a library package by its dpkg record.
+    [ -x "$root/usr/bin/$package" ] || [ -e "$root/var/lib/dpkg/info/$package:amd64.list" ] || missing=1
   done
   if [ $missing = 1 ]; then
     command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
@@ -69,9 +79,40 @@ debian_root() {
   echo "$root"
 }
 
+# A program that runs the interpreter from libpython3.13.so, built once in
+# the trixie root: Debian's python3.13 executable has the interpreter linked
+# in, and pytrace must also find it in a stripped shared library.
+shared_313() {
+  local root=$1 bin=$1/usr/local/bin/python3.13-shared
+  [ -x "$bin" ] && return
+  local work
+  work=$(mktemp -d)
+  printf 'int Py_BytesMain(int, char **);\nint main(int argc, char **argv) { return Py_BytesMain(argc, argv); }\n' > "$work/main.c"
+  # Linked against the root's library; its own dependencies resolve in the root at run time.
+  cc -O2 -o "$bin" "$work/main.c" "$root/usr/lib/x86_64-linux-gnu/libpython3.13.so.1.0" -Wl,--allow-shlib-undefined
+  rm -rf "$work"
+}
+
+pyenv_version() {
+  local found
+  found=$(ls -d "$(pyenv root 2>/dev/null || echo "${HOME:-/root}/.pyenv")"/versions/"$1".*/bin/python"$1" 2>/dev/null | head -n 1 || true)
+  if [ -z "$found" ]; then
+    echo "no pyenv CPython $1 under \$(pyenv root)/versions: install it with 'pyenv install $1'" >&2
+    exit 1
+  fi
+  echo "$found"
+}
+
 case "${1:-}" in
   nodtrace-3.11) nodtrace_311 ;;
   root-3.9) debian_root bullseye python3.9 ;;
   root-sid) debian_root sid python3.13 python3.14 python3.15 ;;
-  *) echo "usage: $0 nodtrace-3.11|root-3.9|root-sid" >&2; exit 2 ;;
+  root-trixie)
+    root=$(debian_root trixie python3.13 libpython3.13)
+    shared_313 "$root"
+    echo "$root" ;;
+  pyenv-3.10) pyenv_version 3.10 ;;
+  pyenv-3.12) pyenv_version 3.12 ;;
+  pyenv-3.13) pyenv_version 3.13 ;;
+  *) echo "usage: $0 nodtrace-3.11|root-3.9|root-sid|root-trixie|pyenv-3.10|pyenv-3.12|pyenv-3.13" >&2; exit 2 ;;
 esac

@@ -12,6 +12,8 @@ PYTRACE_NODTRACE_PYTHON=$(scripts/pythons.sh nodtrace-3.11)
 PYTRACE_ROOT_39=$(scripts/pythons.sh root-3.9)
 # Debian sid's CPython 3.13, 3.14 and 3.15, likewise.
 PYTRACE_ROOT_SID=$(scripts/pythons.sh root-sid)
-export PYTRACE_NODTRACE_PYTHON PYTRACE_ROOT_39 PYTRACE_ROOT_SID
+# Debian trixie's CPython 3.13.5, and its stripped shared libpython3.13.
+PYTRACE_ROOT_TRIXIE=$(scripts/pythons.sh root-trixie)
+export PYTRACE_NODTRACE_PYTHON PYTRACE_ROOT_39 PYTRACE_ROOT_SID PYTRACE_ROOT_TRIXIE
 
 cargo test --release --locked

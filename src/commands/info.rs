@@ -34,6 +34,10 @@ struct Findings {
     calls_probe: &'static str,
     /// Where the structure offsets pytrace reads come from.
     layout: String,
+    /// What calls' counts or times cannot be exact about on this build,
+    /// and where it counts the calls the build makes without entering the
+    /// eval function (the report's caveats).
+    calls_caveats: Vec<String>,
     /// How `pytrace sample` walks the stacks.
     sample_mode: &'static str,
     /// With -p on 3.11+: what interp->eval_frame holds now, and whether a
@@ -81,6 +85,7 @@ pub fn run(opts: Options) -> Result<i32> {
         calls_mode_reason: reason.into(),
         eval_frame_hook: mode == crate::tracing::calls::Mode::Uprobe && python.inlines_calls(),
         layout: python.layout.source(),
+        calls_caveats: crate::tracing::calls::caveats(&python, mode),
         calls_probe: match python.elf.read_static(python.symbol(crate::python::EVAL_FRAME_SYMBOL)?, 8) {
             Ok(code) if crate::tracing::entry_probe_is_emulated(code) => "emulated by the kernel",
             Ok(_) => "single-stepped by the kernel (endbr64, then no push, starts the function): measured 19 us per call on Debian's 3.13 in a VM, against 2-3 us where it is emulated",
@@ -133,6 +138,9 @@ pub fn run(opts: Options) -> Result<i32> {
     println!("layout:          {}", findings.layout);
     println!("calls mode:      {} ({})", findings.calls_mode, findings.calls_mode_reason);
     println!("calls probe:     {}", findings.calls_probe);
+    for caveat in &findings.calls_caveats {
+        println!("calls note:      {caveat}");
+    }
     if findings.eval_frame_hook {
         println!("eval-frame hook: calls sets interp->eval_frame while tracing, so that no call is inlined; restored on exit");
         println!("eval_frame at:   {}", findings.eval_frame_offset);

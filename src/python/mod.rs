@@ -6,7 +6,10 @@ pub mod code;
 pub mod eval_frame_offset;
 pub mod eval_hook;
 pub mod hook_owner;
+pub mod generator_close;
+pub mod inlined_getitem;
 pub mod inlined_init;
+pub mod opcode_table;
 pub mod layouts;
 pub mod strings;
 
@@ -64,6 +67,10 @@ pub struct Python {
     /// 3.13's inlined-__init__ probe, found once (inlined_init.rs scans the
     /// file for it) however many places ask.
     inlined_init: std::cell::OnceCell<Option<inlined_init::InitProbe>>,
+    /// 3.11.0-3.11.3's inlined __getitem__ probe (inlined_getitem.rs), likewise.
+    inlined_getitem: std::cell::OnceCell<Option<inlined_getitem::InlineFrameProbe>>,
+    /// Where generator close() skips the frame (generator_close.rs), likewise.
+    skipped_close: std::cell::OnceCell<generator_close::CloseProbe>,
 }
 
 impl Python {
@@ -159,7 +166,7 @@ impl Python {
         };
         let (layout, eval_frame_offset, free_threaded) =
             read_layout(&elf, table).with_context(|| format!("reading the layout of Python {version} in {target_path}"))?;
-        Ok(Self { elf, target_path, version, layout, load_bias, eval_frame_offset, free_threaded, inlined_init: std::cell::OnceCell::new() })
+        Ok(Self { elf, target_path, version, layout, load_bias, eval_frame_offset, free_threaded, inlined_init: std::cell::OnceCell::new(), inlined_getitem: std::cell::OnceCell::new(), skipped_close: std::cell::OnceCell::new() })
     }
 
     /// Link-time address of one of the interpreter's symbols.
@@ -330,21 +337,35 @@ fn detect_version(elf: &ElfFile, target_path: &str) -> Result<Version> {
     Ok(Version { major, minor, micro })
 }
 
-/// PY_VERSION ("3.9.18") is stored as its own NUL-terminated string.
+/// PY_VERSION ("3.9.18") as a string of its own, or as the tail of a longer
+/// one: the linker may store it only inside another string that ends with
+/// it (pyenv's 3.10 keeps "3.10.13" as the end of its install path and of
+/// "Python-3.10.13"). Every string ending in "X.Y.<digits>" (not after a
+/// digit or a dot) must agree on the patch level.
 fn find_version_string(elf: &ElfFile, major: u32, minor: u32) -> Option<u32> {
     let bytes = elf.bytes();
-    let needle = format!("\0{major}.{minor}.");
+    let needle = format!("{major}.{minor}.");
+    let mut found = None;
     let mut at = 0;
     while let Some(i) = find(&bytes[at..], needle.as_bytes()) {
-        let start = at + i + needle.len();
-        let digits: Vec<u8> = bytes[start..].iter().take(3).take_while(|b| b.is_ascii_digit()).copied().collect();
-        let end = start + digits.len();
-        if !digits.is_empty() && bytes.get(end) == Some(&0) {
-            return std::str::from_utf8(&digits).ok()?.parse().ok();
-        }
+        let begin = at + i;
+        let start = begin + needle.len();
         at = start;
+        if begin > 0 && (bytes[begin - 1].is_ascii_digit() || bytes[begin - 1] == b'.') {
+            continue;
+        }
+        let digits: Vec<u8> = bytes[start..].iter().take(4).take_while(|b| b.is_ascii_digit()).copied().collect();
+        if digits.is_empty() || digits.len() > 3 || bytes.get(start + digits.len()) != Some(&0) {
+            continue;
+        }
+        let micro: u32 = std::str::from_utf8(&digits).ok()?.parse().ok()?;
+        match found {
+            None => found = Some(micro),
+            Some(other) if other == micro => {}
+            Some(_) => return None,
+        }
     }
-    None
+    found
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {

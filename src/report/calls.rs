@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::{human_ns, thousands, PythonInfo};
+use super::{counted, human_ns, thousands, PythonInfo};
 use crate::tracing::calls::{CallsData, FunctionTotals};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,14 +143,14 @@ impl CallsReport {
     pub fn to_table(&self, top: Option<usize>) -> String {
         let total_calls: u64 = self.functions.iter().map(|f| f.calls).sum();
         let mut out = format!(
-            "pytrace calls: PID {}, Python {} ({} mode), {:.2} s, {} calls in {} functions, {} lost events\n",
+            "pytrace calls: PID {}, Python {} ({} mode), {:.2} s, {} in {}, {}\n",
             self.pid,
             self.python.version,
             self.python.mode,
             self.duration_ns as f64 / 1e9,
-            thousands(total_calls),
-            self.functions.len(),
-            self.lost_events,
+            counted(total_calls, "call"),
+            counted(self.functions.len() as u64, "function"),
+            counted(self.lost_events, "lost event"),
         );
         if let Some(why) = &self.incomplete {
             out += &format!("warning: {why}\n");
@@ -160,7 +160,7 @@ impl CallsReport {
         }
         let untimed = self.counters.get("deep_untimed_calls").copied().unwrap_or(0);
         if untimed > 0 {
-            out += &format!("note: {} calls deeper than the timed stack were counted but not timed\n", thousands(untimed));
+            out += &format!("note: {} deeper than the timed stack counted but not timed\n", counted(untimed, "call"));
         }
         out += &format!(
             "{:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {}\n",
@@ -183,7 +183,8 @@ impl CallsReport {
             );
         }
         if self.functions.len() > shown {
-            out += &format!("… {} more functions (--top)\n", self.functions.len() - shown);
+            let hidden = (self.functions.len() - shown) as u64;
+            out += &format!("… {} more {} (--top)\n", thousands(hidden), super::plural(hidden, "function"));
         }
         out += &self.drops_footer();
         out

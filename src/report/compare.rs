@@ -572,12 +572,12 @@ impl Comparison {
             t.duration_ns as f64 / 1e9
         );
         out += &format!(
-            "traced:  {} calls ({} evaluations) in {} functions, {} of self time, {} lost events\n",
-            thousands(t.calls),
-            thousands(t.evaluations),
-            thousands(t.functions as u64),
+            "traced:  {} ({}) in {}, {} of self time, {}\n",
+            super::counted(t.calls, "call"),
+            super::counted(t.evaluations, "evaluation"),
+            super::counted(t.functions as u64, "function"),
             human_ns(t.self_ns),
-            thousands(t.lost_events)
+            super::counted(t.lost_events, "lost event")
         );
         out += &format!(
             "sampled: {} samples at {} Hz, {} lost; {} inside pytrace's probes ({:.1}%), set apart\n",
@@ -650,7 +650,7 @@ impl Comparison {
         if self.functions.len() > top {
             let hidden = &self.functions[top..];
             let flagged = hidden.iter().filter(|r| !r.flags.is_empty()).count();
-            out += &format!("… {} more functions (--top), {} of them flagged (--json has every row)\n", hidden.len(), flagged);
+            out += &format!("… {} more {} (--top), {} of them flagged (--json has every row)\n", hidden.len(), super::plural(hidden.len() as u64, "function"), flagged);
         }
         out += "\nShares: traced of all traced self time (wall clock, every thread); sampled of the samples outside pytrace's\n\
                 probes (CPU time). *: without the probes' estimated cost. diff: sampled minus traced share, in points.\n";

@@ -46,6 +46,16 @@ pub fn human_ns(ns: u64) -> String {
     }
 }
 
+/// "1 call", "1,234 calls": a count and its noun, plural unless it is one.
+pub fn counted(n: u64, noun: &str) -> String {
+    format!("{} {}", thousands(n), plural(n, noun))
+}
+
+/// The noun as `n` of it is written: "function", "functions".
+pub fn plural(n: u64, noun: &str) -> String {
+    if n == 1 { noun.to_string() } else { format!("{noun}s") }
+}
+
 /// 1234567 -> "1,234,567".
 pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
@@ -61,6 +71,13 @@ pub fn thousands(n: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn counts_take_their_plural() {
+        assert_eq!(super::counted(1, "function"), "1 function");
+        assert_eq!(super::counted(0, "lost event"), "0 lost events");
+        assert_eq!(super::counted(1234, "call"), "1,234 calls");
+    }
+
     use super::*;
 
     #[test]

@@ -137,11 +137,11 @@ impl Profile {
 
     pub fn to_table(&self, top: usize) -> String {
         let mut out = format!(
-            "pytrace sample: {}, {} Hz, {:.2} s, {} samples, {} lost\n",
+            "pytrace sample: {}, {} Hz, {:.2} s, {}, {} lost\n",
             self.subject(),
             self.hz,
             self.duration_ns as f64 / 1e9,
-            thousands(self.total),
+            super::counted(self.total, "sample"),
             thousands(self.lost()),
         );
         out += &format!("{:>7} {:>7}  {}\n", "self", "total", "function (file:line)");
@@ -186,7 +186,7 @@ impl Profile {
     pub fn to_flamegraph(&self) -> Result<Vec<u8>> {
         let folded = self.to_folded(true);
         let mut opts = inferno::flamegraph::Options::default();
-        opts.title = format!("pytrace sample: {}, {} samples", self.subject(), self.total);
+        opts.title = format!("pytrace sample: {}, {}", self.subject(), super::counted(self.total, "sample"));
         opts.colors = inferno::flamegraph::Palette::Multi(inferno::flamegraph::color::MultiPalette::Java);
         opts.count_name = "samples".into();
         let mut svg = Vec::new();

@@ -47,12 +47,19 @@ pub struct ElfFile {
     segments: Vec<Segment>,
     pub is_shared_object: bool,
     pub needed: Vec<String>,
+    /// DT_RPATH (searched before LD_LIBRARY_PATH) and DT_RUNPATH (after it).
+    pub rpaths: Vec<String>,
     pub runpaths: Vec<String>,
-    /// Whether `runpaths` came from DT_RUNPATH (searched after
-    /// LD_LIBRARY_PATH) rather than DT_RPATH (before it).
-    pub has_runpath: bool,
     pub usdt_probes: Vec<UsdtProbe>,
+    /// R_X86_64_RELATIVE relocations (.rela.dyn) of a PIE or shared
+    /// object: the link-time address the loader writes at each place. A
+    /// table of addresses (the interpreter's opcode handlers) is zeros in
+    /// such a file and holds these addends once loaded.
+    relative_relocs: HashMap<u64, u64>,
 }
+
+/// x86-64's "base address plus addend" relocation type.
+const R_X86_64_RELATIVE: u32 = 8;
 
 impl ElfFile {
     /// A file on pytrace's own command line (`info --binary`, tests).
@@ -64,7 +71,7 @@ impl ElfFile {
     pub fn read(file: CheckedFile) -> Result<Self> {
         let bytes = file.read_all()?;
         let name = file.name.clone();
-        let (symbols, segments, is_shared_object, needed, runpaths, has_runpath, usdt_probes) = {
+        let (symbols, segments, is_shared_object, needed, rpaths, runpaths, usdt_probes, relative_relocs) = {
             let elf = Elf::parse(&bytes).with_context(|| format!("{name} is not an ELF file"))?;
             let mut symbols = HashMap::new();
             for (syms, strtab) in [(&elf.dynsyms, &elf.dynstrtab), (&elf.syms, &elf.strtab)] {
@@ -81,16 +88,18 @@ impl ElfFile {
                 .map(|ph| Segment { vaddr: ph.p_vaddr, offset: ph.p_offset, filesz: ph.p_filesz })
                 .collect();
             let needed = elf.libraries.iter().map(|s| s.to_string()).collect();
-            let runpaths = elf
-                .runpaths
-                .iter()
-                .chain(elf.rpaths.iter())
-                .flat_map(|s| s.split(':'))
-                .map(str::to_string)
-                .collect();
+            let split = |paths: &[&str]| paths.iter().flat_map(|s| s.split(':')).map(str::to_string).collect::<Vec<_>>();
+            // The loader ignores DT_RPATH where DT_RUNPATH is present.
+            let (rpaths, runpaths) =
+                if elf.runpaths.is_empty() { (split(&elf.rpaths), Vec::new()) } else { (Vec::new(), split(&elf.runpaths)) };
             let usdt_probes = parse_usdt_notes(&elf, &bytes);
-            let has_runpath = !elf.runpaths.is_empty();
-            (symbols, segments, elf.header.e_type == goblin::elf::header::ET_DYN, needed, runpaths, has_runpath, usdt_probes)
+            let relative_relocs = elf
+                .dynrelas
+                .iter()
+                .filter(|r| r.r_type == R_X86_64_RELATIVE)
+                .filter_map(|r| Some((r.r_offset, u64::try_from(r.r_addend?).ok()?)))
+                .collect();
+            (symbols, segments, elf.header.e_type == goblin::elf::header::ET_DYN, needed, rpaths, runpaths, usdt_probes, relative_relocs)
         };
         Ok(Self {
             path: file.fd_path(),
@@ -102,9 +111,10 @@ impl ElfFile {
             segments,
             is_shared_object,
             needed,
+            rpaths,
             runpaths,
-            has_runpath,
             usdt_probes,
+            relative_relocs,
         })
     }
 
@@ -165,6 +175,29 @@ impl ElfFile {
             .filter_map(|s| Some((s.vaddr, self.bytes.get(s.offset as usize..(s.offset + s.filesz) as usize)?)))
     }
 
+    /// Each loadable segment's link-time address and its 8-byte words as
+    /// the loader leaves them, less the load bias: a word a RELATIVE
+    /// relocation targets holds its addend (a link-time address), as the
+    /// same table does in the file of a non-PIE executable.
+    pub fn segment_words(&self) -> impl Iterator<Item = (u64, Vec<u64>)> + '_ {
+        self.segment_bytes().map(|(vaddr, bytes)| {
+            // From the first 8-byte aligned address: tables of pointers are aligned.
+            let skip = (vaddr.wrapping_neg() % 8) as usize;
+            let start = vaddr + skip as u64;
+            let words = bytes
+                .get(skip..)
+                .unwrap_or_default()
+                .chunks_exact(8)
+                .enumerate()
+                .map(|(i, w)| {
+                    let at = start + 8 * i as u64;
+                    self.relative_relocs.get(&at).copied().unwrap_or_else(|| u64::from_le_bytes(w.try_into().unwrap()))
+                })
+                .collect();
+            (start, words)
+        })
+    }
+
     pub fn has_usdt(&self, provider: &str, name: &str) -> bool {
         self.usdt_probes.iter().any(|p| p.provider == provider && p.name == name)
     }
@@ -190,22 +223,18 @@ fn parse_usdt_notes(elf: &Elf, bytes: &[u8]) -> Vec<UsdtProbe> {
 }
 
 /// Finds a shared library the way the dynamic loader of process `pid` (at
-/// its exec, or pytrace itself) will, enough for CPython: RUNPATH/RPATH
-/// (with $ORIGIN), the process's LD_LIBRARY_PATH, ld.so.conf, then the
-/// default directories, all inside its root (see files::open_in_root: no
-/// path leads out of it). Returns the path as the process names it.
+/// its exec, or pytrace itself) will, enough for CPython: RPATH, the
+/// process's LD_LIBRARY_PATH, RUNPATH (both with $ORIGIN; a LD_LIBRARY_PATH
+/// pointing at another copy of libpython wins over the RUNPATH pyenv's
+/// executables carry), ld.so.conf, then the default directories, all inside
+/// its root (see files::open_in_root: no path leads out of it). Returns the
+/// path as the process names it.
 pub fn find_library(exe: &ElfFile, exe_dir: &Path, name: &str, pid: u32) -> Option<String> {
-    let mut dirs: Vec<String> = exe
-        .runpaths
-        .iter()
-        .map(|d| d.replace("$ORIGIN", &exe_dir.to_string_lossy()).replace("${ORIGIN}", &exe_dir.to_string_lossy()))
-        .collect();
-    // RPATH is searched before LD_LIBRARY_PATH, RUNPATH after it.
+    let origin = |d: &String| d.replace("$ORIGIN", &exe_dir.to_string_lossy()).replace("${ORIGIN}", &exe_dir.to_string_lossy());
+    let mut dirs: Vec<String> = exe.rpaths.iter().map(origin).collect();
     let ld_library_path = environment_variable(pid, "LD_LIBRARY_PATH").unwrap_or_default();
-    let at = if exe.has_runpath { 0 } else { dirs.len() };
-    for (i, d) in ld_library_path.split(':').filter(|d| !d.is_empty()).enumerate() {
-        dirs.insert(at + i, d.to_string());
-    }
+    dirs.extend(ld_library_path.split(':').filter(|d| !d.is_empty()).map(str::to_string));
+    dirs.extend(exe.runpaths.iter().map(origin));
     dirs.extend(ld_so_conf_dirs(pid));
     for d in ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib"] {
         dirs.push(d.to_string());

@@ -4,3 +4,4 @@ pub mod elf;
 pub mod files;
 pub mod launch;
 pub mod proc;
+pub mod x86;

@@ -7,12 +7,13 @@ use std::mem::MaybeUninit;
 
 use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder, UprobeOpts};
 
 use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, histogram, poll_until, privilege_hint, read_counters};
 use crate::bpf::calls::types::{calls_counter, func_key, func_stats, new_function, py_layout};
 use crate::bpf::calls::{CallsSkel, CallsSkelBuilder};
 use crate::python::layouts::NO_FIELD;
+use crate::python::generator_close::CloseProbe;
 use crate::python::inlined_init::InitProbe;
 use crate::python::{strings, Python, EVAL_FRAME_SYMBOL};
 
@@ -38,7 +39,7 @@ pub struct FunctionTotals {
 }
 
 /// Counters from bpf/calls.h's enum calls_counter, by name.
-pub const COUNTER_NAMES: [(&str, calls_counter); 13] = [
+pub const COUNTER_NAMES: [(&str, calls_counter); 15] = [
     ("new_function_lost", calls_counter::CALLS_NEW_FUNCTION_LOST),
     ("function_map_full", calls_counter::CALLS_FUNCTION_MAP_FULL),
     ("thread_map_full", calls_counter::CALLS_THREAD_MAP_FULL),
@@ -49,6 +50,8 @@ pub const COUNTER_NAMES: [(&str, calls_counter); 13] = [
     ("inferred_returns", calls_counter::CALLS_INFERRED_RETURN),
     ("stack_resyncs", calls_counter::CALLS_STACK_RESYNC),
     ("inlined_init_calls", calls_counter::CALLS_INLINED_INIT),
+    ("inlined_getitem_calls", calls_counter::CALLS_INLINED_CALL),
+    ("skipped_close_calls", calls_counter::CALLS_SKIPPED_CLOSE),
     ("evaluations", calls_counter::CALLS_EVALUATIONS),
     ("child_map_full", calls_counter::CALLS_CHILD_MAP_FULL),
     ("thread_exits", calls_counter::CALLS_THREAD_EXITS),
@@ -116,6 +119,7 @@ impl<'obj> Session<'obj> {
         rodata.cfg.empty_probe = plan.empty_probe as u64;
         rodata.cfg.heaptype_spec_init = l.heaptype_spec_init;
         rodata.cfg.function_code = l.function_code;
+        rodata.cfg.gen_iframe = l.gen_iframe;
         // Load only the programs this kernel and mode can run: a session
         // program does not load where the kernel has no uprobe sessions.
         let sessions = has_uprobe_sessions();
@@ -127,6 +131,8 @@ impl<'obj> Session<'obj> {
         open.progs.usdt_function_return.set_autoload(!uprobe_mode);
         let inlined_init = plan.python.inlined_init_probe().filter(|_| uprobe_mode);
         open.progs.inlined_init.set_autoload(inlined_init.is_some());
+        open.progs.inline_frame.set_autoload(uprobe_mode && plan.python.inlined_getitem_probe().is_some());
+        open.progs.skipped_close.set_autoload(uprobe_mode && matches!(plan.python.skipped_close_probe(), CloseProbe::Sites(_)));
         let skel = open.load().map_err(privilege_hint).context("failed to load the calls BPF program")?;
         let links = attach(&skel.progs, plan)?;
         Ok(Session { skel, links: RefCell::new(links), names: RefCell::new(HashMap::new()), children_seen: RefCell::new(Default::default()) })
@@ -219,6 +225,32 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
                         .map_err(exited)
                         .with_context(|| format!("failed to attach to the allocation of inlined __init__ calls in {}", python.target_path))?,
                 );
+            }
+            // Calls some builds run without entering the eval function
+            // (the kernel emulates the branches these sit on).
+            let with_cookie = |cookie| UprobeOpts { cookie, ..Default::default() };
+            if let Some(probe) = python.inlined_getitem_probe() {
+                let offset = python.elf.file_offset(probe.address)? as usize;
+                links.push(
+                    progs
+                        .inline_frame
+                        .attach_uprobe_with_opts(pid, path, offset, with_cookie(probe.frame_register as u64))
+                        .map_err(exited)
+                        .with_context(|| format!("failed to attach to BINARY_SUBSCR_GETITEM's inlined calls in {}", python.target_path))?,
+                );
+            }
+            if let CloseProbe::Sites(sites) = python.skipped_close_probe() {
+                for site in sites {
+                    let offset = python.elf.file_offset(site.address)? as usize;
+                    let cookie = site.gen_register as u64 | (site.fast_when_zf as u64) << 8;
+                    links.push(
+                        progs
+                            .skipped_close
+                            .attach_uprobe_with_opts(pid, path, offset, with_cookie(cookie))
+                            .map_err(exited)
+                            .with_context(|| format!("failed to attach to generator close()'s fast path in {}", python.target_path))?,
+                    );
+                }
             }
             links
         }
@@ -322,6 +354,19 @@ pub fn caveats(python: &Python, mode: Mode) -> Vec<String> {
             Some(_) => "CPython 3.13 runs a class's __init__ inline at call sites it has specialized (CALL_ALLOC_AND_ENTER_INIT) even with the eval-frame hook set: those calls are counted (at the instance's allocation) but not timed, so __init__'s timed_calls is below its calls and their time is in the caller's self time".into(),
             None => "CPython 3.13 runs a class's __init__ inline at call sites it has specialized (CALL_ALLOC_AND_ENTER_INIT) even with the eval-frame hook set, and pytrace found no place to count them at: __init__ counts are lower bounds".into(),
         });
+    }
+    if mode == Mode::Uprobe && python.inlines_getitem_unhooked() {
+        out.push(match python.inlined_getitem_probe() {
+            Some(_) => format!("CPython {} runs __getitem__ inline at `obj[i]` sites it has specialized (BINARY_SUBSCR_GETITEM) even with the eval-frame hook set (fixed in 3.11.4): those calls are counted where the instruction starts them, but no probe sees them return, so each ends at the thread's next traced event: the time of such a __getitem__ is an upper bound, and its caller's self time short by as much", python.version),
+            None => format!("CPython {} runs __getitem__ inline at `obj[i]` sites it has specialized (BINARY_SUBSCR_GETITEM) even with the eval-frame hook set (fixed in 3.11.4), and pytrace found no place to count them at: __getitem__ counts are lower bounds, and what __getitem__ calls is attributed to its caller", python.version),
+        });
+    }
+    if mode == Mode::Uprobe {
+        match python.skipped_close_probe() {
+            CloseProbe::Sites(_) => out.push("close() of a generator or coroutine suspended outside any try block skips its frame (cProfile, which runs it, counts a call): those calls are counted, untimed".into()),
+            CloseProbe::Unknown => out.push(format!("CPython {} may skip the frame of a generator or coroutine on close() where cProfile runs it and counts a call, and pytrace found no place to count those at: generator and coroutine counts are lower bounds (by one per such close)", python.version)),
+            CloseProbe::NotNeeded => {}
+        }
     }
     if mode == Mode::Usdt && minor >= (3, 11) {
         out.push("function__entry fires when a generator is created as well as when it resumes, so generator rows count one call more per generator".into());

@@ -56,6 +56,7 @@ macro_rules! py_layout {
             unicode_state: l.unicode_state,
             unicode_ascii_data: l.unicode_ascii_data,
             unicode_compact_data: l.unicode_compact_data,
+            unicode_kind_shift: l.unicode_kind_shift,
         }
     }};
 }

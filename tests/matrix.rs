@@ -213,25 +213,29 @@ fn calls_threads_and_reused_code_objects(version: &'static str) {
     }
 }
 
+/// Both ways: the gc USDT probes, and the watchpoint that builds without
+/// them get (on these stripped builds too; 3.15 keeps its totals in rings).
 fn gc_equals_gc_callbacks(version: &'static str) {
     let py = Interpreter::new(version);
-    let (inside, host) = py.output("gc-truth.json");
-    let mut target = py.start_waiting("gc_cycles.py", &["--rounds", "60000", "--truth", &inside]);
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("gc.json");
-    let tracer = start_tracer(&["gc", "-p", &target.pid().to_string(), "--json", json.to_str().unwrap()]);
-    assert!(tracer.stderr_head.contains("usdt mode"), "{version}: {}", tracer.stderr_head);
-    signal(target.pid(), libc::SIGUSR1);
-    wait_for_line(&mut target, "done");
-    signal(tracer.child.pid(), libc::SIGINT);
-    let (code, _, stderr) = tracer.finish();
-    assert_eq!(code, 0, "{stderr}");
-    let key = |v: &serde_json::Value| {
-        v.as_array().unwrap().iter().map(|g| (g["generation"].as_u64(), g["collections"].as_u64(), g["collected"].as_i64())).collect::<Vec<_>>()
-    };
-    let want = key(&read_json(&host));
-    assert_eq!(want.len(), 3, "{version}: the fixture collects all three generations");
-    assert_eq!(key(&read_json(&json)["generations"]), want, "{version}: (generation, collections, collected)");
+    for mode in ["usdt", "watchpoint"] {
+        let (inside, host) = py.output("gc-truth.json");
+        let mut target = py.start_waiting("gc_cycles.py", &["--rounds", "60000", "--truth", &inside]);
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("gc.json");
+        let tracer = start_tracer(&["gc", "--mode", mode, "-p", &target.pid().to_string(), "--json", json.to_str().unwrap()]);
+        assert!(tracer.stderr_head.contains(&format!("{mode} mode")), "{version}: {}", tracer.stderr_head);
+        signal(target.pid(), libc::SIGUSR1);
+        wait_for_line(&mut target, "done");
+        signal(tracer.child.pid(), libc::SIGINT);
+        let (code, _, stderr) = tracer.finish();
+        assert_eq!(code, 0, "{stderr}");
+        let key = |v: &serde_json::Value| {
+            v.as_array().unwrap().iter().map(|g| (g["generation"].as_u64(), g["collections"].as_u64(), g["collected"].as_i64())).collect::<Vec<_>>()
+        };
+        let want = key(&read_json(&host));
+        assert_eq!(want.len(), 3, "{version}: the fixture collects all three generations");
+        assert_eq!(key(&read_json(&json)["generations"]), want, "{version} {mode}: (generation, collections, collected)");
+    }
 }
 
 fn imports_tree(version: &'static str) {

@@ -80,7 +80,7 @@ pub fn run(opts: Options) -> Result<i32> {
             Err(_) => "unknown",
         },
         sample_mode: "perf-event (a BPF program walks the frames at each sample)",
-        gc_mode: match crate::tracing::gc::choose_mode(&python) {
+        gc_mode: match crate::tracing::gc::choose_mode(&python, None) {
             Ok((mode, why)) => format!("{} ({why})", mode.name()),
             Err(e) => format!("unavailable: {e}"),
         },

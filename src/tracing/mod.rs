@@ -8,6 +8,7 @@ pub mod gc;
 pub mod histogram;
 pub mod imports;
 pub mod sample;
+pub mod watchpoint;
 
 use std::time::Duration;
 

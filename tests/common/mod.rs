@@ -205,3 +205,24 @@ pub fn eval_frame_now(pid: u32) -> String {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     v["eval_frame_now"].as_str().unwrap_or("").to_string()
 }
+
+/// pyenv's CPython 3.`minor` (`$PYENV_ROOT`, else ~/.pyenv): built without
+/// USDT probes, with a shared libpython and a symbol table, like the
+/// Pythons people install with pyenv or uv. Every machine the tests run on
+/// has 3.9 to 3.13 there; a missing one fails, never skips.
+pub fn pyenv_python(minor: u32) -> PathBuf {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".pyenv"));
+    let prefix = format!("3.{minor}.");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(root.join("versions"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path().join(format!("bin/python3.{minor}")))
+        .filter(|p| p.exists())
+        .collect();
+    found.sort();
+    found.pop().unwrap_or_else(|| panic!("no pyenv CPython 3.{minor} under {}/versions", root.display()))
+}

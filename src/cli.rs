@@ -126,6 +126,10 @@ struct ImportsArgs {
     /// Show only the N slowest top-level imports
     #[arg(long, value_name = "N")]
     top: Option<usize>,
+    /// How to see imports: CPython's USDT probes, or a uprobe on the eval
+    /// function (any build; the default without probes)
+    #[arg(long, value_enum, default_value = "auto")]
+    mode: ModeArg,
     /// Also write the tree as JSON to FILE ("-" for standard output)
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -267,7 +271,12 @@ impl Cli {
             }
             Command::Imports(args) => {
                 let (target, duration) = args.target.into_parts()?;
-                commands::imports::run(commands::imports::Options { target, duration, top: args.top, json: args.json })
+                let mode = match args.mode {
+                    ModeArg::Auto => None,
+                    ModeArg::Usdt => Some(crate::tracing::imports::Mode::Usdt),
+                    ModeArg::Uprobe => Some(crate::tracing::imports::Mode::Uprobe),
+                };
+                commands::imports::run(commands::imports::Options { target, duration, top: args.top, json: args.json, mode })
             }
             Command::Sample(args) => {
                 let (target, duration) = if args.all {

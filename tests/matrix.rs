@@ -238,17 +238,32 @@ fn gc_equals_gc_callbacks(version: &'static str) {
     }
 }
 
+/// Both ways (the import USDT probes, and the eval-function uprobe that
+/// builds without them get): the whole tree equals -X importtime's for the
+/// same program.
 fn imports_tree(version: &'static str) {
     let py = Interpreter::new(version);
     let (modules, host) = py.output("modules");
-    std::fs::create_dir_all(host).unwrap();
-    let report = py.json(&["imports"], "imports_tree.py", &[&modules]);
-    let top = report["imports"].as_array().unwrap().iter().find(|n| n["name"] == "pt_top").expect("pt_top imported");
-    let mut children: Vec<&str> = top["children"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
-    children.sort();
-    assert_eq!(children, ["pt_a", "pt_b"], "{version}");
-    let (own, total) = (top["self_ns"].as_u64().unwrap(), top["cumulative_ns"].as_u64().unwrap());
-    assert!(0 < own && own <= total, "{version}: {top}");
+    std::fs::create_dir_all(&host).unwrap();
+    let mut argv = py.argv("imports_tree.py", &[&modules]);
+    argv.insert(3, "importtime".into());
+    argv.insert(3, "-X".into());
+    let truth = Command::new(&argv[0]).args(&argv[1..]).output().unwrap();
+    assert!(truth.status.success(), "{version}: {}", String::from_utf8_lossy(&truth.stderr));
+    let want = importtime_paths(&String::from_utf8_lossy(&truth.stderr));
+    for mode in ["usdt", "uprobe"] {
+        std::fs::remove_dir_all(&host).unwrap();
+        std::fs::create_dir_all(&host).unwrap();
+        let report = py.json(&["imports", "--mode", mode], "imports_tree.py", &[&modules]);
+        assert_eq!(report["python"]["mode"], mode);
+        let top = report["imports"].as_array().unwrap().iter().find(|n| n["name"] == "pt_top").expect("pt_top imported");
+        let mut children: Vec<&str> = top["children"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+        children.sort();
+        assert_eq!(children, ["pt_a", "pt_b"], "{version} {mode}");
+        let (own, total) = (top["self_ns"].as_u64().unwrap(), top["cumulative_ns"].as_u64().unwrap());
+        assert!(0 < own && own <= total, "{version} {mode}: {top}");
+        assert_eq!(report_import_paths(&report["imports"]), want, "{version} {mode}: the tree -X importtime prints");
+    }
 }
 
 /// The 60/30/10 CPU split within 2 points; one function per thread; deep

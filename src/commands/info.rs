@@ -84,8 +84,8 @@ pub fn run(opts: Options) -> Result<i32> {
             Ok((mode, why)) => format!("{} ({why})", mode.name()),
             Err(e) => format!("unavailable: {e}"),
         },
-        imports_mode: match crate::tracing::imports::check_probes(&python) {
-            Ok(mode) => format!("{mode} (the import__find__load probes)"),
+        imports_mode: match crate::tracing::imports::choose_mode(&python, None) {
+            Ok((mode, why)) => format!("{} ({why})", mode.name()),
             Err(e) => format!("unavailable: {e}"),
         },
         eval_frame_now: match opts.pid {

@@ -226,3 +226,46 @@ pub fn pyenv_python(minor: u32) -> PathBuf {
     found.sort();
     found.pop().unwrap_or_else(|| panic!("no pyenv CPython 3.{minor} under {}/versions", root.display()))
 }
+
+/// Every import of a `-X importtime` run (its stderr), as the path of
+/// module names from a top-level import down to it, sorted. importtime
+/// prints an import when it ends, indented two spaces per level, so a line
+/// takes the lines one level deeper printed since as its children.
+pub fn importtime_paths(stderr: &str) -> Vec<Vec<String>> {
+    struct Node(String, Vec<Node>);
+    let mut pending: std::collections::HashMap<usize, Vec<Node>> = std::collections::HashMap::new();
+    for line in stderr.lines().filter(|l| l.starts_with("import time:") && !l.contains("imported package")) {
+        let field = line.splitn(3, '|').nth(2).expect("an importtime line has three fields");
+        let field = field.strip_prefix(' ').unwrap_or(field);
+        let name = field.trim_start_matches(' ');
+        let depth = (field.len() - name.len()) / 2;
+        let children = pending.remove(&(depth + 1)).unwrap_or_default();
+        pending.entry(depth).or_default().push(Node(name.to_string(), children));
+    }
+    fn walk(nodes: &[Node], prefix: &[String], out: &mut Vec<Vec<String>>) {
+        for Node(name, children) in nodes {
+            let path = [prefix, std::slice::from_ref(name)].concat();
+            walk(children, &path, out);
+            out.push(path);
+        }
+    }
+    let mut out = Vec::new();
+    walk(&pending.remove(&0).unwrap_or_default(), &[], &mut out);
+    out.sort();
+    out
+}
+
+/// The same paths from a `pytrace imports` report's `imports` tree.
+pub fn report_import_paths(imports: &serde_json::Value) -> Vec<Vec<String>> {
+    fn walk(nodes: &serde_json::Value, prefix: &[String], out: &mut Vec<Vec<String>>) {
+        for n in nodes.as_array().expect("an array of imports") {
+            let path = [prefix, &[n["name"].as_str().unwrap().to_string()]].concat();
+            walk(&n["children"], &path, out);
+            out.push(path);
+        }
+    }
+    let mut out = Vec::new();
+    walk(imports, &[], &mut out);
+    out.sort();
+    out
+}

@@ -23,6 +23,8 @@ struct Findings {
     version: String,
     interpreter: String,
     shared_library: bool,
+    /// A free-threaded build (`--disable-gil`), as its `_Py_DebugOffsets` say.
+    free_threaded: bool,
     usdt_probes: Vec<String>,
     function_probes: &'static str,
     calls_mode: String,
@@ -68,6 +70,7 @@ pub fn run(opts: Options) -> Result<i32> {
         version: python.version.to_string(),
         interpreter: python.target_path.clone(),
         shared_library: python.is_shared_library(),
+        free_threaded: python.layout.free_threaded,
         usdt_probes: probes,
         function_probes,
         calls_mode: mode.name().into(),
@@ -113,6 +116,9 @@ pub fn run(opts: Options) -> Result<i32> {
         findings.interpreter,
         if findings.shared_library { "shared libpython" } else { "in the executable" }
     );
+    if findings.free_threaded {
+        println!("build:           free-threaded (--disable-gil): threads run Python in parallel; offsets for {}", python.layout.build_name());
+    }
     println!("usdt probes:     {probes}");
     println!("function probes: {}", findings.function_probes);
     println!("layout:          {}", findings.layout);

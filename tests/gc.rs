@@ -111,3 +111,47 @@ fn usdt_mode_without_probes_says_why() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("gc__start and gc__done USDT probes") && stderr.contains("--mode watchpoint"), "{stderr}");
 }
+
+/// A thread whose debug registers are all taken (here by four watchpoints
+/// this test sets, as a debugger would) cannot get pytrace's: gc says so,
+/// in one sentence, and leaves the target running.
+#[test]
+fn watchpoint_mode_says_when_the_debug_registers_are_taken() {
+    #[repr(C)]
+    #[derive(Default)]
+    struct BreakpointAttr {
+        kind: u32,
+        size: u32,
+        config: u64,
+        sample_period: u64,
+        sample_type: u64,
+        read_format: u64,
+        flags: u64,
+        wakeup_events: u32,
+        bp_type: u32,
+        bp_addr: u64,
+        bp_len: u64,
+    }
+    let python = pyenv_python(12);
+    let target = start_waiting(&python, "gc_cycles.py", &["--rounds", "1000"]);
+    // Four 8-byte watchpoints on the target's first page: x86 has four debug registers.
+    let base = std::fs::read_to_string(format!("/proc/{}/maps", target.pid())).unwrap();
+    let base = u64::from_str_radix(base.split('-').next().unwrap(), 16).unwrap();
+    let mut fds = Vec::new();
+    for i in 0..4u64 {
+        let attr = BreakpointAttr { kind: 5, size: std::mem::size_of::<BreakpointAttr>() as u32, sample_period: 1, flags: 1 << 5, bp_type: 2, bp_addr: base + 8 * i, bp_len: 8, ..Default::default() };
+        // SAFETY: perf_event_open with a valid attr; closed below.
+        let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, &attr, target.pid() as i32, -1i32, -1i32, 0u64) };
+        assert!(fd >= 0, "watchpoint {i}: {}", std::io::Error::last_os_error());
+        fds.push(fd as i32);
+    }
+    let out = pytrace(&["gc", "-p", &target.pid().to_string(), "-d", "1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("every hardware debug register of that thread is taken"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one sentence: {stderr}");
+    for fd in fds {
+        unsafe { libc::close(fd) };
+    }
+    assert!(std::path::Path::new(&format!("/proc/{}", target.pid())).exists(), "the target still runs");
+}

@@ -109,7 +109,11 @@ fn sample_split_is_within_two_points() {
 
 /// Three threads spinning at once (3:2:1 CPU budgets): each function's share
 /// of the samples is its thread's share of the CPU time the threads used
-/// (time.thread_time), and each is sampled on its own thread only.
+/// (time.thread_time) within 5 points, and each is sampled on its own
+/// thread only. (The sampler's clock runs while a busy host steals the
+/// vCPU, which thread CPU time leaves out: on this shared VM at a load of
+/// 8 a share drifted by 3.2 points; a misattributed thread would be off by
+/// 17 points or more.)
 #[test]
 fn parallel_threads_split_like_their_cpu_times() {
     let python = free_threaded();
@@ -132,7 +136,7 @@ fn parallel_threads_split_like_their_cpu_times() {
     assert!(sample_sum > 2500, "only {sample_sum} samples");
     for ((f, c), s) in functions.iter().zip(&cpu).zip(&samples) {
         let (want, got) = (c * 100.0 / cpu_sum, *s as f64 * 100.0 / sample_sum as f64);
-        assert!((want - got).abs() <= 3.0, "{f}: {got:.1}% of samples, its thread used {want:.1}% of the CPU time ({cpu:?} s, {samples:?} samples)");
+        assert!((want - got).abs() <= 5.0, "{f}: {got:.1}% of samples, its thread used {want:.1}% of the CPU time ({cpu:?} s, {samples:?} samples)");
     }
     let folded = std::fs::read_to_string(&folded).unwrap();
     for f in functions {

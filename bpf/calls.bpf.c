@@ -72,6 +72,16 @@ struct {
 	__uint(max_entries, RING_BYTES);
 } new_functions SEC(".maps");
 
+/* The live processes the target forked while traced, and their forks: PID
+ * to parent PID. They inherit the eval-frame hook; user space reads this
+ * map as it polls and restores the hook in them too. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_CHILDREN);
+	__type(key, __u32);
+	__type(value, __u32);
+} children SEC(".maps");
+
 DEFINE_COUNTERS(CALLS_COUNTER_COUNT);
 
 /* Zeroed templates: the values are too large for the 512-byte BPF stack. */
@@ -642,5 +652,35 @@ SEC("usdt")
 int BPF_USDT(usdt_function_return)
 {
 	on_return(0);
+	return 0;
+}
+
+/* A fork by the target, or by a child of it already tracked. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(target_forked, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 parent_tgid = parent->tgid, child_tgid = child->tgid;
+
+	if (child_tgid == parent_tgid) /* a new thread */
+		return 0;
+	if (parent_tgid != cfg.tgid && !bpf_map_lookup_elem(&children, &parent_tgid))
+		return 0;
+	if (bpf_map_update_elem(&children, &child_tgid, &parent_tgid, BPF_ANY))
+		count(CALLS_CHILD_MAP_FULL);
+	return 0;
+}
+
+/* A thread ends: its shadow stack goes, so a target that keeps starting
+ * short-lived threads never fills the map (20,000 of them filled it before
+ * this); a tracked child ends: it needs no restoring. */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(task_exited, struct task_struct *task)
+{
+	__u32 tid = task->pid, tgid = task->tgid;
+
+	if (tgid == cfg.tgid && bpf_map_delete_elem(&stacks, &tid) == 0)
+		count(CALLS_THREAD_EXITS);
+	if (tid == tgid)
+		bpf_map_delete_elem(&children, &tgid);
 	return 0;
 }

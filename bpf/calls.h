@@ -17,7 +17,10 @@
 /* Preallocated, so a burst of new functions never fails for lack of memory:
  * about 2.7 KiB each. */
 #define MAX_FUNCTIONS 16384
-#define MAX_THREADS 16384
+#define MAX_THREADS 16384 /* live ones: an exiting thread's entry is deleted */
+/* Processes the target forks while traced (and their forks), alive at once:
+ * they inherit the eval-frame hook, and user space restores it in them. */
+#define MAX_CHILDREN 4096
 
 /* Latency histogram: values below HIST_LINEAR ns get a bucket each; above,
  * every power of two is split into HIST_SUB buckets (12.5% wide). User space
@@ -46,6 +49,8 @@ enum calls_counter {
 	CALLS_STACK_RESYNC,        /* shadow stack disagreed with the interpreter's */
 	CALLS_EVALUATIONS,         /* frame evaluations entered, counted as calls or not */
 	CALLS_INLINED_INIT,        /* 3.13: __init__ calls run inline, counted untimed */
+	CALLS_CHILD_MAP_FULL,      /* a forked child not tracked: more than MAX_CHILDREN */
+	CALLS_THREAD_EXITS,        /* threads whose entry was deleted when they exited */
 	CALLS_COUNTER_COUNT,
 };
 

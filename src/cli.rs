@@ -21,7 +21,8 @@ Examples:
   pytrace compare -p 1234 -d 10 -r 999     exact and sampled shares side by side
   pytrace gc -p 1234 --events             a line per garbage collection, then a summary
   pytrace imports -- python3 app.py       which imports make start-up slow
-  pytrace info -p 1234                    what pytrace finds in the process";
+  pytrace info -p 1234                    what pytrace finds in the process
+  pytrace restore -p 1234                 put back an eval-frame hook a killed run left set";
 
 #[derive(Parser)]
 #[command(name = "pytrace", version, about = "See what a running CPython process does, from outside it, with eBPF", after_help = EXAMPLES)]
@@ -44,6 +45,8 @@ enum Command {
     Compare(CompareArgs),
     /// What pytrace finds in a Python process or binary, and which mode it would use
     Info(InfoArgs),
+    /// Put back a process's eval-frame hook that a pytrace run left set (see `info`)
+    Restore(RestoreArgs),
 }
 
 #[derive(Args)]
@@ -219,6 +222,13 @@ struct InfoArgs {
     json: Option<PathBuf>,
 }
 
+#[derive(Args)]
+struct RestoreArgs {
+    /// PID of the Python process whose interp->eval_frame pytrace left set
+    #[arg(short, long)]
+    pid: u32,
+}
+
 impl TargetArgs {
     fn into_parts(self) -> Result<(TargetSpec, Option<Duration>)> {
         let spec = match (self.pid, self.command.is_empty()) {
@@ -328,6 +338,7 @@ impl Cli {
                 binary: args.binary,
                 json: args.json,
             }),
+            Command::Restore(args) => commands::restore::run(args.pid),
         }
     }
 }

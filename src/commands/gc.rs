@@ -64,5 +64,5 @@ pub fn run(opts: Options) -> Result<i32> {
         data.counters,
     );
     report::emit(json.as_mut(), || report.to_json(), || report.to_table())?;
-    Ok(target.exit_status().unwrap_or(0))
+    Ok(target.exit_code())
 }

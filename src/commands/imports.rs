@@ -50,5 +50,5 @@ pub fn run(opts: Options) -> Result<i32> {
         imports: tree,
     };
     report::emit(json.as_mut(), || report.to_json(), || report.to_table(opts.top))?;
-    Ok(target.exit_status().unwrap_or(0))
+    Ok(target.exit_code())
 }

@@ -7,6 +7,7 @@ use anyhow::{bail, Result};
 use serde::Serialize;
 
 use crate::python::eval_hook::EvalHook;
+use crate::python::hook_owner::HookLock;
 use crate::python::{FunctionProbes, Python};
 use crate::report::Output;
 use crate::tracing::calls::choose_mode;
@@ -23,8 +24,6 @@ struct Findings {
     version: String,
     interpreter: String,
     shared_library: bool,
-    /// A free-threaded build (`--disable-gil`), as its `_Py_DebugOffsets` say.
-    free_threaded: bool,
     usdt_probes: Vec<String>,
     function_probes: &'static str,
     calls_mode: String,
@@ -37,8 +36,14 @@ struct Findings {
     layout: String,
     /// How `pytrace sample` walks the stacks.
     sample_mode: &'static str,
-    /// With -p on 3.11+: what interp->eval_frame holds now.
-    eval_frame_now: Option<&'static str>,
+    /// With -p on 3.11+: what interp->eval_frame holds now, and whether a
+    /// live pytrace owns it.
+    eval_frame_now: Option<String>,
+    /// Where interp->eval_frame is and which sources say so: pytrace writes
+    /// it only where two agree.
+    eval_frame_offset: String,
+    /// A free-threaded (no GIL) build, by its _Py_DebugOffsets.
+    free_threaded: bool,
     /// How `pytrace gc` would see collections, or why it cannot.
     gc_mode: String,
     /// How `pytrace imports` would see imports, or why it cannot.
@@ -49,7 +54,7 @@ pub fn run(opts: Options) -> Result<i32> {
     let mut json = opts.json.as_deref().map(Output::create).transpose()?;
     let python = match (opts.pid, &opts.binary) {
         (Some(pid), _) => Python::from_pid(pid)?,
-        (None, Some(path)) => match Python::from_executable(path, "")? {
+        (None, Some(path)) => match Python::from_executable(path, None)? {
             Some(p) => p,
             None => bail!("{} is not a CPython executable or libpython", path.display()),
         },
@@ -70,7 +75,6 @@ pub fn run(opts: Options) -> Result<i32> {
         version: python.version.to_string(),
         interpreter: python.target_path.clone(),
         shared_library: python.is_shared_library(),
-        free_threaded: python.layout.free_threaded,
         usdt_probes: probes,
         function_probes,
         calls_mode: mode.name().into(),
@@ -92,9 +96,17 @@ pub fn run(opts: Options) -> Result<i32> {
             Err(e) => format!("unavailable: {e}"),
         },
         eval_frame_now: match opts.pid {
-            Some(pid) if python.inlines_calls() => Some(EvalHook::new(pid, &python)?.state()?.describe()),
+            Some(pid) if python.inlines_calls() => Some(match EvalHook::new(pid, &python) {
+                Ok(hook) => hook.state()?.describe(pid, HookLock::owner(pid)),
+                Err(e) => format!("unknown: {e:#}"),
+            }),
             _ => None,
         },
+        eval_frame_offset: match python.eval_frame_offset.agreed {
+            Some(offset) => format!("{offset:#x} ({})", python.eval_frame_offset.describe()),
+            None => format!("unknown: no two sources agree ({})", python.eval_frame_offset.describe()),
+        },
+        free_threaded: python.free_threaded,
     };
     if let Some(out) = &mut json {
         out.write_all((serde_json::to_string_pretty(&findings)? + "\n").as_bytes())?;
@@ -116,9 +128,6 @@ pub fn run(opts: Options) -> Result<i32> {
         findings.interpreter,
         if findings.shared_library { "shared libpython" } else { "in the executable" }
     );
-    if findings.free_threaded {
-        println!("build:           free-threaded (--disable-gil): threads run Python in parallel; offsets for {}", python.layout.build_name());
-    }
     println!("usdt probes:     {probes}");
     println!("function probes: {}", findings.function_probes);
     println!("layout:          {}", findings.layout);
@@ -126,11 +135,15 @@ pub fn run(opts: Options) -> Result<i32> {
     println!("calls probe:     {}", findings.calls_probe);
     if findings.eval_frame_hook {
         println!("eval-frame hook: calls sets interp->eval_frame while tracing, so that no call is inlined; restored on exit");
+        println!("eval_frame at:   {}", findings.eval_frame_offset);
+    }
+    if findings.free_threaded {
+        println!("free-threaded:   yes (built without the GIL; offsets from the {} table)", python.layout.build_name());
     }
     println!("gc mode:         {}", findings.gc_mode);
     println!("imports mode:    {}", findings.imports_mode);
     println!("sample mode:     {}", findings.sample_mode);
-    if let Some(now) = findings.eval_frame_now {
+    if let Some(now) = &findings.eval_frame_now {
         println!("eval_frame now:  {now}");
     }
     Ok(0)

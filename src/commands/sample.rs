@@ -43,6 +43,8 @@ fn thread_names(pid: u32, names: &mut HashMap<u32, String>) {
 
 pub fn run(mut opts: Options) -> Result<i32> {
     // Every output is created before sampling starts, so a bad path fails now.
+    let paths: Vec<&std::path::Path> = [&opts.flamegraph, &opts.folded, &opts.speedscope, &opts.json].into_iter().flatten().map(|p| p.as_path()).collect();
+    crate::report::output::check_distinct(&[], &paths)?;
     let mut outputs: Vec<(&str, Output)> = Vec::new();
     for (kind, path) in [("flamegraph", &opts.flamegraph), ("folded", &opts.folded), ("speedscope", &opts.speedscope), ("json", &opts.json)] {
         if let Some(path) = path {
@@ -75,7 +77,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
             )?;
             let elapsed = target.elapsed();
             write(&opts, outputs, pid, version, elapsed, data, progress.finish())?;
-            Ok(target.exit_status().unwrap_or(0))
+            Ok(target.exit_code())
         }
         None => {
             session::preflight()?;

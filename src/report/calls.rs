@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 
-use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::{human_ns, thousands, PythonInfo};
@@ -49,6 +48,10 @@ pub struct CallsReport {
     /// What this mode cannot be exact about on this interpreter.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub caveats: Vec<String>,
+    /// Why the counts are incomplete (the eval-frame hook was changed by
+    /// something else while tracing), if they are.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<String>,
     pub functions: Vec<FunctionRow>,
 }
 
@@ -61,7 +64,7 @@ struct Merged {
     child_calls: u64,
     outermost_calls: u64,
     nested_calls: u64,
-    latency: Histogram<u64>,
+    latency: crate::tracing::histogram::Latency,
 }
 
 impl CallsReport {
@@ -84,7 +87,7 @@ impl CallsReport {
                     m.child_calls += child_calls;
                     m.outermost_calls += outermost_calls;
                     m.nested_calls += nested_calls;
-                    let _ = m.latency.add(&latency);
+                    m.latency.add(&latency);
                 }
                 std::collections::hash_map::Entry::Vacant(e) => {
                     e.insert(Merged { calls, timed_calls, total_ns, self_ns, max_ns, child_calls, outermost_calls, nested_calls, latency });
@@ -128,6 +131,7 @@ impl CallsReport {
             lost_events,
             counters: data.counters.into_iter().collect(),
             caveats: Vec::new(),
+            incomplete: None,
             functions,
         }
     }
@@ -148,6 +152,9 @@ impl CallsReport {
             self.functions.len(),
             self.lost_events,
         );
+        if let Some(why) = &self.incomplete {
+            out += &format!("warning: {why}\n");
+        }
         for caveat in &self.caveats {
             out += &format!("note: {caveat}\n");
         }
@@ -178,6 +185,28 @@ impl CallsReport {
         if self.functions.len() > shown {
             out += &format!("… {} more functions (--top)\n", self.functions.len() - shown);
         }
+        out += &self.drops_footer();
         out
+    }
+
+    /// Every way an event was dropped or an input refused, in a sentence,
+    /// so that a table is never read as complete when it is not.
+    fn drops_footer(&self) -> String {
+        let n = |name: &str| self.counters.get(name).copied().unwrap_or(0);
+        let kinds = [
+            ("new_function_lost", "functions' names lost (ring buffer full)"),
+            ("function_map_full", "calls of functions past the function map's size, not counted"),
+            ("thread_map_full", "calls on threads past the thread map's size, not timed"),
+            ("bad_code_object", "evaluations of unreadable code objects"),
+            ("unmatched_return", "returns from calls made before tracing began"),
+            ("stop_failed", "failures to stop the command at its first evaluation"),
+            ("child_map_full", "forked children not followed (child map full)"),
+        ];
+        let said: Vec<String> = kinds.iter().filter(|(name, _)| n(name) > 0).map(|(name, what)| format!("{} {what}", thousands(n(name)))).collect();
+        if said.is_empty() {
+            "dropped: nothing\n".into()
+        } else {
+            format!("dropped: {}\n", said.join("; "))
+        }
     }
 }

@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::mem::MaybeUninit;
 
 use anyhow::{bail, Context, Result};
-use hdrhistogram::Histogram;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 
@@ -35,11 +34,11 @@ pub struct FunctionTotals {
     pub outermost_calls: u64,
     /// Evaluations entered during the outermost calls.
     pub nested_calls: u64,
-    pub latency: Histogram<u64>,
+    pub latency: histogram::Latency,
 }
 
 /// Counters from bpf/calls.h's enum calls_counter, by name.
-pub const COUNTER_NAMES: [(&str, calls_counter); 11] = [
+pub const COUNTER_NAMES: [(&str, calls_counter); 13] = [
     ("new_function_lost", calls_counter::CALLS_NEW_FUNCTION_LOST),
     ("function_map_full", calls_counter::CALLS_FUNCTION_MAP_FULL),
     ("thread_map_full", calls_counter::CALLS_THREAD_MAP_FULL),
@@ -51,6 +50,8 @@ pub const COUNTER_NAMES: [(&str, calls_counter); 11] = [
     ("stack_resyncs", calls_counter::CALLS_STACK_RESYNC),
     ("inlined_init_calls", calls_counter::CALLS_INLINED_INIT),
     ("evaluations", calls_counter::CALLS_EVALUATIONS),
+    ("child_map_full", calls_counter::CALLS_CHILD_MAP_FULL),
+    ("thread_exits", calls_counter::CALLS_THREAD_EXITS),
 ];
 
 pub struct CallsData {
@@ -78,6 +79,9 @@ pub struct Plan<'a> {
     pub stop_at_first_eval: bool,
     /// Attach programs that return at once (scripts/bench.sh's floor).
     pub empty_probe: bool,
+    /// Told each process the target forks while traced (it inherits the
+    /// eval-frame hook), as the poll loop finds it.
+    pub on_child: &'a dyn Fn(u32),
 }
 
 type Names = HashMap<(u64, u64, u32), (String, String)>;
@@ -90,6 +94,8 @@ pub struct Session<'obj> {
     skel: CallsSkel<'obj>,
     links: RefCell<Vec<Link>>,
     names: RefCell<Names>,
+    /// Children of the target already handed to `on_child`.
+    children_seen: RefCell<std::collections::HashSet<u32>>,
 }
 
 impl<'obj> Session<'obj> {
@@ -123,7 +129,18 @@ impl<'obj> Session<'obj> {
         open.progs.inlined_init.set_autoload(inlined_init.is_some());
         let skel = open.load().map_err(privilege_hint).context("failed to load the calls BPF program")?;
         let links = attach(&skel.progs, plan)?;
-        Ok(Session { skel, links: RefCell::new(links), names: RefCell::new(HashMap::new()) })
+        Ok(Session { skel, links: RefCell::new(links), names: RefCell::new(HashMap::new()), children_seen: RefCell::new(Default::default()) })
+    }
+
+    /// Between polls: hands the target's new children to `plan.on_child`.
+    pub fn between_polls(&self, plan: &Plan) {
+        for key in self.skel.maps.children.keys() {
+            let Ok(bytes) = <[u8; 4]>::try_from(key.as_slice()) else { continue };
+            let child = u32::from_ne_bytes(bytes);
+            if self.children_seen.borrow_mut().insert(child) {
+                (plan.on_child)(child);
+            }
+        }
     }
 
     /// Adds this session's ring buffer (new functions' names) to `builder`.
@@ -162,7 +179,11 @@ pub fn run(
     let ring = builder.build()?;
 
     attached()?;
-    let polled = poll_until(&ring, "calls", keep_going);
+    let mut keep_going = keep_going;
+    let polled = poll_until(&ring, "calls", || {
+        session.between_polls(plan);
+        keep_going()
+    });
     // Detach before reading the maps, and even if polling failed.
     session.detach();
     polled?;
@@ -217,6 +238,10 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
             ]
         }
     };
+    // Every mode: exited threads leave the thread map, forks are followed.
+    let mut links = links;
+    links.push(progs.task_exited.attach().context("failed to attach to the sched_process_exit tracepoint")?);
+    links.push(progs.target_forked.attach().context("failed to attach to the sched_process_fork tracepoint")?);
     ensure_still_running(plan.pid)?;
     Ok(links)
 }
@@ -259,7 +284,7 @@ fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsDa
             child_calls: 0,
             outermost_calls: 0,
             nested_calls: 0,
-            latency: histogram::new_histogram(),
+            latency: histogram::Latency::default(),
         };
         let mut s = func_stats::default();
         plain::copy_from_bytes(&mut s, &value).map_err(|_| anyhow::anyhow!("bad value size"))?;
@@ -271,7 +296,7 @@ fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsDa
         totals.child_calls = s.child_calls;
         totals.outermost_calls = s.outermost_calls;
         totals.nested_calls = s.nested_calls;
-        histogram::add_buckets(&mut totals.latency, &s.hist);
+        totals.latency = histogram::Latency::from_kernel(&s.hist);
         functions.push(totals);
     }
 

@@ -165,7 +165,7 @@ pub fn run(
 /// interpreter does not exist yet or its state is not a collector's.
 fn watch_target(pid: u32, python: &Python) -> Result<gc_watch_target> {
     let l = &python.layout;
-    let bias = python.current_load_bias(pid)?;
+    let bias = python.load_bias_in(pid)?;
     let mem = Memory::open(pid)?;
     let runtime = python.symbol(RUNTIME_SYMBOL)?.wrapping_add(bias);
     let interp = mem.read_u64(runtime + l.runtime_interpreters_main as u64).context("failed to read the main interpreter's address")?;

@@ -583,12 +583,7 @@ pub fn run<'a>(
 /// &_PyRuntime.interpreters.head and &PyCode_Type in the target, once its
 /// interpreter file is mapped.
 fn runtime_addresses(pid: u32, python: &Python) -> Result<(u64, Option<u64>)> {
-    let maps = proc::file_mappings(pid)?;
-    let first = maps
-        .iter()
-        .find(|m| m.path == python.target_path && m.offset == 0)
-        .context("interpreter not mapped yet")?;
-    let bias = python.elf.load_bias(first.start)?;
+    let bias = python.load_bias_in(pid).context("interpreter not mapped yet")?;
     let head = python.symbol(RUNTIME_SYMBOL)?.wrapping_add(bias) + python.layout.runtime_interpreters_head as u64;
     Ok((head, python.elf.symbol("PyCode_Type").map(|t| t.wrapping_add(bias))))
 }

@@ -350,14 +350,14 @@ def attach_table():
 
 def gc_table():
     rows = []
-    for python in (DEBIAN, NO_PROBES):
-        progress(f"gc on {python.label}")
+    for python, mode in ((DEBIAN, "usdt"), (DEBIAN, "watchpoint"), (NO_PROBES, "watchpoint")):
+        progress(f"gc --mode {mode} on {python.label}")
         base, traced, report = [], [], None
         for _ in range(REPEATS):
             target = start(python.argv("gc_cycles.py", "--rounds", 1000000, "--timing"))
             base.append(workload_seconds(target.communicate()[1]))
             report = os.path.join(TMP, "gc.json")
-            target = start([PYTRACE, "gc", "--json", report, "--", *python.argv("gc_cycles.py", "--rounds", 1000000, "--timing")])
+            target = start([PYTRACE, "gc", "--mode", mode, "--json", report, "--", *python.argv("gc_cycles.py", "--rounds", 1000000, "--timing")])
             traced.append(workload_seconds(target.communicate()[1]))
         r = json.load(open(report))
         n = sum(g["collections"] for g in r["generations"])
@@ -404,6 +404,28 @@ def bypassed_table():
     )
 
 
+def imports_table():
+    """What `imports` costs a program that imports nothing while it runs:
+    none with the USDT probes; a probe hit per evaluation entered from C
+    (3.11) in uprobe mode, which builds without the probes get."""
+    rows = []
+    for python, mode in ((DEBIAN, "usdt"), (DEBIAN, "uprobe"), (NO_PROBES, "uprobe")):
+        progress(f"imports --mode {mode} on {python.label}")
+        base, traced = [], []
+        for _ in range(REPEATS):
+            target = start(python.argv("callgraph.py", "--rounds", CALL_ROUNDS, "--timing"))
+            base.append(workload_seconds(target.communicate()[1]))
+            target = start([PYTRACE, "imports", "--mode", mode, "--json", os.path.join(TMP, "imports.json"), "--",
+                            *python.argv("callgraph.py", "--rounds", CALL_ROUNDS, "--timing")])
+            traced.append(workload_seconds(target.communicate()[1]))
+        b, t = fastest(base), fastest(traced)
+        rows.append(f"| {python.label} | {mode} | {b:.3f} | {t:.3f} | {(t / b - 1) * 100:+.1f}% |")
+    return (
+        "| CPython | imports mode | s untraced | s under pytrace imports | slowdown |\n"
+        "|---|---|---|---|---|\n" + "\n".join(rows)
+    )
+
+
 def main():
     shutil.copytree(FIXTURES, os.path.join(SID_ROOT, INSIDE[1:]), dirs_exist_ok=True)
     # profiling.sampling runs inside the root and reads /proc/PID/maps.
@@ -433,6 +455,8 @@ def main():
              f"fixtures/bypassed_calls.py, {BYPASSED_COUNT} iterations, started by pytrace; CPU time of the loop (the probes "
              "run in the target's context). The close row is the close loop's added time minus that of the same loop "
              "without close()."),
+            ("`imports`: cost to a program running Python calls", imports_table(),
+             f"fixtures/callgraph.py, {CALL_ROUNDS} rounds (no imports while it runs), started by pytrace."),
         ]
     finally:
         subprocess.run(["umount", proc])

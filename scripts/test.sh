@@ -14,6 +14,11 @@ PYTRACE_ROOT_39=$(scripts/pythons.sh root-3.9)
 PYTRACE_ROOT_SID=$(scripts/pythons.sh root-sid)
 # Debian trixie's CPython 3.13.5, and its stripped shared libpython3.13.
 PYTRACE_ROOT_TRIXIE=$(scripts/pythons.sh root-trixie)
-export PYTRACE_NODTRACE_PYTHON PYTRACE_ROOT_39 PYTRACE_ROOT_SID PYTRACE_ROOT_TRIXIE
+# A free-threaded CPython 3.13t (--disable-gil, no probes), built once from
+# Debian's source: the first build prints how long it took.
+started=$SECONDS
+PYTRACE_FREETHREADED_PYTHON=$(scripts/pythons.sh freethreaded)
+echo "free-threaded CPython ready in $((SECONDS - started)) s: $PYTRACE_FREETHREADED_PYTHON" >&2
+export PYTRACE_NODTRACE_PYTHON PYTRACE_ROOT_39 PYTRACE_ROOT_SID PYTRACE_ROOT_TRIXIE PYTRACE_FREETHREADED_PYTHON
 
 cargo test --release --locked

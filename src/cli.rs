@@ -70,6 +70,13 @@ enum ModeArg {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum GcModeArg {
+    Auto,
+    Usdt,
+    Watchpoint,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum SortArg {
     Calls,
     Total,
@@ -106,6 +113,10 @@ struct GcArgs {
     /// Print one line per collection as it happens (time, generation, pause, collected)
     #[arg(long)]
     events: bool,
+    /// How to see collections: CPython's USDT probes, or a hardware
+    /// watchpoint on the collector's state (any build; the default without probes)
+    #[arg(long, value_enum, default_value = "auto")]
+    mode: GcModeArg,
     /// Also write the summary as JSON to FILE ("-" for standard output)
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -118,6 +129,10 @@ struct ImportsArgs {
     /// Show only the N slowest top-level imports
     #[arg(long, value_name = "N")]
     top: Option<usize>,
+    /// How to see imports: CPython's USDT probes, or a uprobe on the eval
+    /// function (any build; the default without probes)
+    #[arg(long, value_enum, default_value = "auto")]
+    mode: ModeArg,
     /// Also write the tree as JSON to FILE ("-" for standard output)
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -257,11 +272,21 @@ impl Cli {
             }
             Command::Gc(args) => {
                 let (target, duration) = args.target.into_parts()?;
-                commands::gc::run(commands::gc::Options { target, duration, events: args.events, json: args.json })
+                let mode = match args.mode {
+                    GcModeArg::Auto => None,
+                    GcModeArg::Usdt => Some(crate::tracing::gc::Mode::Usdt),
+                    GcModeArg::Watchpoint => Some(crate::tracing::gc::Mode::Watchpoint),
+                };
+                commands::gc::run(commands::gc::Options { target, duration, events: args.events, json: args.json, mode })
             }
             Command::Imports(args) => {
                 let (target, duration) = args.target.into_parts()?;
-                commands::imports::run(commands::imports::Options { target, duration, top: args.top, json: args.json })
+                let mode = match args.mode {
+                    ModeArg::Auto => None,
+                    ModeArg::Usdt => Some(crate::tracing::imports::Mode::Usdt),
+                    ModeArg::Uprobe => Some(crate::tracing::imports::Mode::Uprobe),
+                };
+                commands::imports::run(commands::imports::Options { target, duration, top: args.top, json: args.json, mode })
             }
             Command::Sample(args) => {
                 let (target, duration) = if args.all {

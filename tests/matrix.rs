@@ -213,38 +213,57 @@ fn calls_threads_and_reused_code_objects(version: &'static str) {
     }
 }
 
+/// Both ways: the gc USDT probes, and the watchpoint that builds without
+/// them get (on these stripped builds too; 3.15 keeps its totals in rings).
 fn gc_equals_gc_callbacks(version: &'static str) {
     let py = Interpreter::new(version);
-    let (inside, host) = py.output("gc-truth.json");
-    let mut target = py.start_waiting("gc_cycles.py", &["--rounds", "60000", "--truth", &inside]);
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("gc.json");
-    let tracer = start_tracer(&["gc", "-p", &target.pid().to_string(), "--json", json.to_str().unwrap()]);
-    assert!(tracer.stderr_head.contains("usdt mode"), "{version}: {}", tracer.stderr_head);
-    signal(target.pid(), libc::SIGUSR1);
-    wait_for_line(&mut target, "done");
-    signal(tracer.child.pid(), libc::SIGINT);
-    let (code, _, stderr) = tracer.finish();
-    assert_eq!(code, 0, "{stderr}");
-    let key = |v: &serde_json::Value| {
-        v.as_array().unwrap().iter().map(|g| (g["generation"].as_u64(), g["collections"].as_u64(), g["collected"].as_i64())).collect::<Vec<_>>()
-    };
-    let want = key(&read_json(&host));
-    assert_eq!(want.len(), 3, "{version}: the fixture collects all three generations");
-    assert_eq!(key(&read_json(&json)["generations"]), want, "{version}: (generation, collections, collected)");
+    for mode in ["usdt", "watchpoint"] {
+        let (inside, host) = py.output("gc-truth.json");
+        let mut target = py.start_waiting("gc_cycles.py", &["--rounds", "60000", "--truth", &inside]);
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("gc.json");
+        let tracer = start_tracer(&["gc", "--mode", mode, "-p", &target.pid().to_string(), "--json", json.to_str().unwrap()]);
+        assert!(tracer.stderr_head.contains(&format!("{mode} mode")), "{version}: {}", tracer.stderr_head);
+        signal(target.pid(), libc::SIGUSR1);
+        wait_for_line(&mut target, "done");
+        signal(tracer.child.pid(), libc::SIGINT);
+        let (code, _, stderr) = tracer.finish();
+        assert_eq!(code, 0, "{stderr}");
+        let key = |v: &serde_json::Value| {
+            v.as_array().unwrap().iter().map(|g| (g["generation"].as_u64(), g["collections"].as_u64(), g["collected"].as_i64())).collect::<Vec<_>>()
+        };
+        let want = key(&read_json(&host));
+        assert_eq!(want.len(), 3, "{version}: the fixture collects all three generations");
+        assert_eq!(key(&read_json(&json)["generations"]), want, "{version} {mode}: (generation, collections, collected)");
+    }
 }
 
+/// Both ways (the import USDT probes, and the eval-function uprobe that
+/// builds without them get): the whole tree equals -X importtime's for the
+/// same program.
 fn imports_tree(version: &'static str) {
     let py = Interpreter::new(version);
     let (modules, host) = py.output("modules");
-    std::fs::create_dir_all(host).unwrap();
-    let report = py.json(&["imports"], "imports_tree.py", &[&modules]);
-    let top = report["imports"].as_array().unwrap().iter().find(|n| n["name"] == "pt_top").expect("pt_top imported");
-    let mut children: Vec<&str> = top["children"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
-    children.sort();
-    assert_eq!(children, ["pt_a", "pt_b"], "{version}");
-    let (own, total) = (top["self_ns"].as_u64().unwrap(), top["cumulative_ns"].as_u64().unwrap());
-    assert!(0 < own && own <= total, "{version}: {top}");
+    std::fs::create_dir_all(&host).unwrap();
+    let mut argv = py.argv("imports_tree.py", &[&modules]);
+    argv.insert(3, "importtime".into());
+    argv.insert(3, "-X".into());
+    let truth = Command::new(&argv[0]).args(&argv[1..]).output().unwrap();
+    assert!(truth.status.success(), "{version}: {}", String::from_utf8_lossy(&truth.stderr));
+    let want = importtime_paths(&String::from_utf8_lossy(&truth.stderr));
+    for mode in ["usdt", "uprobe"] {
+        std::fs::remove_dir_all(&host).unwrap();
+        std::fs::create_dir_all(&host).unwrap();
+        let report = py.json(&["imports", "--mode", mode], "imports_tree.py", &[&modules]);
+        assert_eq!(report["python"]["mode"], mode);
+        let top = report["imports"].as_array().unwrap().iter().find(|n| n["name"] == "pt_top").expect("pt_top imported");
+        let mut children: Vec<&str> = top["children"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+        children.sort();
+        assert_eq!(children, ["pt_a", "pt_b"], "{version} {mode}");
+        let (own, total) = (top["self_ns"].as_u64().unwrap(), top["cumulative_ns"].as_u64().unwrap());
+        assert!(0 < own && own <= total, "{version} {mode}: {top}");
+        assert_eq!(report_import_paths(&report["imports"]), want, "{version} {mode}: the tree -X importtime prints");
+    }
 }
 
 /// The 60/30/10 CPU split within 2 points; one function per thread; deep

@@ -3,9 +3,9 @@
 //! tables, no USDT probes, run from this machine's root (scripts/pythons.sh
 //! pyenv-3.10, pyenv-3.12). calls equal to cProfile by `--` and by `-p` and
 //! to the profiling hook on four threads, gc equal to gc.callbacks through
-//! the uprobe on gc_collect_main, the 60/30/10 CPU split sampled and
-//! compared, and what `info` reports. (`imports` needs the USDT probes
-//! these builds lack.)
+//! the watchpoint on the collector's state, the 60/30/10 CPU split sampled
+//! and compared, and what `info` reports. (`imports` without probes is
+//! tested on these builds in tests/imports.rs.)
 
 mod common;
 
@@ -84,8 +84,8 @@ fn gc_equals_gc_callbacks(version: &str) {
     let json = dir.path().join("gc.json");
     let mut target = start_waiting(&python, "gc_cycles.py", &["--rounds", "60000", "--truth", truth.to_str().unwrap()]);
     let tracer = start_tracer(&["gc", "-p", &target.pid().to_string(), "--json", json.to_str().unwrap()]);
-    // No USDT probes: the uprobe on gc_collect_main, named by the symbol table.
-    assert!(tracer.stderr_head.contains("uprobe mode"), "{version}: {}", tracer.stderr_head);
+    // No USDT probes: a watchpoint on the collector's state.
+    assert!(tracer.stderr_head.contains("watchpoint mode"), "{version}: {}", tracer.stderr_head);
     signal(target.pid(), libc::SIGUSR1);
     wait_for_line(&mut target, "done");
     signal(tracer.child.pid(), libc::SIGINT);
@@ -138,7 +138,7 @@ fn info_names_each_mode(version: &str) {
     assert_eq!(info["shared_library"], true);
     assert_eq!(info["calls_mode"], "uprobe");
     assert_eq!(info["function_probes"], "missing", "{info}");
-    assert!(info["gc_mode"].as_str().unwrap().starts_with("uprobe"), "{info}");
+    assert!(info["gc_mode"].as_str().unwrap().starts_with("watchpoint"), "{info}");
     assert_eq!(info["calls_probe"], "emulated by the kernel", "{info}");
     assert!(info["layout"].as_str().unwrap().contains("built-in table"), "{info}");
 }

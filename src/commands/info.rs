@@ -92,12 +92,12 @@ pub fn run(opts: Options) -> Result<i32> {
             Err(_) => "unknown",
         },
         sample_mode: "perf-event (a BPF program walks the frames at each sample)",
-        gc_mode: match crate::tracing::gc::choose_mode(&python) {
+        gc_mode: match crate::tracing::gc::choose_mode(&python, None) {
             Ok((mode, why)) => format!("{} ({why})", mode.name()),
             Err(e) => format!("unavailable: {e}"),
         },
-        imports_mode: match crate::tracing::imports::check_probes(&python) {
-            Ok(mode) => format!("{mode} (the import__find__load probes)"),
+        imports_mode: match crate::tracing::imports::choose_mode(&python, None) {
+            Ok((mode, why)) => format!("{} ({why})", mode.name()),
             Err(e) => format!("unavailable: {e}"),
         },
         eval_frame_now: match opts.pid {
@@ -146,7 +146,7 @@ pub fn run(opts: Options) -> Result<i32> {
         println!("eval_frame at:   {}", findings.eval_frame_offset);
     }
     if findings.free_threaded {
-        println!("free-threaded:   yes (built without the GIL)");
+        println!("free-threaded:   yes (built without the GIL; offsets from the {} table)", python.layout.build_name());
     }
     println!("gc mode:         {}", findings.gc_mode);
     println!("imports mode:    {}", findings.imports_mode);

@@ -38,7 +38,8 @@ pub fn read_str(mem: &Memory, layout: &Layout, addr: u64) -> Result<String> {
     let mut state = [0u8; 4];
     mem.read(addr + layout.unicode_state as u64, &mut state)?;
     let state = u32::from_ne_bytes(state);
-    let (kind, ascii, compact) = ((state >> 2) & 7, (state >> 6) & 1 == 1, (state >> 5) & 1 == 1);
+    let shift = layout.unicode_kind_shift;
+    let (kind, compact, ascii) = ((state >> shift) & 7, (state >> (shift + 3)) & 1 == 1, (state >> (shift + 4)) & 1 == 1);
     if !compact || length > 4096 || !matches!(kind, 1 | 2 | 4) {
         bail!("not a readable str at {addr:#x}");
     }

@@ -68,14 +68,15 @@ pub struct Installed {
 }
 
 impl EvalHook {
-    /// Refuses where the one write would rest on a guess.
+    /// Refuses where the one write would rest on a guess. A free-threaded
+    /// build is no exception to that rule and needs none of its own: its
+    /// offsets are its own table's (chosen by `_Py_DebugOffsets.free_threaded`,
+    /// a version without one is refused when the interpreter is read), the
+    /// offset below still needs two sources, and CPython itself sets the
+    /// field there with one plain store, which this write is
+    /// (`_PyInterpreterState_SetEvalFrameFunc` in 3.13; tests/free_threaded.rs
+    /// counts calls exactly on four threads running in parallel).
     pub fn new(pid: u32, python: &Python) -> Result<Self> {
-        if python.free_threaded {
-            bail!(
-                "Python {} in process {pid} is a free-threaded build (no GIL): pytrace does not set its eval-frame hook, which calls needs on 3.11 and later",
-                python.version
-            );
-        }
         let Some(eval_frame) = python.eval_frame_offset.agreed else {
             bail!(
                 "pytrace could not find interp->eval_frame in {} with two sources agreeing ({}), so it will not write it: calls needs that hook on Python {}",

@@ -158,7 +158,14 @@ impl Python {
 
     fn new(elf: Rc<ElfFile>, target_path: String, load_bias: Option<u64>) -> Result<Self> {
         let version = detect_version(&elf, &target_path)?;
-        let Some(table) = layouts::for_version(version.major, version.minor) else {
+        let free_threaded = is_free_threaded(&elf, version);
+        let Some(table) = layouts::for_build(version.major, version.minor, free_threaded) else {
+            if free_threaded {
+                bail!(
+                    "Python {version} free-threaded ({target_path}) is not supported: pytrace supports free-threaded CPython {}",
+                    layouts::free_threaded_versions()
+                );
+            }
             bail!(
                 "Python {version} ({target_path}) is not supported: pytrace supports CPython {}",
                 layouts::supported_range()
@@ -218,6 +225,18 @@ pub enum FunctionProbes {
     EntryBroken,
     /// Built without --with-dtrace, or 3.12 to 3.14 (removed with PEP 669).
     Missing,
+}
+
+/// Whether the binary is a free-threaded build (`--disable-gil`, 3.13+), as
+/// the `free_threaded` word of its `_Py_DebugOffsets` says: which table its
+/// offsets start from depends on it.
+fn is_free_threaded(elf: &ElfFile, version: Version) -> bool {
+    (version.major, version.minor) >= (3, 13)
+        && elf
+            .symbol(RUNTIME_SYMBOL)
+            .and_then(|runtime| elf.read_static(runtime, 24).ok())
+            .and_then(layouts::free_threaded_build)
+            .unwrap_or(false)
 }
 
 /// See Python::load_bias_in.

@@ -143,6 +143,9 @@ impl GcReport {
                 human_ns(g.max_ns),
             );
         }
+        if let Some(&merged) = self.counters.get("merged_collections").filter(|&&n| n > 0) {
+            out += &format!("{merged} collections ran inside another's pause and were each given its whole pause\n");
+        }
         out
     }
 }

@@ -347,7 +347,7 @@ unsafe impl plain::Plain for new_function {}
 pub fn caveats(python: &Python, mode: Mode) -> Vec<String> {
     let minor = (python.version.major, python.version.minor);
     let mut out = Vec::new();
-    if mode == Mode::Uprobe && minor == (3, 13) {
+    if mode == Mode::Uprobe && minor == (3, 13) && !python.layout.free_threaded {
         // 3.14 respects the hook there. Without the allocator probe, 1 of
         // 20 such calls was seen on Debian's 3.13.18.
         out.push(match python.inlined_init_probe() {

@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::thousands;
-use crate::tracing::sample::{Frame, Sample};
+use crate::samples::{Frame, Sample};
 
 /// Samples aggregated into unique stacks (outermost frame first).
 pub struct Profile {
@@ -83,9 +83,10 @@ impl Profile {
                 },
                 None => String::new(),
             };
-            *stacks.entry((thread, s.frames.clone())).or_insert(0) += 1;
+            *stacks.entry((thread, s.frames.clone())).or_insert(0) += s.count;
         }
-        Profile { pid, python, hz, duration_ns, counters, total: samples.len() as u64, bpf_ns_per_sample: None, stacks }
+        let total = samples.iter().map(|s| s.count).sum();
+        Profile { pid, python, hz, duration_ns, counters, total, bpf_ns_per_sample: None, stacks }
     }
 
     /// Self and total samples per function, most total first.
@@ -282,10 +283,10 @@ mod tests {
     fn profile() -> Profile {
         let main = py("main", 1);
         let samples = vec![
-            Sample { pid: 7, tid: 1, frames: vec![main.clone(), py("a", 5)] },
-            Sample { pid: 7, tid: 1, frames: vec![main.clone(), py("a", 6)] },
-            Sample { pid: 7, tid: 2, frames: vec![main.clone(), py("b", 9)] },
-            Sample { pid: 7, tid: 2, frames: vec![main.clone()] },
+            Sample { pid: 7, tid: 1, frames: vec![main.clone(), py("a", 5)], count: 1 },
+            Sample { pid: 7, tid: 1, frames: vec![main.clone(), py("a", 6)], count: 1 },
+            Sample { pid: 7, tid: 2, frames: vec![main.clone(), py("b", 9)], count: 1 },
+            Sample { pid: 7, tid: 2, frames: vec![main.clone()], count: 1 },
         ];
         let info = crate::report::PythonInfo { version: "3.11.2".into(), mode: "sample".into() };
         Profile::new(7, info, 99, 1, vec![], &samples, None)
@@ -320,7 +321,7 @@ mod tests {
             Rc::new(Frame::NativeIncomplete),
         ];
         let info = crate::report::PythonInfo { version: "3.11.2".into(), mode: "sample".into() };
-        let p = Profile::new(7, info, 99, 1, vec![], &[Sample { pid: 7, tid: 1, frames: stack }], None);
+        let p = Profile::new(7, info, 99, 1, vec![], &[Sample { pid: 7, tid: 1, frames: stack, count: 1 }], None);
         assert_eq!(p.to_folded(true), "main (f.py:1)_[j];deflate (libz.so.1)_[i];do_syscall_64_[k];[native stack incomplete] 1\n");
         let f = p.functions();
         assert!(f.iter().any(|x| x.name == "deflate" && x.file == "libz.so.1" && x.self_samples == 0 && x.total_samples == 1));

@@ -85,10 +85,15 @@ struct {
 /* The stack being walked, per CPU: too big for the BPF stack. A program
  * does not run twice at once on one CPU (and --idle's iterator is the only
  * program loaded then). */
+#define WALK_PAGE 4096
+
 struct walk_scratch {
 	struct sample_stack rec;
-	/* The bytes of the frame being read. */
+	/* The bytes of the frame being read, when read alone. */
 	__u64 frame_head[SAMPLE_FRAME_HEAD / 8];
+	/* A page of the thread's frames, read at page_base (0: none). */
+	__u64 page_base;
+	__u8 page[WALK_PAGE];
 };
 
 struct {
@@ -190,6 +195,25 @@ static __always_inline __u64 add_kernel_stack(void *ctx, struct sample_stack *re
 	return hash;
 }
 
+/* When a new stack's record wakes user space: a code object can be freed
+ * soon after it ran (a module's, when its import ends), so user space must
+ * read new stacks soon; but a workload with many stacks (deep recursion)
+ * sends hundreds a second while it warms up, and a wake-up costs both
+ * sides. So at most one every WAKE_EVERY_NS; user space also reads the
+ * ring every 100 ms on its own. */
+#define WAKE_EVERY_NS (50 * 1000 * 1000ULL)
+__u64 last_wakeup_ns = 0;
+
+static __always_inline __u64 wakeup_flags(void)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	if (now - last_wakeup_ns < WAKE_EVERY_NS && bpf_ringbuf_query(&records, BPF_RB_AVAIL_DATA) < RING_BYTES / 2)
+		return BPF_RB_NO_WAKEUP;
+	last_wakeup_ns = now;
+	return BPF_RB_FORCE_WAKEUP;
+}
+
 /* Sends the walked stack's frames to user space unless they were sent
  * before. False if they could not be (the ring buffer is full): the sample
  * is then counted lost, since user space could not name it. */
@@ -211,10 +235,7 @@ static __always_inline bool send_if_new(struct sample_stack *rec, struct stack_k
 	barrier_var(size);
 	if (size > sizeof(*rec))
 		return false;
-	/* Woken at once: a module's code object is freed as soon as its import
-	 * ends, so user space must read it soon. New stacks are rare once a
-	 * profile has warmed up. */
-	if (bpf_ringbuf_output(&records, rec, size, 0)) {
+	if (bpf_ringbuf_output(&records, rec, size, wakeup_flags())) {
 		count(SAMPLE_LOST);
 		return false;
 	}

@@ -113,6 +113,7 @@ struct sample_target {
 	__u32 frame_instr;
 	__u32 frame_owner;     /* PY_NO_FIELD before 3.11 */
 	__u32 frame_is_entry;  /* PY_NO_FIELD but on 3.11 */
+	__u32 frames_contiguous; /* 3.11+: a thread's frames are laid out one after another */
 	__u32 tstate_thread_id;
 	__u32 interp_threads_head;
 	__u32 tstate_next;
@@ -120,8 +121,8 @@ struct sample_target {
 
 #define MAX_PROCESSES 4096
 /* Distinct stacks (per thread with --threads) one drain of the counts map
- * can hold; user space drains it every 100 ms. */
-#define MAX_COUNTED_STACKS 16384
+ * can hold: user space sizes it to the rate, between 4096 and 65536. */
+#define MAX_COUNTED_STACKS 4096
 /* Stacks whose frames user space has been sent; forgetting one (LRU) only
  * makes the program send it again. */
 #define MAX_KNOWN_STACKS 32768

@@ -30,12 +30,16 @@ use counts::CountsReader;
 use discovery::{Processes, PythonRef};
 use stacks::Stacks;
 
-/// How often the counts are read from BPF, and code objects checked again.
-const DRAIN_EVERY: Duration = Duration::from_millis(100);
+/// How often the counts are read from BPF, and the code objects of the
+/// stacks counted checked again. Each read costs a few system calls (and a
+/// wait for running programs); at 1000 Hz on 2 CPUs it gathers about 500
+/// samples.
+const DRAIN_EVERY: Duration = Duration::from_millis(250);
 
-/// How often `run` looks at the target, the duration and Ctrl-C, however
-/// often new stacks wake it.
-const CHECK_EVERY: Duration = Duration::from_millis(50);
+/// How often `run` looks at the target, the duration and Ctrl-C (a signal
+/// cuts the wait short), and how long it waits for the ring buffer at most.
+const CHECK_EVERY: Duration = Duration::from_millis(250);
+const POLL_AT_MOST: Duration = Duration::from_millis(100);
 
 /// The ring buffer with --native, where each record carries 32 KiB of
 /// stack: about 900 records, a second at 999 Hz on 2 CPUs even if user
@@ -100,6 +104,13 @@ impl<'obj, 'a> Session<'obj, 'a> {
         if opts.native {
             open.maps.records.set_max_entries(NATIVE_RING_BYTES).context("failed to size the sample ring buffer")?;
         }
+        // Reading a hash map visits every bucket: size the counts maps to
+        // what one drain can gather (every sample a distinct stack, twice
+        // over), not more.
+        let per_drain = if opts.idle { 1 << 14 } else { (opts.hz as f64 * clock::online_cpus()?.len() as f64 * DRAIN_EVERY.as_secs_f64() * 2.0) as u32 };
+        let counted = per_drain.clamp(1 << 12, 1 << 16).next_power_of_two();
+        open.maps.counts_a.set_max_entries(counted).context("failed to size the sample counts")?;
+        open.maps.counts_b.set_max_entries(counted).context("failed to size the sample counts")?;
         // --idle reads every thread through a sleepable task iterator; without
         // it, the perf-event program samples threads on CPU.
         open.progs.sample_all_threads.set_autoload(opts.idle);
@@ -139,7 +150,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
         for cpu in clock::online_cpus()? {
             let event = clock::open_cpu_clock(cpu, clock::period_ns(self.opts.hz))
                 .with_context(|| format!("failed to open a CPU-clock perf event on CPU {cpu}"))?;
-            rearmed.push(event.try_clone().context("failed to duplicate a perf event descriptor")?);
+            rearmed.push((cpu, event.try_clone().context("failed to duplicate a perf event descriptor")?));
             // The link closes the event's descriptor when dropped.
             let link = self.skel.progs.sample_thread.attach_perf_event(event.into_raw_fd());
             links.push(link.map_err(privilege_hint).context("failed to attach the sampler")?);
@@ -163,11 +174,20 @@ impl<'obj, 'a> Session<'obj, 'a> {
     /// DRAIN_EVERY, and with --all follows processes starting and exiting.
     /// Returns the samples counted so far.
     pub fn between_polls(&self) -> Result<u64> {
+        self.after_poll();
         self.processes.borrow_mut().locate(&self.skel.maps.processes)?;
         if self.last_drain.get().elapsed() >= DRAIN_EVERY {
             self.drain(false)?;
         }
         Ok(self.stacks.borrow().total())
+    }
+
+    /// After reading the ring buffer: names the new stacks it held, all at
+    /// once (each batch checks the cached code objects it uses, in two
+    /// system calls). BPF wakes user space for new stacks at most every
+    /// 50 ms, and `run` polls at least every POLL_AT_MOST.
+    pub fn after_poll(&self) {
+        self.stacks.borrow_mut().name_new(&mut self.processes.borrow_mut());
     }
 
     /// Reads the counts BPF gathered since the last drain into the profile.
@@ -291,16 +311,15 @@ pub fn run<'a>(
     let mut ticks = opts.idle.then(|| clock::IdleTicks::new(opts.hz));
     let mut poll = || -> Result<()> {
         let mut last_check: Option<Instant> = None;
+        let mut interrupted = false;
         loop {
-            // New stacks wake the poll; what else there is to do (the
-            // counts, the target's state) waits for its own time.
-            if last_check.is_none_or(|t| t.elapsed() >= CHECK_EVERY) {
+            if interrupted || last_check.is_none_or(|t| t.elapsed() >= CHECK_EVERY) {
                 last_check = Some(Instant::now());
                 if !keep_going(session.between_polls()?)? {
                     break;
                 }
             }
-            let mut timeout = CHECK_EVERY;
+            let mut timeout = POLL_AT_MOST;
             if let Some(ticks) = &mut ticks {
                 let now = Instant::now();
                 if now >= ticks.next() {
@@ -309,12 +328,15 @@ pub fn run<'a>(
                 }
                 timeout = timeout.min(ticks.next().saturating_duration_since(Instant::now()));
             }
+            interrupted = false;
             match ring.poll(timeout) {
-                // A signal (Ctrl-C) interrupted the wait: keep_going decides.
-                Err(e) if e.kind() != libbpf_rs::ErrorKind::Interrupted => return Err(e).context("failed to read the sample ring buffer"),
-                _ => {}
+                // A signal (Ctrl-C): keep_going decides, now.
+                Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => interrupted = true,
+                Err(e) => return Err(e).context("failed to read the sample ring buffer"),
+                Ok(()) => {}
             }
             ring.consume().context("failed to read the sample ring buffer")?;
+            session.after_poll();
         }
         Ok(())
     };

@@ -212,9 +212,13 @@ fn target_entry(python: &Python, interpreters_head: u64) -> sample_target {
         frame_instr: relative(l.frame_instr),
         frame_owner: relative(l.frame_owner),
         frame_is_entry: relative(l.frame_is_entry),
+        // From 3.11 frames live on the thread's data stack (bar generators'),
+        // each caller's right below its callee's.
+        frames_contiguous: (l.frame_owner != NO_FIELD) as u32,
         tstate_thread_id: l.tstate_thread_id,
         interp_threads_head: l.interp_threads_head,
         tstate_next: l.tstate_next,
+        ..Default::default()
     }
 }
 

@@ -151,6 +151,8 @@ pub struct Stacks {
     label_processes: bool,
     /// Counts read before their stack's frames arrived.
     pending: Vec<(stack_key, u64)>,
+    /// Stacks received but not named yet (see name_new).
+    unnamed: Vec<(u32, u64)>,
     drain: u64,
     markers: Markers,
     pub counts: StackCounts,
@@ -174,6 +176,7 @@ impl Stacks {
             native: native.then(NativeStacks::default),
             label_processes,
             pending: Vec::new(),
+            unnamed: Vec::new(),
             drain: 0,
             markers: Markers { truncated: Rc::new(Frame::Truncated), no_python: Rc::new(Frame::NoPython), unreadable: Rc::new(Frame::Unreadable) },
             counts: StackCounts::default(),
@@ -204,7 +207,9 @@ impl Stacks {
         // records are only 8-byte aligned.
         let mut rec: sample_stack = unsafe { std::mem::zeroed() };
         unsafe { std::ptr::copy_nonoverlapping(head.as_ptr(), (&mut rec as *mut sample_stack).cast::<u8>(), header) };
-        let Some(process) = processes.by_pid.get_mut(&rec.pid) else { return };
+        if !processes.by_pid.contains_key(&rec.pid) {
+            return;
+        }
         let n = (rec.frames as usize).min(rec.frame.len()).min((bytes.len() - header) / std::mem::size_of::<py_frame_ref>());
         let python: Vec<py_frame_ref> = (0..n)
             .map(|i| {
@@ -219,33 +224,59 @@ impl Stacks {
             }
             _ => Vec::new(),
         };
-        // Named now, while its code objects are surely alive, after checking
-        // that the cached ones are still what the target holds.
-        process.resolver.refresh(python.iter().map(|f| f.code), None);
-        let (named, generations) = python
-            .iter()
-            .map(|f| process.resolver.frame(f.code, f.instr).unwrap_or_else(|| (self.markers.unreadable.clone(), 0)))
-            .unzip();
         let stack = RawStack {
             python,
             entry: rec.entry,
             truncated: rec.truncated != 0,
             no_python: rec.no_python != 0,
             kernel,
-            named,
-            generations,
+            // Named by name_new, with the other stacks of this read of the ring.
+            named: Vec::new(),
+            generations: Vec::new(),
             checked: self.drain,
             retired: false,
             interned: None,
             used: self.drain,
         };
+        self.unnamed.push((rec.pid, rec.hash));
         self.raw_bytes += stack.bytes();
         if let Some(old) = self.raw.insert((rec.pid, rec.hash), stack) {
             self.raw_bytes -= old.bytes();
         }
     }
 
+    /// Names the stacks received since the last call, while their code
+    /// objects are surely alive: each process's cached code objects among
+    /// them are checked in one batch first (one may have been freed and
+    /// another made at its address since it was cached).
+    pub fn name_new(&mut self, processes: &mut Processes) {
+        if self.unnamed.is_empty() {
+            return;
+        }
+        let mut unnamed = std::mem::take(&mut self.unnamed);
+        unnamed.sort_unstable();
+        unnamed.dedup();
+        for group in unnamed.chunk_by(|a, b| a.0 == b.0) {
+            let pid = group[0].0;
+            let Some(process) = processes.by_pid.get_mut(&pid) else { continue };
+            let codes = group.iter().filter_map(|k| self.raw.get(k)).flat_map(|s| s.python.iter().map(|f| f.code));
+            process.resolver.refresh(codes, None);
+            for key in group {
+                let Some(stack) = self.raw.get_mut(key) else { continue };
+                let (named, generations) = stack
+                    .python
+                    .iter()
+                    .map(|f| process.resolver.frame(f.code, f.instr).unwrap_or_else(|| (self.markers.unreadable.clone(), 0)))
+                    .unzip();
+                stack.named = named;
+                stack.generations = generations;
+            }
+        }
+    }
+
     fn receive_native(&mut self, bytes: &[u8], processes: &mut Processes) {
+        // Its stack record came before it.
+        self.name_new(processes);
         let header = std::mem::size_of::<native_record>();
         let Some(head) = bytes.get(..header) else { return };
         // SAFETY: a native_record the BPF program wrote, read unaligned.
@@ -302,6 +333,7 @@ impl Stacks {
     /// read after this) waits for the next drain; at the `last` one it is
     /// counted unresolved.
     pub fn add_counts(&mut self, counts: &[(stack_key, u64)], processes: &mut Processes, last: bool) {
+        self.name_new(processes);
         let drain = self.drain;
         let waiting = std::mem::take(&mut self.pending);
         for (key, n) in waiting.iter().chain(counts) {

@@ -214,17 +214,19 @@ static __always_inline __u64 wakeup_flags(void)
 	return BPF_RB_FORCE_WAKEUP;
 }
 
-/* Sends the walked stack's frames to user space unless they were sent
- * before. False if they could not be (the ring buffer is full): the sample
- * is then counted lost, since user space could not name it. */
-static __always_inline bool send_if_new(struct sample_stack *rec, struct stack_key *known)
+/* Sends a new stack's frames (with their code objects' names, read now) to
+ * user space, unless they were sent before. False if they could not be
+ * (the ring buffer is full): the sample is then counted lost, since user
+ * space could not name it. */
+#define SEND_IF_NEW(rec, known, t, task, read_names)                                                   \
+	(bpf_map_lookup_elem(&known_stacks, known) || (read_names(t, rec, task), send_stack(rec, known)))
+
+static __always_inline bool send_stack(struct sample_stack *rec, struct stack_key *known)
 {
 	__u32 frames = rec->frames;
 	__u64 size;
 	__u8 yes = 1;
 
-	if (bpf_map_lookup_elem(&known_stacks, known))
-		return true;
 	rec->kind = RECORD_STACK;
 	rec->pid = known->pid;
 	rec->hash = known->hash;
@@ -299,7 +301,7 @@ int sample_thread(struct bpf_perf_event_data *ctx)
 	known.pid = key.pid = pid;
 	known.hash = key.hash = hash;
 	key.tid = cfg.per_thread || cfg.native ? tid : 0;
-	if (!send_if_new(&s->rec, &known))
+	if (!SEND_IF_NEW(&s->rec, &known, t, task, read_names_current))
 		return 0;
 	if (cfg.native) {
 		struct native_record *r = start_native(&key);
@@ -345,7 +347,7 @@ int sample_all_threads(struct bpf_iter__task *ctx)
 	known.hash = key.hash = walk_python_task(t, s, tid, task, task->thread.fsbase);
 	key.tid = cfg.per_thread || cfg.native ? tid : 0;
 	s->rec.kernel_frames = 0;
-	if (!send_if_new(&s->rec, &known))
+	if (!SEND_IF_NEW(&s->rec, &known, t, task, read_names_task))
 		return 0;
 	if (cfg.native) {
 		struct native_record *r = start_native(&key);

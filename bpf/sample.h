@@ -40,6 +40,10 @@ enum record_kind {
 struct py_frame_ref {
 	__u64 code;  /* code object address */
 	__u64 instr; /* what the layout's frame_instr holds: an instruction address or f_lasti */
+	/* The code object's name (its co_qualname pointer) when the stack was
+	 * sent: user space names the stack a little later, by when the code
+	 * object may have been freed and another made at its address. */
+	__u64 name;
 };
 
 /* A stack seen for the first time (or again after user space forgot it).

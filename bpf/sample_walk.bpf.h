@@ -176,3 +176,18 @@ static __always_inline void WALK(fill_native)(struct native_record *r, const str
 		r->stack_len = (i + 1) * NATIVE_PAGE;
 	}
 }
+
+/* Before a new stack is sent: each frame's code object's name pointer, so
+ * that user space can tell whether the object it names later is the one
+ * sampled. Only for new stacks: one read per frame. */
+static __always_inline void WALK(read_names)(const struct sample_target *t, struct sample_stack *rec,
+					    struct task_struct *task)
+{
+	__u32 n = rec->frames;
+
+	for (int i = 0; i < MAX_FRAMES; i++) {
+		if (i >= n)
+			break;
+		rec->frame[i].name = WALK(read_ptr)(rec->frame[i].code, t->layout.code_qualname, task);
+	}
+}

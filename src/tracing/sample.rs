@@ -272,7 +272,12 @@ impl<'obj, 'a> Session<'obj, 'a> {
         let stacks = self.stacks.into_inner();
         let processes = self.processes.into_inner();
         let c = stacks.counts;
-        counters.extend([("unresolved_stacks", c.unresolved), ("profile_full", c.profile_full), ("stacks_forgotten", c.forgotten)]);
+        counters.extend([
+            ("unresolved_stacks", c.unresolved),
+            ("profile_full", c.profile_full),
+            ("stacks_forgotten", c.forgotten),
+            ("stacks_renamed", c.renamed),
+        ]);
         let cache = processes.cache_counts();
         counters.extend([("line_tables_not_kept", cache.line_tables_not_kept), ("code_cache_flushes", cache.code_cache_flushes)]);
         if processes.only().is_none() {

@@ -117,24 +117,31 @@ impl<'a> Processes<'a> {
     /// removes from the map those that exited (forgetting them
     /// KEEP_EXITED_DRAINS drains later). Returns the PIDs forgotten now.
     pub fn rescan(&mut self, map: &dyn MapCore, drain: u64) -> Vec<u32> {
-        let mut forgotten = Vec::new();
         if !self.all {
-            return forgotten;
+            return Vec::new();
         }
-        let caches = &mut self.counts.forgotten_caches;
-        self.by_pid.retain(|&pid, p| {
-            let gone = p.exited_at.is_some_and(|at| drain >= at + KEEP_EXITED_DRAINS);
-            if gone {
-                forgotten.push(pid);
-                caches.add(&p.resolver.counts);
-            }
-            !gone
-        });
+        let forgotten = self.forget_exited(drain);
         if self.last_scan.elapsed() < RESCAN_EVERY {
             return forgotten;
         }
         self.last_scan = Instant::now();
         let live = live_pids();
+        self.prune(map, drain, &live);
+        let me = std::process::id();
+        let new: Vec<u32> = live.into_iter().filter(|&pid| pid != me && !self.checked.contains_key(&pid)).collect();
+        for pid in new {
+            self.checked.insert(pid, start_time(pid));
+            if let Ok(python) = Python::from_pid(pid) {
+                let _ = self.add(map, pid, PythonRef::Owned(Box::new(python)));
+            }
+        }
+        forgotten
+    }
+
+    /// Takes the processes that exited out of the map, so that it never
+    /// fills with the dead: a process is gone when its PID is not `live`,
+    /// is a zombie, or belongs to a later process (another start time).
+    fn prune(&mut self, map: &dyn MapCore, drain: u64, live: &HashSet<u32>) {
         for (&pid, p) in self.by_pid.iter_mut().filter(|(_, p)| p.exited_at.is_none()) {
             if !live.contains(&pid) || !proc::is_running(pid) || start_time(pid) != p.started {
                 let _ = map.delete(&pid.to_ne_bytes());
@@ -146,14 +153,21 @@ impl<'a> Processes<'a> {
         }
         // Forget the non-Python PIDs that are gone, or were reused.
         self.checked.retain(|pid, started| live.contains(pid) && *started == start_time(*pid));
-        let me = std::process::id();
-        let new: Vec<u32> = live.into_iter().filter(|&pid| pid != me && !self.checked.contains_key(&pid)).collect();
-        for pid in new {
-            self.checked.insert(pid, start_time(pid));
-            if let Ok(python) = Python::from_pid(pid) {
-                let _ = self.add(map, pid, PythonRef::Owned(Box::new(python)));
+    }
+
+    /// Drops the processes that exited KEEP_EXITED_DRAINS drains ago (their
+    /// last samples are named by now); returns their PIDs.
+    fn forget_exited(&mut self, drain: u64) -> Vec<u32> {
+        let mut forgotten = Vec::new();
+        let caches = &mut self.counts.forgotten_caches;
+        self.by_pid.retain(|&pid, p| {
+            let gone = p.exited_at.is_some_and(|at| drain >= at + KEEP_EXITED_DRAINS);
+            if gone {
+                forgotten.push(pid);
+                caches.add(&p.resolver.counts);
             }
-        }
+            !gone
+        });
         forgotten
     }
 
@@ -244,6 +258,56 @@ fn runtime_addresses(pid: u32, python: &Python) -> Result<(u64, Option<u64>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A python3.11 that sleeps, killed when dropped.
+    struct Sleeper(std::process::Child);
+
+    impl Drop for Sleeper {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn sleeper() -> (u32, Sleeper) {
+        let child = std::process::Command::new("/usr/bin/python3.11").args(["-c", "import time; print(1, flush=True); time.sleep(60)"]).stdout(std::process::Stdio::piped()).spawn().unwrap();
+        let mut child = Sleeper(child);
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.0.stdout.as_mut().unwrap()), &mut line).unwrap();
+        (child.0.id(), child)
+    }
+
+    /// --all with the map full: the process that does not fit is counted
+    /// and skipped (the run goes on); once a sampled process exits, its
+    /// entry leaves the map and the next process fits. A real BPF map of
+    /// two entries, real Pythons.
+    #[test]
+    fn a_full_map_skips_processes_and_exits_free_their_entries() {
+        let opts = libbpf_rs::libbpf_sys::bpf_map_create_opts { sz: std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_map_create_opts>() as _, ..Default::default() };
+        let map = libbpf_rs::MapHandle::create(libbpf_rs::MapType::Hash, Some("test_processes"), 4, std::mem::size_of::<sample_target>() as u32, 2, &opts).unwrap();
+        let (a, mut first) = sleeper();
+        let (b, _second) = sleeper();
+        let (c, _third) = sleeper();
+        let mut processes = Processes::new(true);
+        for pid in [a, b, c] {
+            processes.add(&map, pid, PythonRef::Owned(Box::new(Python::from_pid(pid).unwrap()))).unwrap();
+        }
+        assert_eq!((processes.by_pid.len(), processes.counts.not_sampled), (2, 1));
+        assert!(!processes.by_pid.contains_key(&c));
+
+        let _ = first.0.kill();
+        let _ = first.0.wait();
+        processes.prune(&map, 1, &live_pids());
+        assert_eq!(processes.counts.exited, 1);
+        assert_eq!(map.keys().count(), 1, "the exited process left the map");
+        processes.add(&map, c, PythonRef::Owned(Box::new(Python::from_pid(c).unwrap()))).unwrap();
+        assert_eq!(map.keys().count(), 2);
+        assert!(processes.by_pid.contains_key(&c));
+
+        assert!(processes.forget_exited(2).is_empty(), "kept until its last samples are named");
+        assert_eq!(processes.forget_exited(1 + KEEP_EXITED_DRAINS), vec![a]);
+        assert_eq!(processes.by_pid.len(), 2);
+    }
 
     /// Each version's frame fields, read in one go, lie inside the bytes read.
     #[test]

@@ -144,10 +144,11 @@ impl CodeResolver {
 
     /// The frame of instruction `instr` in the code object cached for
     /// `addr` (see `refresh`), and that object's generation; None when no
-    /// code object could be read there.
-    pub fn frame(&mut self, addr: u64, instr: u64) -> Option<(Rc<Frame>, u64)> {
+    /// code object could be read there, or when it is not the one sampled
+    /// (BPF read that one's name pointer, `name`, when it sent the stack).
+    pub fn frame(&mut self, addr: u64, instr: u64, name: u64) -> Option<(Rc<Frame>, u64)> {
         let entry = self.codes.get_mut(&addr)?;
-        let code = entry.code.clone()?;
+        let code = entry.code.clone().filter(|c| c.identity().0 == name)?;
         let generation = entry.generation;
         if let Some(frame) = entry.by_instr.get(&instr) {
             return Some((frame.clone(), generation));
@@ -229,12 +230,6 @@ impl CodeResolver {
         self.codes.clear();
         self.bytes = 0;
         self.counts.code_cache_flushes += 1;
-    }
-
-    /// Bytes the cache holds.
-    #[cfg(test)]
-    pub fn cached_bytes(&self) -> usize {
-        self.bytes
     }
 }
 

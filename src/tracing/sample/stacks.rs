@@ -55,7 +55,7 @@ struct RawStack {
 
 impl RawStack {
     fn bytes(&self) -> usize {
-        STACK_OVERHEAD + self.python.len() * (16 + 8 + 8) + self.kernel.len() * 8
+        STACK_OVERHEAD + self.python.len() * (24 + 8 + 8) + self.kernel.len() * 8
     }
 
     fn is_entry(&self, i: usize) -> bool {
@@ -135,6 +135,9 @@ pub struct StackCounts {
     pub profile_full: u64,
     /// Reported stacks forgotten to stay under RAW_BYTES.
     pub forgotten: u64,
+    /// Stacks whose code object was replaced by another at its address
+    /// since they were named: sent again, named again.
+    pub renamed: u64,
 }
 
 pub struct Stacks {
@@ -266,7 +269,7 @@ impl Stacks {
                 let (named, generations) = stack
                     .python
                     .iter()
-                    .map(|f| process.resolver.frame(f.code, f.instr).unwrap_or_else(|| (self.markers.unreadable.clone(), 0)))
+                    .map(|f| process.resolver.frame(f.code, f.instr, f.name).unwrap_or_else(|| (self.markers.unreadable.clone(), 0)))
                     .unzip();
                 stack.named = named;
                 stack.generations = generations;
@@ -290,6 +293,7 @@ impl Stacks {
         };
         raw.used = drain;
         if stale(raw, drain, process) {
+            self.counts.renamed += 1;
             self.retire(r.pid, r.hash);
         }
         let Some(raw) = self.raw.get(&(r.pid, r.hash)) else { return };
@@ -358,6 +362,7 @@ impl Stacks {
                 None => self.counts.profile_full += n,
             }
             if retire {
+                self.counts.renamed += 1;
                 self.retire(key.pid, key.hash);
             }
         }
@@ -381,13 +386,13 @@ impl Stacks {
             if self.raw.get(&key).is_some_and(|s| s.retired) {
                 let old = self.raw.remove(&key).expect("just found");
                 self.raw_bytes -= old.bytes();
-                self.counts.forgotten += 1;
             }
         }
         if self.raw_bytes > RAW_BYTES {
             let mut by_use: Vec<(u64, (u32, u64))> = self.raw.iter().filter(|(_, s)| !s.retired).map(|(k, s)| (s.used, *k)).collect();
             by_use.sort_unstable();
             let half = by_use.len() / 2;
+            self.counts.forgotten += half as u64;
             self.to_retire.extend(by_use.into_iter().take(half).map(|(_, k)| k));
         }
         for key in std::mem::take(&mut self.to_retire) {
@@ -424,15 +429,18 @@ impl Stacks {
 }
 
 /// Whether a stack's code objects changed since it was named (checked once
-/// per drain): a code object freed and another made at its address. A
-/// retired stack is not checked again.
+/// per drain): a code object freed and another made at its address, or a
+/// frame unreadable then that can be read now. A retired stack is not
+/// checked again.
 fn stale(raw: &mut RawStack, drain: u64, process: &mut super::discovery::Process) -> bool {
     if raw.checked == drain || raw.retired {
         return false;
     }
     raw.checked = drain;
     process.resolver.refresh(raw.python.iter().map(|f| f.code), Some(drain));
-    let changed = raw.python.iter().zip(&raw.generations).any(|(f, &g)| process.resolver.generation(f.code).unwrap_or(0) != g);
+    // A code object freed since (nothing readable there now) changes
+    // nothing: the samples were taken while it lived.
+    let changed = raw.python.iter().zip(&raw.generations).any(|(f, &g)| process.resolver.generation(f.code).is_some_and(|now| now != g));
     raw.retired = changed;
     changed
 }

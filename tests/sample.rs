@@ -313,8 +313,12 @@ fn idle_sees_sleeping_threads_and_on_cpu_does_not() {
         };
         let (sleeper, spinner) = share(&["--idle"]);
         assert!((sleeper - 0.5).abs() < 0.08 && (spinner - 0.5).abs() < 0.08, "{label}: --idle gave sleeper {sleeper:.2}, spinner {spinner:.2}");
+        // On CPU, of the two threads' samples (start-up, a larger part of
+        // the samples when a busy machine gives the spinner less CPU, is
+        // neither's).
         let (sleeper, spinner) = share(&[]);
-        assert!(sleeper < 0.05 && spinner > 0.9, "{label}: on-CPU gave sleeper {sleeper:.2}, spinner {spinner:.2}");
+        let of_both = sleeper / (sleeper + spinner);
+        assert!(of_both < 0.05, "{label}: on-CPU gave sleeper {sleeper:.2}, spinner {spinner:.2}");
     }
 }
 

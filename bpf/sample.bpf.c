@@ -150,9 +150,27 @@ static __always_inline __u8 byte_at(const __u64 *words, __u32 offset)
 	return ((const __u8 *)words)[offset];
 }
 
+/* Indexes into the record become byte offsets that are bounded where they
+ * are added to the pointer: the barrier keeps clang from checking one copy
+ * of an index and scaling another, which older verifiers (5.10, 6.1)
+ * cannot follow. */
 static __always_inline void mark_entry(struct sample_stack *rec, __u32 n)
 {
-	rec->entry[(n >> 6) & (MAX_FRAMES / 64 - 1)] |= 1ULL << (n & 63);
+	__u64 off = ((n >> 6) & (MAX_FRAMES / 64 - 1)) * sizeof(__u64);
+
+	barrier_var(off);
+	if (off <= sizeof(rec->entry) - sizeof(__u64))
+		*(__u64 *)((char *)rec->entry + off) |= 1ULL << (n & 63);
+}
+
+static __always_inline struct py_frame_ref *frame_slot(struct sample_stack *rec, __u32 n)
+{
+	__u64 off = (__u64)(n & (MAX_FRAMES - 1)) * sizeof(struct py_frame_ref);
+
+	barrier_var(off);
+	if (off > sizeof(rec->frame) - sizeof(struct py_frame_ref))
+		return 0;
+	return (struct py_frame_ref *)((char *)rec->frame + off);
 }
 
 #define CAT_(a, b) a##b
@@ -263,21 +281,21 @@ static __always_inline void count_stack(void *counts_map, struct stack_key *key)
 		count(SAMPLE_COUNTS_FULL);
 }
 
-/* --native: the sample's record, with its registers and stack. */
-static __always_inline struct native_record *start_native(struct stack_key *key)
+/* --native: a sample's record (reserved by the caller: older verifiers
+ * lose track of a reservation checked in a helper and again by its caller),
+ * before its registers and stack. */
+static __always_inline void start_native(struct native_record *r, struct stack_key *key)
 {
-	struct native_record *r = bpf_ringbuf_reserve(&records, NATIVE_RECORD_BYTES, 0);
-
-	if (!r) {
-		count(SAMPLE_LOST);
-		return 0;
-	}
 	r->kind = RECORD_NATIVE;
 	r->pid = key->pid;
 	r->tid = key->tid;
 	r->hash = key->hash;
-	return r;
 }
+
+/* x86-64's struct pt_regs (its ABI): 15 general registers, orig_ax, ip,
+ * then cs. Read as a plain word of the context: a CO-RE field access would
+ * take the local 2-byte cs of newer kernels (FRED) and fail to relocate. */
+#define PT_REGS_CS_WORD 17
 
 SEC("perf_event")
 int sample_thread(struct bpf_perf_event_data *ctx)
@@ -304,16 +322,28 @@ int sample_thread(struct bpf_perf_event_data *ctx)
 	if (!SEND_IF_NEW(&s->rec, &known, t, task, read_names_current))
 		return 0;
 	if (cfg.native) {
-		struct native_record *r = start_native(&key);
-		const struct pt_regs *regs = (const struct pt_regs *)&ctx->regs;
+		/* The interrupt's registers, if it came from user mode (read
+		 * through the context, which the verifier rewrites on every
+		 * kernel); otherwise those saved at the top of the kernel stack,
+		 * where bpf_task_pt_regs (5.15) can read them. */
+		bool user = (((volatile const __u64 *)ctx)[PT_REGS_CS_WORD] & 3) == 3;
+		__u64 ip = ctx->regs.ip, sp = ctx->regs.sp, bp = ctx->regs.bp;
+		struct native_record *r = bpf_ringbuf_reserve(&records, NATIVE_RECORD_BYTES, 0);
 
-		if (!r)
+		if (!r) {
+			count(SAMPLE_LOST);
 			return 0;
-		/* The interrupt's registers are the user ones if it came from user
-		 * mode; otherwise they are saved at the top of the kernel stack. */
-		if ((BPF_CORE_READ(regs, cs) & 3) != 3 && bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_task_pt_regs))
-			regs = (const struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-		fill_native_current(r, regs, task);
+		}
+		start_native(r, &key);
+		if (!user && bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_task_pt_regs)) {
+			struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+
+			user = regs && (BPF_CORE_READ(regs, cs) & 3) == 3;
+			ip = BPF_CORE_READ(regs, ip);
+			sp = BPF_CORE_READ(regs, sp);
+			bp = BPF_CORE_READ(regs, bp);
+		}
+		fill_native_current(r, user, ip, sp, bp, task);
 		bpf_ringbuf_submit(r, ring_submit_flags(&records));
 		return 0;
 	}
@@ -350,10 +380,13 @@ int sample_all_threads(struct bpf_iter__task *ctx)
 	if (!SEND_IF_NEW(&s->rec, &known, t, task, read_names_task))
 		return 0;
 	if (cfg.native) {
-		struct native_record *r = start_native(&key);
+		struct native_record *r = bpf_ringbuf_reserve(&records, NATIVE_RECORD_BYTES, 0);
 
-		if (!r)
+		if (!r) {
+			count(SAMPLE_LOST);
 			return 0;
+		}
+		start_native(r, &key);
 		/* A thread running on another CPU right now has its registers in
 		 * that CPU, not saved in its task: no native stack for it this
 		 * tick. */
@@ -362,7 +395,10 @@ int sample_all_threads(struct bpf_iter__task *ctx)
 			r->native = 0;
 			r->stack_len = 0;
 		} else {
-			fill_native_task(r, (const struct pt_regs *)bpf_task_pt_regs(task), task);
+			struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+
+			fill_native_task(r, regs && (BPF_CORE_READ(regs, cs) & 3) == 3, BPF_CORE_READ(regs, ip),
+					 BPF_CORE_READ(regs, sp), BPF_CORE_READ(regs, bp), task);
 		}
 		bpf_ringbuf_submit(r, ring_submit_flags(&records));
 		return 0;

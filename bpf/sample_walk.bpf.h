@@ -60,8 +60,7 @@ static __always_inline __u64 WALK(walk_python)(const struct sample_target *t, st
 	const __u64 *words;
 	__u64 addr;
 	__u32 off;
-	__u64 hash = HASH_SEED, tstate, frame;
-	__u32 size = t->frame_read_size;
+	__u64 hash = HASH_SEED, tstate, frame, size;
 
 	rec->frames = 0;
 	rec->truncated = 0;
@@ -79,7 +78,7 @@ static __always_inline __u64 WALK(walk_python)(const struct sample_target *t, st
 		rec->no_python = 1;
 		return mix(hash, HASH_NO_PYTHON);
 	}
-	if (size > SAMPLE_FRAME_HEAD || size < 8) {
+	if (t->frame_read_size > SAMPLE_FRAME_HEAD || t->frame_read_size < 8) {
 		count(SAMPLE_BAD_FRAME);
 		return mix(hash, HASH_BAD_FRAME);
 	}
@@ -98,6 +97,13 @@ static __always_inline __u64 WALK(walk_python)(const struct sample_target *t, st
 		if (scratch->page_base && scratch->page_base == addr - off && off <= WALK_PAGE - SAMPLE_FRAME_HEAD) {
 			words = (const __u64 *)(scratch->page + off);
 		} else {
+			/* Read and bounded right where it is used, in 64 bits: older
+			 * verifiers (5.10, 6.1) lose a bound checked on a copy (one
+			 * clang kept from before the loop, or a zero-extended one). */
+			size = *(volatile const __u32 *)&t->frame_read_size;
+			barrier_var(size);
+			if (size > SAMPLE_FRAME_HEAD)
+				size = SAMPLE_FRAME_HEAD;
 			words = scratch->frame_head;
 			if (WALK_READ(scratch->frame_head, size, (const void *)addr, task)) {
 				count(SAMPLE_BAD_FRAME);
@@ -117,9 +123,12 @@ static __always_inline __u64 WALK(walk_python)(const struct sample_target *t, st
 		if (t->frame_owner == PY_NO_FIELD || byte_at(words, t->frame_owner) < PY_FRAME_OWNED_NOT_CODE) {
 			__u64 code = PY_CODE_ADDRESS(word_at(words, t->frame_code));
 			__u64 instr = word_at(words, t->frame_instr);
+			struct py_frame_ref *slot = frame_slot(rec, n);
 
-			rec->frame[n & (MAX_FRAMES - 1)].code = code;
-			rec->frame[n & (MAX_FRAMES - 1)].instr = instr;
+			if (!slot)
+				break;
+			slot->code = code;
+			slot->instr = instr;
 			hash = mix(mix(hash, code), instr);
 			/* Before 3.11 (no owner field) every frame has its own C-level
 			 * eval call; 3.11 flags the first frame of each. */
@@ -145,11 +154,11 @@ static __always_inline __u64 WALK(walk_python)(const struct sample_target *t, st
 	return hash;
 }
 
-/* --native: the thread's user registers, as saved when it last entered the
- * kernel (`regs`: the sampling interrupt itself, or the system call it is
- * blocked in), and its stack in whole pages from the stack pointer's up,
- * after the record. Unwinding and naming are left to user space. */
-static __always_inline void WALK(fill_native)(struct native_record *r, const struct pt_regs *regs,
+/* --native: the thread's user registers (`user`: they are user-mode ones,
+ * from the sampling interrupt itself or saved when the thread entered the
+ * kernel) and its stack in whole pages from the stack pointer's up, after
+ * the record. Unwinding and naming are left to user space. */
+static __always_inline void WALK(fill_native)(struct native_record *r, bool user, __u64 ip, __u64 sp, __u64 bp,
 					      struct task_struct *task)
 {
 	__u8 *stack = (__u8 *)(r + 1);
@@ -157,14 +166,14 @@ static __always_inline void WALK(fill_native)(struct native_record *r, const str
 
 	r->native = 0;
 	r->stack_len = 0;
-	if (!regs || (BPF_CORE_READ(regs, cs) & 3) != 3) {
+	if (!user) {
 		count(SAMPLE_NO_USER_REGS);
 		return;
 	}
-	r->user_ip = BPF_CORE_READ(regs, ip);
-	r->user_sp = BPF_CORE_READ(regs, sp);
-	r->user_bp = BPF_CORE_READ(regs, bp);
-	start = r->user_sp & ~(__u64)(NATIVE_PAGE - 1);
+	r->user_ip = ip;
+	r->user_sp = sp;
+	r->user_bp = bp;
+	start = sp & ~(__u64)(NATIVE_PAGE - 1);
 	r->stack_start = start;
 	r->native = 1;
 	/* Page by page: a read that crosses into an unmapped page fails whole,
@@ -186,8 +195,10 @@ static __always_inline void WALK(read_names)(const struct sample_target *t, stru
 	__u32 n = rec->frames;
 
 	for (int i = 0; i < MAX_FRAMES; i++) {
-		if (i >= n)
+		struct py_frame_ref *slot = frame_slot(rec, i);
+
+		if (i >= n || !slot)
 			break;
-		rec->frame[i].name = WALK(read_ptr)(rec->frame[i].code, t->layout.code_qualname, task);
+		slot->name = WALK(read_ptr)(slot->code, t->layout.code_qualname, task);
 	}
 }

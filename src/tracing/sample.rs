@@ -96,6 +96,9 @@ impl<'obj, 'a> Session<'obj, 'a> {
     /// targets are sampled (once their interpreter is located, see
     /// `between_polls`).
     pub fn start(object: &'obj mut MaybeUninit<OpenObject>, targets: Targets<'a>, opts: &Options) -> Result<Self> {
+        if opts.idle && !kernel_has("BPF_FUNC_copy_from_user_task") {
+            anyhow::bail!("--idle needs Linux 5.18 or later: this kernel's BPF cannot read another thread's memory (bpf_copy_from_user_task)");
+        }
         let mut open = SampleSkelBuilder::default().open(object).context("failed to open the sample BPF program")?;
         let rodata = open.maps.rodata_data.as_deref_mut().context("the sample BPF program has no rodata")?;
         rodata.cfg.kernel_stacks = opts.kernel as u8;
@@ -294,6 +297,14 @@ impl<'obj, 'a> Session<'obj, 'a> {
         }
         Ok(SampleData { samples: stacks.into_samples(), counters, bpf_ns_per_sample })
     }
+}
+
+/// Whether the running kernel's BTF names `what` (a helper's BPF_FUNC_
+/// enum value, say): a feature the kernel has.
+fn kernel_has(what: &str) -> bool {
+    let btf = std::env::var("PYTRACE_KERNEL_BTF").unwrap_or_else(|_| "/sys/kernel/btf/vmlinux".into());
+    let name = format!("\0{what}\0");
+    std::fs::read(btf).is_ok_and(|b| b.windows(name.len()).any(|w| w == name.as_bytes()))
 }
 
 /// Loads and attaches, calls `attached` once live, samples until

@@ -195,9 +195,9 @@ impl Stacks {
     /// sample.
     pub fn receive(&mut self, bytes: &[u8], processes: &mut Processes) {
         let Some(kind) = bytes.get(..4).map(|k| u32::from_ne_bytes(k.try_into().unwrap())) else { return };
-        if kind == crate::bpf::sample::types::record_kind::RECORD_STACK.0 as u32 {
+        if kind == crate::bpf::sample::types::record_kind::RECORD_STACK.0 {
             self.receive_stack(bytes, processes);
-        } else if kind == crate::bpf::sample::types::record_kind::RECORD_NATIVE.0 as u32 {
+        } else if kind == crate::bpf::sample::types::record_kind::RECORD_NATIVE.0 {
             self.receive_native(bytes, processes);
         }
     }

@@ -370,7 +370,7 @@ def aliasing_table():
             error = abs(per[worst] * 100 / total - want[worst])
             se = (want[worst] / 100 * (1 - want[worst] / 100) / total) ** 0.5 * 100
             cells.append(f"{total} | {error:.1f} ({se:.1f})")
-        rows.append(f"| {hz} | {seconds:g} | " + " | ".join(cells) + " |")
+        rows.append(f"| {hz} | {seconds:.1f} | " + " | ".join(cells) + " |")
     return (
         "| Hz | CPU-s | pytrace samples | pytrace worst error, points (1 SE) | py-spy samples | py-spy worst error, points (1 SE) |\n"
         "|---|---|---|---|---|---|\n" + "\n".join(rows)

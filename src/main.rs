@@ -7,6 +7,7 @@ mod commands;
 mod native;
 mod python;
 mod report;
+mod samples;
 mod session;
 mod target;
 mod tracing;

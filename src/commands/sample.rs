@@ -62,7 +62,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
             let target_cell = std::cell::RefCell::new(&mut target);
             let data = sample::run(
                 Targets::One(pid, &python),
-                &SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle, native: opts.native },
+                &SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle, native: opts.native, threads: opts.threads },
                 || {
                     let mut target = target_cell.borrow_mut();
                     target.release()?;
@@ -86,7 +86,8 @@ pub fn run(mut opts: Options) -> Result<i32> {
             let mut progress = Progress::new(None);
             let data = sample::run(
                 Targets::All,
-                &SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle, native: opts.native },
+                // Threads are told apart for one target only.
+                &SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle, native: opts.native, threads: false },
                 || {
                     eprintln!("pytrace: sampling every CPython process");
                     Ok(())
@@ -115,7 +116,7 @@ impl Progress {
         Progress { tty: std::io::stderr().is_terminal(), threads_of, names: HashMap::new(), last: Instant::now() }
     }
 
-    fn tick(&mut self, samples: usize, elapsed: Duration) {
+    fn tick(&mut self, samples: u64, elapsed: Duration) {
         if self.last.elapsed() < Duration::from_millis(500) {
             return;
         }

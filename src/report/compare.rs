@@ -17,7 +17,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use super::{human_ns, thousands, PythonInfo};
-use crate::tracing::sample::{Frame, Sample};
+use crate::samples::{Frame, Sample};
 
 /// What one traced call costs when this run's samples cannot say (fewer
 /// than MIN_PROBE_SAMPLES inside the probes). Measured on the development
@@ -187,7 +187,7 @@ pub fn set_apart_probe_samples(samples: &mut [Sample]) -> u64 {
         let in_probes = s.frames.iter().any(|f| matches!(f.as_ref(), Frame::Kernel(name) if is_probe_frame(name)));
         if in_probes {
             s.frames = vec![probes.clone()];
-            set_apart += 1;
+            set_apart += s.count;
         } else {
             s.frames.retain(|f| !matches!(f.as_ref(), Frame::Kernel(_)));
         }
@@ -957,10 +957,10 @@ mod tests {
         let py = Rc::new(Frame::Python { name: "loop".into(), file: "app.py".into(), line: 7, first_line: 4 });
         let k = |name: &str| Rc::new(Frame::Kernel(name.into()));
         let mut samples = vec![
-            Sample { pid: 1, tid: 1, frames: vec![py.clone(), k("asm_exc_int3"), k("irqentry_exit_to_user_mode")] },
-            Sample { pid: 1, tid: 1, frames: vec![py.clone(), k("entry_SYSCALL_64_after_hwframe"), k("__x64_sys_uretprobe")] },
-            Sample { pid: 1, tid: 1, frames: vec![py.clone(), k("entry_SYSCALL_64_after_hwframe"), k("__x64_sys_read")] },
-            Sample { pid: 1, tid: 1, frames: vec![py.clone()] },
+            Sample { pid: 1, tid: 1, frames: vec![py.clone(), k("asm_exc_int3"), k("irqentry_exit_to_user_mode")], count: 1 },
+            Sample { pid: 1, tid: 1, frames: vec![py.clone(), k("entry_SYSCALL_64_after_hwframe"), k("__x64_sys_uretprobe")], count: 1 },
+            Sample { pid: 1, tid: 1, frames: vec![py.clone(), k("entry_SYSCALL_64_after_hwframe"), k("__x64_sys_read")], count: 1 },
+            Sample { pid: 1, tid: 1, frames: vec![py.clone()], count: 1 },
         ];
         assert_eq!(set_apart_probe_samples(&mut samples), 2);
         assert_eq!(*samples[0].frames, [Rc::new(Frame::Probes)]);

@@ -270,40 +270,57 @@ def accuracy_table():
     )
 
 
+def cpu_of_running(pid):
+    """CPU seconds (user + system) a running process has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+STEADY_SECONDS = 12
+STEADY_FROM = 4
+
+
 def steady_cost_table():
     """Steady-state cost at 1000 Hz, attached by PID to a CPU-bound 3.11
-    target (callgraph.py): each profiler runs for 2 s and for 8 s on fresh
-    targets, and the difference in its CPU over the difference in samples is
-    its cost per sample with start-up and shut-down taken out."""
+    target (callgraph.py): each profiler runs for STEADY_SECONDS; its CPU is
+    read at STEADY_FROM seconds and at its exit, and that difference over the
+    samples taken in between (its samples times the share of its sampling
+    time that falls in the window) is its cost per sample, start-up left out
+    and shut-down (resolving, writing) kept in."""
     rows = []
     samplers = ["pytrace", "pytrace --native", "py-spy", "py-spy --native"]
     results = {s: [] for s in samplers}
     progress("steady-state sampling cost at 1000 Hz")
     for _ in range(REPEATS):
         for s in samplers:
-            runs = []
-            for seconds in (2, 8):
-                target = start(DEBIAN.argv("callgraph.py", "--rounds", 100000000))
-                time.sleep(0.5)
-                native = ["--native"] if s.endswith("--native") else []
-                if s.startswith("pytrace"):
-                    out = os.path.join(TMP, "steady.json")
-                    prof = start([PYTRACE, "sample", "-p", str(target.pid), "-r", "1000", "-d", str(seconds), "--json", out, *native])
-                else:
-                    out = os.path.join(TMP, "steady.txt")
-                    prof = start([PY_SPY, "record", "--pid", str(target.pid), "-r", "1000", "-d", str(seconds), "--format", "raw", "-o", out, *native])
-                prof.stderr.read()
-                cpu, _ = usage_of(prof)
-                target.kill()
-                target.wait()
-                if s.startswith("pytrace"):
-                    report = json.load(open(out))
-                    runs.append((cpu, report["samples"], report.get("bpf_ns_per_sample")))
-                else:
-                    runs.append((cpu, folded_samples(out)[0] if os.path.exists(out) else 0, None))
-            (cpu_short, n_short, _), (cpu_long, n_long, bpf) = runs
-            if n_long > n_short:
-                results[s].append(((cpu_long - cpu_short) / (n_long - n_short) * 1e6, n_long, bpf))
+            target = start(DEBIAN.argv("callgraph.py", "--rounds", 100000000))
+            time.sleep(0.5)
+            native = ["--native"] if s.endswith("--native") else []
+            began = time.monotonic()
+            if s.startswith("pytrace"):
+                out = os.path.join(TMP, "steady.json")
+                prof = start([PYTRACE, "sample", "-p", str(target.pid), "-r", "1000", "-d", str(STEADY_SECONDS), "--json", out, *native])
+                wait_for(prof.stderr, "attached to PID")
+                began = time.monotonic()
+            else:
+                out = os.path.join(TMP, "steady.txt")
+                prof = start([PY_SPY, "record", "--pid", str(target.pid), "-r", "1000", "-d", str(STEADY_SECONDS), "--format", "raw", "-o", out, *native])
+            time.sleep(max(0.0, began + STEADY_FROM - time.monotonic()))
+            marked, cpu_marked = time.monotonic(), cpu_of_running(prof.pid)
+            prof.stderr.read()
+            cpu_end, _ = usage_of(prof)
+            ended = time.monotonic()
+            target.kill()
+            target.wait()
+            if s.startswith("pytrace"):
+                report = json.load(open(out))
+                samples, bpf = report["samples"], report.get("bpf_ns_per_sample")
+            else:
+                samples, bpf = (folded_samples(out)[0] if os.path.exists(out) else 0), None
+            in_window = samples * (ended - marked) / (ended - began)
+            if in_window > 0:
+                results[s].append(((cpu_end - cpu_marked) / in_window * 1e6, samples, bpf))
     for s in samplers:
         r = results[s]
         if not r:
@@ -315,7 +332,7 @@ def steady_cost_table():
         total = cpu + (median(bpf) if bpf else 0)
         rows.append(f"| {s} | {median([x[1] for x in r]):.0f} | {cpu:.1f} | {bpf_text} | {total:.1f} |")
     return (
-        "| profiler | samples in 8 s | profiler CPU per sample, steady (µs) | BPF per sample (µs) | total per sample (µs) |\n"
+        f"| profiler | samples in {STEADY_SECONDS} s | profiler CPU per sample, steady (µs) | BPF per sample (µs) | total per sample (µs) |\n"
         "|---|---|---|---|---|\n" + "\n".join(rows)
     )
 
@@ -608,9 +625,9 @@ def main():
              "fixtures/cpu_split.py for 4 CPU-seconds at 1000 Hz; the error is the largest of the three shares' distance "
              "from 60, 30 and 10 percent."),
             ("`sample`: steady-state cost per sample at 1000 Hz", steady_cost_table,
-             "Debian's 3.11, fixtures/callgraph.py (CPU-bound), attached by PID at 1000 Hz. Each profiler runs for 2 s and "
-             "for 8 s on fresh targets; its CPU per sample is the difference in CPU over the difference in samples, so "
-             "start-up and shut-down are taken out. pytrace's BPF time is its program's run time (kernel.bpf_stats_enabled) "
+             f"Debian's 3.11, fixtures/callgraph.py (CPU-bound), attached by PID at 1000 Hz. Each profiler runs for {STEADY_SECONDS} s "
+             f"on a fresh target; its CPU is read {STEADY_FROM} s after it attached and at its exit, over the samples taken in "
+             "between, so start-up is left out and shut-down (resolving, writing) is kept in. pytrace's BPF time is its program's run time (kernel.bpf_stats_enabled) "
              "over the samples received, in the target's context; total is the two added."),
             ("Aliasing: a periodic workload's shares at every rate", aliasing_table,
              "fixtures/cpu_split.py splits every 10 ms of its CPU time 60/30/10, attached by PID on Debian's 3.11. "

@@ -201,20 +201,10 @@ fn sample_and_compare(version: &'static str) {
     }
     assert!(report["functions"].as_array().unwrap().iter().any(|f| f["file"] == "/fixtures/cpu_split.py"), "{version}: files named as the container sees them");
 
-    let c = image.start_waiting("cpu_split.py", &["--cpu-seconds", "3"]);
+    let c = image.start_waiting("cpu_split.py", &["--cpu-seconds", "3", "--wall-split", "/fixtures/wall-split.json"]);
     let json = dir.path().join("compare.json");
     run_tracer_on(&c, &["compare", "-r", "999", "-p", &c.pid.to_string(), "--json", json.to_str().unwrap()]);
-    let cmp = read_json(&json);
-    let row = |name: &str| cmp["functions"].as_array().unwrap().iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("{version}: no {name}")).clone();
-    let calls = row("sixty")["calls"].as_u64().unwrap();
-    assert!(calls > 50 && row("thirty")["calls"] == calls && row("ten")["calls"] == calls, "{version}: {calls}");
-    for field in ["corrected_total_share", "sampled_total_share"] {
-        let shares: Vec<f64> = split.iter().map(|(n, _)| row(n)[field].as_f64().unwrap()).collect();
-        let sum: f64 = shares.iter().sum();
-        for (got, (_, want)) in shares.iter().zip(split) {
-            assert!((got / sum * 100.0 - want).abs() <= 3.0, "{version}: {field}: {got} of {sum} for {want}%");
-        }
-    }
+    assert_compare_split(version, &read_json(&json), &c.file("wall-split.json"), 3.0);
 }
 
 fn gc_and_imports(version: &'static str) {

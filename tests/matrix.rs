@@ -370,21 +370,14 @@ fn sample_native_puts_c_frames_under_their_python_caller(version: &'static str) 
 }
 
 /// compare runs calls and sample at once: both sides show the 60/30/10
-/// split, and every round calls each function once.
+/// split (the traced side as the fixture's own wall-time split), and every
+/// round calls each function once.
 fn compare_sees_the_split_on_both_sides(version: &'static str) {
     let py = Interpreter::new(version);
-    let cmp = py.json(&["compare", "-r", "999"], "cpu_split.py", &["--cpu-seconds", "3"]);
+    let wall = format!("{}/wall-split.json", py.inside);
+    let cmp = py.json(&["compare", "-r", "999"], "cpu_split.py", &["--cpu-seconds", "3", "--wall-split", &wall]);
     assert!(cmp["python"]["version"].as_str().unwrap().starts_with(&format!("{version}.")), "{}", cmp["python"]);
-    let row = |name: &str| cmp["functions"].as_array().unwrap().iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("{version}: no {name}")).clone();
-    let calls = row("sixty")["calls"].as_u64().unwrap();
-    assert!(calls > 100 && row("thirty")["calls"] == calls && row("ten")["calls"] == calls, "{version}: {calls}");
-    for field in ["corrected_total_share", "sampled_total_share"] {
-        let shares: Vec<f64> = ["sixty", "thirty", "ten"].iter().map(|n| row(n)[field].as_f64().unwrap()).collect();
-        let sum: f64 = shares.iter().sum();
-        for (got, want) in shares.iter().zip([60.0, 30.0, 10.0]) {
-            assert!((got / sum * 100.0 - want).abs() <= 3.0, "{version}: {field}: {got} of {sum} for {want}%");
-        }
-    }
+    assert_compare_split(version, &cmp, &py.root.join(&wall[1..]), 3.0);
 }
 
 fn info_names_each_mode(version: &'static str) {

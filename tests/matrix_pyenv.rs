@@ -116,17 +116,12 @@ fn sample_split(version: &str) {
 
 fn compare_split(version: &str) {
     let python = python(version);
-    let cmp = run_json(&["compare", "-r", "999", "--json", "-", "--", python.to_str().unwrap(), &fixture("cpu_split.py"), "--cpu-seconds", "3"]);
-    let row = |name: &str| cmp["functions"].as_array().unwrap().iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("{version}: no {name}")).clone();
-    let calls = row("sixty")["calls"].as_u64().unwrap();
-    assert!(calls > 100 && row("thirty")["calls"] == calls && row("ten")["calls"] == calls, "{version}: {calls}");
-    for field in ["corrected_total_share", "sampled_total_share"] {
-        let shares: Vec<f64> = ["sixty", "thirty", "ten"].iter().map(|n| row(n)[field].as_f64().unwrap()).collect();
-        let sum: f64 = shares.iter().sum();
-        for (got, want) in shares.iter().zip([60.0, 30.0, 10.0]) {
-            assert!((got / sum * 100.0 - want).abs() <= 3.0, "{version}: {field}: {got} of {sum} for {want}%");
-        }
-    }
+    let wall = tempfile::NamedTempFile::new().unwrap();
+    let cmp = run_json(&[
+        "compare", "-r", "999", "--json", "-", "--", python.to_str().unwrap(), &fixture("cpu_split.py"), "--cpu-seconds", "3",
+        "--wall-split", wall.path().to_str().unwrap(),
+    ]);
+    assert_compare_split(version, &cmp, wall.path(), 3.0);
 }
 
 fn info_names_each_mode(version: &str) {

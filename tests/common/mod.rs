@@ -269,3 +269,36 @@ pub fn report_import_paths(imports: &serde_json::Value) -> Vec<Vec<String>> {
     out.sort();
     out
 }
+
+/// A compare report of fixtures/cpu_split.py shows its split on both
+/// sides: sixty, thirty and ten relative to one another, by CPU time
+/// (60/30/10) on the sampled side, and on the traced side by the wall time
+/// the fixture measured around each call (`--wall-split FILE`): on a busy
+/// machine a preemption stretches one function's wall time, not the
+/// others'. Within `points` on each side.
+pub fn assert_compare_split(label: &str, cmp: &serde_json::Value, wall_split: &Path, points: f64) {
+    let names = ["sixty", "thirty", "ten"];
+    let wall = read_json(wall_split);
+    let wall: Vec<f64> = names.iter().map(|n| wall[n].as_f64().unwrap_or_else(|| panic!("{label}: {wall_split:?} has no {n}"))).collect();
+    let wall_sum: f64 = wall.iter().sum();
+    let row = |name: &str| {
+        cmp["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name && r["file"].as_str().is_some_and(|f| f.ends_with("cpu_split.py")))
+            .unwrap_or_else(|| panic!("{label}: no row for {name}"))
+    };
+    let calls = row("sixty")["calls"].as_u64().unwrap();
+    assert!(calls > 50 && row("thirty")["calls"] == calls && row("ten")["calls"] == calls, "{label}: {calls} calls");
+    for field in ["traced_total_share", "corrected_total_share", "sampled_total_share"] {
+        let shares: Vec<f64> = names.iter().map(|n| row(n)[field].as_f64().unwrap()).collect();
+        let sum: f64 = shares.iter().sum();
+        assert!(sum > 0.0, "{label}: {field}: nothing in the three");
+        for (i, name) in names.iter().enumerate() {
+            let want = if field == "sampled_total_share" { [60.0, 30.0, 10.0][i] } else { wall[i] / wall_sum * 100.0 };
+            let share = shares[i] / sum * 100.0;
+            assert!((share - want).abs() <= points, "{label}: {name} has {share:.1}% by {field}, expected {want:.1}% (± {points})");
+        }
+    }
+}

@@ -282,7 +282,7 @@ fn sample_split_threads_and_depth(version: &'static str) {
         assert!((share - want).abs() <= 2.0, "{version}: {name} has {share:.1}% of samples, expected {want}%");
     }
 
-    let folded = String::from_utf8(py.pytrace(&["sample", "-r", "499", "--threads", "--folded", "-"], "threads_spin.py", &["2"]).stdout).unwrap();
+    let folded = String::from_utf8(py.pytrace(&["sample", "-r", "499", "--threads", "--folded", "-"], "threads_spin.py", &["1"]).stdout).unwrap();
     for f in ["spin_a", "spin_b", "spin_c"] {
         let threads: std::collections::HashSet<&str> = folded
             .lines()

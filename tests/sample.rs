@@ -188,7 +188,7 @@ fn each_threads_stacks_hold_its_own_function() {
         let folded = dir.path().join("threads.folded");
         let out = pytrace(&[
             "sample", "-r", "499", "--threads", "--folded", folded.to_str().unwrap(), "--",
-            python.to_str().unwrap(), &fixture("threads_spin.py"), "2",
+            python.to_str().unwrap(), &fixture("threads_spin.py"), "1",
         ]);
         assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
         let seen = per_thread(&std::fs::read_to_string(&folded).unwrap(), &["spin_a", "spin_b", "spin_c"]);

@@ -42,6 +42,9 @@ fn thread_names(pid: u32, names: &mut HashMap<u32, String>) {
 }
 
 pub fn run(mut opts: Options) -> Result<i32> {
+    if opts.idle {
+        crate::kernel::Kernel::get().require(crate::kernel::Feature::CopyFromUserTask, "sample --idle")?;
+    }
     // Every output is created before sampling starts, so a bad path fails now.
     let mut outputs: Vec<(&str, Output)> = Vec::new();
     for (kind, path) in [("flamegraph", &opts.flamegraph), ("folded", &opts.folded), ("speedscope", &opts.speedscope), ("json", &opts.json)] {

@@ -3,10 +3,10 @@
 use std::mem::MaybeUninit;
 
 use anyhow::{bail, Context, Result};
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::{Link, RingBufferBuilder};
 
-use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, poll_until, privilege_hint, read_counters};
+use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, poll_until, read_counters};
 use crate::bpf::gc::types::{gc_counter, gc_event};
 use crate::bpf::gc::GcSkelBuilder;
 use crate::python::Python;
@@ -71,7 +71,7 @@ pub fn run(
     open.progs.gc_collect_main.set_autoload(mode == Mode::Uprobe && sessions);
     open.progs.gc_collect_main_entry.set_autoload(mode == Mode::Uprobe && !sessions);
     open.progs.gc_collect_main_return.set_autoload(mode == Mode::Uprobe && !sessions);
-    let skel = open.load().map_err(privilege_hint).context("failed to load the gc BPF program")?;
+    let skel = crate::bpf::load::load("gc", open)?;
 
     let path = &python.elf.path;
     let what = || format!("failed to attach to the garbage collector of {}", python.target_path);

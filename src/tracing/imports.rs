@@ -4,10 +4,10 @@
 use std::mem::MaybeUninit;
 
 use anyhow::{bail, Context, Result};
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::RingBufferBuilder;
 
-use super::{attach_error, ensure_still_running, poll_until, privilege_hint, read_counters};
+use super::{attach_error, ensure_still_running, poll_until, read_counters};
 use crate::bpf::imports::types::{import_counter, import_event, import_phase};
 use crate::bpf::imports::ImportsSkelBuilder;
 use crate::python::Python;
@@ -46,7 +46,7 @@ pub fn run(
 ) -> Result<ImportData> {
     let mut object = MaybeUninit::uninit();
     let open = ImportsSkelBuilder::default().open(&mut object).context("failed to open the imports BPF program")?;
-    let skel = open.load().map_err(privilege_hint).context("failed to load the imports BPF program")?;
+    let skel = crate::bpf::load::load("imports", open)?;
 
     let path = &python.elf.path;
     let what = |probe| format!("failed to attach to the USDT probe python:{probe} in {}", python.target_path);

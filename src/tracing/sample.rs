@@ -8,7 +8,7 @@ use std::mem::MaybeUninit;
 use std::rc::Rc;
 
 use anyhow::{Context, Result};
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 
 use super::{ensure_still_running, poll_until, privilege_hint, read_counters};
@@ -322,7 +322,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
         // it, the perf-event program samples threads on CPU.
         open.progs.sample_all_threads.set_autoload(opts.idle);
         open.progs.sample_thread.set_autoload(!opts.idle);
-        let skel = open.load().map_err(privilege_hint).context("failed to load the sample BPF program")?;
+        let skel = crate::bpf::load::load("sample", open)?;
         let session = Session {
             skel,
             links: RefCell::new(Vec::new()),

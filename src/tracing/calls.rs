@@ -7,10 +7,10 @@ use std::mem::MaybeUninit;
 
 use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 
-use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, histogram, poll_until, privilege_hint, read_counters};
+use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, histogram, poll_until, read_counters};
 use crate::bpf::calls::types::{calls_counter, func_key, func_stats, new_function, py_layout};
 use crate::bpf::calls::{CallsSkel, CallsSkelBuilder};
 use crate::python::layouts::NO_FIELD;
@@ -112,16 +112,23 @@ impl<'obj> Session<'obj> {
         rodata.cfg.function_code = l.function_code;
         // Load only the programs this kernel and mode can run: a session
         // program does not load where the kernel has no uprobe sessions.
+        // Nor does one with a compare-and-swap before Linux 5.12: those
+        // kernels get the *_no_cas twins.
         let sessions = has_uprobe_sessions();
+        let cas = has_compare_and_swap();
         let uprobe_mode = plan.mode == Mode::Uprobe;
         open.progs.eval_frame.set_autoload(uprobe_mode && sessions);
-        open.progs.eval_entry.set_autoload(uprobe_mode && !sessions);
-        open.progs.eval_return.set_autoload(uprobe_mode && !sessions);
-        open.progs.usdt_function_entry.set_autoload(!uprobe_mode);
-        open.progs.usdt_function_return.set_autoload(!uprobe_mode);
+        open.progs.eval_entry.set_autoload(uprobe_mode && !sessions && cas);
+        open.progs.eval_return.set_autoload(uprobe_mode && !sessions && cas);
+        open.progs.eval_entry_no_cas.set_autoload(uprobe_mode && !sessions && !cas);
+        open.progs.eval_return_no_cas.set_autoload(uprobe_mode && !sessions && !cas);
+        open.progs.usdt_function_entry.set_autoload(!uprobe_mode && cas);
+        open.progs.usdt_function_return.set_autoload(!uprobe_mode && cas);
+        open.progs.usdt_function_entry_no_cas.set_autoload(!uprobe_mode && !cas);
+        open.progs.usdt_function_return_no_cas.set_autoload(!uprobe_mode && !cas);
         let inlined_init = plan.python.inlined_init_probe().filter(|_| uprobe_mode);
         open.progs.inlined_init.set_autoload(inlined_init.is_some());
-        let skel = open.load().map_err(privilege_hint).context("failed to load the calls BPF program")?;
+        let skel = crate::bpf::load::load("calls", open)?;
         let links = attach(&skel.progs, plan)?;
         Ok(Session { skel, links: RefCell::new(links), names: RefCell::new(HashMap::new()) })
     }
@@ -183,8 +190,8 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
             let offset = entry_probe_offset(code, python.elf.file_offset(addr)? as usize);
             let what = || format!("failed to attach to {EVAL_FRAME_SYMBOL} in {}", python.target_path);
             // See eval_frame in bpf/calls.bpf.c for why a session.
-            let mut links = attach_entry_and_return(&progs.eval_frame, &progs.eval_entry, &progs.eval_return, plan.pid, path, offset)
-                .with_context(what)?;
+            let (entry, ret) = if has_compare_and_swap() { (&progs.eval_entry, &progs.eval_return) } else { (&progs.eval_entry_no_cas, &progs.eval_return_no_cas) };
+            let mut links = attach_entry_and_return(&progs.eval_frame, entry, ret, plan.pid, path, offset).with_context(what)?;
             if let Some(probe) = python.inlined_init_probe() {
                 let offset = match probe {
                     InitProbe::Function(addr) => entry_probe_offset(python.elf.read_static(addr, 8)?, python.elf.file_offset(addr)? as usize),
@@ -203,14 +210,17 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
         }
         Mode::Usdt => {
             let what = |probe| format!("failed to attach to the USDT probe python:{probe} in {}", python.target_path);
+            let (entry, ret) = if has_compare_and_swap() {
+                (&progs.usdt_function_entry, &progs.usdt_function_return)
+            } else {
+                (&progs.usdt_function_entry_no_cas, &progs.usdt_function_return_no_cas)
+            };
             vec![
-                progs
-                    .usdt_function_entry
+                entry
                     .attach_usdt(pid, path, "python", "function__entry")
                     .map_err(exited)
                     .with_context(|| what("function__entry"))?,
-                progs
-                    .usdt_function_return
+                ret
                     .attach_usdt(pid, path, "python", "function__return")
                     .map_err(exited)
                     .with_context(|| what("function__return"))?,
@@ -219,6 +229,12 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
     };
     ensure_still_running(plan.pid)?;
     Ok(links)
+}
+
+/// Whether the kernel's BPF has compare-and-swap (Linux 5.12+), which keeps
+/// each function's maximum latency exact (see close_top in bpf/calls.bpf.c).
+fn has_compare_and_swap() -> bool {
+    crate::kernel::Kernel::get().has(crate::kernel::Feature::AtomicCompareExchange)
 }
 
 fn record_name(names: &mut Names, bytes: &[u8]) {

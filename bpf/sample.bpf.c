@@ -54,12 +54,57 @@ struct py_sample _py_sample = {};
 enum sample_counter _sample_counter = 0;
 
 /* CPython records pthread_self() as a thread's id, which on x86-64 is the
- * thread pointer, the fs base. */
+ * thread pointer, the fs base. (bpf_get_current_task, not its _btf twin,
+ * which needs Linux 5.11.) */
 static __always_inline __u64 thread_pointer(void)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 
 	return BPF_CORE_READ(task, thread.fsbase);
+}
+
+/* The user registers --native needs, as a thread saved them on entering
+ * the kernel. */
+struct user_regs {
+	__u64 ip, sp, bp, cs;
+};
+
+/* From bpf_task_pt_regs (Linux 5.15+; the task must be a BTF pointer). */
+static __always_inline int task_user_regs(struct task_struct *task, struct user_regs *out)
+{
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+
+	if (!regs)
+		return -1;
+	out->ip = regs->ip;
+	out->sp = regs->sp;
+	out->bp = regs->bp;
+	out->cs = regs->cs;
+	return 0;
+}
+
+/* x86-64's THREAD_SIZE without KASAN (which no production kernel enables):
+ * the kernel stack a thread's pt_regs sit on top of. */
+#define KERNEL_STACK_BYTES (4 * 4096)
+
+/* The running thread's, before bpf_task_pt_regs (5.15): where x86-64's
+ * task_pt_regs() finds them, the top of its kernel stack. The helper's
+ * presence is resolved when the program loads (CO-RE), and the verifier
+ * drops the branch a kernel cannot run. */
+static __always_inline int current_user_regs(struct task_struct *unused, struct user_regs *out)
+{
+	struct task_struct *task;
+	struct pt_regs *regs;
+
+	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_task_pt_regs))
+		return task_user_regs(bpf_get_current_task_btf(), out);
+	task = (struct task_struct *)bpf_get_current_task();
+	regs = (struct pt_regs *)((__u64)BPF_CORE_READ(task, stack) + KERNEL_STACK_BYTES) - 1;
+	out->ip = BPF_CORE_READ(regs, ip);
+	out->sp = BPF_CORE_READ(regs, sp);
+	out->bp = BPF_CORE_READ(regs, bp);
+	out->cs = BPF_CORE_READ(regs, cs);
+	return 0;
 }
 
 struct scan_ctx {
@@ -99,7 +144,14 @@ static __always_inline __u8 byte_at(const __u64 *words, __u32 offset)
 
 static __always_inline void mark_entry(struct py_sample *s, __u32 n)
 {
-	s->entry[(n >> 6) & (MAX_FRAMES / 64 - 1)] |= 1ULL << (n & 63);
+	__u32 word;
+
+	/* Clang knows n < MAX_FRAMES here and would drop the mask below as
+	 * redundant, leaving an index the 5.10 and 6.1 verifiers cannot bound:
+	 * make it forget. */
+	barrier_var(n);
+	word = (n >> 6) & (MAX_FRAMES / 64 - 1);
+	s->entry[word] |= 1ULL << (n & 63);
 }
 
 #define CAT_(a, b) a##b
@@ -109,16 +161,20 @@ static __always_inline void mark_entry(struct py_sample *s, __u32 n)
  * memory (the perf-event sampler)... */
 #define WALK(name) CAT(name, _current)
 #define WALK_READ(dst, size, src, task) bpf_probe_read_user(dst, size, src)
+#define WALK_USER_REGS(task, out) current_user_regs(task, out)
 #include "sample_walk.bpf.h"
 #undef WALK
 #undef WALK_READ
+#undef WALK_USER_REGS
 
 /* ...and another thread's, from a sleepable task iterator (--idle). */
 #define WALK(name) CAT(name, _task)
 #define WALK_READ(dst, size, src, task) bpf_copy_from_user_task(dst, size, src, task, 0)
+#define WALK_USER_REGS(task, out) task_user_regs(task, out)
 #include "sample_walk.bpf.h"
 #undef WALK
 #undef WALK_READ
+#undef WALK_USER_REGS
 
 /* Reserves a sample for a thread (with room for its stack with --native),
  * or counts it lost. */
@@ -151,7 +207,7 @@ int sample_thread(struct bpf_perf_event_data *ctx)
 	s->kernel_stack = cfg.kernel_stacks ? bpf_get_stackid(ctx, &kernel_stacks, 0) : -1;
 	fill_sample_current(t, s, tid, 0, thread_pointer());
 	if (cfg.native)
-		fill_native_current(s, bpf_get_current_task_btf());
+		fill_native_current(s, 0);
 	/* Wake the reader at each sample, unlike the other programs: user space
 	 * names code objects as samples arrive, and a module's code object is
 	 * freed as soon as its import ends. At 99 Hz the wakeups cost little. */

@@ -2,7 +2,11 @@
  * reading the target's memory: WALK(name) names this copy's functions and
  * WALK_READ(dst, size, src, task) reads user memory. (A sleepable helper may
  * not even appear in a non-sleepable program, so one function with a branch
- * would not load.) No include guard, on purpose. */
+ * would not load.) No include guard, on purpose.
+ *
+ * Loops are plain bounded loops, not bpf_loop (Linux 5.17+): every kernel
+ * since 5.3 verifies them; a program that merely names a bpf_loop callback
+ * does not load before 5.13. */
 
 static __always_inline void *WALK(read_ptr)(const void *base, __u32 offset, struct task_struct *task)
 {
@@ -13,9 +17,8 @@ static __always_inline void *WALK(read_ptr)(const void *base, __u32 offset, stru
 	return value;
 }
 
-static long WALK(scan_one)(__u64 i, void *data)
+static __always_inline long WALK(scan_one)(struct scan_ctx *ctx)
 {
-	struct scan_ctx *ctx = data;
 	__u64 id = 0;
 
 	if (!ctx->tstate)
@@ -49,19 +52,23 @@ static __always_inline __u64 WALK(thread_state)(const struct sample_target *t, _
 	if (!interp)
 		return 0;
 	ctx.tstate = (__u64)WALK(read_ptr)(interp, t->interp_threads_head, task);
-	bpf_loop(MAX_THREAD_SCAN, WALK(scan_one), &ctx, 0);
+	for (__u32 i = 0; i < MAX_THREAD_SCAN; i++)
+		if (WALK(scan_one)(&ctx))
+			break;
 	if (ctx.found)
 		bpf_map_update_elem(&thread_states, &tid, &ctx.found, BPF_ANY);
 	return ctx.found;
 }
 
-static long WALK(walk_one)(__u64 i, void *data)
+static __always_inline long WALK(walk_one)(struct walk_ctx *ctx)
 {
-	struct walk_ctx *ctx = data;
 	const struct sample_target *t = ctx->t;
 	const struct py_layout *l = &t->layout;
 	__u64 words[SAMPLE_FRAME_HEAD / 8] = {};
-	__u32 size = t->frame_head, n = ctx->s->frames;
+	/* Read afresh from the record at each step (the verifier does not track
+	 * it there), so that the states of one step look alike whatever the
+	 * last step did: otherwise they multiply past what 5.10 can verify. */
+	__u32 size = t->frame_head, n = *(volatile __u32 *)&ctx->s->frames;
 
 	if (!ctx->frame)
 		return 1;
@@ -119,7 +126,9 @@ static __always_inline void WALK(fill_sample)(const struct sample_target *t, str
 	walk.task = task;
 	walk.s = s;
 	walk.frame = current;
-	bpf_loop(MAX_FRAMES + 1, WALK(walk_one), &walk, 0);
+	for (__u32 i = 0; i < MAX_FRAMES + 1; i++)
+		if (WALK(walk_one)(&walk))
+			break;
 }
 
 /* --native: the thread's user registers, as saved when it last entered the
@@ -128,17 +137,17 @@ static __always_inline void WALK(fill_sample)(const struct sample_target *t, str
  * record. Unwinding and naming are left to user space. */
 static __always_inline void WALK(fill_native)(struct py_sample *s, struct task_struct *task)
 {
-	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	struct user_regs regs = {};
 	__u8 *stack = (__u8 *)(s + 1);
 	__u64 start;
 
-	if (!regs || (regs->cs & 3) != 3) {
+	if (WALK_USER_REGS(task, &regs) || (regs.cs & 3) != 3) {
 		count(SAMPLE_NO_USER_REGS);
 		return;
 	}
-	s->user_ip = regs->ip;
-	s->user_sp = regs->sp;
-	s->user_bp = regs->bp;
+	s->user_ip = regs.ip;
+	s->user_sp = regs.sp;
+	s->user_bp = regs.bp;
 	start = s->user_sp & ~(__u64)(NATIVE_PAGE - 1);
 	s->stack_start = start;
 	s->native = 1;

@@ -12,6 +12,9 @@
 #                                      fetching it once
 #   scripts/kernels.sh run 6.1 CMD...  boot it and run CMD as root inside;
 #                                      exits with CMD's status
+#   scripts/kernels.sh test [SERIES...] the kernel smoke matrix: pytrace's own
+#                                      integration tests, built here, run in
+#                                      a VM of each kernel (all by default)
 #
 # Why these pieces: KVM fails under nested virtualisation here (QEMU cannot
 # set MSR 0x10a), so the VMs run under TCG, emulated: a kernel boots in
@@ -142,11 +145,106 @@ run() {
   img=$(image "$want")
   set +e
   PATH=$venv/bin:$PATH "$venv/bin/vng" --disable-kvm --force-9p --run "$img" --user root \
-    --memory "${PYTRACE_VM_MEMORY:-2G}" --cpus "${PYTRACE_VM_CPUS:-2}" -- "umount /var/cache && $*" \
+    --memory "${PYTRACE_VM_MEMORY:-2G}" --cpus "${PYTRACE_VM_CPUS:-2}" --append "${PYTRACE_VM_APPEND-tsc=reliable}" \
+    -- "umount /var/cache && $*" \
     </dev/null 2> >(cat >&2) | cat
   status=${PIPESTATUS[0]}
   set -e
   return "$status"
+}
+
+# The integration tests each kernel runs, as "TEST-FILE TEST-NAME": every
+# subcommand against its ground truth on Debian's python3.11 (calls against
+# cProfile, gc against gc.callbacks, the import tree, the 60/30/10 sampling
+# split, --native, compare) and the same on bullseye's 3.9 in a chroot, plus
+# what `info` says of the kernel. The tests time their fixtures in CPU
+# seconds, so the VMs' slowness costs samples, not correctness.
+smoke_tests=(
+  "info kernel_features_are_those_of_its_release"
+  "info sample_idle_needs_5_18_and_says_so"
+  "calls counts_equal_cprofile_when_pytrace_starts_the_command"
+  "gc collections_and_collected_equal_gc_callbacks_when_attached_by_pid"
+  "imports the_import_tree_is_exact_when_pytrace_starts_the_command"
+  "sample cpu_shares_match_the_known_split_within_two_points"
+  "sample_native native_frames_sit_between_the_python_caller_and_the_leaf"
+  "compare numbers_are_the_two_reports_combined_when_pytrace_starts_the_command"
+  "matrix python_3_9::calls_equal_cprofile"
+  "matrix python_3_9::usdt_mode_counts_equal_cprofile"
+  "matrix python_3_9::gc_equals_gc_callbacks"
+  "matrix python_3_9::imports_tree"
+  "matrix python_3_9::sample_split_threads_and_depth"
+  "matrix python_3_9::sample_native_puts_c_frames_under_their_python_caller"
+  "matrix python_3_9::compare_sees_the_split_on_both_sides"
+)
+# Only where the kernel has bpf_copy_from_user_task (5.18+); on older
+# kernels sample_idle_needs_5_18_and_says_so checks the refusal instead.
+idle_tests=(
+  "sample idle_sees_sleeping_threads_and_on_cpu_does_not"
+  "matrix python_3_9::sample_idle_sees_sleepers"
+)
+
+smoke() {
+  local repo list bins script want series_list=("$@") failed=() start elapsed status
+  repo=$(cd "$here/.." && pwd)
+  [ ${#series_list[@]} -gt 0 ] || series_list=("${series[@]}")
+  install_tools
+  for want in "${series_list[@]}"; do image "$want" >/dev/null; done
+  # The test binaries, by test file, as cargo built them.
+  list=$(mktemp /tmp/pytrace-kernels-XXXXXX)
+  (cd "$repo" && cargo test --release --locked --no-run --message-format=json 2>/dev/null) \
+    | /usr/bin/python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])' > "$list"
+  script=$(mktemp /tmp/pytrace-kernels-XXXXXX)
+  # Runs in the guest: every test of the list, one at a time, with its
+  # time; the guest sees this machine's files and these variables only.
+  {
+    echo "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    echo "export PYTRACE_TEST_PYTHONS=debian"
+    echo "export PYTRACE_NODTRACE_PYTHON='${PYTRACE_NODTRACE_PYTHON:-$("$here/pythons.sh" nodtrace-3.11)}'"
+    echo "export PYTRACE_ROOT_39='${PYTRACE_ROOT_39:-$("$here/pythons.sh" root-3.9)}'"
+    echo "export PYTRACE_ROOT_SID='${PYTRACE_ROOT_SID:-$("$here/pythons.sh" root-sid)}'"
+    cat <<'GUEST'
+kernel=$(uname -r); passed=0; failed=0
+run_test() {
+  local bin t0 t1
+  bin=$(awk -v f="$1" '$1 == f { print $2 }' "$BINARIES")
+  t0=$(date +%s)
+  if [ -n "$bin" ] && "$bin" --exact "$2" --test-threads=1 > /tmp/test.log 2>&1 && grep -q "^test result: ok. 1 passed" /tmp/test.log; then
+    passed=$((passed + 1)); echo "  ok    $1::$2 ($(( $(date +%s) - t0 )) s)"
+  else
+    failed=$((failed + 1)); echo "  FAIL  $1::$2 ($(( $(date +%s) - t0 )) s)"; tail -n 30 /tmp/test.log | sed 's/^/        /'
+  fi
+}
+while read -r file name; do run_test "$file" "$name"; done < "$TESTS"
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
+GUEST
+  } > "$script"
+  for want in "${series_list[@]}"; do
+    local tests
+    tests=$(mktemp /tmp/pytrace-kernels-XXXXXX)
+    printf '%s\n' "${smoke_tests[@]}" > "$tests"
+    case "$want" in 5.10) ;; *) printf '%s\n' "${idle_tests[@]}" >> "$tests" ;; esac
+    echo "kernel $want: $(wc -l < "$tests") tests in a VM" >&2
+    start=$(date +%s)
+    set +e
+    (cd "$repo" && run "$want" "BINARIES=$list TESTS=$tests bash $script")
+    status=$?
+    set -e
+    elapsed=$(( $(date +%s) - start ))
+    echo "kernel $want: $( [ $status = 0 ] && echo passed || echo FAILED ) in $elapsed s" >&2
+    [ $status = 0 ] || failed+=("$want")
+    rm -f "$tests"
+  done
+  rm -f "$list" "$script"
+  if [ ${#failed[@]} -gt 0 ]; then
+    echo "scripts/kernels.sh: the smoke tests failed on Linux ${failed[*]}" >&2
+    return 1
+  fi
 }
 
 case "${1:-}" in
@@ -163,5 +261,9 @@ case "${1:-}" in
     shift
     run "$@"
     ;;
-  *) echo "usage: $0 setup | image SERIES | run SERIES CMD..." >&2; exit 2 ;;
+  test)
+    shift
+    smoke "$@"
+    ;;
+  *) echo "usage: $0 setup | image SERIES | run SERIES CMD... | test [SERIES...]" >&2; exit 2 ;;
 esac

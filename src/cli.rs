@@ -21,7 +21,8 @@ Examples:
   pytrace compare -p 1234 -d 10 -r 999     exact and sampled shares side by side
   pytrace gc -p 1234 --events             a line per garbage collection, then a summary
   pytrace imports -- python3 app.py       which imports make start-up slow
-  pytrace info -p 1234                    what pytrace finds in the process";
+  pytrace info -p 1234                    what pytrace finds in the process
+  pytrace info                            what this kernel lets pytrace do";
 
 #[derive(Parser)]
 #[command(name = "pytrace", version, about = "See what a running CPython process does, from outside it, with eBPF", after_help = EXAMPLES)]
@@ -42,7 +43,7 @@ enum Command {
     Sample(SampleArgs),
     /// Calls and sample on one target at once (or two saved reports), compared per function
     Compare(CompareArgs),
-    /// What pytrace finds in a Python process or binary, and which mode it would use
+    /// What pytrace finds in a Python process or binary, and which mode it would use; what this kernel allows
     Info(InfoArgs),
 }
 
@@ -193,8 +194,8 @@ struct CompareArgs {
 
 #[derive(Args)]
 struct InfoArgs {
-    /// PID of a Python process
-    #[arg(short, long, conflicts_with = "binary", required_unless_present = "binary")]
+    /// PID of a Python process (with neither this nor --binary: the kernel only)
+    #[arg(short, long, conflicts_with = "binary")]
     pid: Option<u32>,
     /// A Python executable or libpython, inspected on disk
     #[arg(long, value_name = "PATH")]

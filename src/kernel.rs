@@ -72,7 +72,7 @@ impl Feature {
     pub fn kernel_name(self) -> &'static str {
         match self {
             Feature::Ringbuf => "BPF ring buffer",
-            Feature::AtomicCompareExchange => "BPF atomic compare-and-exchange",
+            Feature::AtomicCompareExchange => "BPF_CMPXCHG",
             Feature::AttachCookie => "bpf_get_attach_cookie",
             Feature::TaskPtRegs => "bpf_task_pt_regs",
             Feature::CopyFromUserTask => "bpf_copy_from_user_task",
@@ -102,11 +102,19 @@ pub struct Kernel {
     pub release: String,
     /// Major and minor, e.g. "6.1".
     pub version: String,
-    #[serde(skip)]
-    pub numbers: (u32, u32),
     pub btf: bool,
     /// Every feature of `Feature::ALL`, and whether this kernel has it.
+    #[serde(serialize_with = "features_as_map")]
     pub features: Vec<(Feature, bool)>,
+}
+
+fn features_as_map<S: serde::Serializer>(features: &[(Feature, bool)], to: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = to.serialize_map(Some(features.len()))?;
+    for (f, has) in features {
+        map.serialize_entry(f, has)?;
+    }
+    map.end()
 }
 
 impl Kernel {
@@ -131,7 +139,7 @@ impl Kernel {
                 (f, has)
             })
             .collect();
-        Kernel { version: format!("{}.{}", numbers.0, numbers.1), release, numbers, btf: btf.is_some(), features }
+        Kernel { version: format!("{}.{}", numbers.0, numbers.1), release, btf: btf.is_some(), features }
     }
 
     pub fn has(&self, feature: Feature) -> bool {
@@ -149,6 +157,31 @@ impl Kernel {
             bail!("{}", self.lacks(feature, what));
         }
         Ok(())
+    }
+
+    /// What this kernel changes for pytrace, a sentence each: what does
+    /// not work, and what works another way.
+    pub fn limits(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.btf {
+            out.push(format!("pytrace needs a kernel with BTF ({} is missing: CONFIG_DEBUG_INFO_BTF=y)", btf_path()));
+        }
+        if !self.has(Feature::Ringbuf) {
+            out.push(self.lacks(Feature::Ringbuf, "pytrace"));
+        }
+        if !self.has(Feature::CopyFromUserTask) {
+            out.push(self.lacks(Feature::CopyFromUserTask, "sample --idle"));
+        }
+        if !self.has(Feature::UprobeSession) {
+            out.push("calls and gc attach a uprobe and a uretprobe per function (one uprobe session needs Linux 6.13)".into());
+        }
+        if !self.has(Feature::AtomicCompareExchange) {
+            out.push("calls' maximum latency of a function can be understated when two CPUs end calls of it at the same instant (exact from Linux 5.12, whose BPF has compare-and-exchange)".into());
+        }
+        if !self.has(Feature::TaskPtRegs) {
+            out.push("sample --native reads a thread's user registers off its kernel stack (bpf_task_pt_regs needs Linux 5.15)".into());
+        }
+        out
     }
 
     /// "sample --idle needs Linux 5.18 or newer (bpf_copy_from_user_task); this kernel is 5.10"
@@ -200,7 +233,7 @@ mod tests {
 
     #[test]
     fn a_missing_feature_names_the_release_it_needs() {
-        let k = Kernel { release: "5.10.0-46-amd64".into(), version: "5.10".into(), numbers: (5, 10), btf: true, features: vec![(Feature::CopyFromUserTask, false)] };
+        let k = Kernel { release: "5.10.0-46-amd64".into(), version: "5.10".into(), btf: true, features: vec![(Feature::CopyFromUserTask, false)] };
         assert_eq!(
             k.lacks(Feature::CopyFromUserTask, "sample --idle"),
             "sample --idle needs Linux 5.18 or newer (bpf_copy_from_user_task); this kernel is 5.10"

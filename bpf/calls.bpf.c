@@ -49,6 +49,9 @@ struct thread_stack {
 	__u32 pad;
 	/* Evaluations entered on this thread. */
 	__u64 entries;
+	/* The thread's PyThreadState, from its last frame evaluation: a probe
+	 * inside the eval loop has none at hand to find the running frame. */
+	__u64 tstate;
 	struct frame_slot slots[MAX_DEPTH];
 };
 
@@ -71,6 +74,16 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, RING_BYTES);
 } new_functions SEC(".maps");
+
+/* The live processes the target forked while traced, and their forks: PID
+ * to parent PID. They inherit the eval-frame hook; user space reads this
+ * map as it polls and restores the hook in them too. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_CHILDREN);
+	__type(key, __u32);
+	__type(value, __u32);
+} children SEC(".maps");
 
 DEFINE_COUNTERS(CALLS_COUNTER_COUNT);
 
@@ -312,13 +325,20 @@ static __always_inline void unwind(__u32 tid, __u64 now, __u64 until_frame, __u3
 
 static __always_inline __u64 current_frame(const void *tstate);
 
+/* Whether the kernel will report a call's return. */
+enum call_return {
+	RETURN_IF_SHALLOW, /* a return probe, armed within URETPROBE_DEPTH */
+	RETURN_ALWAYS,     /* a USDT return probe */
+	RETURN_NEVER,      /* a call run inline: it ends at the thread's next event */
+};
+
 /* Opens a call on this thread's shadow stack and returns the stack's new
  * depth (0 if it has none). Every entry pushes a slot, counted or not, so
  * that every return pops the right one. `st` is the function's statistics
- * for a counted call; `tstate` (uprobe mode) finds the calling frame.
- * `cas`: see close_top. */
+ * for a counted call; `tstate` (uprobe mode; 0: the one last seen on this
+ * thread) finds the calling frame. `cas`: see close_top. */
 static __always_inline __u32 on_call(const struct func_key *key, struct func_stats *st, __u64 frame,
-				     const void *tstate, int counted, int returns_seen, const int cas)
+				     const void *tstate, int counted, enum call_return returns, const int cas)
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	__u64 now = bpf_ktime_get_ns();
@@ -333,6 +353,10 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 	stack = thread_stack(tid, 1);
 	if (!stack)
 		return 0;
+	if (tstate)
+		stack->tstate = (__u64)tstate;
+	else
+		tstate = (const void *)stack->tstate;
 	/* Only calls whose return the kernel will not report can be left open
 	 * on top of the caller; find the caller only then. */
 	depth = stack->depth;
@@ -364,7 +388,7 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 	slot->child_ns = 0;
 	slot->entries_at_start = stack->entries;
 	slot->children = 0;
-	slot->flags = returns_seen || depth < URETPROBE_DEPTH ? SLOT_RETURNS : 0;
+	slot->flags = returns == RETURN_ALWAYS || (returns == RETURN_IF_SHALLOW && depth < URETPROBE_DEPTH) ? SLOT_RETURNS : 0;
 	if (!counted)
 		return depth + 1;
 	/* Like cProfile, a recursive call's inclusive time is counted only at the
@@ -563,7 +587,7 @@ bad:
 	key.id = 0;
 	st = function_stats(&key, &is_new);
 push:
-	return on_call(&key, st, (__u64)frame, tstate, counted, 0, cas);
+	return on_call(&key, st, (__u64)frame, tstate, counted, RETURN_IF_SHALLOW, cas);
 }
 
 /* 3.13 only: its CALL_ALLOC_AND_ENTER_INIT (a call of a Python class at a
@@ -596,6 +620,93 @@ int BPF_UPROBE(inlined_init, const void *type)
 		announce(&key, code, 0, 0);
 	__sync_fetch_and_add(&st->calls, 1);
 	count(CALLS_INLINED_INIT);
+	return 0;
+}
+
+/* A general-purpose register by its x86 number (rax 0 ... r15 15), as
+ * user space found it in the code around a probe site. */
+static __always_inline __u64 register_value(const struct pt_regs *regs, __u32 number)
+{
+	/* Loaded one by one at constant offsets, as the verifier wants for the
+	 * context (a switch compiles into one load at a computed offset). */
+	__u64 by_number[16] = {
+		regs->ax, regs->cx, regs->dx, regs->bx, regs->sp, regs->bp, regs->si, regs->di,
+		regs->r8, regs->r9, regs->r10, regs->r11, regs->r12, regs->r13, regs->r14, regs->r15,
+	};
+
+	if (number >= 16)
+		return 0;
+	barrier_var(number); /* keeps the mask below, which the verifier needs */
+	return by_number[number & 15];
+}
+
+/* The function whose frame (or, for a generator, whose embedded frame) is
+ * at `frame`: its key and statistics, announced if new. */
+static __always_inline struct func_stats *frame_function(const void *frame, struct func_key *key)
+{
+	const void *code = (const void *)PY_CODE_ADDRESS((__u64)read_ptr(frame, cfg.layout.frame_code));
+	struct func_stats *st;
+	__u32 flags;
+	int is_new;
+
+	key->tgid = bpf_get_current_pid_tgid() >> 32;
+	if (code_key(code, key, &flags)) {
+		count(CALLS_BAD_CODE);
+		return 0;
+	}
+	st = function_stats(key, &is_new);
+	if (st && is_new)
+		announce(key, code, 0, 0);
+	return st;
+}
+
+/* 3.11.0 to 3.11.3: BINARY_SUBSCR_GETITEM runs __getitem__ inline without
+ * checking the eval-frame hook (src/python/inlined_getitem.rs). The probe
+ * sits in that handler after its last check; the attach cookie names the
+ * register holding the new frame. The call opens a slot like any other,
+ * so what __getitem__ calls is its child, but no return probe sees it end:
+ * it is closed at the thread's next event (an upper bound on its time). */
+SEC("uprobe")
+int inline_frame(struct pt_regs *ctx)
+{
+	const void *frame = (const void *)register_value(ctx, (__u32)bpf_get_attach_cookie(ctx));
+	struct func_key key = {};
+	struct func_stats *st;
+
+	if (cfg.empty_probe)
+		return 0;
+	st = frame_function(frame, &key);
+	if (!st)
+		return 0;
+	count(CALLS_INLINED_CALL);
+	on_call(&key, st, (__u64)frame, 0, 1, RETURN_NEVER, 1);
+	return 0;
+}
+
+/* 3.13+: close() of a generator suspended outside any try block skips its
+ * frame unless a monitoring tool listens (src/python/generator_close.rs),
+ * so cProfile counts a call there that never runs without it. The probe
+ * sits on the branch into that fast path: the cookie holds the register
+ * with the generator (low byte) and the zero flag's value when the branch
+ * goes the fast way (bit 8). Counted, untimed: no code runs. */
+#define X86_ZERO_FLAG 0x40
+
+SEC("uprobe")
+int skipped_close(struct pt_regs *ctx)
+{
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u64 zero = (ctx->flags & X86_ZERO_FLAG) ? 1 : 0;
+	const char *gen = (const char *)register_value(ctx, cookie & 0xff);
+	struct func_key key = {};
+	struct func_stats *st;
+
+	if (cfg.empty_probe || zero != ((cookie >> 8) & 1))
+		return 0;
+	st = frame_function(gen + cfg.gen_iframe, &key);
+	if (!st)
+		return 0;
+	__sync_fetch_and_add(&st->calls, 1);
+	count(CALLS_SKIPPED_CLOSE);
 	return 0;
 }
 
@@ -680,7 +791,7 @@ static __always_inline void usdt_entry(const char *file, const char *name, int l
 	st = function_stats(&key, &is_new);
 	if (is_new)
 		announce(&key, 0, file, name);
-	on_call(&key, st, 0, 0, 1, 1, cas);
+	on_call(&key, st, 0, 0, 1, RETURN_ALWAYS, cas);
 }
 
 SEC("usdt")
@@ -709,5 +820,35 @@ SEC("usdt")
 int BPF_USDT(usdt_function_return_no_cas)
 {
 	on_return(0, 0);
+	return 0;
+}
+
+/* A fork by the target, or by a child of it already tracked. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(target_forked, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 parent_tgid = parent->tgid, child_tgid = child->tgid;
+
+	if (child_tgid == parent_tgid) /* a new thread */
+		return 0;
+	if (parent_tgid != cfg.tgid && !bpf_map_lookup_elem(&children, &parent_tgid))
+		return 0;
+	if (bpf_map_update_elem(&children, &child_tgid, &parent_tgid, BPF_ANY))
+		count(CALLS_CHILD_MAP_FULL);
+	return 0;
+}
+
+/* A thread ends: its shadow stack goes, so a target that keeps starting
+ * short-lived threads never fills the map (20,000 of them filled it before
+ * this); a tracked child ends: it needs no restoring. */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(task_exited, struct task_struct *task)
+{
+	__u32 tid = task->pid, tgid = task->tgid;
+
+	if (tgid == cfg.tgid && bpf_map_delete_elem(&stacks, &tid) == 0)
+		count(CALLS_THREAD_EXITS);
+	if (tid == tgid)
+		bpf_map_delete_elem(&children, &tgid);
 	return 0;
 }

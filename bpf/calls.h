@@ -17,7 +17,10 @@
 /* Preallocated, so a burst of new functions never fails for lack of memory:
  * about 2.7 KiB each. */
 #define MAX_FUNCTIONS 16384
-#define MAX_THREADS 16384
+#define MAX_THREADS 16384 /* live ones: an exiting thread's entry is deleted */
+/* Processes the target forks while traced (and their forks), alive at once:
+ * they inherit the eval-frame hook, and user space restores it in them. */
+#define MAX_CHILDREN 4096
 
 /* Latency histogram: values below HIST_LINEAR ns get a bucket each; above,
  * every power of two is split into HIST_SUB buckets (12.5% wide). User space
@@ -42,10 +45,14 @@ enum calls_counter {
 	CALLS_UNMATCHED_RETURN,    /* a return with no entry seen (frames older than attach) */
 	CALLS_DEEP_UNTIMED,        /* calls deeper than MAX_DEPTH: counted, not timed */
 	CALLS_STOP_FAILED,         /* could not stop the target at its first frame */
-	CALLS_INFERRED_RETURN,     /* deeper than URETPROBE_DEPTH: timed to the next event */
+	CALLS_INFERRED_RETURN,     /* return unseen (deeper than URETPROBE_DEPTH, or inline): timed to the next event */
 	CALLS_STACK_RESYNC,        /* shadow stack disagreed with the interpreter's */
 	CALLS_EVALUATIONS,         /* frame evaluations entered, counted as calls or not */
 	CALLS_INLINED_INIT,        /* 3.13: __init__ calls run inline, counted untimed */
+	CALLS_CHILD_MAP_FULL,      /* a forked child not tracked: more than MAX_CHILDREN */
+	CALLS_THREAD_EXITS,        /* threads whose entry was deleted when they exited */
+	CALLS_INLINED_CALL,        /* 3.11.0-3.11.3: __getitem__ run inline, timed to the next event */
+	CALLS_SKIPPED_CLOSE,       /* 3.13+: close() skipped a generator's frame, counted untimed */
 	CALLS_COUNTER_COUNT,
 };
 
@@ -115,6 +122,9 @@ struct calls_config {
 	 * type keeps its cached __init__ and a function its code object. */
 	__u32 heaptype_spec_init;
 	__u32 function_code;
+	/* Where a generator embeds its frame (skipped_close in calls.bpf.c). */
+	__u32 gen_iframe;
+	__u32 pad;
 };
 
 #endif

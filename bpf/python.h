@@ -50,6 +50,9 @@ struct py_layout {
 	__u32 unicode_state;
 	__u32 unicode_ascii_data;
 	__u32 unicode_compact_data;
+	/* Where kind:3, compact:1, ascii:1 start in the state word (2, or 8
+	 * in free-threaded builds). */
+	__u32 unicode_kind_shift;
 };
 
 /* How a BPF program captured a string's bytes (decoded by src/python/strings.rs). */

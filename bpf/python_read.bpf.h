@@ -20,10 +20,11 @@ static __always_inline void *read_ptr(const void *base, __u32 offset)
 	return value;
 }
 
-/* PyASCIIObject.state bit-field: interned:2, kind:3, compact:1, ascii:1. */
-#define PY_STATE_KIND(state) (((state) >> 2) & 7)
-#define PY_STATE_COMPACT(state) (((state) >> 5) & 1)
-#define PY_STATE_ASCII(state) (((state) >> 6) & 1)
+/* PyASCIIObject.state bit-fields: interned (2 bits, or a byte when
+ * free-threaded), then kind:3, compact:1, ascii:1 from `shift` on. */
+#define PY_STATE_KIND(state, shift) (((state) >> (shift)) & 7)
+#define PY_STATE_COMPACT(state, shift) (((state) >> ((shift) + 3)) & 1)
+#define PY_STATE_ASCII(state, shift) (((state) >> ((shift) + 4)) & 1)
 
 /* Copies a compact str object's characters into buf (at most cap bytes) and
  * returns its enum str_kind; *len gets its length in characters. */
@@ -32,7 +33,7 @@ static __always_inline __u8 read_pystr(const volatile struct py_layout *layout, 
 {
 	__u64 length = 0;
 	__u32 state = 0;
-	__u32 data, kind;
+	__u32 data, kind, shift = layout->unicode_kind_shift & 15;
 	__u64 bytes;
 	__u8 result;
 
@@ -42,10 +43,10 @@ static __always_inline __u8 read_pystr(const volatile struct py_layout *layout, 
 	if (bpf_probe_read_user(&length, sizeof(length), (const char *)str + layout->unicode_length) ||
 	    bpf_probe_read_user(&state, sizeof(state), (const char *)str + layout->unicode_state))
 		return STR_UNREADABLE;
-	if (!PY_STATE_COMPACT(state) || length > (1 << 20))
+	if (!PY_STATE_COMPACT(state, shift) || length > (1 << 20))
 		return STR_UNREADABLE;
-	kind = PY_STATE_KIND(state);
-	if (PY_STATE_ASCII(state)) {
+	kind = PY_STATE_KIND(state, shift);
+	if (PY_STATE_ASCII(state, shift)) {
 		data = layout->unicode_ascii_data;
 		result = STR_ASCII;
 	} else {

@@ -1,10 +1,18 @@
 // SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
 /* `pytrace sample`: on a CPU-clock perf event on every CPU, walks the
  * interrupted thread's Python frames in the kernel, for every process in
- * the `processes` map (one, or every Python with --all), and sends them, with the
- * kernel stack if asked, to user space. Only addresses are recorded (code
- * object, instruction); names and lines are resolved in user space, once
- * per code object. */
+ * the `processes` map (one, or every Python with --all), and counts the
+ * sample under its stack's hash in the kernel. A stack's frames (code
+ * object and instruction addresses, kernel return addresses) go to user
+ * space once, when the stack is first seen; user space names them and reads
+ * the counts periodically. Only --native sends a record per sample (its
+ * copied user stack can only be unwound in user space).
+ *
+ * Kernels: bounded loops (5.3), bpf_get_stack (4.18), bpf_ringbuf_output
+ * (5.8), map-in-map (4.12) are all this program needs;
+ * bpf_task_pt_regs (5.15) is used where it exists, for --native samples
+ * that interrupted the kernel. --idle needs a sleepable task iterator and
+ * bpf_copy_from_user_task (5.18). */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_helpers.h>
@@ -12,15 +20,15 @@
 #include "sample.h"
 #include "python_read.bpf.h"
 #include "counters.bpf.h"
-#include "ring.bpf.h" /* RING_BYTES */
+#include "ring.bpf.h" /* RING_BYTES, ring_submit_flags */
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 const volatile struct sample_config cfg = {};
 
-/* The processes to sample. User space fills an entry per process and sets
- * its interpreters_head once the interpreter file is mapped (with `--`, it
- * is not yet at load time). */
+/* The processes to sample. User space fills an entry per process, sets its
+ * interpreters_head once the interpreter file is mapped (with `--`, it is
+ * not yet at load time), and removes it when the process exits. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_PROCESSES);
@@ -31,14 +39,40 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, RING_BYTES);
-} samples SEC(".maps");
+} records SEC(".maps");
+
+/* Samples per stack. Two maps, swapped by user space: the perf-event
+ * program counts into the one `counts` holds, and user space reads the
+ * other. Replacing a map-in-map element waits for every running program
+ * (the kernel's maybe_wait_bpf_programs), so once the swap returns nobody
+ * counts into the old map any more and it can be read and emptied without
+ * losing an increment. (Reading and deleting a live hash map's element
+ * would lose the samples counted in between.) */
+struct counts_map {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_COUNTED_STACKS);
+	__type(key, struct stack_key);
+	__type(value, __u64);
+};
+struct counts_map counts_a SEC(".maps");
+struct counts_map counts_b SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
-	__uint(max_entries, 16384);
-	__uint(key_size, sizeof(__u32));
-	__uint(value_size, 127 * sizeof(__u64));
-} kernel_stacks SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, struct counts_map);
+} counts SEC(".maps") = {
+	.values = { &counts_a },
+};
+
+/* (pid, stack hash) of the stacks whose frames user space was sent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_KNOWN_STACKS);
+	__type(key, struct stack_key);
+	__type(value, __u8);
+} known_stacks SEC(".maps");
 
 /* tid -> its PyThreadState, checked at each use. */
 struct {
@@ -48,79 +82,53 @@ struct {
 	__type(value, __u64);
 } thread_states SEC(".maps");
 
+/* The stack being walked, per CPU: too big for the BPF stack. A program
+ * does not run twice at once on one CPU (and --idle's iterator is the only
+ * program loaded then). */
+#define WALK_PAGE 4096
+
+struct walk_scratch {
+	struct sample_stack rec;
+	/* The bytes of the frame being read, when read alone. */
+	__u64 frame_head[SAMPLE_FRAME_HEAD / 8];
+	/* A page of the thread's frames, read at page_base (0: none). */
+	__u64 page_base;
+	__u8 page[WALK_PAGE];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct walk_scratch);
+} scratch SEC(".maps");
+
 DEFINE_COUNTERS(SAMPLE_COUNTER_COUNT);
 
-struct py_sample _py_sample = {};
+struct sample_stack _sample_stack = {};
+struct native_record _native_record = {};
+struct stack_key _stack_key = {};
 enum sample_counter _sample_counter = 0;
+enum record_kind _record_kind = 0;
 
-/* CPython records pthread_self() as a thread's id, which on x86-64 is the
- * thread pointer, the fs base. (bpf_get_current_task, not its _btf twin,
- * which needs Linux 5.11.) */
-static __always_inline __u64 thread_pointer(void)
+/* A stack's hash: each word the walk read mixed in turn (a multiply and
+ * xor-shift per word, as in MurmurHash3's finalizer), plus markers for what
+ * is not an address. 64 bits: two different stacks of one process collide
+ * with odds of about n^2 / 2^65 for n stacks. */
+#define HASH_SEED 0x9e3779b97f4a7c15ULL
+#define HASH_NO_PYTHON 1
+#define HASH_BAD_FRAME 2
+#define HASH_TRUNCATED 3
+#define HASH_ENTRY 4
+#define HASH_KERNEL 5
+
+static __always_inline __u64 mix(__u64 hash, __u64 word)
 {
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-
-	return BPF_CORE_READ(task, thread.fsbase);
+	hash ^= word;
+	hash *= 0xff51afd7ed558ccdULL;
+	hash ^= hash >> 33;
+	return hash;
 }
-
-/* The user registers --native needs, as a thread saved them on entering
- * the kernel. */
-struct user_regs {
-	__u64 ip, sp, bp, cs;
-};
-
-/* From bpf_task_pt_regs (Linux 5.15+; the task must be a BTF pointer). */
-static __always_inline int task_user_regs(struct task_struct *task, struct user_regs *out)
-{
-	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
-
-	if (!regs)
-		return -1;
-	out->ip = regs->ip;
-	out->sp = regs->sp;
-	out->bp = regs->bp;
-	out->cs = regs->cs;
-	return 0;
-}
-
-/* x86-64's THREAD_SIZE without KASAN (which no production kernel enables):
- * the kernel stack a thread's pt_regs sit on top of. */
-#define KERNEL_STACK_BYTES (4 * 4096)
-
-/* The running thread's, before bpf_task_pt_regs (5.15): where x86-64's
- * task_pt_regs() finds them, the top of its kernel stack. The helper's
- * presence is resolved when the program loads (CO-RE), and the verifier
- * drops the branch a kernel cannot run. */
-static __always_inline int current_user_regs(struct task_struct *unused, struct user_regs *out)
-{
-	struct task_struct *task;
-	struct pt_regs *regs;
-
-	if (bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_task_pt_regs))
-		return task_user_regs(bpf_get_current_task_btf(), out);
-	task = (struct task_struct *)bpf_get_current_task();
-	regs = (struct pt_regs *)((__u64)BPF_CORE_READ(task, stack) + KERNEL_STACK_BYTES) - 1;
-	out->ip = BPF_CORE_READ(regs, ip);
-	out->sp = BPF_CORE_READ(regs, sp);
-	out->bp = BPF_CORE_READ(regs, bp);
-	out->cs = BPF_CORE_READ(regs, cs);
-	return 0;
-}
-
-struct scan_ctx {
-	const struct sample_target *t;
-	struct task_struct *task;
-	__u64 tstate;
-	__u64 want;
-	__u64 found;
-};
-
-struct walk_ctx {
-	const struct sample_target *t;
-	struct task_struct *task;
-	struct py_sample *s;
-	__u64 frame;
-};
 
 /* Fields of a frame's first bytes, at offsets that differ per process, so
  * the verifier cannot know them: 8-byte fields are read as an indexed word
@@ -142,16 +150,27 @@ static __always_inline __u8 byte_at(const __u64 *words, __u32 offset)
 	return ((const __u8 *)words)[offset];
 }
 
-static __always_inline void mark_entry(struct py_sample *s, __u32 n)
+/* Indexes into the record become byte offsets that are bounded where they
+ * are added to the pointer: the barrier keeps clang from checking one copy
+ * of an index and scaling another, which older verifiers (5.10, 6.1)
+ * cannot follow. */
+static __always_inline void mark_entry(struct sample_stack *rec, __u32 n)
 {
-	__u32 word;
+	__u64 off = ((n >> 6) & (MAX_FRAMES / 64 - 1)) * sizeof(__u64);
 
-	/* Clang knows n < MAX_FRAMES here and would drop the mask below as
-	 * redundant, leaving an index the 5.10 and 6.1 verifiers cannot bound:
-	 * make it forget. */
-	barrier_var(n);
-	word = (n >> 6) & (MAX_FRAMES / 64 - 1);
-	s->entry[word] |= 1ULL << (n & 63);
+	barrier_var(off);
+	if (off <= sizeof(rec->entry) - sizeof(__u64))
+		*(__u64 *)((char *)rec->entry + off) |= 1ULL << (n & 63);
+}
+
+static __always_inline struct py_frame_ref *frame_slot(struct sample_stack *rec, __u32 n)
+{
+	__u64 off = (__u64)(n & (MAX_FRAMES - 1)) * sizeof(struct py_frame_ref);
+
+	barrier_var(off);
+	if (off > sizeof(rec->frame) - sizeof(struct py_frame_ref))
+		return 0;
+	return (struct py_frame_ref *)((char *)rec->frame + off);
 }
 
 #define CAT_(a, b) a##b
@@ -161,84 +180,229 @@ static __always_inline void mark_entry(struct py_sample *s, __u32 n)
  * memory (the perf-event sampler)... */
 #define WALK(name) CAT(name, _current)
 #define WALK_READ(dst, size, src, task) bpf_probe_read_user(dst, size, src)
-#define WALK_USER_REGS(task, out) current_user_regs(task, out)
 #include "sample_walk.bpf.h"
 #undef WALK
 #undef WALK_READ
-#undef WALK_USER_REGS
 
 /* ...and another thread's, from a sleepable task iterator (--idle). */
 #define WALK(name) CAT(name, _task)
 #define WALK_READ(dst, size, src, task) bpf_copy_from_user_task(dst, size, src, task, 0)
-#define WALK_USER_REGS(task, out) task_user_regs(task, out)
 #include "sample_walk.bpf.h"
 #undef WALK
 #undef WALK_READ
-#undef WALK_USER_REGS
 
-/* Reserves a sample for a thread (with room for its stack with --native),
- * or counts it lost. */
-static __always_inline struct py_sample *start_sample(__u32 pid, __u32 tid)
+/* --kernel: the kernel stack into the record, mixed into the hash. */
+static __always_inline __u64 add_kernel_stack(void *ctx, struct sample_stack *rec, __u64 hash)
 {
-	struct py_sample *s = bpf_ringbuf_reserve(&samples, cfg.native ? NATIVE_RECORD_BYTES : sizeof(*s), 0);
+	long bytes = bpf_get_stack(ctx, rec->kernel, sizeof(rec->kernel), 0);
+	__u32 n;
 
-	if (!s) {
-		count(SAMPLE_LOST);
-		return 0;
+	if (bytes < 0) {
+		count(SAMPLE_KERNEL_STACK_FAILED);
+		rec->kernel_frames = bytes;
+		return mix(hash, HASH_KERNEL);
 	}
-	s->pid = pid;
-	s->tid = tid;
-	s->kernel_stack = -1;
-	s->native = 0;
-	s->stack_len = 0;
-	return s;
+	n = bytes / sizeof(__u64);
+	rec->kernel_frames = n;
+	hash = mix(hash, HASH_KERNEL + n);
+	for (int i = 0; i < MAX_KERNEL_FRAMES; i++) {
+		if (i >= n)
+			break;
+		hash = mix(hash, rec->kernel[i]);
+	}
+	return hash;
 }
+
+/* When a new stack's record wakes user space: a code object can be freed
+ * soon after it ran (a module's, when its import ends), so user space must
+ * read new stacks soon; but a workload with many stacks (deep recursion)
+ * sends hundreds a second while it warms up, and a wake-up costs both
+ * sides. So at most one every WAKE_EVERY_NS; user space also reads the
+ * ring every 100 ms on its own. */
+#define WAKE_EVERY_NS (50 * 1000 * 1000ULL)
+__u64 last_wakeup_ns = 0;
+
+static __always_inline __u64 wakeup_flags(void)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	if (now - last_wakeup_ns < WAKE_EVERY_NS && bpf_ringbuf_query(&records, BPF_RB_AVAIL_DATA) < RING_BYTES / 2)
+		return BPF_RB_NO_WAKEUP;
+	last_wakeup_ns = now;
+	return BPF_RB_FORCE_WAKEUP;
+}
+
+/* Sends a new stack's frames (with their code objects' names, read now) to
+ * user space, unless they were sent before. False if they could not be
+ * (the ring buffer is full): the sample is then counted lost, since user
+ * space could not name it. */
+#define SEND_IF_NEW(rec, known, t, task, read_names)                                                   \
+	(bpf_map_lookup_elem(&known_stacks, known) || (read_names(t, rec, task), send_stack(rec, known)))
+
+static __always_inline bool send_stack(struct sample_stack *rec, struct stack_key *known)
+{
+	__u32 frames = rec->frames;
+	__u64 size;
+	__u8 yes = 1;
+
+	rec->kind = RECORD_STACK;
+	rec->pid = known->pid;
+	rec->hash = known->hash;
+	if (frames > MAX_FRAMES)
+		frames = MAX_FRAMES;
+	size = offsetof(struct sample_stack, frame) + frames * sizeof(struct py_frame_ref);
+	/* Keep clang from testing a copy of size and passing another. */
+	barrier_var(size);
+	if (size > sizeof(*rec))
+		return false;
+	if (bpf_ringbuf_output(&records, rec, size, wakeup_flags())) {
+		count(SAMPLE_LOST);
+		return false;
+	}
+	bpf_map_update_elem(&known_stacks, known, &yes, BPF_ANY);
+	return true;
+}
+
+static __always_inline void count_stack(void *counts_map, struct stack_key *key)
+{
+	__u64 one = 1, *n = bpf_map_lookup_elem(counts_map, key);
+
+	if (n) {
+		__sync_fetch_and_add(n, 1);
+		return;
+	}
+	if (!bpf_map_update_elem(counts_map, key, &one, BPF_NOEXIST))
+		return;
+	/* Another CPU added it first, or the map is full. */
+	n = bpf_map_lookup_elem(counts_map, key);
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	else
+		count(SAMPLE_COUNTS_FULL);
+}
+
+/* --native: a sample's record (reserved by the caller: older verifiers
+ * lose track of a reservation checked in a helper and again by its caller),
+ * before its registers and stack. */
+static __always_inline void start_native(struct native_record *r, struct stack_key *key)
+{
+	r->kind = RECORD_NATIVE;
+	r->pid = key->pid;
+	r->tid = key->tid;
+	r->hash = key->hash;
+}
+
+/* x86-64's struct pt_regs (its ABI): 15 general registers, orig_ax, ip,
+ * then cs. Read as a plain word of the context: a CO-RE field access would
+ * take the local 2-byte cs of newer kernels (FRED) and fail to relocate. */
+#define PT_REGS_CS_WORD 17
 
 SEC("perf_event")
 int sample_thread(struct bpf_perf_event_data *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)pid_tgid, pid = pid_tgid >> 32;
+	__u32 tid = (__u32)pid_tgid, pid = pid_tgid >> 32, zero = 0;
 	const struct sample_target *t = bpf_map_lookup_elem(&processes, &pid);
-	struct py_sample *s;
+	struct task_struct *task;
+	struct walk_scratch *s;
+	struct stack_key key = {}, known = {};
+	void *counts_map;
+	__u64 hash;
 
-	if (!t || !(s = start_sample(pid, tid)))
+	if (!t || !(s = bpf_map_lookup_elem(&scratch, &zero)))
 		return 0;
-	s->kernel_stack = cfg.kernel_stacks ? bpf_get_stackid(ctx, &kernel_stacks, 0) : -1;
-	fill_sample_current(t, s, tid, 0, thread_pointer());
-	if (cfg.native)
-		fill_native_current(s, 0);
-	/* Wake the reader at each sample, unlike the other programs: user space
-	 * names code objects as samples arrive, and a module's code object is
-	 * freed as soon as its import ends. At 99 Hz the wakeups cost little. */
-	bpf_ringbuf_submit(s, 0);
+	task = (struct task_struct *)bpf_get_current_task();
+	hash = walk_python_current(t, s, tid, task, BPF_CORE_READ(task, thread.fsbase));
+	s->rec.kernel_frames = 0;
+	if (cfg.kernel_stacks)
+		hash = add_kernel_stack(ctx, &s->rec, hash);
+	known.pid = key.pid = pid;
+	known.hash = key.hash = hash;
+	key.tid = cfg.per_thread || cfg.native ? tid : 0;
+	if (!SEND_IF_NEW(&s->rec, &known, t, task, read_names_current))
+		return 0;
+	if (cfg.native) {
+		/* The interrupt's registers, if it came from user mode (read
+		 * through the context, which the verifier rewrites on every
+		 * kernel); otherwise those saved at the top of the kernel stack,
+		 * where bpf_task_pt_regs (5.15) can read them. */
+		bool user = (((volatile const __u64 *)ctx)[PT_REGS_CS_WORD] & 3) == 3;
+		__u64 ip = ctx->regs.ip, sp = ctx->regs.sp, bp = ctx->regs.bp;
+		struct native_record *r = bpf_ringbuf_reserve(&records, NATIVE_RECORD_BYTES, 0);
+
+		if (!r) {
+			count(SAMPLE_LOST);
+			return 0;
+		}
+		start_native(r, &key);
+		if (!user && bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_task_pt_regs)) {
+			struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+
+			user = regs && (BPF_CORE_READ(regs, cs) & 3) == 3;
+			ip = BPF_CORE_READ(regs, ip);
+			sp = BPF_CORE_READ(regs, sp);
+			bp = BPF_CORE_READ(regs, bp);
+		}
+		fill_native_current(r, user, ip, sp, bp, task);
+		bpf_ringbuf_submit(r, ring_submit_flags(&records));
+		return 0;
+	}
+	counts_map = bpf_map_lookup_elem(&counts, &zero);
+	if (counts_map)
+		count_stack(counts_map, &key);
 	return 0;
 }
 
 /* --idle: every thread of every target, running or not, each time user
- * space reads this iterator (at the sampling rate): a wall-clock view. */
+ * space reads this iterator (at the sampling rate): a wall-clock view.
+ * User space runs the iterator itself and reads the counts after each
+ * pass, so no swap is needed: it counts into counts_a directly. */
 SEC("iter.s/task")
 int sample_all_threads(struct bpf_iter__task *ctx)
 {
 	struct task_struct *task = ctx->task;
 	const struct sample_target *t;
-	struct py_sample *s;
-	__u32 pid, tid;
+	struct stack_key key = {}, known = {};
+	struct walk_scratch *s;
+	__u32 pid, tid, zero = 0;
 
 	if (!task)
 		return 0;
 	pid = task->tgid;
 	tid = task->pid;
 	t = bpf_map_lookup_elem(&processes, &pid);
-	if (!t || !(s = start_sample(pid, tid)))
+	if (!t || !(s = bpf_map_lookup_elem(&scratch, &zero)))
 		return 0;
-	fill_sample_task(t, s, tid, task, task->thread.fsbase);
-	/* A thread running on another CPU right now has its registers in that
-	 * CPU, not saved in its task: no native stack for it this tick. */
-	if (cfg.native && task->on_cpu)
-		count(SAMPLE_NATIVE_ON_CPU);
-	else if (cfg.native)
-		fill_native_task(s, task);
-	bpf_ringbuf_submit(s, 0);
+	known.pid = key.pid = pid;
+	known.hash = key.hash = walk_python_task(t, s, tid, task, task->thread.fsbase);
+	key.tid = cfg.per_thread || cfg.native ? tid : 0;
+	s->rec.kernel_frames = 0;
+	if (!SEND_IF_NEW(&s->rec, &known, t, task, read_names_task))
+		return 0;
+	if (cfg.native) {
+		struct native_record *r = bpf_ringbuf_reserve(&records, NATIVE_RECORD_BYTES, 0);
+
+		if (!r) {
+			count(SAMPLE_LOST);
+			return 0;
+		}
+		start_native(r, &key);
+		/* A thread running on another CPU right now has its registers in
+		 * that CPU, not saved in its task: no native stack for it this
+		 * tick. */
+		if (task->on_cpu) {
+			count(SAMPLE_NATIVE_ON_CPU);
+			r->native = 0;
+			r->stack_len = 0;
+		} else {
+			struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+
+			fill_native_task(r, regs && (BPF_CORE_READ(regs, cs) & 3) == 3, BPF_CORE_READ(regs, ip),
+					 BPF_CORE_READ(regs, sp), BPF_CORE_READ(regs, bp), task);
+		}
+		bpf_ringbuf_submit(r, ring_submit_flags(&records));
+		return 0;
+	}
+	count_stack(&counts_a, &key);
 	return 0;
 }

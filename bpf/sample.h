@@ -6,6 +6,9 @@
 
 /* Python frames recorded per sample; a deeper stack is marked truncated. */
 #define MAX_FRAMES 256
+/* Kernel frames recorded per sample (the kernel's own limit is 127). */
+#define MAX_KERNEL_FRAMES 128
+/* Bytes of a frame read at once: every field the walk needs lies in them. */
 #define SAMPLE_FRAME_HEAD 128
 #define MAX_THREAD_SCAN 512
 
@@ -16,44 +19,84 @@
 #define NATIVE_STACK_PAGES 8
 #define NATIVE_STACK_BYTES (NATIVE_STACK_PAGES * NATIVE_PAGE)
 
-/* One sample of one thread: its Python frames, innermost first. */
-struct py_sample {
+/* Samples are counted in the kernel, per stack: a stack is named by a hash
+ * of what the walk read (each frame's code object and instruction, the
+ * kernel frames, the flags below), computed during the walk. The counts map
+ * is keyed by it; the frames themselves go to user space once, in a
+ * stack_record, when the stack is first seen (so that user space names its
+ * code objects while they are alive). */
+struct stack_key {
 	__u32 pid;
-	__u32 tid;
-	__u32 frames;
-	__u8 truncated;   /* more frames than MAX_FRAMES */
-	__u8 no_python;   /* the thread runs no Python code (no thread state or frame) */
-	__u8 pad[2];
-	__s32 kernel_stack; /* stack id in kernel_stacks, or negative */
-	__u64 code[MAX_FRAMES];  /* code object addresses */
-	__u64 instr[MAX_FRAMES]; /* what the layout's frame_instr holds: an instruction address or f_lasti */
+	__u32 tid;  /* 0 unless sample_config.per_thread */
+	__u64 hash;
+};
+
+/* Ring-buffer records start with their kind. */
+enum record_kind {
+	RECORD_STACK = 1,
+	RECORD_NATIVE = 2,
+};
+
+struct py_frame_ref {
+	__u64 code;  /* code object address */
+	__u64 instr; /* what the layout's frame_instr holds: an instruction address or f_lasti */
+	/* The code object's name (its co_qualname pointer) when the stack was
+	 * sent: user space names the stack a little later, by when the code
+	 * object may have been freed and another made at its address. */
+	__u64 name;
+};
+
+/* A stack seen for the first time (or again after user space forgot it).
+ * Only the first `frames` entries of `frame` are sent. */
+struct sample_stack {
+	__u32 kind;           /* RECORD_STACK */
+	__u32 pid;
+	__u64 hash;
+	__u32 frames;         /* Python frames, innermost first */
+	__s32 kernel_frames;  /* kernel return addresses, innermost first; negative: bpf_get_stack's error */
+	__u8 truncated;       /* more frames than MAX_FRAMES */
+	__u8 no_python;       /* the thread runs no Python code (no thread state or frame) */
+	__u8 pad[6];
 	/* Bit i (of word i / 64): frame i is the first one its C-level
 	 * _PyEval_EvalFrameDefault call ran, so it and the frames inside it up to
 	 * the previous such frame are that call's (--native merges by it). */
 	__u64 entry[MAX_FRAMES / 64];
-	/* --native: the thread's user registers where it was interrupted (or
-	 * entered the kernel), and the stack bytes that follow the record. */
+	__u64 kernel[MAX_KERNEL_FRAMES];
+	struct py_frame_ref frame[MAX_FRAMES];
+};
+
+/* --native: one record per sample, since the copied stack can only be
+ * unwound in user space. Its Python and kernel frames are the stack_record
+ * of `hash`, sent before it; NATIVE_STACK_BYTES of stack follow it
+ * (stack_len of them filled). */
+struct native_record {
+	__u32 kind;        /* RECORD_NATIVE */
+	__u32 pid;
+	__u32 tid;
+	__u32 stack_len;   /* bytes copied, a multiple of NATIVE_PAGE */
+	__u64 hash;
+	/* The thread's user registers where it was interrupted (or entered the
+	 * kernel). */
 	__u64 user_ip;
 	__u64 user_sp;
 	__u64 user_bp;
 	__u64 stack_start; /* address of the first copied byte: user_sp's page */
-	__u32 stack_len;   /* bytes copied, a multiple of NATIVE_PAGE */
 	__u8 native;       /* 1: registers and stack recorded */
-	__u8 pad2[3];
+	__u8 pad[7];
 };
 
-/* With --native each record is a py_sample followed by
- * NATIVE_STACK_BYTES of stack (stack_len of them filled). */
-#define NATIVE_RECORD_BYTES (sizeof(struct py_sample) + NATIVE_STACK_BYTES)
+#define NATIVE_RECORD_BYTES (sizeof(struct native_record) + NATIVE_STACK_BYTES)
 
 enum sample_counter {
-	SAMPLE_LOST,          /* ring buffer full */
+	SAMPLE_LOST,          /* ring buffer full: a new stack's frames or a --native record not sent */
 	SAMPLE_BAD_FRAME,     /* a frame could not be read: the walk stopped there */
 	SAMPLE_NO_THREAD,     /* no thread state for the sampled thread */
 	SAMPLE_NO_USER_REGS,  /* --native: the thread's saved registers are not user mode ones
 			       * (a kernel thread; seen too while a `--` target is being started) */
 	SAMPLE_NATIVE_ON_CPU, /* --idle --native: the thread was running on another CPU, so its
 			       * registers were not saved anywhere BPF can read them */
+	SAMPLE_COUNTS_FULL,   /* the counts map held as many stacks as it can until user space drained it */
+	SAMPLE_KERNEL_STACK_FAILED, /* --kernel: bpf_get_stack failed; the sample has no kernel frames */
 	SAMPLE_COUNTER_COUNT,
 };
 
@@ -64,21 +107,35 @@ struct sample_target {
 	struct py_layout layout;
 	/* &_PyRuntime.interpreters.head; 0 until its file is mapped. */
 	__u64 interpreters_head;
-	__u32 frame_head;      /* bytes of a frame covering code, previous, instr, owner, is_entry */
-	__u32 frame_previous;  /* offset of the link to the calling frame */
+	/* The bytes of a frame read in one go: every field below lies in
+	 * [frame_read_start, frame_read_start + frame_read_size), and the
+	 * offsets below count from frame_read_start. */
+	__u32 frame_read_start;
+	__u32 frame_read_size;
+	__u32 frame_code;
+	__u32 frame_previous;  /* the link to the calling frame */
 	__u32 frame_instr;
+	__u32 frame_owner;     /* PY_NO_FIELD before 3.11 */
 	__u32 frame_is_entry;  /* PY_NO_FIELD but on 3.11 */
+	__u32 frames_contiguous; /* 3.11+: a thread's frames are laid out one after another */
 	__u32 tstate_thread_id;
 	__u32 interp_threads_head;
 	__u32 tstate_next;
 };
 
-#define MAX_PROCESSES 1024
+#define MAX_PROCESSES 4096
+/* Distinct stacks (per thread with --threads) one drain of the counts map
+ * can hold: user space sizes it to the rate, between 4096 and 65536. */
+#define MAX_COUNTED_STACKS 4096
+/* Stacks whose frames user space has been sent; forgetting one (LRU) only
+ * makes the program send it again. */
+#define MAX_KNOWN_STACKS 32768
 
 struct sample_config {
 	__u8 kernel_stacks;    /* also record kernel stacks */
 	__u8 native;           /* also record user registers and stack */
-	__u8 pad[6];
+	__u8 per_thread;       /* count stacks per thread (--threads) */
+	__u8 pad[5];
 };
 
 #endif

@@ -5,32 +5,18 @@
  * would not load.) No include guard, on purpose.
  *
  * Loops are plain bounded loops, not bpf_loop (Linux 5.17+): every kernel
- * since 5.3 verifies them; a program that merely names a bpf_loop callback
- * does not load before 5.13. */
+ * since 5.3 verifies them, and they run faster than bpf_loop's callbacks.
+ * What changes from one iteration to the next lives in the scratch record
+ * (map memory, which the verifier does not track by value), so it does not
+ * multiply the states the verifier explores. */
 
-static __always_inline void *WALK(read_ptr)(const void *base, __u32 offset, struct task_struct *task)
+static __always_inline __u64 WALK(read_ptr)(__u64 base, __u32 offset, struct task_struct *task)
 {
-	void *value = 0;
+	__u64 value = 0;
 
-	if (WALK_READ(&value, sizeof(value), (const char *)base + offset, task))
+	if (WALK_READ(&value, sizeof(value), (const void *)(base + offset), task))
 		return 0;
 	return value;
-}
-
-static __always_inline long WALK(scan_one)(struct scan_ctx *ctx)
-{
-	__u64 id = 0;
-
-	if (!ctx->tstate)
-		return 1;
-	if (WALK_READ(&id, sizeof(id), (void *)(ctx->tstate + ctx->t->tstate_thread_id), ctx->task))
-		return 1;
-	if (id == ctx->want) {
-		ctx->found = ctx->tstate;
-		return 1;
-	}
-	ctx->tstate = (__u64)WALK(read_ptr)((void *)ctx->tstate, ctx->t->tstate_next, ctx->task);
-	return 0;
 }
 
 /* The thread's PyThreadState: cached per thread, else found by walking the
@@ -39,124 +25,180 @@ static __always_inline long WALK(scan_one)(struct scan_ctx *ctx)
 static __always_inline __u64 WALK(thread_state)(const struct sample_target *t, __u32 tid,
 						struct task_struct *task, __u64 want)
 {
-	__u64 id = 0, *cached = bpf_map_lookup_elem(&thread_states, &tid);
-	struct scan_ctx ctx = { .t = t, .task = task, .want = want };
-	void *interp;
+	__u64 id = 0, tstate, interp, *cached = bpf_map_lookup_elem(&thread_states, &tid);
 
-	if (cached && !WALK_READ(&id, sizeof(id), (void *)(*cached + t->tstate_thread_id), task) &&
+	if (cached && !WALK_READ(&id, sizeof(id), (const void *)(*cached + t->tstate_thread_id), task) &&
 	    id == want)
 		return *cached;
 	if (!t->interpreters_head)
 		return 0;
-	interp = WALK(read_ptr)((void *)t->interpreters_head, 0, task);
+	interp = WALK(read_ptr)(t->interpreters_head, 0, task);
 	if (!interp)
 		return 0;
-	ctx.tstate = (__u64)WALK(read_ptr)(interp, t->interp_threads_head, task);
-	for (__u32 i = 0; i < MAX_THREAD_SCAN; i++)
-		if (WALK(scan_one)(&ctx))
-			break;
-	if (ctx.found)
-		bpf_map_update_elem(&thread_states, &tid, &ctx.found, BPF_ANY);
-	return ctx.found;
-}
-
-static __always_inline long WALK(walk_one)(struct walk_ctx *ctx)
-{
-	const struct sample_target *t = ctx->t;
-	const struct py_layout *l = &t->layout;
-	__u64 words[SAMPLE_FRAME_HEAD / 8] = {};
-	/* Read afresh from the record at each step (the verifier does not track
-	 * it there), so that the states of one step look alike whatever the
-	 * last step did: otherwise they multiply past what 5.10 can verify. */
-	__u32 size = t->frame_head, n = *(volatile __u32 *)&ctx->s->frames;
-
-	if (!ctx->frame)
-		return 1;
-	if (n >= MAX_FRAMES) {
-		ctx->s->truncated = 1;
-		return 1;
+	tstate = WALK(read_ptr)(interp, t->interp_threads_head, task);
+	for (int i = 0; i < MAX_THREAD_SCAN && tstate; i++) {
+		if (WALK_READ(&id, sizeof(id), (const void *)(tstate + t->tstate_thread_id), task))
+			return 0;
+		if (id == want) {
+			bpf_map_update_elem(&thread_states, &tid, &tstate, BPF_ANY);
+			return tstate;
+		}
+		tstate = WALK(read_ptr)(tstate, t->tstate_next, task);
 	}
-	if (size > SAMPLE_FRAME_HEAD || size < 8 || WALK_READ(words, size, (void *)ctx->frame, ctx->task)) {
-		count(SAMPLE_BAD_FRAME);
-		return 1;
-	}
-	if (l->frame_owner == PY_NO_FIELD || byte_at(words, l->frame_owner) < PY_FRAME_OWNED_NOT_CODE) {
-		ctx->s->code[n & (MAX_FRAMES - 1)] = PY_CODE_ADDRESS(word_at(words, l->frame_code));
-		ctx->s->instr[n & (MAX_FRAMES - 1)] = word_at(words, t->frame_instr);
-		/* Before 3.11 (no owner field) every frame has its own C-level
-		 * eval call; 3.11 flags the first frame of each. */
-		if (l->frame_owner == PY_NO_FIELD ||
-		    (t->frame_is_entry != PY_NO_FIELD && byte_at(words, t->frame_is_entry)))
-			mark_entry(ctx->s, n);
-		ctx->s->frames = n + 1;
-	} else if (n > 0) {
-		/* From 3.12 each C-level eval call puts a shim frame just outside
-		 * its first frame (and 3.14's base frame, outside the outermost
-		 * shim, marks a frame already marked). */
-		mark_entry(ctx->s, n - 1);
-	}
-	ctx->frame = word_at(words, t->frame_previous);
 	return 0;
 }
 
-/* Fills a reserved sample with the thread's Python frames. */
-static __always_inline void WALK(fill_sample)(const struct sample_target *t, struct py_sample *s, __u32 tid,
+/* Fills the scratch record with the thread's Python frames, innermost
+ * first; returns the stack's hash over them. Each frame costs a read of
+ * the target, the bytes from its first field needed to its last, or, from
+ * 3.11, where frames are contiguous, one read per page of frames. */
+static __always_inline __u64 WALK(walk_python)(const struct sample_target *t, struct walk_scratch *scratch, __u32 tid,
 					       struct task_struct *task, __u64 thread_pointer)
 {
 	const struct py_layout *l = &t->layout;
-	struct walk_ctx walk = {};
-	__u64 tstate, current;
+	struct sample_stack *rec = &scratch->rec;
+	const __u64 *words;
+	__u64 addr;
+	__u32 off;
+	__u64 hash = HASH_SEED, tstate, frame, size;
 
-	s->frames = 0;
-	s->truncated = 0;
-	s->no_python = 0;
+	rec->frames = 0;
+	rec->truncated = 0;
+	rec->no_python = 0;
+	scratch->page_base = 0;
 	for (int i = 0; i < MAX_FRAMES / 64; i++)
-		s->entry[i] = 0;
+		rec->entry[i] = 0;
 	tstate = WALK(thread_state)(t, tid, task, thread_pointer);
-	current = tstate ? (__u64)WALK(read_ptr)((void *)tstate, l->tstate_current, task) : 0;
-	if (current && l->cframe_current_frame != PY_NO_FIELD)
-		current = (__u64)WALK(read_ptr)((void *)current, l->cframe_current_frame, task);
 	if (!tstate)
 		count(SAMPLE_NO_THREAD);
-	if (!current) {
-		s->no_python = 1;
-		return;
+	frame = tstate ? WALK(read_ptr)(tstate, l->tstate_current, task) : 0;
+	if (frame && l->cframe_current_frame != PY_NO_FIELD)
+		frame = WALK(read_ptr)(frame, l->cframe_current_frame, task);
+	if (!frame) {
+		rec->no_python = 1;
+		return mix(hash, HASH_NO_PYTHON);
 	}
-	walk.t = t;
-	walk.task = task;
-	walk.s = s;
-	walk.frame = current;
-	for (__u32 i = 0; i < MAX_FRAMES + 1; i++)
-		if (WALK(walk_one)(&walk))
+	if (t->frame_read_size > SAMPLE_FRAME_HEAD || t->frame_read_size < 8) {
+		count(SAMPLE_BAD_FRAME);
+		return mix(hash, HASH_BAD_FRAME);
+	}
+	/* Shim frames (3.12+) take a link but no record: allow some more links
+	 * than records. */
+	for (int link = 0; link < MAX_FRAMES + MAX_FRAMES / 4; link++) {
+		__u32 n = rec->frames;
+
+		if (!frame)
+			return hash;
+		if (n >= MAX_FRAMES)
 			break;
+		addr = frame + t->frame_read_start;
+		off = addr & (WALK_PAGE - 1);
+		barrier_var(off);
+		if (scratch->page_base && scratch->page_base == addr - off && off <= WALK_PAGE - SAMPLE_FRAME_HEAD) {
+			words = (const __u64 *)(scratch->page + off);
+		} else {
+			/* Read and bounded right where it is used, in 64 bits: older
+			 * verifiers (5.10, 6.1) lose a bound checked on a copy (one
+			 * clang kept from before the loop, or a zero-extended one). */
+			size = *(volatile const __u32 *)&t->frame_read_size;
+			barrier_var(size);
+			if (size > SAMPLE_FRAME_HEAD)
+				size = SAMPLE_FRAME_HEAD;
+			words = scratch->frame_head;
+			if (WALK_READ(scratch->frame_head, size, (const void *)addr, task)) {
+				count(SAMPLE_BAD_FRAME);
+				return mix(hash, HASH_BAD_FRAME);
+			}
+			/* From 3.11 a thread's frames sit next to each other on its
+			 * data stack: when the caller's frame is in this one's page,
+			 * read the whole page once for the frames that follow. */
+			if (t->frames_contiguous) {
+				__u64 next = word_at(words, t->frame_previous) + t->frame_read_start;
+
+				if ((next & ~(__u64)(WALK_PAGE - 1)) == addr - off &&
+				    !WALK_READ(scratch->page, WALK_PAGE, (const void *)(addr - off), task))
+					scratch->page_base = addr - off;
+			}
+		}
+		if (t->frame_owner == PY_NO_FIELD || byte_at(words, t->frame_owner) < PY_FRAME_OWNED_NOT_CODE) {
+			__u64 code = PY_CODE_ADDRESS(word_at(words, t->frame_code));
+			__u64 instr = word_at(words, t->frame_instr);
+			struct py_frame_ref *slot = frame_slot(rec, n);
+
+			if (!slot)
+				break;
+			slot->code = code;
+			slot->instr = instr;
+			hash = mix(mix(hash, code), instr);
+			/* Before 3.11 (no owner field) every frame has its own C-level
+			 * eval call; 3.11 flags the first frame of each. */
+			if (t->frame_owner == PY_NO_FIELD ||
+			    (t->frame_is_entry != PY_NO_FIELD && byte_at(words, t->frame_is_entry))) {
+				mark_entry(rec, n);
+				hash = mix(hash, HASH_ENTRY);
+			}
+			rec->frames = n + 1;
+		} else if (n > 0) {
+			/* From 3.12 each C-level eval call puts a shim frame just outside
+			 * its first frame (and 3.14's base frame, outside the outermost
+			 * shim, marks a frame already marked). */
+			mark_entry(rec, n - 1);
+			hash = mix(hash, HASH_ENTRY);
+		}
+		frame = word_at(words, t->frame_previous);
+	}
+	if (frame) {
+		rec->truncated = 1;
+		hash = mix(hash, HASH_TRUNCATED);
+	}
+	return hash;
 }
 
-/* --native: the thread's user registers, as saved when it last entered the
- * kernel (the sampling interrupt itself, or the system call it is blocked
- * in), and its stack in whole pages from the stack pointer's up, after the
- * record. Unwinding and naming are left to user space. */
-static __always_inline void WALK(fill_native)(struct py_sample *s, struct task_struct *task)
+/* --native: the thread's user registers (`user`: they are user-mode ones,
+ * from the sampling interrupt itself or saved when the thread entered the
+ * kernel) and its stack in whole pages from the stack pointer's up, after
+ * the record. Unwinding and naming are left to user space. */
+static __always_inline void WALK(fill_native)(struct native_record *r, bool user, __u64 ip, __u64 sp, __u64 bp,
+					      struct task_struct *task)
 {
-	struct user_regs regs = {};
-	__u8 *stack = (__u8 *)(s + 1);
+	__u8 *stack = (__u8 *)(r + 1);
 	__u64 start;
 
-	if (WALK_USER_REGS(task, &regs) || (regs.cs & 3) != 3) {
+	r->native = 0;
+	r->stack_len = 0;
+	if (!user) {
 		count(SAMPLE_NO_USER_REGS);
 		return;
 	}
-	s->user_ip = regs.ip;
-	s->user_sp = regs.sp;
-	s->user_bp = regs.bp;
-	start = s->user_sp & ~(__u64)(NATIVE_PAGE - 1);
-	s->stack_start = start;
-	s->native = 1;
+	r->user_ip = ip;
+	r->user_sp = sp;
+	r->user_bp = bp;
+	start = sp & ~(__u64)(NATIVE_PAGE - 1);
+	r->stack_start = start;
+	r->native = 1;
 	/* Page by page: a read that crosses into an unmapped page fails whole,
 	 * and the stack's mapping ends a few pages above the outermost frame. */
 #pragma unroll
 	for (int i = 0; i < NATIVE_STACK_PAGES; i++) {
 		if (WALK_READ(stack + i * NATIVE_PAGE, NATIVE_PAGE, (void *)(start + i * NATIVE_PAGE), task))
 			break;
-		s->stack_len = (i + 1) * NATIVE_PAGE;
+		r->stack_len = (i + 1) * NATIVE_PAGE;
+	}
+}
+
+/* Before a new stack is sent: each frame's code object's name pointer, so
+ * that user space can tell whether the object it names later is the one
+ * sampled. Only for new stacks: one read per frame. */
+static __always_inline void WALK(read_names)(const struct sample_target *t, struct sample_stack *rec,
+					    struct task_struct *task)
+{
+	__u32 n = rec->frames;
+
+	for (int i = 0; i < MAX_FRAMES; i++) {
+		struct py_frame_ref *slot = frame_slot(rec, i);
+
+		if (i >= n || !slot)
+			break;
+		slot->name = WALK(read_ptr)(slot->code, t->layout.code_qualname, task);
 	}
 }

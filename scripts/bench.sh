@@ -4,9 +4,13 @@
 # scripts/bench.py does the measuring; this installs what it needs (py-spy
 # in a venv in the cache, the Pythons of scripts/pythons.sh) and turns on
 # kernel.bpf_stats_enabled for the run. Writes bench/results.md. On demand,
-# not in CI: about 15 minutes with 3 repeats on two CPUs.
+# not in CI: about 45 minutes with 3 repeats on two CPUs (10 of them the
+# --all memory row, PYTRACE_BENCH_MEMORY_SECONDS long).
 #
 #   scripts/bench.sh [REPEATS]      (default 3)
+#
+# PYTRACE_BENCH_SECTIONS=aliasing_table,memory_table (bench.py's function
+# names) runs only those and prints them, leaving bench/results.md alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=${1:-3}
@@ -21,5 +25,7 @@ stats_before=$(sysctl -n kernel.bpf_stats_enabled)
 sysctl -qw kernel.bpf_stats_enabled=1
 trap 'sysctl -qw kernel.bpf_stats_enabled="$stats_before"; rm -rf "$work"' EXIT
 python3 scripts/bench.py "$pytrace" "$venv/bin/py-spy" "$nodtrace" "$sid" "$repeats" > "$work/results.md"
-cp "$work/results.md" bench/results.md
-cat bench/results.md
+if [ -z "${PYTRACE_BENCH_SECTIONS:-}" ]; then
+  cp "$work/results.md" bench/results.md
+fi
+cat "$work/results.md"

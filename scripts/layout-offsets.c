@@ -9,6 +9,7 @@
 #include <Python.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <string.h>
 #if PY_VERSION_HEX >= 0x030B0000
 #include <internal/pycore_frame.h>
 #else
@@ -99,6 +100,25 @@ int main(void)
 #else
     printf("    opcode_alloc_and_enter_init: NO_FIELD,\n");
 #endif
+    /* 3.11 before 3.11.4 runs __getitem__ inline at BINARY_SUBSCR_GETITEM
+     * even with the eval-frame hook set (gh-104405): pytrace finds that
+     * handler by its opcode, and checks it loads the cached __getitem__. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+    FIELD("opcode_binary_subscr_getitem", BINARY_SUBSCR_GETITEM);
+    FIELD("heaptype_spec_getitem", offsetof(PyHeapTypeObject, _spec_cache.getitem));
+#else
+    printf("    opcode_binary_subscr_getitem: NO_FIELD,\n");
+    printf("    heaptype_spec_getitem: NO_FIELD,\n");
+#endif
+    /* A generator's state and frame: where close()'s fast path (3.13+)
+     * skips running the frame. */
+#if PY_VERSION_HEX >= 0x030D0000
+    FIELD("gen_frame_state", offsetof(PyGenObject, gi_frame_state));
+    FIELD("gen_iframe", offsetof(PyGenObject, gi_iframe));
+#else
+    printf("    gen_frame_state: NO_FIELD,\n");
+    printf("    gen_iframe: NO_FIELD,\n");
+#endif
 #if PY_VERSION_HEX >= 0x030D0000
     FIELD("frame_code", offsetof(_PyInterpreterFrame, f_executable));
     FIELD("frame_previous", offsetof(_PyInterpreterFrame, previous));
@@ -124,6 +144,60 @@ int main(void)
     FIELD("unicode_state", offsetof(PyASCIIObject, state));
     FIELD("unicode_ascii_data", sizeof(PyASCIIObject));
     FIELD("unicode_compact_data", sizeof(PyCompactUnicodeObject));
+    /* Where a str's kind:3, compact:1, ascii:1 bit-fields start in its
+     * state word: after interned:2, or after a whole byte where interned is
+     * an unsigned char (free-threaded builds). Found by setting the field,
+     * since offsetof cannot name a bit-field. */
+    {
+        PyASCIIObject probe;
+        uint32_t word;
+        memset(&probe, 0, sizeof(probe));
+        probe.state.kind = 1;
+        memcpy(&word, (char *)&probe + offsetof(PyASCIIObject, state), sizeof(word));
+        FIELD("unicode_kind_shift", __builtin_ctz(word));
+    }
+#ifdef Py_GIL_DISABLED
+    printf("    free_threaded: true,\n");
+#else
+    printf("    free_threaded: false,\n");
+#endif
+    /* A frame's local variables (its arguments first): `pytrace imports`
+     * without USDT probes reads the module name, importlib's
+     * _find_and_load's first argument, there. */
+#if PY_VERSION_HEX >= 0x030B0000
+    FIELD("frame_localsplus", offsetof(_PyInterpreterFrame, localsplus));
+#else
+    FIELD("frame_localsplus", offsetof(PyFrameObject, f_localsplus));
+#endif
+    /* The main interpreter, and its collector's state: `pytrace gc`
+     * without USDT probes watches `collecting` (set for the length of each
+     * collection) and reads each generation's running totals before and
+     * after. */
+    FIELD("runtime_interpreters_main", offsetof(_PyRuntimeState, interpreters.main));
+    FIELD("interp_gc", offsetof(PyInterpreterState, gc));
+    FIELD("gc_collecting", offsetof(struct _gc_runtime_state, collecting));
+    FIELD("gc_stats", offsetof(struct _gc_runtime_state, generation_stats));
+#if PY_VERSION_HEX >= 0x030F0000
+    /* 3.15: a pointer to a struct gc_stats holding, per generation, a ring
+     * of totals whose newest entry is at `index`. */
+    printf("    gc_stats_indirect: true,\n");
+    printf("    gc_generation_items: [%zu, %zu, %zu],\n", offsetof(struct gc_stats, young.items),
+           offsetof(struct gc_stats, old[0].items), offsetof(struct gc_stats, old[1].items));
+    printf("    gc_generation_ring: [%d, %d, %d],\n", GC_YOUNG_STATS_SIZE, GC_OLD_STATS_SIZE, GC_OLD_STATS_SIZE);
+    printf("    gc_generation_index: [%zu, %zu, %zu],\n", offsetof(struct gc_stats, young.index),
+           offsetof(struct gc_stats, old[0].index), offsetof(struct gc_stats, old[1].index));
+#else
+    /* Before: an array of totals, one per generation, in the state itself. */
+    printf("    gc_stats_indirect: false,\n");
+    printf("    gc_generation_items: [0, %zu, %zu],\n", sizeof(struct gc_generation_stats),
+           2 * sizeof(struct gc_generation_stats));
+    printf("    gc_generation_ring: [1, 1, 1],\n");
+    printf("    gc_generation_index: [NO_FIELD, NO_FIELD, NO_FIELD],\n");
+#endif
+    FIELD("gc_item_size", sizeof(struct gc_generation_stats));
+    FIELD("gc_item_collections", offsetof(struct gc_generation_stats, collections));
+    FIELD("gc_item_collected", offsetof(struct gc_generation_stats, collected));
+    FIELD("gc_item_uncollectable", offsetof(struct gc_generation_stats, uncollectable));
 #if PY_VERSION_HEX >= 0x030D0000
     /* 3.13+: where each of those fields sits inside _Py_DebugOffsets, the
      * table CPython keeps at the start of _PyRuntime, so pytrace reads the
@@ -154,6 +228,15 @@ int main(void)
     DEBUG("unicode_length", unicode_object.length);
     DEBUG("unicode_state", unicode_object.state);
     DEBUG("unicode_ascii_data", unicode_object.asciiobject_size);
+    DEBUG("free_threaded", free_threaded);
+    DEBUG("frame_localsplus", interpreter_frame.localsplus);
+    DEBUG("interp_gc", interpreter_state.gc);
+    DEBUG("gc_collecting", gc.collecting);
+#if PY_VERSION_HEX >= 0x030F0000
+    DEBUG("gc_stats", gc.generation_stats);
+#else
+    printf("        gc_stats: NO_FIELD,\n");
+#endif
     printf("    }),\n");
 #else
     printf("    debug_offsets: None,\n");

@@ -12,6 +12,20 @@
 #                                      Python in a container is seen
 #   scripts/pythons.sh root-sid        a Debian sid root with python3.13,
 #                                      python3.14 and python3.15, the same way
+#   scripts/pythons.sh root-trixie     a Debian trixie root with its python3.13
+#                                      (3.13.5) and libpython3.13, plus
+#                                      /usr/local/bin/python3.13-shared: the same
+#                                      interpreter from the stripped shared
+#                                      library (a PIE), as embedding programs
+#                                      run it
+#   scripts/pythons.sh pyenv-3.10      pyenv's CPython 3.10, 3.12 and 3.13
+#   scripts/pythons.sh pyenv-3.12      (shared libpython, symbol tables, no
+#   scripts/pythons.sh pyenv-3.13      probes), which every machine here has
+#   scripts/pythons.sh freethreaded    a free-threaded CPython (3.13t,
+#                                      ./configure --disable-gil) built from
+#                                      Debian trixie's python3.13 source
+#                                      package: no USDT probes, a symbol
+#                                      table, the interpreter in the executable
 #
 # For nodtrace-3.11 pyenv's 3.11 is used when installed; otherwise it is
 # built from Debian's own python3.11 source package (about 10 minutes on two
@@ -57,7 +71,8 @@ debian_root() {
   local suite=$1 root=$cache/root-$1 package missing=0
   shift
   for package in "$@"; do
-    [ -x "$root/usr/bin/$package" ] || missing=1
+    # An interpreter by its executable, a library package by its dpkg record.
+    [ -x "$root/usr/bin/$package" ] || [ -e "$root/var/lib/dpkg/info/$package:amd64.list" ] || missing=1
   done
   if [ $missing = 1 ]; then
     command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
@@ -69,9 +84,73 @@ debian_root() {
   echo "$root"
 }
 
+# A program that runs the interpreter from libpython3.13.so, built once in
+# the trixie root: Debian's python3.13 executable has the interpreter linked
+# in, and pytrace must also find it in a stripped shared library.
+shared_313() {
+  local root=$1 bin=$1/usr/local/bin/python3.13-shared
+  [ -x "$bin" ] && return
+  local work
+  work=$(mktemp -d)
+  printf 'int Py_BytesMain(int, char **);\nint main(int argc, char **argv) { return Py_BytesMain(argc, argv); }\n' > "$work/main.c"
+  # Linked against the root's library; its own dependencies resolve in the root at run time.
+  cc -O2 -o "$bin" "$work/main.c" "$root/usr/lib/x86_64-linux-gnu/libpython3.13.so.1.0" -Wl,--allow-shlib-undefined
+  rm -rf "$work"
+}
+
+pyenv_version() {
+  local found
+  found=$(ls -d "$(pyenv root 2>/dev/null || echo "${HOME:-/root}/.pyenv")"/versions/"$1".*/bin/python"$1" 2>/dev/null | head -n 1 || true)
+  if [ -z "$found" ]; then
+    echo "no pyenv CPython $1 under \$(pyenv root)/versions: install it with 'pyenv install $1'" >&2
+    exit 1
+  fi
+  echo "$found"
+}
+
+# Debian has no free-threaded package; its python3.13 source builds one.
+# (python3.14's source is listed in sid's index but not served by the mirror
+# CI uses, so 3.13 is the free-threaded version here.) The source comes
+# through an apt configuration of its own, so the machine's apt sources stay
+# as they are. Prints how long the build took: CI runs it once per machine.
+freethreaded() {
+  local prefix=$cache/python-3.13t
+  if [ -x "$prefix/bin/python3.13t" ]; then
+    echo "$prefix/bin/python3.13t"
+    return
+  fi
+  echo "building free-threaded CPython 3.13t into $prefix (once)" >&2
+  local started=$SECONDS apt_dir=$cache/apt-trixie-src work
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq dpkg-dev build-essential \
+    libffi-dev libssl-dev zlib1g-dev libbz2-dev liblzma-dev libexpat1-dev >/dev/null
+  mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial"
+  echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" \
+    > "$apt_dir/sources.list"
+  local apt_opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
+    -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache" -o APT::Sandbox::User=root)
+  apt-get "${apt_opts[@]}" update -qq >&2
+  work=$(mktemp -d)
+  (cd "$work" && apt-get "${apt_opts[@]}" source -qq --download-only python3.13/trixie >&2 \
+    && tar xf python3.13_*.orig.tar.xz && cd Python-3.13* \
+    && ./configure -q --prefix="$prefix" --disable-gil --without-ensurepip --disable-test-modules >/dev/null \
+    && make -s -j"$(nproc)" >/dev/null 2>&1 && make -s install >/dev/null 2>&1)
+  rm -rf "$work"
+  [ -x "$prefix/bin/python3.13t" ] || { echo "the free-threaded build failed" >&2; exit 1; }
+  echo "built free-threaded CPython 3.13t in $((SECONDS - started)) s" >&2
+  echo "$prefix/bin/python3.13t"
+}
+
 case "${1:-}" in
   nodtrace-3.11) nodtrace_311 ;;
   root-3.9) debian_root bullseye python3.9 ;;
   root-sid) debian_root sid python3.13 python3.14 python3.15 ;;
-  *) echo "usage: $0 nodtrace-3.11|root-3.9|root-sid" >&2; exit 2 ;;
+  root-trixie)
+    root=$(debian_root trixie python3.13 libpython3.13)
+    shared_313 "$root"
+    echo "$root" ;;
+  pyenv-3.10) pyenv_version 3.10 ;;
+  pyenv-3.12) pyenv_version 3.12 ;;
+  pyenv-3.13) pyenv_version 3.13 ;;
+  freethreaded) freethreaded ;;
+  *) echo "usage: $0 nodtrace-3.11|root-3.9|root-sid|root-trixie|pyenv-3.10|pyenv-3.12|pyenv-3.13|freethreaded" >&2; exit 2 ;;
 esac

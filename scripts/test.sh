@@ -12,6 +12,13 @@ PYTRACE_NODTRACE_PYTHON=$(scripts/pythons.sh nodtrace-3.11)
 PYTRACE_ROOT_39=$(scripts/pythons.sh root-3.9)
 # Debian sid's CPython 3.13, 3.14 and 3.15, likewise.
 PYTRACE_ROOT_SID=$(scripts/pythons.sh root-sid)
-export PYTRACE_NODTRACE_PYTHON PYTRACE_ROOT_39 PYTRACE_ROOT_SID
+# Debian trixie's CPython 3.13.5, and its stripped shared libpython3.13.
+PYTRACE_ROOT_TRIXIE=$(scripts/pythons.sh root-trixie)
+# A free-threaded CPython 3.13t (--disable-gil, no probes), built once from
+# Debian's source: the first build prints how long it took.
+started=$SECONDS
+PYTRACE_FREETHREADED_PYTHON=$(scripts/pythons.sh freethreaded)
+echo "free-threaded CPython ready in $((SECONDS - started)) s: $PYTRACE_FREETHREADED_PYTHON" >&2
+export PYTRACE_NODTRACE_PYTHON PYTRACE_ROOT_39 PYTRACE_ROOT_SID PYTRACE_ROOT_TRIXIE PYTRACE_FREETHREADED_PYTHON
 
 cargo test --release --locked

@@ -22,7 +22,8 @@ Examples:
   pytrace gc -p 1234 --events             a line per garbage collection, then a summary
   pytrace imports -- python3 app.py       which imports make start-up slow
   pytrace info -p 1234                    what pytrace finds in the process
-  pytrace info                            what this kernel lets pytrace do";
+  pytrace info                            what this kernel lets pytrace do
+  pytrace restore -p 1234                 put back an eval-frame hook a killed run left set";
 
 #[derive(Parser)]
 #[command(name = "pytrace", version, about = "See what a running CPython process does, from outside it, with eBPF", after_help = EXAMPLES)]
@@ -45,6 +46,8 @@ enum Command {
     Compare(CompareArgs),
     /// What pytrace finds in a Python process or binary, and which mode it would use; what this kernel allows
     Info(InfoArgs),
+    /// Put back a process's eval-frame hook that a pytrace run left set (see `info`)
+    Restore(RestoreArgs),
 }
 
 #[derive(Args)]
@@ -65,6 +68,13 @@ enum ModeArg {
     Auto,
     Usdt,
     Uprobe,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum GcModeArg {
+    Auto,
+    Usdt,
+    Watchpoint,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -104,6 +114,10 @@ struct GcArgs {
     /// Print one line per collection as it happens (time, generation, pause, collected)
     #[arg(long)]
     events: bool,
+    /// How to see collections: CPython's USDT probes, or a hardware
+    /// watchpoint on the collector's state (any build; the default without probes)
+    #[arg(long, value_enum, default_value = "auto")]
+    mode: GcModeArg,
     /// Also write the summary as JSON to FILE ("-" for standard output)
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -116,6 +130,10 @@ struct ImportsArgs {
     /// Show only the N slowest top-level imports
     #[arg(long, value_name = "N")]
     top: Option<usize>,
+    /// How to see imports: CPython's USDT probes, or a uprobe on the eval
+    /// function (any build; the default without probes)
+    #[arg(long, value_enum, default_value = "auto")]
+    mode: ModeArg,
     /// Also write the tree as JSON to FILE ("-" for standard output)
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -205,6 +223,13 @@ struct InfoArgs {
     json: Option<PathBuf>,
 }
 
+#[derive(Args)]
+struct RestoreArgs {
+    /// PID of the Python process whose interp->eval_frame pytrace left set
+    #[arg(short, long)]
+    pid: u32,
+}
+
 impl TargetArgs {
     fn into_parts(self) -> Result<(TargetSpec, Option<Duration>)> {
         let spec = match (self.pid, self.command.is_empty()) {
@@ -248,11 +273,21 @@ impl Cli {
             }
             Command::Gc(args) => {
                 let (target, duration) = args.target.into_parts()?;
-                commands::gc::run(commands::gc::Options { target, duration, events: args.events, json: args.json })
+                let mode = match args.mode {
+                    GcModeArg::Auto => None,
+                    GcModeArg::Usdt => Some(crate::tracing::gc::Mode::Usdt),
+                    GcModeArg::Watchpoint => Some(crate::tracing::gc::Mode::Watchpoint),
+                };
+                commands::gc::run(commands::gc::Options { target, duration, events: args.events, json: args.json, mode })
             }
             Command::Imports(args) => {
                 let (target, duration) = args.target.into_parts()?;
-                commands::imports::run(commands::imports::Options { target, duration, top: args.top, json: args.json })
+                let mode = match args.mode {
+                    ModeArg::Auto => None,
+                    ModeArg::Usdt => Some(crate::tracing::imports::Mode::Usdt),
+                    ModeArg::Uprobe => Some(crate::tracing::imports::Mode::Uprobe),
+                };
+                commands::imports::run(commands::imports::Options { target, duration, top: args.top, json: args.json, mode })
             }
             Command::Sample(args) => {
                 let (target, duration) = if args.all {
@@ -304,6 +339,7 @@ impl Cli {
                 binary: args.binary,
                 json: args.json,
             }),
+            Command::Restore(args) => commands::restore::run(args.pid),
         }
     }
 }

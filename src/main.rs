@@ -8,6 +8,7 @@ mod kernel;
 mod native;
 mod python;
 mod report;
+mod samples;
 mod session;
 mod target;
 mod tracing;

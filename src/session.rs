@@ -2,12 +2,14 @@
 //! tracing is possible at all, find or start the target, and decide when to
 //! stop (target exit, --duration, Ctrl-C or SIGTERM).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
-use crate::python::eval_hook::{EvalHook, Guardian};
+use crate::python::eval_hook::{EvalHook, Guardian, Installed};
+use crate::python::hook_owner::HookLock;
 use crate::python::Python;
 use crate::target::launch::{self, Launched};
 use crate::target::proc;
@@ -19,10 +21,20 @@ pub enum TargetSpec {
 }
 
 static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
+/// How many stop signals came, and the last one.
+static STOPS: AtomicU32 = AtomicU32::new(0);
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
-extern "C" fn request_stop(_: libc::c_int) {
+extern "C" fn request_stop(sig: libc::c_int) {
+    STOP_SIGNAL.store(sig, Ordering::SeqCst);
+    STOPS.fetch_add(1, Ordering::SeqCst);
     STOP_REQUESTED.store(true, Ordering::SeqCst);
 }
+
+/// How long a command pytrace started may take to exit after Ctrl-C (which
+/// reaches it too, through the terminal's process group) before pytrace
+/// stops waiting for its exit status. A second Ctrl-C stops waiting at once.
+const COMMAND_EXIT_GRACE: Duration = Duration::from_secs(10);
 
 /// Ctrl-C and SIGTERM end tracing and still write the report. No SA_RESTART,
 /// so a blocked poll returns at once.
@@ -79,6 +91,8 @@ pub struct Target {
     launched: Option<Launched>,
     exit_status: Option<i32>,
     started: Instant,
+    /// When a stop was asked for while a command we started still ran.
+    stop_seen: Option<Instant>,
 }
 
 impl Target {
@@ -93,7 +107,7 @@ impl Target {
                 (launched.pid, python, Some(launched))
             }
         };
-        Ok((Self { pid, launched, exit_status: None, started: Instant::now() }, python))
+        Ok((Self { pid, launched, exit_status: None, started: Instant::now(), stop_seen: None }, python))
     }
 
     pub fn started_by_us(&self) -> bool {
@@ -124,10 +138,19 @@ impl Target {
     }
 
     /// False once tracing should end: the target exited, the duration ran
-    /// out, or a stop was requested.
+    /// out, or a stop was requested. With a command we started, a stop
+    /// (Ctrl-C) waits, still tracing, for the command to exit (the terminal
+    /// sent it the signal too), so that pytrace returns its exit status;
+    /// for at most COMMAND_EXIT_GRACE, or until a second stop signal.
     pub fn keep_going(&mut self, duration: Option<Duration>) -> bool {
         if STOP_REQUESTED.load(Ordering::SeqCst) {
-            return false;
+            let Some(l) = &mut self.launched else { return false };
+            if let Some(status) = l.try_wait() {
+                self.exit_status = Some(status);
+                return false;
+            }
+            let since = *self.stop_seen.get_or_insert_with(Instant::now);
+            return since.elapsed() < COMMAND_EXIT_GRACE && STOPS.load(Ordering::SeqCst) < 2;
         }
         if duration.is_some_and(|d| self.started.elapsed() >= d) {
             return false;
@@ -144,9 +167,20 @@ impl Target {
         }
     }
 
-    /// The exit status of a command we started, once it has exited.
-    pub fn exit_status(&self) -> Option<i32> {
-        self.exit_status
+    /// pytrace's own exit code: the command's status if it exited (130
+    /// when Ctrl-C killed it, as a shell says); a command still running
+    /// after a stop signal gets the shell's code for that signal, and a
+    /// sentence; otherwise 0.
+    pub fn exit_code(&self) -> i32 {
+        if let Some(status) = self.exit_status {
+            return status;
+        }
+        let signal = STOP_SIGNAL.load(Ordering::SeqCst);
+        if self.launched.is_some() && signal != 0 {
+            eprintln!("pytrace: the command (PID {}) had not exited {} s after the stop signal; it was left running", self.pid, COMMAND_EXIT_GRACE.as_secs());
+            return 128 + signal;
+        }
+        0
     }
 
     /// The line a script waits for before it starts the traced work.
@@ -161,21 +195,42 @@ impl Target {
 }
 
 /// The eval-frame hook around a calls session (src/python/eval_hook.rs): on
-/// 3.11+ in uprobe mode it is set once the probes are attached and restored
-/// at the end; a guardian restores it if pytrace dies first.
+/// 3.11+ in uprobe mode it is owned (one run at a time), set once the probes
+/// are attached, watched while tracing and restored at the end, in the
+/// target and its children; a guardian restores it if pytrace dies first.
 pub struct HookedRelease {
     hook: Option<EvalHook>,
-    guardian: Option<Guardian>,
-    armed: std::cell::Cell<bool>,
+    guardian: RefCell<Option<Guardian>>,
+    armed: Cell<bool>,
+    installed: RefCell<Installed>,
+    last_check: Cell<Option<Instant>>,
+}
+
+/// What the hook went through in a run, for the report.
+#[derive(Debug, Default)]
+pub struct HookOutcome {
+    /// Why the counts are incomplete, if they are.
+    pub incomplete: Option<String>,
+    /// Everything else worth saying about the hook.
+    pub notes: Vec<String>,
 }
 
 impl HookedRelease {
-    /// Forks the guardian if the hook is needed: call before any BPF object
-    /// or thread exists.
+    /// Takes ownership of the hook and forks the guardian if the hook is
+    /// needed: call before any BPF object or thread exists.
     pub fn new(target: &Target, python: &Python, mode: Mode) -> Result<Self> {
         let hook = if mode == Mode::Uprobe && python.inlines_calls() { Some(EvalHook::new(target.pid, python)?) } else { None };
-        let guardian = hook.as_ref().map(EvalHook::spawn_guardian).transpose()?;
-        Ok(HookedRelease { hook, guardian, armed: std::cell::Cell::new(false) })
+        let guardian = match &hook {
+            Some(hook) => Some(hook.spawn_guardian(HookLock::acquire(target.pid)?)?),
+            None => None,
+        };
+        Ok(HookedRelease {
+            hook,
+            guardian: RefCell::new(guardian),
+            armed: Cell::new(false),
+            installed: RefCell::new(Installed::default()),
+            last_check: Cell::new(None),
+        })
     }
 
     /// A command we start has no interpreter yet to set the hook in: the BPF
@@ -187,25 +242,75 @@ impl HookedRelease {
     /// Once every probe is attached: sets the hook and lets the target run.
     pub fn release(&self, target: &mut Target) -> Result<()> {
         self.armed.set(self.hook.is_some());
+        let install = |hook: &EvalHook| -> Result<()> {
+            *self.installed.borrow_mut() = hook.install()?;
+            Ok(())
+        };
         match &self.hook {
-            Some(hook) if target.started_by_us() => target.release_at_first_eval(|| hook.install().map(drop)),
+            Some(hook) if target.started_by_us() => target.release_at_first_eval(|| install(hook)),
             Some(hook) => {
-                hook.install()?;
+                install(hook)?;
                 target.release()
             }
             None => target.release(),
         }
     }
 
-    /// Puts the hook back (once the probes are detached), and ends the guardian.
-    pub fn restore(self, target: &Target) {
-        if let Some(hook) = self.hook.as_ref().filter(|_| self.armed.get()) {
-            if target.is_running() {
-                if let Err(e) = hook.restore() {
-                    eprintln!("pytrace: warning: could not restore interp->eval_frame in PID {}: {e:#}", target.pid);
-                }
+    /// A process the target forked while traced: it inherited the hook.
+    pub fn watch_child(&self, child: u32) {
+        if let Some(guardian) = self.guardian.borrow_mut().as_mut() {
+            guardian.watch_child(child);
+        }
+    }
+
+    /// Between polls: reads the hook back (at most every 100 ms), so a
+    /// change by someone else is reported.
+    pub fn watch(&self) {
+        let Some(hook) = self.hook.as_ref().filter(|_| self.armed.get()) else { return };
+        if self.last_check.get().is_some_and(|t| t.elapsed() < Duration::from_millis(100)) {
+            return;
+        }
+        self.last_check.set(Some(Instant::now()));
+        hook.verify();
+    }
+
+    /// Puts the hook back (once the probes are detached) in the target and
+    /// its children, and ends the guardian; says what happened to the hook.
+    pub fn restore(self, target: &Target) -> HookOutcome {
+        let mut outcome = HookOutcome::default();
+        let guardian = self.guardian.into_inner();
+        let Some(hook) = self.hook.as_ref().filter(|_| self.armed.get()) else {
+            if let Some(g) = guardian {
+                g.finish();
+            }
+            return outcome;
+        };
+        if target.is_running() {
+            if let Err(e) = hook.restore() {
+                eprintln!("pytrace: warning: could not restore interp->eval_frame in PID {}: {e:#}", target.pid);
             }
         }
-        drop(self.guardian);
+        if let Some(g) = guardian {
+            hook.restore_children(&g.children);
+            g.finish();
+        }
+        let installed = self.installed.into_inner();
+        outcome.incomplete = hook.changed();
+        if !installed.foreign.is_empty() {
+            let values: Vec<String> = installed.foreign.iter().map(|v| format!("{v:#x}")).collect();
+            let why = format!(
+                "interp->eval_frame in process {} already held another tool's PEP 523 hook ({}), which pytrace left as it was: calls that hook runs without _PyEval_EvalFrameDefault were not seen, so counts may be incomplete",
+                target.pid,
+                values.join(", ")
+            );
+            outcome.incomplete.get_or_insert(why);
+        }
+        if installed.adopted > 0 {
+            outcome.notes.push(format!(
+                "interp->eval_frame in process {} already held pytrace's value, left by an earlier run that could not put it back; this run restored it",
+                target.pid
+            ));
+        }
+        outcome
     }
 }

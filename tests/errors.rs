@@ -129,9 +129,9 @@ fn missing_or_conflicting_target() {
 }
 
 #[test]
-fn imports_without_import_probes_says_why() {
+fn imports_usdt_mode_without_import_probes_says_why() {
     let (_, nodtrace) = pythons().remove(1);
-    assert_fails_with(&["imports", "--", nodtrace.to_str().unwrap(), "-c", "pass"], &[], "has no import__find__load__start/done USDT probes");
+    assert_fails_with(&["imports", "--mode", "usdt", "--", nodtrace.to_str().unwrap(), "-c", "pass"], &[], "needs the import__find__load__start/done USDT probes");
 }
 
 #[test]

@@ -42,8 +42,8 @@ fn finds_probes_and_mode_for_each_build() {
                 assert!(live["interpreter"].as_str().unwrap().contains("libpython3.11.so"));
                 assert!(probes.is_empty(), "{probes:?}");
                 assert_eq!(live["function_probes"], "missing");
-                assert!(live["gc_mode"].as_str().unwrap().starts_with("uprobe"), "{live}");
-                assert!(live["imports_mode"].as_str().unwrap().starts_with("unavailable"), "{live}");
+                assert!(live["gc_mode"].as_str().unwrap().starts_with("watchpoint"), "{live}");
+                assert!(live["imports_mode"].as_str().unwrap().starts_with("uprobe"), "{live}");
             }
         }
     }

@@ -213,38 +213,57 @@ fn calls_threads_and_reused_code_objects(version: &'static str) {
     }
 }
 
+/// Both ways: the gc USDT probes, and the watchpoint that builds without
+/// them get (on these stripped builds too; 3.15 keeps its totals in rings).
 fn gc_equals_gc_callbacks(version: &'static str) {
     let py = Interpreter::new(version);
-    let (inside, host) = py.output("gc-truth.json");
-    let mut target = py.start_waiting("gc_cycles.py", &["--rounds", "60000", "--truth", &inside]);
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("gc.json");
-    let tracer = start_tracer(&["gc", "-p", &target.pid().to_string(), "--json", json.to_str().unwrap()]);
-    assert!(tracer.stderr_head.contains("usdt mode"), "{version}: {}", tracer.stderr_head);
-    signal(target.pid(), libc::SIGUSR1);
-    wait_for_line(&mut target, "done");
-    signal(tracer.child.pid(), libc::SIGINT);
-    let (code, _, stderr) = tracer.finish();
-    assert_eq!(code, 0, "{stderr}");
-    let key = |v: &serde_json::Value| {
-        v.as_array().unwrap().iter().map(|g| (g["generation"].as_u64(), g["collections"].as_u64(), g["collected"].as_i64())).collect::<Vec<_>>()
-    };
-    let want = key(&read_json(&host));
-    assert_eq!(want.len(), 3, "{version}: the fixture collects all three generations");
-    assert_eq!(key(&read_json(&json)["generations"]), want, "{version}: (generation, collections, collected)");
+    for mode in ["usdt", "watchpoint"] {
+        let (inside, host) = py.output("gc-truth.json");
+        let mut target = py.start_waiting("gc_cycles.py", &["--rounds", "60000", "--truth", &inside]);
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("gc.json");
+        let tracer = start_tracer(&["gc", "--mode", mode, "-p", &target.pid().to_string(), "--json", json.to_str().unwrap()]);
+        assert!(tracer.stderr_head.contains(&format!("{mode} mode")), "{version}: {}", tracer.stderr_head);
+        signal(target.pid(), libc::SIGUSR1);
+        wait_for_line(&mut target, "done");
+        signal(tracer.child.pid(), libc::SIGINT);
+        let (code, _, stderr) = tracer.finish();
+        assert_eq!(code, 0, "{stderr}");
+        let key = |v: &serde_json::Value| {
+            v.as_array().unwrap().iter().map(|g| (g["generation"].as_u64(), g["collections"].as_u64(), g["collected"].as_i64())).collect::<Vec<_>>()
+        };
+        let want = key(&read_json(&host));
+        assert_eq!(want.len(), 3, "{version}: the fixture collects all three generations");
+        assert_eq!(key(&read_json(&json)["generations"]), want, "{version} {mode}: (generation, collections, collected)");
+    }
 }
 
+/// Both ways (the import USDT probes, and the eval-function uprobe that
+/// builds without them get): the whole tree equals -X importtime's for the
+/// same program.
 fn imports_tree(version: &'static str) {
     let py = Interpreter::new(version);
     let (modules, host) = py.output("modules");
-    std::fs::create_dir_all(host).unwrap();
-    let report = py.json(&["imports"], "imports_tree.py", &[&modules]);
-    let top = report["imports"].as_array().unwrap().iter().find(|n| n["name"] == "pt_top").expect("pt_top imported");
-    let mut children: Vec<&str> = top["children"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
-    children.sort();
-    assert_eq!(children, ["pt_a", "pt_b"], "{version}");
-    let (own, total) = (top["self_ns"].as_u64().unwrap(), top["cumulative_ns"].as_u64().unwrap());
-    assert!(0 < own && own <= total, "{version}: {top}");
+    std::fs::create_dir_all(&host).unwrap();
+    let mut argv = py.argv("imports_tree.py", &[&modules]);
+    argv.insert(3, "importtime".into());
+    argv.insert(3, "-X".into());
+    let truth = Command::new(&argv[0]).args(&argv[1..]).output().unwrap();
+    assert!(truth.status.success(), "{version}: {}", String::from_utf8_lossy(&truth.stderr));
+    let want = importtime_paths(&String::from_utf8_lossy(&truth.stderr));
+    for mode in ["usdt", "uprobe"] {
+        std::fs::remove_dir_all(&host).unwrap();
+        std::fs::create_dir_all(&host).unwrap();
+        let report = py.json(&["imports", "--mode", mode], "imports_tree.py", &[&modules]);
+        assert_eq!(report["python"]["mode"], mode);
+        let top = report["imports"].as_array().unwrap().iter().find(|n| n["name"] == "pt_top").expect("pt_top imported");
+        let mut children: Vec<&str> = top["children"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+        children.sort();
+        assert_eq!(children, ["pt_a", "pt_b"], "{version} {mode}");
+        let (own, total) = (top["self_ns"].as_u64().unwrap(), top["cumulative_ns"].as_u64().unwrap());
+        assert!(0 < own && own <= total, "{version} {mode}: {top}");
+        assert_eq!(report_import_paths(&report["imports"]), want, "{version} {mode}: the tree -X importtime prints");
+    }
 }
 
 /// The 60/30/10 CPU split within 2 points; one function per thread; deep
@@ -282,6 +301,38 @@ fn sample_split_threads_and_depth(version: &'static str) {
     }
 }
 
+/// Periodic work sampled at rates commensurate with its period: 100 Hz
+/// (its period, started by pytrace) and 50 Hz (twice it, by PID), where a
+/// strictly periodic clock gives one function every sample. The bound is
+/// that of tests/sample.rs's sweep: 4 standard errors of each share, or 2
+/// points when that is more.
+fn sample_periodic_work_at_exact_rates(version: &'static str) {
+    let py = Interpreter::new(version);
+    let check = |how: &str, report: &serde_json::Value| {
+        let total = |name: &str| {
+            report["functions"].as_array().unwrap().iter().find(|f| f["name"] == name).map(|f| f["total_samples"].as_u64().unwrap()).unwrap_or(0)
+        };
+        let split = [("sixty", 60.0), ("thirty", 30.0), ("ten", 10.0)];
+        let n: u64 = split.iter().map(|(f, _)| total(f)).sum();
+        assert!(n > 200, "{version} {how}: only {n} samples");
+        for (name, want) in split {
+            let share = total(name) as f64 * 100.0 / n as f64;
+            let p = want / 100.0;
+            let bound = (400.0 * (p * (1.0 - p) / n as f64).sqrt()).max(2.0);
+            assert!((share - want).abs() <= bound, "{version} {how}: {name} has {share:.1} % of {n} samples, expected {want} ± {bound:.1}");
+        }
+    };
+    check("100 Hz", &py.json(&["sample", "-r", "100"], "cpu_split.py", &["--cpu-seconds", "5"]));
+    let target = py.start_waiting("cpu_split.py", &["--cpu-seconds", "8"]);
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("p.json");
+    let tracer = start_tracer(&["sample", "-r", "50", "-p", &target.pid().to_string(), "--json", json.to_str().unwrap()]);
+    signal(target.pid(), libc::SIGUSR1);
+    let (code, _, stderr) = tracer.finish();
+    assert_eq!(code, 0, "{version}: {stderr}");
+    check("50 Hz by PID", &read_json(&json));
+}
+
 fn sample_idle_sees_sleepers(version: &'static str) {
     let py = Interpreter::new(version);
     let report = py.json(&["sample", "-r", "199", "--idle"], "sleep_and_spin.py", &["2"]);
@@ -295,10 +346,12 @@ fn sample_idle_sees_sleepers(version: &'static str) {
 /// --native: in each sample of compress_work, libz's frames sit above it
 /// (between it and the leaf) with no Python frame above them; half the
 /// samples are there (the fixture splits its CPU evenly), and every eval
-/// frame was paired with its Python frames.
+/// frame was paired with its Python frames. 3 CPU-seconds at 499 Hz: about
+/// 1,500 samples however busy the machine (fewer than 800 only if the host
+/// takes away half the CPU time the guest counts).
 fn sample_native_puts_c_frames_under_their_python_caller(version: &'static str) {
     let py = Interpreter::new(version);
-    let out = py.pytrace(&["sample", "--native", "-r", "499", "--folded", "-"], "native_split.py", &["--seconds", "3"]);
+    let out = py.pytrace(&["sample", "--native", "-r", "499", "--folded", "-"], "native_split.py", &["--cpu-seconds", "3"]);
     let (mut total, mut in_libz) = (0u64, 0u64);
     for line in String::from_utf8(out.stdout).unwrap().lines() {
         let (stack, n) = line.rsplit_once(' ').unwrap();
@@ -385,6 +438,10 @@ macro_rules! matrix {
             #[test]
             fn sample_split_threads_and_depth() {
                 super::sample_split_threads_and_depth($version)
+            }
+            #[test]
+            fn sample_periodic_work_at_exact_rates() {
+                super::sample_periodic_work_at_exact_rates($version)
             }
             #[test]
             fn sample_idle_sees_sleepers() {

@@ -52,6 +52,135 @@ fn cpu_shares_match_the_known_split_within_two_points() {
     }
 }
 
+/// How one run of the sweep below attaches.
+#[derive(Clone, Copy, Debug)]
+enum Attach {
+    Pid,
+    Command,
+}
+
+/// Samples in sixty, thirty and ten, from a `sample --json` report.
+fn split_of(report: &serde_json::Value) -> [u64; 3] {
+    let total = |name: &str| {
+        report["functions"].as_array().unwrap().iter().find(|f| f["name"] == name).map(|f| f["total_samples"].as_u64().unwrap()).unwrap_or(0)
+    };
+    [total("sixty"), total("thirty"), total("ten")]
+}
+
+/// Runs fixtures/cpu_split.py for `cpu_seconds` of its CPU under `pytrace
+/// sample` at `hz` (None: the default rate), attached by PID or started by
+/// pytrace; returns the samples of its three functions.
+fn sample_split(python: &std::path::Path, hz: Option<u64>, attach: Attach, cpu_seconds: f64) -> [u64; 3] {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("profile.json");
+    let mut args = vec!["sample".to_string(), "--json".into(), json.to_str().unwrap().into()];
+    if let Some(hz) = hz {
+        args.extend(["-r".into(), hz.to_string()]);
+    }
+    let seconds = cpu_seconds.to_string();
+    match attach {
+        Attach::Pid => {
+            let target = start_waiting(python, "cpu_split.py", &["--cpu-seconds", &seconds]);
+            args.extend(["-p".into(), target.pid().to_string()]);
+            let tracer = start_tracer(&args.iter().map(String::as_str).collect::<Vec<_>>());
+            signal(target.pid(), libc::SIGUSR1);
+            let (code, _, stderr) = tracer.finish();
+            assert_eq!(code, 0, "{stderr}");
+        }
+        Attach::Command => {
+            args.extend(["--".into(), python.to_str().unwrap().into(), fixture("cpu_split.py"), "--cpu-seconds".into(), seconds]);
+            let out = pytrace(&args.iter().map(String::as_str).collect::<Vec<_>>());
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+    let report = read_json(&json);
+    assert_eq!(report["lost_events"], 0, "{report}");
+    split_of(&report)
+}
+
+/// A periodic workload's shares must not depend on the sampling rate. The
+/// fixture splits every 10 ms of its CPU time 60/30/10; a strictly periodic
+/// clock locks in phase with it at rates whose period is a multiple of 10
+/// ms (10, 20, 50, 100 Hz: one function gets every sample) or a divisor
+/// (200, 500, 1000 Hz), and nearly so near them (97, 499 Hz: issue #12
+/// measured 32 points off at 97 Hz). Swept here on both 3.11 builds, by PID
+/// and by command, the default rate (99 Hz) included.
+///
+/// The bound asserted holds by statistics: with the sampling instants
+/// random with respect to the work, each sample is an independent draw, so
+/// a share of n samples has a standard error of sqrt(p (1 - p) / n). Each
+/// share must be within 4 standard errors, or 2 points when that is more
+/// (a false failure is then about 1 in 15,000 per share). Each rate runs
+/// long enough in CPU-seconds, whatever the machine's load, for several
+/// hundred samples: 4 standard errors are 10 points for the 300 samples at
+/// 10 Hz, 4.4 for the 2,000 at 1000 Hz; a locked clock is 30-40 points
+/// off. (The jittering itself is checked against 2-point bias at every rate
+/// on millions of simulated samples in src/tracing/sample/clock.rs.) The
+/// mean rate is checked too: samples per CPU-second of the target at most
+/// the rate plus 5 % and 4 standard errors, and at least 60 % of it (a
+/// virtual machine whose CPU the host takes away loses samples).
+#[test]
+fn periodic_work_gets_its_share_at_every_rate() {
+    let pythons = pythons();
+    let (debian, nodtrace) = (&pythons[0].1, &pythons[1].1);
+    use Attach::*;
+    let jobs: Vec<(&str, &std::path::Path, Option<u64>, Attach, f64)> = vec![
+        ("debian", debian, Some(10), Command, 30.0),
+        ("debian", debian, Some(50), Pid, 8.0),
+        ("debian", debian, None, Command, 5.0),
+        ("debian", debian, Some(100), Pid, 5.0),
+        ("debian", debian, Some(200), Command, 3.0),
+        ("debian", debian, Some(499), Pid, 2.0),
+        ("debian", debian, Some(500), Command, 2.0),
+        ("debian", debian, Some(1000), Pid, 2.0),
+        ("nodtrace", nodtrace, Some(20), Pid, 16.0),
+        ("nodtrace", nodtrace, Some(50), Command, 8.0),
+        ("nodtrace", nodtrace, Some(97), Pid, 5.0),
+        ("nodtrace", nodtrace, None, Pid, 5.0),
+        ("nodtrace", nodtrace, Some(100), Command, 5.0),
+        ("nodtrace", nodtrace, Some(200), Pid, 3.0),
+        ("nodtrace", nodtrace, Some(500), Pid, 2.0),
+        ("nodtrace", nodtrace, Some(1000), Command, 2.0),
+    ];
+    // Two at a time, one per CPU of the machine the suite runs on.
+    let queue = std::sync::Mutex::new(jobs.into_iter().enumerate().collect::<Vec<_>>());
+    let results = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| loop {
+                let Some((i, (label, python, hz, attach, seconds))) = queue.lock().unwrap().pop() else { break };
+                let split = sample_split(python, hz, attach, seconds);
+                results.lock().unwrap().push((i, label, hz.unwrap_or(99), attach, seconds, split));
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap();
+    results.sort_by_key(|r| r.0);
+    let mut failures = Vec::new();
+    let mut table = String::new();
+    for (_, label, hz, attach, seconds, split) in results {
+        let n: u64 = split.iter().sum();
+        let mut line = format!("{label} {hz} Hz {attach:?}: {n} samples,");
+        for (got, want) in split.iter().zip([60.0, 30.0, 10.0]) {
+            let share = *got as f64 * 100.0 / n.max(1) as f64;
+            let p = want / 100.0;
+            let bound = (4.0 * 100.0 * (p * (1.0 - p) / n.max(1) as f64).sqrt()).max(2.0);
+            line += &format!(" {share:.1} (want {want} ± {bound:.1})");
+            if (share - want).abs() > bound {
+                failures.push(format!("{label} at {hz} Hz ({attach:?}): {share:.1} % for {want} %, bound {bound:.1}"));
+            }
+        }
+        let rate = n as f64 / seconds / hz as f64;
+        line += &format!(", {:.0} % of the rate\n", rate * 100.0);
+        if rate > 1.05 + 4.0 / (n.max(1) as f64).sqrt() || rate < 0.6 {
+            failures.push(format!("{label} at {hz} Hz ({attach:?}): {n} samples in {seconds} CPU-seconds"));
+        }
+        table += &line;
+    }
+    assert!(failures.is_empty(), "{failures:#?}\n{table}");
+    eprint!("{table}");
+}
+
 #[test]
 fn each_threads_stacks_hold_its_own_function() {
     for (label, python) in pythons() {
@@ -122,27 +251,44 @@ fn every_output_format_is_written_even_when_the_target_exits_mid_sample() {
 
 /// --all: one BPF program samples every CPython on the machine, each with
 /// its own interpreter's layout (here Debian's and the probe-less build at
-/// once); every sample is rooted at its process.
+/// once); every sample is rooted at its process. The targets run for 2
+/// CPU-seconds each (500 samples of sixty each at 499 Hz, however busy the
+/// machine); pytrace runs until both have ended, and Pythons that exit
+/// while it samples are counted.
 #[test]
 fn all_samples_every_python_process_at_once() {
-    let targets: Vec<(String, Proc)> = pythons()
-        .into_iter()
-        .map(|(_, python)| {
-            let mut p = start_waiting(&python, "cpu_split.py", &["--seconds", "4"]);
-            signal(p.pid(), libc::SIGUSR1);
-            let _ = &mut p;
-            (format!("({})", p.pid()), p)
-        })
-        .collect();
-    let out = pytrace(&["sample", "--all", "-d", "2", "-r", "499", "--folded", "-"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let folded = String::from_utf8(out.stdout).unwrap();
-    for (pid, _) in &targets {
+    let mut targets: Vec<Proc> = pythons().into_iter().map(|(_, python)| start_waiting(&python, "cpu_split.py", &["--cpu-seconds", "2"])).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let folded = dir.path().join("all.folded");
+    let json = dir.path().join("all.json");
+    let mut tracer = std::process::Command::new(PYTRACE)
+        .args(["sample", "--all", "-r", "499", "--folded", folded.to_str().unwrap(), "--json", json.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(tracer.stderr.as_mut().unwrap()), &mut line).unwrap();
+    assert!(line.contains("sampling every CPython process"), "{line}");
+    for t in &targets {
+        signal(t.pid(), libc::SIGUSR1);
+    }
+    for t in &mut targets {
+        assert!(t.0.wait().unwrap().success());
+    }
+    // --all looks for exited processes every second.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    signal(tracer.id(), libc::SIGINT);
+    assert!(tracer.wait().unwrap().success());
+    let folded = std::fs::read_to_string(&folded).unwrap();
+    for t in &targets {
+        let pid = format!("({})", t.pid());
         let lines: Vec<&str> = folded.lines().filter(|l| l.split(';').next().is_some_and(|root| root.ends_with(pid.as_str()))).collect();
         let sixty: u64 = lines.iter().filter(|l| l.contains(";sixty (")).map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum();
-        assert!(sixty > 100, "process {pid}: {sixty} samples in sixty");
+        assert!(sixty > 250, "process {pid}: {sixty} samples in sixty");
     }
-    assert!(String::from_utf8_lossy(&out.stderr).contains("sampling every CPython process"));
+    let counters = &read_json(&json)["counters"];
+    assert!(counters["processes_exited"].as_u64().unwrap() >= 2, "{counters}");
 }
 
 /// --idle samples every thread at each tick, running or not: a thread that
@@ -167,7 +313,46 @@ fn idle_sees_sleeping_threads_and_on_cpu_does_not() {
         };
         let (sleeper, spinner) = share(&["--idle"]);
         assert!((sleeper - 0.5).abs() < 0.08 && (spinner - 0.5).abs() < 0.08, "{label}: --idle gave sleeper {sleeper:.2}, spinner {spinner:.2}");
+        // On CPU, of the two threads' samples (start-up, a larger part of
+        // the samples when a busy machine gives the spinner less CPU, is
+        // neither's).
         let (sleeper, spinner) = share(&[]);
-        assert!(sleeper < 0.05 && spinner > 0.9, "{label}: on-CPU gave sleeper {sleeper:.2}, spinner {spinner:.2}");
+        let of_both = sleeper / (sleeper + spinner);
+        assert!(of_both < 0.05, "{label}: on-CPU gave sleeper {sleeper:.2}, spinner {spinner:.2}");
     }
+}
+
+/// A target that makes code objects with huge line tables and long names
+/// without end (issue #11: 1 MiB tables cached per object drove pytrace to
+/// 3 GiB): pytrace's memory stays bounded whatever it makes. Over 8
+/// CPU-seconds the fixture makes more than 1 GiB of line tables, half of
+/// them 1 MiB each (too large to cache: used and dropped), half 60 KiB
+/// each and kept alive by the target (so a cache of them grows past its
+/// 32 MiB cap and is emptied). Both are counted, the target ends as it
+/// would have, and pytrace's peak RSS stays under 150 MiB.
+#[test]
+fn a_code_object_flood_keeps_memory_bounded() {
+    let (_, python) = pythons().remove(0);
+    let mut target = start_waiting(&python, "code_flood.py", &["--cpu-seconds", "8"]);
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("p.json");
+    let tracer = start_tracer(&["sample", "-p", &target.pid().to_string(), "-r", "999", "--json", json.to_str().unwrap()]);
+    signal(target.pid(), libc::SIGUSR1);
+    let mut made = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(target.0.stdout.as_mut().unwrap()), &mut made).unwrap();
+    assert!(target.0.wait().unwrap().success(), "the target did not end as it would have");
+    let (mut status, mut usage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
+    // SAFETY: waits for pytrace, our child, and fills `usage`.
+    assert_eq!(unsafe { libc::wait4(tracer.child.pid() as i32, &mut status, 0, &mut usage) }, tracer.child.pid() as i32);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "pytrace failed: {status}");
+    let table_bytes: u64 = made.split_whitespace().nth(4).and_then(|b| b.parse().ok()).unwrap_or_else(|| panic!("{made}"));
+    assert!(table_bytes > 1 << 30, "the flood made only {table_bytes} bytes of line tables: {made}");
+    let peak_mib = usage.ru_maxrss / 1024;
+    assert!(peak_mib < 150, "pytrace peaked at {peak_mib} MiB while the target made {table_bytes} bytes of line tables");
+    let report = read_json(&json);
+    let counters = &report["counters"];
+    assert!(counters["line_tables_not_kept"].as_u64().unwrap() > 0, "{counters}");
+    assert!(counters["code_cache_flushes"].as_u64().unwrap() > 0, "{counters}");
+    let named = report["functions"].as_array().unwrap().iter().filter(|f| f["name"].as_str().unwrap().starts_with("flood_")).count();
+    assert!(named > 100, "only {named} of the flood's functions named");
 }

@@ -30,7 +30,9 @@ pub fn run(opts: Options) -> Result<i32> {
     session::install_signal_handlers();
 
     let pid = target.pid;
-    let plan = Plan { pid, python: &python, mode, stop_at_first_eval: hook.stop_at_first_eval(&target), empty_probe: opts.empty_probe };
+    let on_child = |child| hook.watch_child(child);
+    let plan =
+        Plan { pid, python: &python, mode, stop_at_first_eval: hook.stop_at_first_eval(&target), empty_probe: opts.empty_probe, on_child: &on_child };
     let target_cell = std::cell::RefCell::new(&mut target);
     let result = tracer::run(
         &plan,
@@ -40,10 +42,13 @@ pub fn run(opts: Options) -> Result<i32> {
             target.say_attached(&python, mode.name());
             Ok(())
         },
-        || Ok(target_cell.borrow_mut().keep_going(opts.duration)),
+        || {
+            hook.watch();
+            Ok(target_cell.borrow_mut().keep_going(opts.duration))
+        },
     );
     let elapsed = target.elapsed();
-    hook.restore(&target);
+    let outcome = hook.restore(&target);
     let data = result?;
 
     let mut report = CallsReport::new(
@@ -54,6 +59,8 @@ pub fn run(opts: Options) -> Result<i32> {
         opts.sort,
     );
     report.caveats = tracer::caveats(&python, mode);
+    report.caveats.extend(outcome.notes);
+    report.incomplete = outcome.incomplete;
     report::emit(json.as_mut(), || report.to_json(), || report.to_table(opts.top))?;
-    Ok(target.exit_status().unwrap_or(0))
+    Ok(target.exit_code())
 }

@@ -35,6 +35,12 @@ pub struct Options {
 }
 
 pub fn run(opts: Options) -> Result<i32> {
+    let (inputs, mut outputs): (Vec<&std::path::Path>, Vec<&std::path::Path>) = match &opts.source {
+        Source::Saved { traced, sampled } => (vec![traced, sampled], vec![]),
+        Source::Live { traced_json, sampled_json, .. } => (vec![], traced_json.iter().chain(sampled_json).map(|p| p.as_path()).collect()),
+    };
+    outputs.extend(opts.json.as_deref());
+    crate::report::output::check_distinct(&inputs, &outputs)?;
     let mut json = opts.json.as_deref().map(Output::create).transpose()?;
     let (traced, sampled, status) = match opts.source {
         Source::Saved { traced, sampled } => (TracedReport::read(&traced)?, SampledReport::read(&sampled)?, 0),
@@ -67,9 +73,10 @@ fn trace_and_sample(spec: TargetSpec, duration: Option<Duration>, hz: u64) -> Re
     session::install_signal_handlers();
 
     let pid = target.pid;
-    let plan = Plan { pid, python: &python, mode, stop_at_first_eval: hook.stop_at_first_eval(&target), empty_probe: false };
+    let on_child = |child| hook.watch_child(child);
+    let plan = Plan { pid, python: &python, mode, stop_at_first_eval: hook.stop_at_first_eval(&target), empty_probe: false, on_child: &on_child };
     // Kernel stacks show which samples fell inside the probes.
-    let sample_opts = sample::Options { hz, kernel: true, idle: false, native: false };
+    let sample_opts = sample::Options { hz, kernel: true, idle: false, native: false, threads: false };
     let target_cell = std::cell::RefCell::new(&mut target);
     let result = compare::run(
         &plan,
@@ -80,17 +87,25 @@ fn trace_and_sample(spec: TargetSpec, duration: Option<Duration>, hz: u64) -> Re
             target.say_attached(&python, &format!("{} and sample", mode.name()));
             Ok(())
         },
-        || Ok(target_cell.borrow_mut().keep_going(duration)),
+        || {
+            hook.watch();
+            Ok(target_cell.borrow_mut().keep_going(duration))
+        },
     );
     let elapsed = target.elapsed().as_nanos() as u64;
-    hook.restore(&target);
+    let outcome = hook.restore(&target);
     let (calls, mut samples) = result?;
 
     let version = python.version.to_string();
-    let traced = CallsReport::new(pid, PythonInfo { version: version.clone(), mode: mode.name().into() }, elapsed, calls, SortKey::Total);
+    let mut traced = CallsReport::new(pid, PythonInfo { version: version.clone(), mode: mode.name().into() }, elapsed, calls, SortKey::Total);
+    traced.caveats.extend(outcome.notes);
+    if let Some(why) = &outcome.incomplete {
+        eprintln!("pytrace: warning: {why}");
+    }
+    traced.incomplete = outcome.incomplete;
     set_apart_probe_samples(&mut samples.samples);
     let mut profile =
         Profile::new(pid, PythonInfo { version, mode: "sample".into() }, hz, elapsed, samples.counters.clone(), &samples.samples, None);
     profile.bpf_ns_per_sample = samples.bpf_ns_per_sample;
-    Ok((traced.to_json(), profile.to_json(), target.exit_status().unwrap_or(0)))
+    Ok((traced.to_json(), profile.to_json(), target.exit_code()))
 }

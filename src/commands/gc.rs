@@ -17,25 +17,32 @@ pub struct Options {
     /// Print one line per collection as it happens.
     pub events: bool,
     pub json: Option<PathBuf>,
+    /// --mode: None picks the USDT probes where they exist.
+    pub mode: Option<gc::Mode>,
 }
 
 pub fn run(opts: Options) -> Result<i32> {
     let mut json = opts.json.as_deref().map(Output::create).transpose()?;
     let (mut target, python) = Target::prepare(opts.target)?;
-    let (mode, _why) = gc::choose_mode(&python)?;
+    let (mode, _why) = gc::choose_mode(&python, opts.mode)?;
     session::install_signal_handlers();
 
     let pid = target.pid;
     let mut totals = GcTotals::default();
     let attached_at = std::cell::Cell::new(tracing::monotonic_ns());
+    let started_by_us = target.started_by_us();
     let target_cell = std::cell::RefCell::new(&mut target);
     let data = gc::run(
         pid,
         &python,
         mode,
-        || {
+        started_by_us,
+        |at_first_eval| {
             let mut target = target_cell.borrow_mut();
-            target.release()?;
+            match at_first_eval {
+                Some(at_stop) => target.release_at_first_eval(at_stop)?,
+                None => target.release()?,
+            }
             attached_at.set(tracing::monotonic_ns());
             target.say_attached(&python, mode.name());
             Ok(())
@@ -57,5 +64,5 @@ pub fn run(opts: Options) -> Result<i32> {
         data.counters,
     );
     report::emit(json.as_mut(), || report.to_json(), || report.to_table())?;
-    Ok(target.exit_status().unwrap_or(0))
+    Ok(target.exit_code())
 }

@@ -16,12 +16,14 @@ pub struct Options {
     pub duration: Option<Duration>,
     pub top: Option<usize>,
     pub json: Option<PathBuf>,
+    /// --mode: None picks the USDT probes where they exist.
+    pub mode: Option<imports::Mode>,
 }
 
 pub fn run(opts: Options) -> Result<i32> {
     let mut json = opts.json.as_deref().map(Output::create).transpose()?;
     let (mut target, python) = Target::prepare(opts.target)?;
-    let mode = imports::check_probes(&python)?;
+    let (mode, _why) = imports::choose_mode(&python, opts.mode)?;
     session::install_signal_handlers();
 
     let pid = target.pid;
@@ -29,10 +31,11 @@ pub fn run(opts: Options) -> Result<i32> {
     let data = imports::run(
         pid,
         &python,
+        mode,
         || {
             let mut target = target_cell.borrow_mut();
             target.release()?;
-            target.say_attached(&python, mode);
+            target.say_attached(&python, mode.name());
             Ok(())
         },
         || Ok(target_cell.borrow_mut().keep_going(opts.duration)),
@@ -40,12 +43,12 @@ pub fn run(opts: Options) -> Result<i32> {
     let (tree, unfinished) = build_tree(&data.events);
     let report = ImportsReport {
         pid,
-        python: PythonInfo { version: python.version.to_string(), mode: mode.into() },
+        python: PythonInfo { version: python.version.to_string(), mode: mode.name().into() },
         duration_ns: target.elapsed().as_nanos() as u64,
-        lost_events: data.counters.iter().map(|(_, n)| n).sum(),
+        lost_events: data.counters.iter().filter(|(name, _)| *name != "name_unreadable").map(|(_, n)| n).sum(),
         unfinished,
         imports: tree,
     };
     report::emit(json.as_mut(), || report.to_json(), || report.to_table(opts.top))?;
-    Ok(target.exit_status().unwrap_or(0))
+    Ok(target.exit_code())
 }

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::kernel::Kernel;
 use crate::python::eval_hook::EvalHook;
+use crate::python::hook_owner::HookLock;
 use crate::python::{FunctionProbes, Python};
 use crate::report::Output;
 use crate::tracing::calls::choose_mode;
@@ -34,10 +35,20 @@ struct Findings {
     calls_probe: &'static str,
     /// Where the structure offsets pytrace reads come from.
     layout: String,
+    /// What calls' counts or times cannot be exact about on this build,
+    /// and where it counts the calls the build makes without entering the
+    /// eval function (the report's caveats).
+    calls_caveats: Vec<String>,
     /// How `pytrace sample` walks the stacks.
     sample_mode: &'static str,
-    /// With -p on 3.11+: what interp->eval_frame holds now.
-    eval_frame_now: Option<&'static str>,
+    /// With -p on 3.11+: what interp->eval_frame holds now, and whether a
+    /// live pytrace owns it.
+    eval_frame_now: Option<String>,
+    /// Where interp->eval_frame is and which sources say so: pytrace writes
+    /// it only where two agree.
+    eval_frame_offset: String,
+    /// A free-threaded (no GIL) build, by its _Py_DebugOffsets.
+    free_threaded: bool,
     /// How `pytrace gc` would see collections, or why it cannot.
     gc_mode: String,
     /// How `pytrace imports` would see imports, or why it cannot.
@@ -94,7 +105,7 @@ pub fn run(opts: Options) -> Result<i32> {
     let mut json = opts.json.as_deref().map(Output::create).transpose()?;
     let python = match (opts.pid, &opts.binary) {
         (Some(pid), _) => Python::from_pid(pid)?,
-        (None, Some(path)) => match Python::from_executable(path, "")? {
+        (None, Some(path)) => match Python::from_executable(path, None)? {
             Some(p) => p,
             None => bail!("{} is not a CPython executable or libpython", path.display()),
         },
@@ -121,25 +132,34 @@ pub fn run(opts: Options) -> Result<i32> {
         calls_mode_reason: reason.into(),
         eval_frame_hook: mode == crate::tracing::calls::Mode::Uprobe && python.inlines_calls(),
         layout: python.layout.source(),
+        calls_caveats: crate::tracing::calls::caveats(&python, mode),
         calls_probe: match python.elf.read_static(python.symbol(crate::python::EVAL_FRAME_SYMBOL)?, 8) {
             Ok(code) if crate::tracing::entry_probe_is_emulated(code) => "emulated by the kernel",
             Ok(_) => "single-stepped by the kernel (endbr64, then no push, starts the function): measured 19 us per call on Debian's 3.13 in a VM, against 2-3 us where it is emulated",
             Err(_) => "unknown",
         },
         sample_mode: "perf-event (a BPF program walks the frames at each sample)",
-        gc_mode: match crate::tracing::gc::choose_mode(&python) {
+        gc_mode: match crate::tracing::gc::choose_mode(&python, None) {
             Ok((mode, why)) => format!("{} ({why})", mode.name()),
             Err(e) => format!("unavailable: {e}"),
         },
-        imports_mode: match crate::tracing::imports::check_probes(&python) {
-            Ok(mode) => format!("{mode} (the import__find__load probes)"),
+        imports_mode: match crate::tracing::imports::choose_mode(&python, None) {
+            Ok((mode, why)) => format!("{} ({why})", mode.name()),
             Err(e) => format!("unavailable: {e}"),
         },
         kernel: KernelFindings::get(),
         eval_frame_now: match opts.pid {
-            Some(pid) if python.inlines_calls() => Some(EvalHook::new(pid, &python)?.state()?.describe()),
+            Some(pid) if python.inlines_calls() => Some(match EvalHook::new(pid, &python) {
+                Ok(hook) => hook.state()?.describe(pid, HookLock::owner(pid)),
+                Err(e) => format!("unknown: {e:#}"),
+            }),
             _ => None,
         },
+        eval_frame_offset: match python.eval_frame_offset.agreed {
+            Some(offset) => format!("{offset:#x} ({})", python.eval_frame_offset.describe()),
+            None => format!("unknown: no two sources agree ({})", python.eval_frame_offset.describe()),
+        },
+        free_threaded: python.free_threaded,
     };
     if let Some(out) = &mut json {
         out.write_all((serde_json::to_string_pretty(&findings)? + "\n").as_bytes())?;
@@ -166,13 +186,20 @@ pub fn run(opts: Options) -> Result<i32> {
     println!("layout:          {}", findings.layout);
     println!("calls mode:      {} ({})", findings.calls_mode, findings.calls_mode_reason);
     println!("calls probe:     {}", findings.calls_probe);
+    for caveat in &findings.calls_caveats {
+        println!("calls note:      {caveat}");
+    }
     if findings.eval_frame_hook {
         println!("eval-frame hook: calls sets interp->eval_frame while tracing, so that no call is inlined; restored on exit");
+        println!("eval_frame at:   {}", findings.eval_frame_offset);
+    }
+    if findings.free_threaded {
+        println!("free-threaded:   yes (built without the GIL; offsets from the {} table)", python.layout.build_name());
     }
     println!("gc mode:         {}", findings.gc_mode);
     println!("imports mode:    {}", findings.imports_mode);
     println!("sample mode:     {}", findings.sample_mode);
-    if let Some(now) = findings.eval_frame_now {
+    if let Some(now) = &findings.eval_frame_now {
         println!("eval_frame now:  {now}");
     }
     findings.kernel.print();

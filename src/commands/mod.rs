@@ -6,3 +6,4 @@ pub mod gc;
 pub mod imports;
 pub mod sample;
 pub mod info;
+pub mod restore;

@@ -42,10 +42,9 @@ fn thread_names(pid: u32, names: &mut HashMap<u32, String>) {
 }
 
 pub fn run(mut opts: Options) -> Result<i32> {
-    if opts.idle {
-        crate::kernel::Kernel::get().require(crate::kernel::Feature::CopyFromUserTask, "sample --idle")?;
-    }
     // Every output is created before sampling starts, so a bad path fails now.
+    let paths: Vec<&std::path::Path> = [&opts.flamegraph, &opts.folded, &opts.speedscope, &opts.json].into_iter().flatten().map(|p| p.as_path()).collect();
+    crate::report::output::check_distinct(&[], &paths)?;
     let mut outputs: Vec<(&str, Output)> = Vec::new();
     for (kind, path) in [("flamegraph", &opts.flamegraph), ("folded", &opts.folded), ("speedscope", &opts.speedscope), ("json", &opts.json)] {
         if let Some(path) = path {
@@ -63,7 +62,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
             let target_cell = std::cell::RefCell::new(&mut target);
             let data = sample::run(
                 Targets::One(pid, &python),
-                &SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle, native: opts.native },
+                &SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle, native: opts.native, threads: opts.threads },
                 || {
                     let mut target = target_cell.borrow_mut();
                     target.release()?;
@@ -78,7 +77,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
             )?;
             let elapsed = target.elapsed();
             write(&opts, outputs, pid, version, elapsed, data, progress.finish())?;
-            Ok(target.exit_status().unwrap_or(0))
+            Ok(target.exit_code())
         }
         None => {
             session::preflight()?;
@@ -87,7 +86,8 @@ pub fn run(mut opts: Options) -> Result<i32> {
             let mut progress = Progress::new(None);
             let data = sample::run(
                 Targets::All,
-                &SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle, native: opts.native },
+                // Threads are told apart for one target only.
+                &SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle, native: opts.native, threads: false },
                 || {
                     eprintln!("pytrace: sampling every CPython process");
                     Ok(())
@@ -116,7 +116,7 @@ impl Progress {
         Progress { tty: std::io::stderr().is_terminal(), threads_of, names: HashMap::new(), last: Instant::now() }
     }
 
-    fn tick(&mut self, samples: usize, elapsed: Duration) {
+    fn tick(&mut self, samples: u64, elapsed: Duration) {
         if self.last.elapsed() < Duration::from_millis(500) {
             return;
         }

@@ -17,7 +17,7 @@ use merge::{End, Markers, Outcome, PythonStack};
 pub use unwind::UserStack;
 use unwind::{ModuleFiles, ProcessUnwinder, Stop};
 
-use crate::tracing::sample::Frame;
+use crate::samples::Frame;
 
 /// What became of the samples' native stacks, for the report's counters.
 #[derive(Debug, Default, Clone, Copy)]

@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+
+use crate::target::files::CheckedFile;
 use gimli::{BaseAddresses, EhFrame, EhFrameHdr, EndianSlice, LittleEndian, UnwindSection};
 use goblin::elf::{program_header::PF_X, program_header::PT_LOAD, Elf};
 
@@ -19,8 +21,11 @@ pub type Bytes = Arc<[u8]>;
 pub struct ModuleFile {
     /// The file name, as reports show it (`libz.so.1.2.13`).
     pub name: String,
-    /// Where blazesym opens it; None for the vDSO, which is only in memory.
+    /// Where blazesym opens it (/proc/self/fd/N of `file`); None for the
+    /// vDSO, which is only in memory.
     pub path: Option<PathBuf>,
+    /// The checked file, held open so that `path` stays this very file.
+    _file: Option<CheckedFile>,
     /// (p_vaddr - p_offset) of each executable segment with its file range:
     /// maps a mapping's file offset to link-time addresses.
     exec_segments: Vec<(Range<u64>, u64)>,
@@ -46,9 +51,12 @@ pub struct ModuleFile {
 const COLD_PART_JUMPS: usize = 8;
 
 impl ModuleFile {
-    pub fn read(path: PathBuf, name: String) -> Result<Self> {
-        let bytes = std::fs::read(&path).with_context(|| format!("failed to read {}", path.display()))?;
-        Self::parse(&bytes, name, Some(path), false)
+    /// A file opened through the target (src/target/files.rs).
+    pub fn read(file: CheckedFile, name: String) -> Result<Self> {
+        let bytes = file.read_all()?;
+        let mut module = Self::parse(&bytes, name, Some(file.fd_path()), false)?;
+        module._file = Some(file);
+        Ok(module)
     }
 
     /// The vDSO, from the target's memory: its ELF image is mapped whole.
@@ -96,6 +104,7 @@ impl ModuleFile {
         Ok(ModuleFile {
             name,
             path,
+            _file: None,
             exec_segments,
             text: with_data(".text"),
             eh_frame: with_data(".eh_frame"),
@@ -200,7 +209,7 @@ mod tests {
     #[test]
     fn finds_unwind_entries_and_the_load_bias_of_this_executable() {
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        let m = ModuleFile::read(exe.clone(), "pytrace".into()).unwrap();
+        let m = ModuleFile::read(crate::target::files::open_local(&exe).unwrap(), "pytrace".into()).unwrap();
         assert!(m.eh_frame.is_some() && m.eh_frame_hdr.is_some());
         let here = finds_unwind_entries_and_the_load_bias_of_this_executable as fn() as usize as u64;
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();

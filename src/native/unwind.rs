@@ -22,10 +22,10 @@ const MAX_NATIVE_FRAMES: usize = 1024;
 /// most this often for pages seen before (code in no file, like a JIT's).
 const RESCAN_EVERY: Duration = Duration::from_secs(1);
 
-/// Module files by (host path, inode), shared by every process.
+/// Module files by identity (device, inode), shared by every process.
 #[derive(Default)]
 pub struct ModuleFiles {
-    files: HashMap<(std::path::PathBuf, u64), Option<Rc<ModuleFile>>>,
+    files: HashMap<crate::target::files::FileId, Option<Rc<ModuleFile>>>,
 }
 
 /// A module as one process maps it.
@@ -127,13 +127,13 @@ impl ProcessUnwinder {
                     .and_then(|()| ModuleFile::from_memory(&bytes).ok())
                     .map(Rc::new)
             } else {
-                let host = proc::host_path(self.pid, &m.path, m.inode);
+                // Opened through the process and checked to be the mapped file.
                 files
                     .files
-                    .entry((host.clone(), m.inode))
+                    .entry(crate::target::files::FileId::of(&m))
                     .or_insert_with(|| {
                         let name = std::path::Path::new(&m.path).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                        ModuleFile::read(host, name).ok().map(Rc::new)
+                        crate::target::files::open_mapping(self.pid, &m).and_then(|f| ModuleFile::read(f, name)).ok().map(Rc::new)
                     })
                     .clone()
             };

@@ -38,7 +38,8 @@ pub fn read_str(mem: &Memory, layout: &Layout, addr: u64) -> Result<String> {
     let mut state = [0u8; 4];
     mem.read(addr + layout.unicode_state as u64, &mut state)?;
     let state = u32::from_ne_bytes(state);
-    let (kind, ascii, compact) = ((state >> 2) & 7, (state >> 6) & 1 == 1, (state >> 5) & 1 == 1);
+    let shift = layout.unicode_kind_shift;
+    let (kind, compact, ascii) = ((state >> shift) & 7, (state >> (shift + 3)) & 1 == 1, (state >> (shift + 4)) & 1 == 1);
     if !compact || length > 4096 || !matches!(kind, 1 | 2 | 4) {
         bail!("not a readable str at {addr:#x}");
     }
@@ -79,12 +80,29 @@ impl Code {
         Ok(Code { identity, qualname, filename, firstlineno: i32::from_ne_bytes(line).max(0) as u32, linetable, format })
     }
 
-    /// Whether the code object at `addr` is still this one: a freed code
-    /// object's address is soon reused by another (measured: 300 functions
-    /// made and freed in turn shared two addresses), so a cache of names by
-    /// address must check. Two reads: the name's address and its str hash.
-    pub fn still_at(&self, mem: &Memory, layout: &Layout, addr: u64) -> bool {
-        identity(mem, layout, addr).is_ok_and(|id| id == self.identity)
+    /// What identifies it at its address: its name's address and that
+    /// str's hash. A freed code object's address is soon reused by another
+    /// (measured: 300 functions made and freed in turn shared two
+    /// addresses), so a cache of names by address must read these again
+    /// and compare (the sampler does, for many objects at once).
+    pub fn identity(&self) -> (u64, u64) {
+        self.identity
+    }
+
+    /// Bytes this object holds on the heap (names and line table), for the
+    /// sampler's cache budget.
+    pub fn heap_bytes(&self) -> usize {
+        self.qualname.len() + self.filename.len() + self.linetable.len()
+    }
+
+    pub fn line_table_len(&self) -> usize {
+        self.linetable.len()
+    }
+
+    /// Drops the line table (a cache keeps a large one only while it is
+    /// used): `line_at` then answers the first line.
+    pub fn forget_line_table(&mut self) {
+        self.linetable = Vec::new();
     }
 
     /// The source line of the instruction at byte offset `offset` in the

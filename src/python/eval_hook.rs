@@ -3,16 +3,28 @@
 //! `_PyEval_EvalFrameDefault` itself. CPython inlines Python-to-Python calls
 //! only while the hook is NULL, so with it set every call enters
 //! `_PyEval_EvalFrameDefault`, where the uprobe sees it; the code that runs is
-//! the same. Restoring means writing NULL back, and only where the hook still
-//! holds our value.
+//! the same.
 //!
-//! A guardian process, forked before any BPF object exists, restores the hook
-//! when pytrace dies, even by SIGKILL.
+//! The rules around that one write:
+//! - it is made only where the field's offset is agreed by two sources
+//!   (eval_frame_offset.rs), never in a free-threaded build, and only by
+//!   the hook's one owner (hook_owner.rs);
+//! - each slot is read before it is written: NULL is set, our own value
+//!   left by a dead run is adopted, anyone else's hook is left alone;
+//! - the slots are read again while tracing and before restoring: if
+//!   something else changed one, the report says its counts are incomplete;
+//! - restoring writes NULL only where the slot still holds our value, in the
+//!   target and in the children it forked while traced (they inherit it);
+//! - a guardian process, forked before any BPF object exists, in a session
+//!   of its own (so killing pytrace's process group spares it), restores
+//!   when pytrace dies, even by SIGKILL.
 
-use std::path::PathBuf;
+use std::cell::RefCell;
+use std::rc::Rc;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
+use super::hook_owner::HookLock;
 use super::{Python, EVAL_FRAME_SYMBOL, RUNTIME_SYMBOL};
 use crate::target::elf::ElfFile;
 use crate::target::proc::{self, Memory};
@@ -20,40 +32,79 @@ use crate::target::proc::{self, Memory};
 /// More interpreters than this in one process means the list is garbage.
 const MAX_INTERPRETERS: usize = 256;
 
+/// How many forked children the guardian keeps track of.
+const MAX_CHILDREN: usize = 4096;
+
+/// What the guardian reads on its pipe: a child PID to watch too
+/// (CHILD then 4 bytes), or that pytrace restored everything itself (DONE).
+const CHILD: u8 = b'C';
+const DONE: u8 = b'D';
+
 pub struct EvalHook {
     pid: u32,
-    elf_path: PathBuf,
+    elf: Rc<ElfFile>,
     target_path: String,
     runtime_vaddr: u64,
     hook_vaddr: u64,
     interpreters_head: u64,
     interp_next: u64,
     interp_eval_frame: u64,
+    /// The slots pytrace set (or adopted), with what it wrote there.
+    set: RefCell<Vec<(u64, u64)>>,
+    /// The first change to a slot of ours that pytrace did not make.
+    changed: RefCell<Option<String>>,
+}
+
+/// What install found in the target.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Installed {
+    /// Slots pytrace set from NULL.
+    pub set: usize,
+    /// Slots that already held pytrace's value with no owner alive (left
+    /// by a run that could not restore): taken over, restored at the end.
+    pub adopted: usize,
+    /// Slots holding another tool's hook, left as they were.
+    pub foreign: Vec<u64>,
 }
 
 impl EvalHook {
+    /// Refuses where the one write would rest on a guess. A free-threaded
+    /// build is no exception to that rule and needs none of its own: its
+    /// offsets are its own table's (chosen by `_Py_DebugOffsets.free_threaded`,
+    /// a version without one is refused when the interpreter is read), the
+    /// offset below still needs two sources, and CPython itself sets the
+    /// field there with one plain store, which this write is
+    /// (`_PyInterpreterState_SetEvalFrameFunc` in 3.13; tests/free_threaded.rs
+    /// counts calls exactly on four threads running in parallel).
     pub fn new(pid: u32, python: &Python) -> Result<Self> {
+        let Some(eval_frame) = python.eval_frame_offset.agreed else {
+            bail!(
+                "pytrace could not find interp->eval_frame in {} with two sources agreeing ({}), so it will not write it: calls needs that hook on Python {}",
+                python.target_path,
+                python.eval_frame_offset.describe(),
+                python.version
+            );
+        };
         Ok(Self {
             pid,
-            elf_path: python.elf.path.clone(),
+            elf: python.elf.clone(),
             target_path: python.target_path.clone(),
             runtime_vaddr: python.symbol(RUNTIME_SYMBOL)?,
             hook_vaddr: python.symbol(EVAL_FRAME_SYMBOL)?,
             interpreters_head: python.layout.runtime_interpreters_head as u64,
             interp_next: python.layout.interp_next as u64,
-            interp_eval_frame: python.layout.interp_eval_frame as u64,
+            interp_eval_frame: eval_frame as u64,
+            set: RefCell::new(Vec::new()),
+            changed: RefCell::new(None),
         })
     }
 
-    /// Where the interpreter file is loaded now; read at each use, because
-    /// with `--` the library is not mapped yet when the hook is planned.
-    fn load_bias(&self) -> Result<u64> {
-        let first_page = proc::file_mappings(self.pid)?
-            .into_iter()
-            .find(|m| m.path == self.target_path && m.offset == 0)
-            .with_context(|| format!("{} is not mapped in process {}", self.target_path, self.pid))?
-            .start;
-        ElfFile::open(&self.elf_path)?.load_bias(first_page)
+    /// Where the interpreter file is loaded in process `pid` now: read at
+    /// each use, because with `--` the library is not mapped yet when the
+    /// hook is planned; found by the file's identity, so a process that maps
+    /// another file (replaced on disk, another libpython) is never written.
+    fn load_bias(&self, pid: u32) -> Result<u64> {
+        super::load_bias_in(&self.elf, &self.target_path, pid)
     }
 
     /// The value pytrace writes: the run-time address of _PyEval_EvalFrameDefault.
@@ -72,23 +123,61 @@ impl EvalHook {
         Ok(slots)
     }
 
-    /// Sets the hook in every interpreter where it is NULL; returns how many.
-    pub fn install(&self) -> Result<usize> {
-        let bias = self.load_bias()?;
+    /// Sets the hook in every interpreter where it is NULL, reading each
+    /// slot just before writing it. The caller owns the hook (HookLock).
+    pub fn install(&self) -> Result<Installed> {
+        let bias = self.load_bias(self.pid)?;
+        let ours = self.hook_value(bias);
         let mem = Memory::open(self.pid)?;
-        let mut changed = 0;
+        let mut installed = Installed::default();
         for slot in self.eval_frame_slots(&mem, bias)? {
-            if mem.read_u64(slot)? == 0 {
-                mem.write_u64(slot, self.hook_value(bias))?;
-                changed += 1;
+            match mem.read_u64(slot)? {
+                0 => {
+                    mem.write_u64(slot, ours)?;
+                    self.set.borrow_mut().push((slot, ours));
+                    installed.set += 1;
+                }
+                v if v == ours => {
+                    self.set.borrow_mut().push((slot, ours));
+                    installed.adopted += 1;
+                }
+                other => installed.foreign.push(other),
             }
         }
-        Ok(changed)
+        Ok(installed)
+    }
+
+    /// Reads back every slot pytrace set: the first one found changed by
+    /// someone else is remembered (`changed`). A target that exited has
+    /// nothing to check.
+    pub fn verify(&self) {
+        if self.changed.borrow().is_some() || self.set.borrow().is_empty() {
+            return;
+        }
+        let Ok(mem) = Memory::open(self.pid) else { return };
+        for &(slot, ours) in self.set.borrow().iter() {
+            match mem.read_u64(slot) {
+                Ok(v) if v != ours => {
+                    let found = if v == 0 { "NULL".to_string() } else { format!("{v:#x}") };
+                    *self.changed.borrow_mut() = Some(format!(
+                        "interp->eval_frame in process {} was changed by something other than pytrace while it traced (found {found}): calls CPython ran inline after that were not seen, so counts are incomplete",
+                        self.pid
+                    ));
+                    return;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Why the counts are incomplete, if the hook was changed under us.
+    pub fn changed(&self) -> Option<String> {
+        self.changed.borrow().clone()
     }
 
     /// What the main interpreter's eval_frame holds now.
     pub fn state(&self) -> Result<HookState> {
-        let bias = self.load_bias()?;
+        let bias = self.load_bias(self.pid)?;
         let mem = Memory::open(self.pid)?;
         let Some(&slot) = self.eval_frame_slots(&mem, bias)?.first() else {
             return Ok(HookState::Unset);
@@ -96,31 +185,50 @@ impl EvalHook {
         Ok(match mem.read_u64(slot)? {
             0 => HookState::Unset,
             v if v == self.hook_value(bias) => HookState::Ours,
-            _ => HookState::Other,
+            v => HookState::Other(v),
         })
     }
 
-    /// Puts NULL back wherever the hook holds our value; returns how many.
-    pub fn restore(&self) -> Result<usize> {
-        if !proc::is_running(self.pid) {
+    /// Puts NULL back wherever the hook of process `pid` (the target, or a
+    /// child it forked, which maps the same file) holds our value; returns
+    /// how many. A process that is gone has nothing to restore.
+    pub fn restore_in(&self, pid: u32) -> Result<usize> {
+        if !proc::is_running(pid) {
             return Ok(0);
         }
-        let bias = self.load_bias()?;
-        let mem = Memory::open(self.pid)?;
-        let mut restored = 0;
-        for slot in self.eval_frame_slots(&mem, bias)? {
-            if mem.read_u64(slot)? == self.hook_value(bias) {
-                mem.write_u64(slot, 0)?;
-                restored += 1;
+        let gone = |e: anyhow::Error| if proc::is_running(pid) { Err(e) } else { Ok(0) };
+        let bias = match self.load_bias(pid) {
+            Ok(bias) => bias,
+            // A child that exec'd another program runs no hook of ours.
+            Err(_) if pid != self.pid => return Ok(0),
+            Err(e) => return gone(e),
+        };
+        let ours = self.hook_value(bias);
+        let restore = || -> Result<usize> {
+            let mem = Memory::open(pid)?;
+            let mut restored = 0;
+            for slot in self.eval_frame_slots(&mem, bias)? {
+                if mem.read_u64(slot)? == ours {
+                    mem.write_u64(slot, 0)?;
+                    restored += 1;
+                }
             }
-        }
-        Ok(restored)
+            Ok(restored)
+        };
+        restore().or_else(gone)
     }
 
-    /// Forks the guardian. Call before any BPF object or thread exists: the
-    /// child must hold no BPF link (it would keep the probes attached) and
-    /// fork only copies the calling thread.
-    pub fn spawn_guardian(&self) -> Result<Guardian> {
+    /// Restores the target, checking first that every slot pytrace set
+    /// still holds its value (else `changed` says so).
+    pub fn restore(&self) -> Result<usize> {
+        self.verify();
+        self.restore_in(self.pid)
+    }
+
+    /// Forks the guardian, which then shares `lock`. Call before any BPF
+    /// object or thread exists: the child must hold no BPF link (it would
+    /// keep the probes attached) and fork only copies the calling thread.
+    pub fn spawn_guardian(&self, lock: HookLock) -> Result<Guardian> {
         let mut fds = [0; 2];
         // SAFETY: plain system calls on fds we own.
         unsafe {
@@ -132,44 +240,88 @@ impl EvalHook {
                 -1 => Err(std::io::Error::last_os_error()).context("failed to fork the guardian"),
                 0 => {
                     libc::close(fds[1]);
-                    self.guard(parent, fds[0]);
+                    self.guard(parent, fds[0], lock);
                 }
-                _ => {
+                pid => {
                     libc::close(fds[0]);
-                    Ok(Guardian { pipe: fds[1] })
+                    Ok(Guardian { pipe: fds[1], pid, lock: Some(lock), children: Vec::new() })
                 }
             }
         }
     }
 
-    /// The guardian's whole life: wait until pytrace is gone, restore, exit.
-    fn guard(&self, parent: libc::pid_t, pipe: libc::c_int) -> ! {
+    /// The guardian's whole life: wait until pytrace is done or gone;
+    /// restore if it did not; release the lock; exit.
+    fn guard(&self, parent: libc::pid_t, pipe: libc::c_int, lock: HookLock) -> ! {
         // SAFETY: system calls in a single-threaded child.
         unsafe {
-            // Ctrl-C and friends are for pytrace; the guardian outlives it.
-            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
+            // Its own session: killing pytrace's process group (systemd,
+            // container stops, some shells' Ctrl-C) does not reach it.
+            libc::setsid();
+            libc::prctl(libc::PR_SET_NAME, c"pytrace-guard".as_ptr() as libc::c_ulong, 0, 0, 0);
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE, libc::SIGQUIT] {
                 libc::signal(sig, libc::SIG_IGN);
             }
             let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
             libc::dup2(null, 0);
             libc::dup2(null, 1);
             let pidfd = libc::syscall(libc::SYS_pidfd_open, parent, 0) as libc::c_int;
+            let mut children: Vec<(u32, u64)> = Vec::new();
+            let mut done = false;
             let mut byte = 0u8;
-            while libc::read(pipe, (&mut byte as *mut u8).cast(), 1) > 0 {}
-            // EOF: pytrace closed its end or died. Wait until it has fully
-            // exited, so its BPF links are gone before the hook is removed.
-            if pidfd >= 0 {
-                let mut pfd = libc::pollfd { fd: pidfd, events: libc::POLLIN, revents: 0 };
-                libc::poll(&mut pfd, 1, 10_000);
-            }
-            let code = match self.restore() {
-                Ok(_) => 0,
-                Err(e) => {
-                    eprintln!("pytrace guardian: could not restore process {}: {e:#}", self.pid);
-                    1
+            while libc::read(pipe, (&mut byte as *mut u8).cast(), 1) == 1 {
+                match byte {
+                    DONE => done = true,
+                    CHILD => {
+                        let mut pid = [0u8; 4];
+                        if libc::read(pipe, pid.as_mut_ptr().cast(), 4) != 4 {
+                            break;
+                        }
+                        let pid = u32::from_ne_bytes(pid);
+                        if children.len() < MAX_CHILDREN {
+                            if let Ok(start) = proc::start_time(pid) {
+                                children.push((pid, start));
+                            }
+                        }
+                    }
+                    _ => {}
                 }
-            };
+            }
+            let mut code = 0;
+            if !done {
+                // pytrace died. Wait until it has fully exited, so its BPF
+                // links are gone before the hook is removed.
+                if pidfd >= 0 {
+                    let mut pfd = libc::pollfd { fd: pidfd, events: libc::POLLIN, revents: 0 };
+                    libc::poll(&mut pfd, 1, 10_000);
+                }
+                if let Err(e) = self.restore_in(self.pid) {
+                    eprintln!("pytrace guardian: could not restore interp->eval_frame in process {}: {e:#}", self.pid);
+                    code = 1;
+                }
+                self.restore_children(&children);
+            }
+            lock.release();
             libc::_exit(code);
+        }
+    }
+
+    /// Children the target forked while traced inherited the hook: each
+    /// still the same process (start time) and running our hook gets NULL
+    /// back; so do their own children, found by parent PID.
+    pub fn restore_children(&self, known: &[(u32, u64)]) {
+        let mut all: Vec<u32> = known.iter().filter(|&&(pid, start)| proc::start_time(pid).is_ok_and(|s| s == start)).map(|&(pid, _)| pid).collect();
+        let mut roots = all.clone();
+        roots.push(self.pid);
+        for pid in proc::descendants(&roots, MAX_CHILDREN) {
+            if !all.contains(&pid) {
+                all.push(pid);
+            }
+        }
+        for pid in all {
+            if let Err(e) = self.restore_in(pid) {
+                eprintln!("pytrace: could not restore interp->eval_frame in process {pid}, a child of {}: {e:#}", self.pid);
+            }
         }
     }
 }
@@ -181,27 +333,109 @@ pub enum HookState {
     /// _PyEval_EvalFrameDefault: pytrace's hook, tracing now or left behind.
     Ours,
     /// Another function: someone else's PEP 523 hook (a debugger, a JIT).
-    Other,
+    Other(u64),
 }
 
 impl HookState {
-    pub fn describe(self) -> &'static str {
-        match self {
-            HookState::Unset => "not set",
-            HookState::Ours => "set to _PyEval_EvalFrameDefault (pytrace calls is tracing this process)",
-            HookState::Other => "set by another tool (a debugger or JIT's PEP 523 hook)",
+    /// For `pytrace info`: with the owner's PID if a pytrace holds the hook.
+    pub fn describe(self, pid: u32, owner: Option<u32>) -> String {
+        match (self, owner) {
+            (HookState::Unset, _) => "not set".into(),
+            (HookState::Ours, Some(owner)) => {
+                format!("set to _PyEval_EvalFrameDefault by pytrace PID {owner} (pytrace calls is tracing this process)")
+            }
+            (HookState::Ours, None) => format!(
+                "set to _PyEval_EvalFrameDefault with no pytrace tracing: left behind by a run that could not restore it (stale); `pytrace restore -p {pid}` puts NULL back"
+            ),
+            (HookState::Other(v), _) => format!("set by another tool to {v:#x} (a debugger or JIT's PEP 523 hook)"),
         }
     }
 }
 
-/// pytrace's end of the guardian's pipe; dropping it (or dying) releases it.
+/// pytrace's end of the guardian: its pipe, and the lock they share.
 pub struct Guardian {
     pipe: libc::c_int,
+    pid: libc::pid_t,
+    lock: Option<HookLock>,
+    /// Children of the target told to the guardian, with their start times.
+    pub children: Vec<(u32, u64)>,
+}
+
+impl Guardian {
+    /// Tells the guardian about a child the target forked.
+    pub fn watch_child(&mut self, child: u32) {
+        let Ok(start) = proc::start_time(child) else { return };
+        if self.children.len() >= MAX_CHILDREN || self.children.contains(&(child, start)) {
+            return;
+        }
+        self.children.push((child, start));
+        let mut message = [CHILD, 0, 0, 0, 0];
+        message[1..].copy_from_slice(&child.to_ne_bytes());
+        // SAFETY: a write to our pipe; a short write means the guardian is gone.
+        unsafe { libc::write(self.pipe, message.as_ptr().cast(), message.len()) };
+    }
+
+    /// pytrace restored everything itself: the guardian exits without
+    /// touching the target; then the lock is released.
+    pub fn finish(mut self) {
+        // SAFETY: a write to and close of our pipe, then reaping our child.
+        unsafe {
+            libc::write(self.pipe, [DONE].as_ptr().cast(), 1);
+            libc::close(self.pipe);
+            self.pipe = -1;
+            let mut status = 0;
+            while libc::waitpid(self.pid, &mut status, 0) < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {}
+        }
+        if let Some(lock) = self.lock.take() {
+            lock.release();
+        }
+    }
 }
 
 impl Drop for Guardian {
+    /// Without `finish` (an error path), closing the pipe makes the
+    /// guardian restore, as if pytrace had died.
     fn drop(&mut self) {
-        // SAFETY: we own this fd.
-        unsafe { libc::close(self.pipe) };
+        if self.pipe >= 0 {
+            // SAFETY: we own this fd.
+            unsafe { libc::close(self.pipe) };
+        }
     }
+}
+
+/// Puts NULL back by hand (`pytrace restore`): only where the hook holds
+/// this process's _PyEval_EvalFrameDefault, and only with no live owner.
+pub fn restore_by_hand(pid: u32, python: &Python) -> Result<String> {
+    if let Some(owner) = HookLock::owner(pid) {
+        bail!("pytrace PID {owner} is tracing calls in process {pid} now and puts its eval-frame hook back when it ends: `pytrace restore` is for a hook left behind");
+    }
+    let lock = HookLock::acquire(pid)?;
+    let hook = EvalHook::new(pid, python)?;
+    let result = (|| -> Result<String> {
+        let bias = hook.load_bias(pid)?;
+        let mem = Memory::open(pid)?;
+        let ours = hook.hook_value(bias);
+        let mut restored = 0;
+        let mut foreign = Vec::new();
+        for slot in hook.eval_frame_slots(&mem, bias)? {
+            match mem.read_u64(slot)? {
+                v if v == ours => {
+                    mem.write_u64(slot, 0)?;
+                    restored += 1;
+                }
+                0 => {}
+                other => foreign.push(format!("{other:#x}")),
+            }
+        }
+        match (restored, foreign.is_empty()) {
+            (0, true) => Ok(format!("nothing to restore: interp->eval_frame of process {pid} is not set")),
+            (0, false) => bail!(
+                "interp->eval_frame of process {pid} holds {}, not _PyEval_EvalFrameDefault ({ours:#x}): that is another tool's hook, left as it is",
+                foreign.join(", ")
+            ),
+            (n, _) => Ok(format!("restored interp->eval_frame to NULL in {n} interpreter(s) of process {pid}")),
+        }
+    })();
+    lock.release();
+    result
 }

@@ -45,6 +45,15 @@ pub struct Layout {
     pub function_code: u32,
     /// The CALL_ALLOC_AND_ENTER_INIT opcode (3.13+), else NO_FIELD.
     pub opcode_alloc_and_enter_init: u32,
+    /// 3.11 only: the BINARY_SUBSCR_GETITEM opcode and the heap type's
+    /// cached `__getitem__` it calls (`_spec_cache.getitem`); before 3.11.4
+    /// that instruction ignored the eval-frame hook (inlined_getitem.rs).
+    pub opcode_binary_subscr_getitem: u32,
+    pub heaptype_spec_getitem: u32,
+    /// PyGenObject.gi_frame_state and .gi_iframe (3.13+, where
+    /// generator_close.rs looks for close()'s fast path), else NO_FIELD.
+    pub gen_frame_state: u32,
+    pub gen_iframe: u32,
     pub frame_previous: u32,
     pub object_type: u32,
     pub code_flags: u32,
@@ -57,6 +66,37 @@ pub struct Layout {
     pub unicode_state: u32,
     pub unicode_ascii_data: u32,
     pub unicode_compact_data: u32,
+    /// The bit where a str's kind:3, compact:1 and ascii:1 bit-fields start
+    /// in its state word: 2, or 8 in free-threaded builds (whose `interned`
+    /// is a whole byte).
+    pub unicode_kind_shift: u32,
+    /// A free-threaded build (`--disable-gil`): a larger object header, so
+    /// most offsets differ from the same version's default build.
+    pub free_threaded: bool,
+    /// A frame's local variables, its arguments first.
+    pub frame_localsplus: u32,
+    /// `_PyRuntime.interpreters.main`: the main interpreter.
+    pub runtime_interpreters_main: u32,
+    /// The collector's state in the interpreter, and in it the flag set for
+    /// the length of every collection.
+    pub interp_gc: u32,
+    pub gc_collecting: u32,
+    /// Each generation's running totals (collections, objects collected
+    /// and uncollectable): where they are in the collector's state, inline
+    /// or (`gc_stats_indirect`, 3.15) behind a pointer there.
+    pub gc_stats: u32,
+    pub gc_stats_indirect: bool,
+    /// Per generation, inside those totals: its first entry, how many
+    /// entries its ring has (1 before 3.15: no ring), and where the index of
+    /// the newest entry is (NO_FIELD without a ring).
+    pub gc_generation_items: [u32; 3],
+    pub gc_generation_ring: [u32; 3],
+    pub gc_generation_index: [u32; 3],
+    /// One entry (struct gc_generation_stats) and its fields.
+    pub gc_item_size: u32,
+    pub gc_item_collections: u32,
+    pub gc_item_collected: u32,
+    pub gc_item_uncollectable: u32,
     /// Where each field above sits inside `_Py_DebugOffsets` (3.13+).
     pub debug_offsets: Option<DebugOffsets>,
 }
@@ -90,6 +130,13 @@ pub struct DebugOffsets {
     pub unicode_length: u32,
     pub unicode_state: u32,
     pub unicode_ascii_data: u32,
+    /// Not an offset: whether the build is free-threaded (0 or 1).
+    pub free_threaded: u32,
+    pub frame_localsplus: u32,
+    pub interp_gc: u32,
+    pub gc_collecting: u32,
+    /// 3.15+ (NO_FIELD before: the table's offset stands).
+    pub gc_stats: u32,
 }
 
 /// What `_Py_DebugOffsets` starts with.
@@ -107,10 +154,20 @@ impl DebugOffsets {
             self.frame_instr, self.frame_owner, self.frame_code, self.frame_previous, self.code_code,
             self.code_linetable, self.code_filename, self.code_name, self.code_qualname,
             self.code_firstlineno, self.object_type, self.bytes_size, self.bytes_data,
-            self.unicode_length, self.unicode_state, self.unicode_ascii_data,
+            self.unicode_length, self.unicode_state, self.unicode_ascii_data, self.free_threaded,
+            self.frame_localsplus, self.interp_gc, self.gc_collecting, self.gc_stats,
         ];
-        last.iter().max().copied().unwrap_or(0) as usize + 8
+        last.iter().filter(|&&at| at != NO_FIELD).max().copied().unwrap_or(0) as usize + 8
     }
+}
+
+/// Whether the binary whose `_PyRuntime` starts with `runtime` is a
+/// free-threaded build, as its `_Py_DebugOffsets` says (3.13+; every build
+/// before is not). None if it holds no `_Py_DebugOffsets`.
+pub fn free_threaded_build(runtime: &[u8]) -> Option<bool> {
+    // The cookie, the version, then free_threaded, in every version that has them.
+    let word = runtime.get(16..24)?;
+    (runtime.get(..8)? == DEBUG_COOKIE).then(|| u64::from_le_bytes(word.try_into().unwrap()) != 0)
 }
 
 impl Layout {
@@ -118,8 +175,14 @@ impl Layout {
     pub fn source(&self) -> String {
         match self.debug_offsets {
             Some(_) => "the interpreter's own _Py_DebugOffsets".into(),
-            None => format!("built-in table for {}.{} (from its headers)", self.version.0, self.version.1),
+            None => format!("built-in table for {} (from its headers)", self.build_name()),
         }
+    }
+
+    /// "3.13" or, free-threaded, "3.13t" (the suffix CPython gives its
+    /// executable).
+    pub fn build_name(&self) -> String {
+        format!("{}.{}{}", self.version.0, self.version.1, if self.free_threaded { "t" } else { "" })
     }
 
     /// This version's layout for a binary whose `_PyRuntime` starts with
@@ -133,6 +196,9 @@ impl Layout {
         let hex = word(d.version);
         if (hex >> 24, (hex >> 16) & 0xff) != (self.version.0 as u64, self.version.1 as u64) {
             return Err(format!("its _Py_DebugOffsets are for version {:#x}", hex));
+        }
+        if (word(d.free_threaded) != 0) != self.free_threaded {
+            return Err(format!("its _Py_DebugOffsets say free_threaded = {}, the table {}", word(d.free_threaded), self.free_threaded));
         }
         let field = |at: u32| -> Result<u32, String> {
             let value = word(at);
@@ -169,6 +235,14 @@ impl Layout {
         let ascii = field(d.unicode_ascii_data)?;
         l.unicode_compact_data = ascii + (self.unicode_compact_data - self.unicode_ascii_data);
         l.unicode_ascii_data = ascii;
+        // interpreters.main follows interpreters.head in struct pyinterpreters.
+        l.runtime_interpreters_main = l.runtime_interpreters_head + (self.runtime_interpreters_main - self.runtime_interpreters_head);
+        l.frame_localsplus = field(d.frame_localsplus)?;
+        l.interp_gc = field(d.interp_gc)?;
+        l.gc_collecting = field(d.gc_collecting)?;
+        if d.gc_stats != NO_FIELD {
+            l.gc_stats = field(d.gc_stats)?;
+        }
         Ok(l)
     }
 }
@@ -199,6 +273,10 @@ pub static LAYOUTS: &[Layout] = &[
         heaptype_spec_init: NO_FIELD,
         function_code: 16,
         opcode_alloc_and_enter_init: NO_FIELD,
+        opcode_binary_subscr_getitem: NO_FIELD,
+        heaptype_spec_getitem: NO_FIELD,
+        gen_frame_state: NO_FIELD,
+        gen_iframe: NO_FIELD,
         frame_code: 32,
         frame_previous: 24,
         object_type: 8,
@@ -212,6 +290,21 @@ pub static LAYOUTS: &[Layout] = &[
         unicode_state: 32,
         unicode_ascii_data: 48,
         unicode_compact_data: 72,
+        unicode_kind_shift: 2,
+        free_threaded: false,
+        frame_localsplus: 360,
+        runtime_interpreters_main: 40,
+        interp_gc: 616,
+        gc_collecting: 200,
+        gc_stats: 128,
+        gc_stats_indirect: false,
+        gc_generation_items: [0, 24, 48],
+        gc_generation_ring: [1, 1, 1],
+        gc_generation_index: [NO_FIELD, NO_FIELD, NO_FIELD],
+        gc_item_size: 24,
+        gc_item_collections: 0,
+        gc_item_collected: 8,
+        gc_item_uncollectable: 16,
         debug_offsets: None,
     },
     // CPython 3.10.13, from its headers by scripts/layout-offsets.sh
@@ -236,6 +329,10 @@ pub static LAYOUTS: &[Layout] = &[
         heaptype_spec_init: NO_FIELD,
         function_code: 48,
         opcode_alloc_and_enter_init: NO_FIELD,
+        opcode_binary_subscr_getitem: NO_FIELD,
+        heaptype_spec_getitem: NO_FIELD,
+        gen_frame_state: NO_FIELD,
+        gen_iframe: NO_FIELD,
         frame_code: 32,
         frame_previous: 24,
         object_type: 8,
@@ -249,6 +346,21 @@ pub static LAYOUTS: &[Layout] = &[
         unicode_state: 32,
         unicode_ascii_data: 48,
         unicode_compact_data: 72,
+        unicode_kind_shift: 2,
+        free_threaded: false,
+        frame_localsplus: 352,
+        runtime_interpreters_main: 40,
+        interp_gc: 616,
+        gc_collecting: 200,
+        gc_stats: 128,
+        gc_stats_indirect: false,
+        gc_generation_items: [0, 24, 48],
+        gc_generation_ring: [1, 1, 1],
+        gc_generation_index: [NO_FIELD, NO_FIELD, NO_FIELD],
+        gc_item_size: 24,
+        gc_item_collections: 0,
+        gc_item_collected: 8,
+        gc_item_uncollectable: 16,
         debug_offsets: None,
     },
     // CPython 3.11.2, from its headers by scripts/layout-offsets.sh
@@ -273,6 +385,10 @@ pub static LAYOUTS: &[Layout] = &[
         heaptype_spec_init: NO_FIELD,
         function_code: 48,
         opcode_alloc_and_enter_init: NO_FIELD,
+        opcode_binary_subscr_getitem: 19,
+        heaptype_spec_getitem: 896,
+        gen_frame_state: NO_FIELD,
+        gen_iframe: NO_FIELD,
         frame_code: 32,
         frame_previous: 48,
         object_type: 8,
@@ -286,6 +402,21 @@ pub static LAYOUTS: &[Layout] = &[
         unicode_state: 32,
         unicode_ascii_data: 48,
         unicode_compact_data: 72,
+        unicode_kind_shift: 2,
+        free_threaded: false,
+        frame_localsplus: 72,
+        runtime_interpreters_main: 48,
+        interp_gc: 648,
+        gc_collecting: 200,
+        gc_stats: 128,
+        gc_stats_indirect: false,
+        gc_generation_items: [0, 24, 48],
+        gc_generation_ring: [1, 1, 1],
+        gc_generation_index: [NO_FIELD, NO_FIELD, NO_FIELD],
+        gc_item_size: 24,
+        gc_item_collections: 0,
+        gc_item_collected: 8,
+        gc_item_uncollectable: 16,
         debug_offsets: None,
     },
     // CPython 3.12.1, from its headers by scripts/layout-offsets.sh
@@ -310,6 +441,10 @@ pub static LAYOUTS: &[Layout] = &[
         heaptype_spec_init: NO_FIELD,
         function_code: 48,
         opcode_alloc_and_enter_init: NO_FIELD,
+        opcode_binary_subscr_getitem: NO_FIELD,
+        heaptype_spec_getitem: NO_FIELD,
+        gen_frame_state: NO_FIELD,
+        gen_iframe: NO_FIELD,
         frame_code: 0,
         frame_previous: 8,
         object_type: 8,
@@ -323,6 +458,21 @@ pub static LAYOUTS: &[Layout] = &[
         unicode_state: 32,
         unicode_ascii_data: 40,
         unicode_compact_data: 56,
+        unicode_kind_shift: 2,
+        free_threaded: false,
+        frame_localsplus: 72,
+        runtime_interpreters_main: 48,
+        interp_gc: 112,
+        gc_collecting: 200,
+        gc_stats: 128,
+        gc_stats_indirect: false,
+        gc_generation_items: [0, 24, 48],
+        gc_generation_ring: [1, 1, 1],
+        gc_generation_index: [NO_FIELD, NO_FIELD, NO_FIELD],
+        gc_item_size: 24,
+        gc_item_collections: 0,
+        gc_item_collected: 8,
+        gc_item_uncollectable: 16,
         debug_offsets: None,
     },
     // CPython 3.13.18, from its headers by scripts/layout-offsets.sh
@@ -347,6 +497,10 @@ pub static LAYOUTS: &[Layout] = &[
         heaptype_spec_init: 920,
         function_code: 48,
         opcode_alloc_and_enter_init: 162,
+        opcode_binary_subscr_getitem: NO_FIELD,
+        heaptype_spec_getitem: NO_FIELD,
+        gen_frame_state: 67,
+        gen_iframe: 72,
         frame_code: 0,
         frame_previous: 8,
         object_type: 8,
@@ -360,6 +514,21 @@ pub static LAYOUTS: &[Layout] = &[
         unicode_state: 32,
         unicode_ascii_data: 40,
         unicode_compact_data: 56,
+        unicode_kind_shift: 2,
+        free_threaded: false,
+        frame_localsplus: 72,
+        runtime_interpreters_main: 640,
+        interp_gc: 7400,
+        gc_collecting: 200,
+        gc_stats: 128,
+        gc_stats_indirect: false,
+        gc_generation_items: [0, 24, 48],
+        gc_generation_ring: [1, 1, 1],
+        gc_generation_index: [NO_FIELD, NO_FIELD, NO_FIELD],
+        gc_item_size: 24,
+        gc_item_collections: 0,
+        gc_item_collected: 8,
+        gc_item_uncollectable: 16,
         debug_offsets: Some(DebugOffsets {
             version: 8,
             runtime_interpreters_head: 40,
@@ -385,6 +554,97 @@ pub static LAYOUTS: &[Layout] = &[
             unicode_length: 552,
             unicode_state: 544,
             unicode_ascii_data: 560,
+            free_threaded: 16,
+            frame_localsplus: 256,
+            interp_gc: 80,
+            gc_collecting: 576,
+            gc_stats: NO_FIELD,
+        }),
+    },
+    // CPython 3.13.5, from its headers by scripts/layout-offsets.sh
+    Layout {
+        version: (3, 13),
+        runtime_interpreters_head: 632,
+        interp_next: 7264,
+        interp_eval_frame: 8488,
+        interp_threads_head: 7344,
+        tstate_next: 8,
+        tstate_interp: 16,
+        tstate_thread_id: 152,
+        tstate_current: 72,
+        cframe_current_frame: NO_FIELD,
+        frame_instr: 56,
+        code_code: 216,
+        code_linetable: 152,
+        bytes_size: 32,
+        bytes_data: 48,
+        frame_owner: 70,
+        frame_is_entry: NO_FIELD,
+        heaptype_spec_init: 936,
+        function_code: 64,
+        opcode_alloc_and_enter_init: 162,
+        opcode_binary_subscr_getitem: NO_FIELD,
+        heaptype_spec_getitem: NO_FIELD,
+        gen_frame_state: 83,
+        gen_iframe: 88,
+        frame_code: 0,
+        frame_previous: 8,
+        object_type: 24,
+        code_flags: 64,
+        code_filename: 128,
+        code_name: 136,
+        code_qualname: 144,
+        code_firstlineno: 84,
+        unicode_length: 32,
+        unicode_hash: 40,
+        unicode_state: 48,
+        unicode_ascii_data: 56,
+        unicode_compact_data: 72,
+        unicode_kind_shift: 2,
+        free_threaded: true,
+        frame_localsplus: 72,
+        runtime_interpreters_main: 640,
+        interp_gc: 7400,
+        gc_collecting: 200,
+        gc_stats: 128,
+        gc_stats_indirect: false,
+        gc_generation_items: [0, 24, 48],
+        gc_generation_ring: [1, 1, 1],
+        gc_generation_index: [NO_FIELD, NO_FIELD, NO_FIELD],
+        gc_item_size: 24,
+        gc_item_collections: 0,
+        gc_item_collected: 8,
+        gc_item_uncollectable: 16,
+        debug_offsets: Some(DebugOffsets {
+            version: 8,
+            runtime_interpreters_head: 40,
+            interp_next: 64,
+            interp_threads_head: 72,
+            tstate_next: 168,
+            tstate_interp: 176,
+            tstate_thread_id: 192,
+            tstate_current: 184,
+            frame_instr: 248,
+            frame_owner: 264,
+            frame_code: 240,
+            frame_previous: 232,
+            code_code: 344,
+            code_linetable: 304,
+            code_filename: 280,
+            code_name: 288,
+            code_qualname: 296,
+            code_firstlineno: 312,
+            object_type: 360,
+            bytes_size: 520,
+            bytes_data: 528,
+            unicode_length: 552,
+            unicode_state: 544,
+            unicode_ascii_data: 560,
+            free_threaded: 16,
+            frame_localsplus: 256,
+            interp_gc: 80,
+            gc_collecting: 576,
+            gc_stats: NO_FIELD,
         }),
     },
     // CPython 3.14.10, from its headers by scripts/layout-offsets.sh
@@ -409,6 +669,10 @@ pub static LAYOUTS: &[Layout] = &[
         heaptype_spec_init: 928,
         function_code: 48,
         opcode_alloc_and_enter_init: 143,
+        opcode_binary_subscr_getitem: NO_FIELD,
+        heaptype_spec_getitem: NO_FIELD,
+        gen_frame_state: 67,
+        gen_iframe: 72,
         frame_code: 0,
         frame_previous: 8,
         object_type: 8,
@@ -422,6 +686,21 @@ pub static LAYOUTS: &[Layout] = &[
         unicode_state: 32,
         unicode_ascii_data: 40,
         unicode_compact_data: 56,
+        unicode_kind_shift: 2,
+        free_threaded: false,
+        frame_localsplus: 80,
+        runtime_interpreters_main: 816,
+        interp_gc: 7408,
+        gc_collecting: 192,
+        gc_stats: 120,
+        gc_stats_indirect: false,
+        gc_generation_items: [0, 24, 48],
+        gc_generation_ring: [1, 1, 1],
+        gc_generation_index: [NO_FIELD, NO_FIELD, NO_FIELD],
+        gc_item_size: 24,
+        gc_item_collections: 0,
+        gc_item_collected: 8,
+        gc_item_uncollectable: 16,
         debug_offsets: Some(DebugOffsets {
             version: 8,
             runtime_interpreters_head: 40,
@@ -447,6 +726,11 @@ pub static LAYOUTS: &[Layout] = &[
             unicode_length: 632,
             unicode_state: 624,
             unicode_ascii_data: 640,
+            free_threaded: 16,
+            frame_localsplus: 280,
+            interp_gc: 88,
+            gc_collecting: 656,
+            gc_stats: NO_FIELD,
         }),
     },
     // CPython 3.15.2, from its headers by scripts/layout-offsets.sh
@@ -471,6 +755,10 @@ pub static LAYOUTS: &[Layout] = &[
         heaptype_spec_init: 936,
         function_code: 48,
         opcode_alloc_and_enter_init: 144,
+        opcode_binary_subscr_getitem: NO_FIELD,
+        heaptype_spec_getitem: NO_FIELD,
+        gen_frame_state: 67,
+        gen_iframe: 72,
         frame_code: 0,
         frame_previous: 8,
         object_type: 8,
@@ -484,6 +772,21 @@ pub static LAYOUTS: &[Layout] = &[
         unicode_state: 32,
         unicode_ascii_data: 40,
         unicode_compact_data: 56,
+        unicode_kind_shift: 2,
+        free_threaded: false,
+        frame_localsplus: 80,
+        runtime_interpreters_main: 944,
+        interp_gc: 7400,
+        gc_collecting: 112,
+        gc_stats: 104,
+        gc_stats_indirect: true,
+        gc_generation_items: [0, 712, 912],
+        gc_generation_ring: [11, 3, 3],
+        gc_generation_index: [704, 904, 1104],
+        gc_item_size: 64,
+        gc_item_collections: 16,
+        gc_item_collected: 24,
+        gc_item_uncollectable: 32,
         debug_offsets: Some(DebugOffsets {
             version: 8,
             runtime_interpreters_head: 40,
@@ -509,12 +812,30 @@ pub static LAYOUTS: &[Layout] = &[
             unicode_length: 728,
             unicode_state: 720,
             unicode_ascii_data: 736,
+            free_threaded: 16,
+            frame_localsplus: 344,
+            interp_gc: 88,
+            gc_collecting: 760,
+            gc_stats: 784,
         }),
     },
 ];
 
+/// The table for a version's default build.
+#[cfg(test)]
 pub fn for_version(major: u32, minor: u32) -> Option<&'static Layout> {
-    LAYOUTS.iter().find(|l| l.version == (major, minor))
+    for_build(major, minor, false)
+}
+
+/// The table for a version's default or free-threaded build.
+pub fn for_build(major: u32, minor: u32, free_threaded: bool) -> Option<&'static Layout> {
+    LAYOUTS.iter().find(|l| l.version == (major, minor) && l.free_threaded == free_threaded)
+}
+
+/// "3.13", for error messages about free-threaded builds.
+pub fn free_threaded_versions() -> String {
+    let names: Vec<String> = LAYOUTS.iter().filter(|l| l.free_threaded).map(Layout::build_name).collect();
+    names.join(", ")
 }
 
 /// "3.9 to 3.12", for error messages.
@@ -531,7 +852,8 @@ mod tests {
     #[test]
     fn versions_are_sorted_and_unique() {
         for pair in LAYOUTS.windows(2) {
-            assert!(pair[0].version < pair[1].version, "{:?} before {:?}", pair[0].version, pair[1].version);
+            let key = |l: &Layout| (l.version, l.free_threaded);
+            assert!(key(&pair[0]) < key(&pair[1]), "{:?} before {:?}", key(&pair[0]), key(&pair[1]));
         }
         assert_eq!(supported_range(), "3.9 to 3.15");
     }
@@ -543,6 +865,10 @@ mod tests {
         let mut bytes = vec![0u8; d.span()];
         let mut put = |at: u32, value: u64| bytes[at as usize..at as usize + 8].copy_from_slice(&value.to_le_bytes());
         put(d.version, ((layout.version.0 as u64) << 24) | ((layout.version.1 as u64) << 16) | 0x02f0);
+        put(d.free_threaded, layout.free_threaded as u64);
+        if d.gc_stats != NO_FIELD {
+            put(d.gc_stats, layout.gc_stats as u64);
+        }
         for (at, value) in [
             (d.runtime_interpreters_head, layout.runtime_interpreters_head),
             (d.interp_next, layout.interp_next),
@@ -567,6 +893,9 @@ mod tests {
             (d.unicode_length, layout.unicode_length),
             (d.unicode_state, layout.unicode_state),
             (d.unicode_ascii_data, layout.unicode_ascii_data),
+            (d.frame_localsplus, layout.frame_localsplus),
+            (d.interp_gc, layout.interp_gc),
+            (d.gc_collecting, layout.gc_collecting),
         ] {
             put(at, value as u64);
         }
@@ -585,7 +914,17 @@ mod tests {
             moved.code_qualname += 16;
             moved.unicode_ascii_data += 8;
             moved.unicode_compact_data += 8;
+            moved.runtime_interpreters_head += 8;
+            moved.runtime_interpreters_main += 8;
+            moved.interp_gc += 16;
+            moved.frame_localsplus += 8;
             assert_eq!(table.resolve(&runtime_for(&moved)).unwrap(), moved);
+
+            // A free-threaded build's offsets are not the default build's.
+            let mut other_build = table.clone();
+            other_build.free_threaded = !table.free_threaded;
+            assert!(table.resolve(&runtime_for(&other_build)).unwrap_err().contains("free_threaded"));
+            assert_eq!(free_threaded_build(&runtime_for(&other_build)), Some(other_build.free_threaded));
         }
     }
 

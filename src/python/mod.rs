@@ -3,22 +3,28 @@
 //! loaded, its USDT probes, and the layout of its structures.
 
 pub mod code;
+pub mod eval_frame_offset;
 pub mod eval_hook;
+pub mod hook_owner;
+pub mod generator_close;
+pub mod inlined_getitem;
 pub mod inlined_init;
+pub mod opcode_table;
 pub mod layouts;
 pub mod strings;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::rc::Rc;
 
 use anyhow::{bail, Context, Result};
 
 use crate::target::elf::{find_library, ElfFile};
+use crate::target::files::{self, FileId};
 use crate::target::proc;
+use eval_frame_offset::EvalFrameOffset;
 pub use layouts::Layout;
 
 /// The symbols that make an ELF file a CPython interpreter.
@@ -53,13 +59,24 @@ pub struct Python {
     pub layout: Layout,
     /// Run-time minus link-time addresses, once the file is mapped.
     pub load_bias: Option<u64>,
+    /// Where interp->eval_frame is, by which sources (eval_frame_offset.rs).
+    pub eval_frame_offset: EvalFrameOffset,
+    /// `_Py_DebugOffsets.free_threaded` (3.13+): a build without the GIL,
+    /// whose structures differ from the tables'.
+    pub free_threaded: bool,
     /// 3.13's inlined-__init__ probe, found once (inlined_init.rs scans the
     /// file for it) however many places ask.
     inlined_init: std::cell::OnceCell<Option<inlined_init::InitProbe>>,
+    /// 3.11.0-3.11.3's inlined __getitem__ probe (inlined_getitem.rs), likewise.
+    inlined_getitem: std::cell::OnceCell<Option<inlined_getitem::InlineFrameProbe>>,
+    /// Where generator close() skips the frame (generator_close.rs), likewise.
+    skipped_close: std::cell::OnceCell<generator_close::CloseProbe>,
 }
 
 impl Python {
-    /// The interpreter inside a running process.
+    /// The interpreter inside a running process: its executable or a
+    /// libpython it maps, each opened through the process and checked to be
+    /// the mapped file (src/target/files.rs).
     pub fn from_pid(pid: u32) -> Result<Self> {
         if !proc::exists(pid) {
             bail!("no process with PID {pid}");
@@ -67,25 +84,31 @@ impl Python {
         if !proc::is_running(pid) {
             bail!("process {pid} has exited");
         }
-        let exe = proc::exe_path(pid).map_err(|e| permission_hint(e, pid))?;
-        let maps = proc::file_mappings(pid).map_err(|e| permission_hint(e, pid))?;
-        let mut candidates = vec![exe];
-        for m in &maps {
+        let (exe, exe_deleted) = proc::exe_path(pid).map_err(|e| access_error(e, pid))?;
+        let maps = proc::file_mappings(pid).map_err(|e| access_error(e, pid))?;
+        // Each file once, by identity: the executable first, then libpython.
+        let mut candidates: Vec<&proc::Mapping> = Vec::new();
+        for m in maps.iter().filter(|m| m.offset == 0) {
+            let is_exe = m.path == exe && m.deleted == exe_deleted;
             let name = Path::new(&m.path).file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
-            if name.starts_with("libpython") && !candidates.contains(&m.path) {
-                candidates.push(m.path.clone());
+            if (is_exe || name.starts_with("libpython")) && !candidates.iter().any(|c| FileId::of(c) == FileId::of(m)) {
+                candidates.insert(if is_exe { 0 } else { candidates.len() }, m);
             }
         }
-        for path in candidates {
-            let inode = maps.iter().find(|m| m.path == path).map(|m| m.inode).unwrap_or(0);
-            let Some(elf) = interpreter_file(&proc::host_path(pid, &path, inode)) else { continue };
-            let first_page = maps
-                .iter()
-                .find(|m| m.path == path && m.offset == 0)
-                .with_context(|| format!("{path} is not mapped at offset 0 in process {pid}"))?
-                .start;
-            let load_bias = Some(elf.load_bias(first_page)?);
-            return Self::new(elf, path, load_bias);
+        let mut refused = None;
+        for m in candidates {
+            match interpreter_file(pid, m) {
+                Ok(Some(elf)) => {
+                    let load_bias = Some(elf.load_bias(m.start)?);
+                    return Self::new(elf, m.path.clone(), load_bias);
+                }
+                Ok(None) => {}
+                Err(e) => refused = refused.or(Some(e)),
+            }
+        }
+        // A file that could not be read safely is the answer, not "not Python".
+        if let Some(e) = refused {
+            return Err(e.context(format!("pytrace could not read the interpreter files of process {pid}")));
         }
         bail!(
             "process {pid} ({}) is not a CPython process: neither its executable nor its libraries contain the CPython interpreter",
@@ -94,10 +117,16 @@ impl Python {
     }
 
     /// The interpreter a Python executable will run, before it runs: the
-    /// executable itself or the libpython it links. `root` is prefixed to
-    /// library search paths ("" for our own file system). Ok(None): not Python.
-    pub fn from_executable(path: &Path, root: &str) -> Result<Option<Self>> {
-        let exe = ElfFile::open(path)?;
+    /// executable itself or the libpython it links. With `pid`, the
+    /// executable is that process's (stopped at its exec: the file is
+    /// opened through it) and libpython is looked for inside its root;
+    /// without, `path` is a file on pytrace's command line. Ok(None): not
+    /// Python.
+    pub fn from_executable(path: &Path, pid: Option<u32>) -> Result<Option<Self>> {
+        let exe = match pid {
+            Some(pid) => ElfFile::read(files::open_executable(pid, &proc::file_mappings(pid)?)?)?,
+            None => ElfFile::open(path)?,
+        };
         let target_path = path.to_string_lossy().into_owned();
         if is_interpreter(&exe) {
             return Self::new(Rc::new(exe), target_path, None).map(Some);
@@ -106,26 +135,45 @@ impl Python {
             return Ok(None);
         };
         let dir = path.parent().unwrap_or(Path::new("/"));
-        let lib_path = find_library(&exe, dir, lib, root)
+        let root_of = pid.unwrap_or_else(std::process::id);
+        let lib_path = find_library(&exe, dir, lib, root_of)
             .with_context(|| format!("{} needs {lib}, which pytrace could not find", path.display()))?;
-        let elf = ElfFile::open(&lib_path)?;
+        // Not mapped yet: the process maps it later, and every use checks
+        // that the mapped file is this one (by identity, see `load_bias_in`).
+        let elf = ElfFile::read(files::open_in_root(root_of, &lib_path)?)?;
         if !is_interpreter(&elf) {
-            bail!("{} does not contain the CPython interpreter", lib_path.display());
+            bail!("{lib_path} does not contain the CPython interpreter");
         }
-        let target_path = lib_path.to_string_lossy()[root.len()..].to_string();
-        Self::new(Rc::new(elf), target_path, None).map(Some)
+        Self::new(Rc::new(elf), lib_path, None).map(Some)
+    }
+
+    /// The run-time minus link-time address of the interpreter file in
+    /// process `pid` now: where a mapping of this very file (same device and
+    /// inode) starts. Fails if the process maps another file by that name
+    /// (replaced on disk, or another libpython than the one found for a
+    /// command pytrace started).
+    pub fn load_bias_in(&self, pid: u32) -> Result<u64> {
+        load_bias_in(&self.elf, &self.target_path, pid)
     }
 
     fn new(elf: Rc<ElfFile>, target_path: String, load_bias: Option<u64>) -> Result<Self> {
         let version = detect_version(&elf, &target_path)?;
-        let Some(table) = layouts::for_version(version.major, version.minor) else {
+        let free_threaded = is_free_threaded(&elf, version);
+        let Some(table) = layouts::for_build(version.major, version.minor, free_threaded) else {
+            if free_threaded {
+                bail!(
+                    "Python {version} free-threaded ({target_path}) is not supported: pytrace supports free-threaded CPython {}",
+                    layouts::free_threaded_versions()
+                );
+            }
             bail!(
                 "Python {version} ({target_path}) is not supported: pytrace supports CPython {}",
                 layouts::supported_range()
             );
         };
-        let layout = read_layout(&elf, table).with_context(|| format!("reading the layout of Python {version} in {target_path}"))?;
-        Ok(Self { elf, target_path, version, layout, load_bias, inlined_init: std::cell::OnceCell::new() })
+        let (layout, eval_frame_offset, free_threaded) =
+            read_layout(&elf, table).with_context(|| format!("reading the layout of Python {version} in {target_path}"))?;
+        Ok(Self { elf, target_path, version, layout, load_bias, eval_frame_offset, free_threaded, inlined_init: std::cell::OnceCell::new(), inlined_getitem: std::cell::OnceCell::new(), skipped_close: std::cell::OnceCell::new() })
     }
 
     /// Link-time address of one of the interpreter's symbols.
@@ -179,85 +227,109 @@ pub enum FunctionProbes {
     Missing,
 }
 
+/// Whether the binary is a free-threaded build (`--disable-gil`, 3.13+), as
+/// the `free_threaded` word of its `_Py_DebugOffsets` says: which table its
+/// offsets start from depends on it.
+fn is_free_threaded(elf: &ElfFile, version: Version) -> bool {
+    (version.major, version.minor) >= (3, 13)
+        && elf
+            .symbol(RUNTIME_SYMBOL)
+            .and_then(|runtime| elf.read_static(runtime, 24).ok())
+            .and_then(layouts::free_threaded_build)
+            .unwrap_or(false)
+}
+
+/// See Python::load_bias_in.
+pub fn load_bias_in(elf: &ElfFile, target_path: &str, pid: u32) -> Result<u64> {
+    let maps = proc::file_mappings(pid)?;
+    if let Some(m) = maps.iter().find(|m| FileId::of(m) == elf.id && m.offset == 0) {
+        return elf.load_bias(m.start);
+    }
+    let name = Path::new(target_path).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    match maps.iter().find(|m| m.offset == 0 && Path::new(&m.path).file_name().is_some_and(|n| n.to_string_lossy() == name)) {
+        Some(m) => bail!(
+            "process {pid} maps {}{}, which is not the file pytrace read ({target_path}): pytrace uses only the file the process runs",
+            m.path,
+            if m.deleted { " (deleted)" } else { "" },
+        ),
+        None => bail!("{target_path} is not mapped in process {pid}"),
+    }
+}
+
 /// The version's table, with what the binary itself says: its
 /// `_Py_DebugOffsets` (3.13+), read from the file rather than from the
 /// process, since it is a static initialiser (the same bytes) and the file is
-/// there before a launched target runs; and where
-/// `_PyInterpreterState_GetEvalFrameFunc` reads `interp->eval_frame`, the one
-/// field pytrace writes, which `_Py_DebugOffsets` does not list.
-fn read_layout(elf: &ElfFile, table: &Layout) -> Result<Layout> {
-    let mut layout = match table.debug_offsets {
+/// there before a launched target runs, with its `free_threaded` flag; and
+/// where interp->eval_frame is, the one field pytrace writes, which
+/// `_Py_DebugOffsets` does not list: taken only where two sources agree
+/// (eval_frame_offset.rs).
+fn read_layout(elf: &ElfFile, table: &Layout) -> Result<(Layout, EvalFrameOffset, bool)> {
+    let (mut layout, free_threaded) = match table.debug_offsets {
         Some(d) => {
             let runtime = elf.symbol(RUNTIME_SYMBOL).context("no _PyRuntime symbol")?;
-            let bytes = elf.read_static(runtime, d.span()).context("reading _Py_DebugOffsets")?;
-            table.resolve(bytes).map_err(|e| anyhow::anyhow!("{e}"))?
+            let bytes = elf.read_static(runtime, d.span().max(DEBUG_FREE_THREADED + 8)).context("reading _Py_DebugOffsets")?;
+            let free_threaded = u64::from_le_bytes(bytes[DEBUG_FREE_THREADED..DEBUG_FREE_THREADED + 8].try_into().unwrap()) != 0;
+            (table.resolve(bytes).map_err(|e| anyhow::anyhow!("{e}"))?, free_threaded)
         }
-        None => table.clone(),
+        None => (table.clone(), false),
     };
-    if let Some(offset) = elf
-        .symbol(GET_EVAL_FRAME_SYMBOL)
-        .and_then(|addr| elf.read_static(addr, 16).ok())
-        .and_then(eval_frame_load_offset)
-    {
-        layout.interp_eval_frame = offset;
+    let code = |name| elf.function_code(name, eval_frame_offset::MAX_CODE);
+    let offset = EvalFrameOffset::new(table.interp_eval_frame, code(eval_frame_offset::GET_SYMBOL), code(eval_frame_offset::SET_SYMBOL));
+    if let Some(agreed) = offset.agreed {
+        layout.interp_eval_frame = agreed;
     }
-    Ok(layout)
+    Ok((layout, offset, free_threaded))
 }
 
-const GET_EVAL_FRAME_SYMBOL: &str = "_PyInterpreterState_GetEvalFrameFunc";
+/// Where `_Py_DebugOffsets.free_threaded` is: after the 8-byte cookie and
+/// the version, in 3.13 as in 3.14 and 3.15 (every one of them puts
+/// runtime_state.interpreters_head at 40, three words later).
+const DEBUG_FREE_THREADED: usize = 16;
 
-/// The displacement of the first instruction of
-/// `_PyInterpreterState_GetEvalFrameFunc(interp)` when it is a load from
-/// `interp` (`mov reg, [rdi + disp]`, after an optional endbr64): that
-/// function only reads `interp->eval_frame`. None for any other code; the
-/// table's offset stands then.
-pub fn eval_frame_load_offset(code: &[u8]) -> Option<u32> {
-    let code = code.strip_prefix(&crate::target::elf::ENDBR64[..]).unwrap_or(code);
-    let [rex, 0x8b, modrm, rest @ ..] = code else { return None };
-    // REX.W, no REX.B (the base is rdi, not r15); the destination may be any register.
-    if rex & 0xf9 != 0x48 || modrm & 0x07 != 0x07 {
-        return None;
-    }
-    match modrm >> 6 {
-        0b01 => rest.first().map(|&d| d as i8).filter(|&d| d >= 0).map(|d| d as u32),
-        0b10 => rest.get(..4).map(|d| i32::from_le_bytes(d.try_into().unwrap())).filter(|&d| d >= 0).map(|d| d as u32),
-        _ => None,
-    }
-}
-
-/// A file's identity: device, inode, size and modification time.
-type FileId = (u64, u64, u64, i64);
+/// What tells one version of a file from the next: identity, size, mtime.
+type FileStamp = (FileId, u64, i64);
 
 thread_local! {
-    /// Files already looked at, by identity: `sample --all` looks at every
-    /// process each rescan, and 20 processes of one Python read and parsed
-    /// its executable 20 times (2 s and 440 MB on this VM) before this.
-    static LOOKED_AT: RefCell<HashMap<FileId, Option<Rc<ElfFile>>>> = RefCell::new(HashMap::new());
+    /// Files already looked at, by identity, size and modification time:
+    /// `sample --all` looks at every process each rescan, and 20 processes
+    /// of one Python read and parsed its executable 20 times (2 s and 440
+    /// MB on this VM) before this.
+    static LOOKED_AT: RefCell<HashMap<FileStamp, Option<Rc<ElfFile>>>> = RefCell::new(HashMap::new());
 }
 
-/// The parsed file at `path` if it holds the CPython interpreter; each file
-/// is read once per pytrace run, whatever the answer.
-fn interpreter_file(path: &Path) -> Option<Rc<ElfFile>> {
-    let meta = std::fs::metadata(path).ok()?;
-    let id = (meta.dev(), meta.ino(), meta.size(), meta.mtime());
-    if let Some(known) = LOOKED_AT.with(|seen| seen.borrow().get(&id).cloned()) {
-        return known;
+/// The parsed file mapped at `m` in process `pid` if it holds the CPython
+/// interpreter; each file is read once per pytrace run, whatever the
+/// answer. Err: the file could not be opened or read safely.
+fn interpreter_file(pid: u32, m: &proc::Mapping) -> Result<Option<Rc<ElfFile>>> {
+    let file = files::open_mapping(pid, m)?;
+    let stamp = (file.id, file.size, file.mtime);
+    if let Some(known) = LOOKED_AT.with(|seen| seen.borrow().get(&stamp).cloned()) {
+        return Ok(known);
     }
-    let elf = ElfFile::open(path).ok().filter(is_interpreter).map(Rc::new);
-    LOOKED_AT.with(|seen| seen.borrow_mut().insert(id, elf.clone()));
-    elf
+    let elf = match ElfFile::read(file) {
+        Ok(elf) => is_interpreter(&elf).then(|| Rc::new(elf)),
+        // Not an ELF file at all: not an interpreter either.
+        Err(e) if e.to_string().ends_with("is not an ELF file") => None,
+        Err(e) => return Err(e),
+    };
+    LOOKED_AT.with(|seen| seen.borrow_mut().insert(stamp, elf.clone()));
+    Ok(elf)
 }
 
 fn is_interpreter(elf: &ElfFile) -> bool {
     elf.symbol(EVAL_FRAME_SYMBOL).is_some() && elf.symbol(RUNTIME_SYMBOL).is_some()
 }
 
-fn permission_hint(e: anyhow::Error, pid: u32) -> anyhow::Error {
+/// Says what failed; adds the likely cause only when it is known: not root.
+fn access_error(e: anyhow::Error, pid: u32) -> anyhow::Error {
     let denied = e
         .chain()
         .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied));
-    if denied {
+    // SAFETY: geteuid cannot fail.
+    if denied && unsafe { libc::geteuid() } != 0 {
         e.context(format!("inspecting process {pid} needs root (or CAP_SYS_PTRACE)"))
+    } else if denied {
+        e.context(format!("the kernel refused pytrace access to process {pid}"))
     } else {
         e
     }
@@ -284,43 +356,37 @@ fn detect_version(elf: &ElfFile, target_path: &str) -> Result<Version> {
     Ok(Version { major, minor, micro })
 }
 
-/// PY_VERSION ("3.9.18") is stored as its own NUL-terminated string.
+/// PY_VERSION ("3.9.18") as a string of its own, or as the tail of a longer
+/// one: the linker may store it only inside another string that ends with
+/// it (pyenv's 3.10 keeps "3.10.13" as the end of its install path and of
+/// "Python-3.10.13"). Every string ending in "X.Y.<digits>" (not after a
+/// digit or a dot) must agree on the patch level.
 fn find_version_string(elf: &ElfFile, major: u32, minor: u32) -> Option<u32> {
     let bytes = elf.bytes();
-    let needle = format!("\0{major}.{minor}.");
+    let needle = format!("{major}.{minor}.");
+    let mut found = None;
     let mut at = 0;
     while let Some(i) = find(&bytes[at..], needle.as_bytes()) {
-        let start = at + i + needle.len();
-        let digits: Vec<u8> = bytes[start..].iter().take(3).take_while(|b| b.is_ascii_digit()).copied().collect();
-        let end = start + digits.len();
-        if !digits.is_empty() && bytes.get(end) == Some(&0) {
-            return std::str::from_utf8(&digits).ok()?.parse().ok();
-        }
+        let begin = at + i;
+        let start = begin + needle.len();
         at = start;
+        if begin > 0 && (bytes[begin - 1].is_ascii_digit() || bytes[begin - 1] == b'.') {
+            continue;
+        }
+        let digits: Vec<u8> = bytes[start..].iter().take(4).take_while(|b| b.is_ascii_digit()).copied().collect();
+        if digits.is_empty() || digits.len() > 3 || bytes.get(start + digits.len()) != Some(&0) {
+            continue;
+        }
+        let micro: u32 = std::str::from_utf8(&digits).ok()?.parse().ok()?;
+        match found {
+            None => found = Some(micro),
+            Some(other) if other == micro => {}
+            Some(_) => return None,
+        }
     }
-    None
+    found
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::eval_frame_load_offset;
-
-    #[test]
-    fn eval_frame_offset_from_machine_code() {
-        // Debian's 3.14: endbr64; mov 0x2148(%rdi),%rax; mov $..,%edx
-        let sid_314 = [0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x8b, 0x87, 0x48, 0x21, 0, 0, 0xba, 0x80, 0x8b, 0x59, 0];
-        assert_eq!(eval_frame_load_offset(&sid_314), Some(0x2148));
-        // No endbr64, an 8-bit displacement, rdx as destination.
-        assert_eq!(eval_frame_load_offset(&[0x48, 0x8b, 0x57, 0x70, 0xc3]), Some(0x70));
-        // Not a load from rdi (rsi base), not a load at all, too short.
-        assert_eq!(eval_frame_load_offset(&[0x48, 0x8b, 0x86, 0x48, 0x21, 0, 0]), None);
-        assert_eq!(eval_frame_load_offset(&[0x55, 0x48, 0x89, 0xe5]), None);
-        assert_eq!(eval_frame_load_offset(&[0x48, 0x8b, 0x87, 0x48]), None);
-        // A REX.B load (base r15) is not interp.
-        assert_eq!(eval_frame_load_offset(&[0x49, 0x8b, 0x87, 0x48, 0x21, 0, 0]), None);
-    }
 }

@@ -2,10 +2,9 @@
 
 use std::collections::HashMap;
 
-use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::{human_ns, thousands, PythonInfo};
+use super::{counted, human_ns, thousands, PythonInfo};
 use crate::tracing::calls::{CallsData, FunctionTotals};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +48,10 @@ pub struct CallsReport {
     /// What this mode cannot be exact about on this interpreter.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub caveats: Vec<String>,
+    /// Why the counts are incomplete (the eval-frame hook was changed by
+    /// something else while tracing), if they are.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<String>,
     pub functions: Vec<FunctionRow>,
 }
 
@@ -61,7 +64,7 @@ struct Merged {
     child_calls: u64,
     outermost_calls: u64,
     nested_calls: u64,
-    latency: Histogram<u64>,
+    latency: crate::tracing::histogram::Latency,
 }
 
 impl CallsReport {
@@ -84,7 +87,7 @@ impl CallsReport {
                     m.child_calls += child_calls;
                     m.outermost_calls += outermost_calls;
                     m.nested_calls += nested_calls;
-                    let _ = m.latency.add(&latency);
+                    m.latency.add(&latency);
                 }
                 std::collections::hash_map::Entry::Vacant(e) => {
                     e.insert(Merged { calls, timed_calls, total_ns, self_ns, max_ns, child_calls, outermost_calls, nested_calls, latency });
@@ -128,6 +131,7 @@ impl CallsReport {
             lost_events,
             counters: data.counters.into_iter().collect(),
             caveats: Vec::new(),
+            incomplete: None,
             functions,
         }
     }
@@ -139,21 +143,24 @@ impl CallsReport {
     pub fn to_table(&self, top: Option<usize>) -> String {
         let total_calls: u64 = self.functions.iter().map(|f| f.calls).sum();
         let mut out = format!(
-            "pytrace calls: PID {}, Python {} ({} mode), {:.2} s, {} calls in {} functions, {} lost events\n",
+            "pytrace calls: PID {}, Python {} ({} mode), {:.2} s, {} in {}, {}\n",
             self.pid,
             self.python.version,
             self.python.mode,
             self.duration_ns as f64 / 1e9,
-            thousands(total_calls),
-            self.functions.len(),
-            self.lost_events,
+            counted(total_calls, "call"),
+            counted(self.functions.len() as u64, "function"),
+            counted(self.lost_events, "lost event"),
         );
+        if let Some(why) = &self.incomplete {
+            out += &format!("warning: {why}\n");
+        }
         for caveat in &self.caveats {
             out += &format!("note: {caveat}\n");
         }
         let untimed = self.counters.get("deep_untimed_calls").copied().unwrap_or(0);
         if untimed > 0 {
-            out += &format!("note: {} calls deeper than the timed stack were counted but not timed\n", thousands(untimed));
+            out += &format!("note: {} deeper than the timed stack counted but not timed\n", counted(untimed, "call"));
         }
         out += &format!(
             "{:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {}\n",
@@ -176,8 +183,31 @@ impl CallsReport {
             );
         }
         if self.functions.len() > shown {
-            out += &format!("… {} more functions (--top)\n", self.functions.len() - shown);
+            let hidden = (self.functions.len() - shown) as u64;
+            out += &format!("… {} more {} (--top)\n", thousands(hidden), super::plural(hidden, "function"));
         }
+        out += &self.drops_footer();
         out
+    }
+
+    /// Every way an event was dropped or an input refused, in a sentence,
+    /// so that a table is never read as complete when it is not.
+    fn drops_footer(&self) -> String {
+        let n = |name: &str| self.counters.get(name).copied().unwrap_or(0);
+        let kinds = [
+            ("new_function_lost", "functions' names lost (ring buffer full)"),
+            ("function_map_full", "calls of functions past the function map's size, not counted"),
+            ("thread_map_full", "calls on threads past the thread map's size, not timed"),
+            ("bad_code_object", "evaluations of unreadable code objects"),
+            ("unmatched_return", "returns from calls made before tracing began"),
+            ("stop_failed", "failures to stop the command at its first evaluation"),
+            ("child_map_full", "forked children not followed (child map full)"),
+        ];
+        let said: Vec<String> = kinds.iter().filter(|(name, _)| n(name) > 0).map(|(name, what)| format!("{} {what}", thousands(n(name)))).collect();
+        if said.is_empty() {
+            "dropped: nothing\n".into()
+        } else {
+            format!("dropped: {}\n", said.join("; "))
+        }
     }
 }

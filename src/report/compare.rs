@@ -17,7 +17,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use super::{human_ns, thousands, PythonInfo};
-use crate::tracing::sample::{Frame, Sample};
+use crate::samples::{Frame, Sample};
 
 /// What one traced call costs when this run's samples cannot say (fewer
 /// than MIN_PROBE_SAMPLES inside the probes). Measured on the development
@@ -187,7 +187,7 @@ pub fn set_apart_probe_samples(samples: &mut [Sample]) -> u64 {
         let in_probes = s.frames.iter().any(|f| matches!(f.as_ref(), Frame::Kernel(name) if is_probe_frame(name)));
         if in_probes {
             s.frames = vec![probes.clone()];
-            set_apart += 1;
+            set_apart += s.count;
         } else {
             s.frames.retain(|f| !matches!(f.as_ref(), Frame::Kernel(_)));
         }
@@ -572,12 +572,12 @@ impl Comparison {
             t.duration_ns as f64 / 1e9
         );
         out += &format!(
-            "traced:  {} calls ({} evaluations) in {} functions, {} of self time, {} lost events\n",
-            thousands(t.calls),
-            thousands(t.evaluations),
-            thousands(t.functions as u64),
+            "traced:  {} ({}) in {}, {} of self time, {}\n",
+            super::counted(t.calls, "call"),
+            super::counted(t.evaluations, "evaluation"),
+            super::counted(t.functions as u64, "function"),
             human_ns(t.self_ns),
-            thousands(t.lost_events)
+            super::counted(t.lost_events, "lost event")
         );
         out += &format!(
             "sampled: {} samples at {} Hz, {} lost; {} inside pytrace's probes ({:.1}%), set apart\n",
@@ -650,7 +650,7 @@ impl Comparison {
         if self.functions.len() > top {
             let hidden = &self.functions[top..];
             let flagged = hidden.iter().filter(|r| !r.flags.is_empty()).count();
-            out += &format!("… {} more functions (--top), {} of them flagged (--json has every row)\n", hidden.len(), flagged);
+            out += &format!("… {} more {} (--top), {} of them flagged (--json has every row)\n", hidden.len(), super::plural(hidden.len() as u64, "function"), flagged);
         }
         out += "\nShares: traced of all traced self time (wall clock, every thread); sampled of the samples outside pytrace's\n\
                 probes (CPU time). *: without the probes' estimated cost. diff: sampled minus traced share, in points.\n";
@@ -957,10 +957,10 @@ mod tests {
         let py = Rc::new(Frame::Python { name: "loop".into(), file: "app.py".into(), line: 7, first_line: 4 });
         let k = |name: &str| Rc::new(Frame::Kernel(name.into()));
         let mut samples = vec![
-            Sample { pid: 1, tid: 1, frames: vec![py.clone(), k("asm_exc_int3"), k("irqentry_exit_to_user_mode")] },
-            Sample { pid: 1, tid: 1, frames: vec![py.clone(), k("entry_SYSCALL_64_after_hwframe"), k("__x64_sys_uretprobe")] },
-            Sample { pid: 1, tid: 1, frames: vec![py.clone(), k("entry_SYSCALL_64_after_hwframe"), k("__x64_sys_read")] },
-            Sample { pid: 1, tid: 1, frames: vec![py.clone()] },
+            Sample { pid: 1, tid: 1, frames: vec![py.clone(), k("asm_exc_int3"), k("irqentry_exit_to_user_mode")], count: 1 },
+            Sample { pid: 1, tid: 1, frames: vec![py.clone(), k("entry_SYSCALL_64_after_hwframe"), k("__x64_sys_uretprobe")], count: 1 },
+            Sample { pid: 1, tid: 1, frames: vec![py.clone(), k("entry_SYSCALL_64_after_hwframe"), k("__x64_sys_read")], count: 1 },
+            Sample { pid: 1, tid: 1, frames: vec![py.clone()], count: 1 },
         ];
         assert_eq!(set_apart_probe_samples(&mut samples), 2);
         assert_eq!(*samples[0].frames, [Rc::new(Frame::Probes)]);

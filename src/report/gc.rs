@@ -117,14 +117,14 @@ impl GcReport {
     pub fn to_table(&self) -> String {
         let collections: u64 = self.generations.iter().map(|g| g.collections).sum();
         let mut out = format!(
-            "pytrace gc: PID {}, Python {} ({} mode), {:.2} s, {} collections, {:.2}% of wall time in GC, {} lost events\n",
+            "pytrace gc: PID {}, Python {} ({} mode), {:.2} s, {}, {:.2}% of wall time in GC, {}\n",
             self.pid,
             self.python.version,
             self.python.mode,
             self.duration_ns as f64 / 1e9,
-            thousands(collections),
+            super::counted(collections, "collection"),
             self.gc_share * 100.0,
-            self.lost_events,
+            super::counted(self.lost_events, "lost event"),
         );
         out += &format!(
             "{:>10} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
@@ -142,6 +142,9 @@ impl GcReport {
                 human_ns(g.p99_ns),
                 human_ns(g.max_ns),
             );
+        }
+        if let Some(&merged) = self.counters.get("merged_collections").filter(|&&n| n > 0) {
+            out += &format!("{merged} collections ran inside another's pause and were each given its whole pause\n");
         }
         out
     }

@@ -85,13 +85,13 @@ impl ImportsReport {
             nodes.iter().map(|n| 1 + count(&n.children)).sum()
         }
         let mut out = format!(
-            "pytrace imports: PID {}, Python {} ({} mode), {:.2} s, {} imports, {} lost events\n",
+            "pytrace imports: PID {}, Python {} ({} mode), {:.2} s, {}, {}\n",
             self.pid,
             self.python.version,
             self.python.mode,
             self.duration_ns as f64 / 1e9,
-            count(&self.imports),
-            self.lost_events
+            super::counted(count(&self.imports) as u64, "import"),
+            super::counted(self.lost_events, "lost event"),
         );
         out += &format!("{:>10} {:>11}  {}\n", "self", "cumulative", "module (nested: imported by the one above)");
         fn walk(out: &mut String, nodes: &[ImportNode], depth: usize) {
@@ -111,7 +111,8 @@ impl ImportsReport {
         let shown = top.unwrap_or(usize::MAX).min(self.imports.len());
         walk(&mut out, &self.imports[..shown], 0);
         if self.imports.len() > shown {
-            out += &format!("… {} more top-level imports (--top)\n", self.imports.len() - shown);
+            let hidden = (self.imports.len() - shown) as u64;
+            out += &format!("… {} more {} (--top)\n", hidden, super::plural(hidden, "top-level import"));
         }
         out
     }

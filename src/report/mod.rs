@@ -5,43 +5,18 @@ pub mod calls;
 pub mod compare;
 pub mod gc;
 pub mod imports;
+pub mod output;
 pub mod profile;
 
-use std::fs::File;
-use std::io::{self, Write};
-use std::path::Path;
+use anyhow::Result;
 
-use anyhow::{Context, Result};
+pub use output::Output;
 
 /// Which Python a report is about and how pytrace saw it.
 #[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct PythonInfo {
     pub version: String,
     pub mode: String,
-}
-
-/// "-" is standard output; anything else is a file, created now so that an
-/// unwritable path fails before tracing starts, not after.
-pub enum Output {
-    Stdout,
-    File(std::path::PathBuf, File),
-}
-
-impl Output {
-    pub fn create(path: &Path) -> Result<Self> {
-        if path == Path::new("-") {
-            return Ok(Output::Stdout);
-        }
-        let file = File::create(path).with_context(|| format!("cannot write {}", path.display()))?;
-        Ok(Output::File(path.to_path_buf(), file))
-    }
-
-    pub fn write_all(&mut self, bytes: &[u8]) -> Result<()> {
-        match self {
-            Output::Stdout => io::stdout().write_all(bytes).context("failed to write to standard output"),
-            Output::File(path, file) => file.write_all(bytes).with_context(|| format!("failed to write {}", path.display())),
-        }
-    }
 }
 
 /// Writes a report: JSON to `json` if given, and the table to stdout unless
@@ -71,6 +46,16 @@ pub fn human_ns(ns: u64) -> String {
     }
 }
 
+/// "1 call", "1,234 calls": a count and its noun, plural unless it is one.
+pub fn counted(n: u64, noun: &str) -> String {
+    format!("{} {}", thousands(n), plural(n, noun))
+}
+
+/// The noun as `n` of it is written: "function", "functions".
+pub fn plural(n: u64, noun: &str) -> String {
+    if n == 1 { noun.to_string() } else { format!("{noun}s") }
+}
+
 /// 1234567 -> "1,234,567".
 pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
@@ -86,6 +71,13 @@ pub fn thousands(n: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn counts_take_their_plural() {
+        assert_eq!(super::counted(1, "function"), "1 function");
+        assert_eq!(super::counted(0, "lost event"), "0 lost events");
+        assert_eq!(super::counted(1234, "call"), "1,234 calls");
+    }
+
     use super::*;
 
     #[test]
@@ -97,11 +89,5 @@ mod tests {
         assert_eq!(thousands(0), "0");
         assert_eq!(thousands(1_234_567), "1,234,567");
         assert_eq!(thousands(100), "100");
-    }
-
-    #[test]
-    fn unwritable_output_fails_at_once() {
-        let err = Output::create(Path::new("/nonexistent-dir/out.json")).err().unwrap();
-        assert!(format!("{err:#}").starts_with("cannot write /nonexistent-dir/out.json"));
     }
 }

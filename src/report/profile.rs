@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::thousands;
-use crate::tracing::sample::{Frame, Sample};
+use crate::samples::{Frame, Sample};
 
 /// Samples aggregated into unique stacks (outermost frame first).
 pub struct Profile {
@@ -24,6 +24,33 @@ pub struct Profile {
     /// (thread label or "", stack) -> samples.
     stacks: BTreeMap<(String, Vec<Rc<Frame>>), u64>,
 }
+
+/// Counters of samples taken but not in the profile, and why.
+const DROPPED: &[(&str, &str)] = &[
+    ("lost", "ring buffer full"),
+    ("counts_map_full", "the kernel's count map was full until the next read"),
+    ("unresolved_stacks", "their frames never reached pytrace"),
+    ("profile_full", "new stacks past the profile's memory cap"),
+];
+
+/// What the other counters mean, for the footer.
+const COUNTED: &[(&str, &str)] = &[
+    ("bad_frame", "a frame could not be read: stacks end there"),
+    ("no_thread_state", "a thread without a Python thread state yet"),
+    ("kernel_stack_failed", "samples without their kernel frames"),
+    ("native_no_user_regs", "no user registers: no native frames"),
+    ("native_on_cpu", "--idle: running on another CPU, no native frames"),
+    ("native_unavailable", "samples without native frames"),
+    ("native_stack_cut", "native stacks deeper than the copy"),
+    ("native_unwind_lost", "native code without unwind information"),
+    ("native_unmatched", "native and Python frames not paired"),
+    ("stacks_forgotten", "stacks forgotten to bound memory, sent again when seen"),
+    ("stacks_renamed", "a code object was freed and another made at its address: named again"),
+    ("line_tables_not_kept", "line tables too large to cache, read again when needed"),
+    ("code_cache_flushes", "code object caches emptied at their memory cap"),
+    ("processes_not_sampled", "--all: processes left out, the process map was full"),
+    ("processes_exited", "--all: processes that exited during the run"),
+];
 
 pub fn label(frame: &Frame) -> String {
     match frame {
@@ -83,9 +110,10 @@ impl Profile {
                 },
                 None => String::new(),
             };
-            *stacks.entry((thread, s.frames.clone())).or_insert(0) += 1;
+            *stacks.entry((thread, s.frames.clone())).or_insert(0) += s.count;
         }
-        Profile { pid, python, hz, duration_ns, counters, total: samples.len() as u64, bpf_ns_per_sample: None, stacks }
+        let total = samples.iter().map(|s| s.count).sum();
+        Profile { pid, python, hz, duration_ns, counters, total, bpf_ns_per_sample: None, stacks }
     }
 
     /// Self and total samples per function, most total first.
@@ -131,17 +159,53 @@ impl Profile {
         }
     }
 
+    /// Samples taken but not in the profile, whatever dropped them.
     fn lost(&self) -> u64 {
-        self.counters.iter().filter(|(n, _)| *n == "lost").map(|(_, v)| v).sum()
+        self.counters.iter().filter(|(n, _)| DROPPED.iter().any(|(d, _)| d == n)).map(|(_, v)| v).sum()
+    }
+
+    /// The table's last lines: every sample dropped, by cause, and every
+    /// other counter that is not zero (a frame that could not be read, a
+    /// cache that had to give up), so that nothing is lost silently.
+    fn footer(&self) -> String {
+        let described = |table: &[(&str, &str)]| -> Vec<String> {
+            self.counters
+                .iter()
+                .filter(|(n, v)| *v > 0 && table.iter().any(|(d, _)| d == n))
+                .map(|(n, v)| {
+                    let why = table.iter().find(|(d, _)| d == n).map(|(_, w)| *w).unwrap_or("");
+                    format!("{} {n} ({why})", thousands(*v))
+                })
+                .collect()
+        };
+        let dropped = described(DROPPED);
+        let mut out = if dropped.is_empty() {
+            "dropped: none\n".to_string()
+        } else {
+            format!("dropped: {} samples: {}\n", thousands(self.lost()), dropped.join(", "))
+        };
+        let other: Vec<String> = self
+            .counters
+            .iter()
+            .filter(|(n, v)| *v > 0 && !DROPPED.iter().any(|(d, _)| d == n))
+            .map(|(n, v)| match COUNTED.iter().find(|(d, _)| d == n) {
+                Some((_, why)) => format!("{} {n} ({why})", thousands(*v)),
+                None => format!("{} {n}", thousands(*v)),
+            })
+            .collect();
+        if !other.is_empty() {
+            out += &format!("also counted: {}\n", other.join(", "));
+        }
+        out
     }
 
     pub fn to_table(&self, top: usize) -> String {
         let mut out = format!(
-            "pytrace sample: {}, {} Hz, {:.2} s, {} samples, {} lost\n",
+            "pytrace sample: {}, {} Hz, {:.2} s, {}, {} lost\n",
             self.subject(),
             self.hz,
             self.duration_ns as f64 / 1e9,
-            thousands(self.total),
+            super::counted(self.total, "sample"),
             thousands(self.lost()),
         );
         out += &format!("{:>7} {:>7}  {}\n", "self", "total", "function (file:line)");
@@ -149,7 +213,7 @@ impl Profile {
             let file = if f.file.is_empty() { String::new() } else { format!(" ({}:{})", f.file, f.line) };
             out += &format!("{:>6.1}% {:>6.1}%  {}{}\n", f.self_share * 100.0, f.total_share * 100.0, f.name, file);
         }
-        out
+        out + &self.footer()
     }
 
     /// Brendan Gregg's collapsed format: `frame;frame;... count`, outermost
@@ -186,7 +250,7 @@ impl Profile {
     pub fn to_flamegraph(&self) -> Result<Vec<u8>> {
         let folded = self.to_folded(true);
         let mut opts = inferno::flamegraph::Options::default();
-        opts.title = format!("pytrace sample: {}, {} samples", self.subject(), self.total);
+        opts.title = format!("pytrace sample: {}, {}", self.subject(), super::counted(self.total, "sample"));
         opts.colors = inferno::flamegraph::Palette::Multi(inferno::flamegraph::color::MultiPalette::Java);
         opts.count_name = "samples".into();
         let mut svg = Vec::new();
@@ -282,10 +346,10 @@ mod tests {
     fn profile() -> Profile {
         let main = py("main", 1);
         let samples = vec![
-            Sample { pid: 7, tid: 1, frames: vec![main.clone(), py("a", 5)] },
-            Sample { pid: 7, tid: 1, frames: vec![main.clone(), py("a", 6)] },
-            Sample { pid: 7, tid: 2, frames: vec![main.clone(), py("b", 9)] },
-            Sample { pid: 7, tid: 2, frames: vec![main.clone()] },
+            Sample { pid: 7, tid: 1, frames: vec![main.clone(), py("a", 5)], count: 1 },
+            Sample { pid: 7, tid: 1, frames: vec![main.clone(), py("a", 6)], count: 1 },
+            Sample { pid: 7, tid: 2, frames: vec![main.clone(), py("b", 9)], count: 1 },
+            Sample { pid: 7, tid: 2, frames: vec![main.clone()], count: 1 },
         ];
         let info = crate::report::PythonInfo { version: "3.11.2".into(), mode: "sample".into() };
         Profile::new(7, info, 99, 1, vec![], &samples, None)
@@ -320,7 +384,7 @@ mod tests {
             Rc::new(Frame::NativeIncomplete),
         ];
         let info = crate::report::PythonInfo { version: "3.11.2".into(), mode: "sample".into() };
-        let p = Profile::new(7, info, 99, 1, vec![], &[Sample { pid: 7, tid: 1, frames: stack }], None);
+        let p = Profile::new(7, info, 99, 1, vec![], &[Sample { pid: 7, tid: 1, frames: stack, count: 1 }], None);
         assert_eq!(p.to_folded(true), "main (f.py:1)_[j];deflate (libz.so.1)_[i];do_syscall_64_[k];[native stack incomplete] 1\n");
         let f = p.functions();
         assert!(f.iter().any(|x| x.name == "deflate" && x.file == "libz.so.1" && x.self_samples == 0 && x.total_samples == 1));

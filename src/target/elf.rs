@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use goblin::elf::{program_header::PT_LOAD, Elf};
 
+use super::files::{self, CheckedFile, FileId};
+
 /// The instruction that starts functions in CET builds (Debian's 3.13+).
 pub const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 
@@ -30,27 +32,52 @@ pub struct UsdtProbe {
 }
 
 pub struct ElfFile {
-    /// Where we opened it (in our mount namespace).
+    /// A path that reaches this very file (/proc/self/fd/N of the checked
+    /// file held open here): what libbpf attaches uprobes to.
     pub path: PathBuf,
+    /// What the target calls it, for messages.
+    pub name: String,
+    /// Its identity: the target's mapping of it must have the same.
+    pub id: FileId,
+    /// Held open so that `path` stays this file.
+    _file: CheckedFile,
     bytes: Vec<u8>,
-    symbols: HashMap<String, u64>,
+    /// Link-time address and size of each symbol.
+    symbols: HashMap<String, (u64, u64)>,
     segments: Vec<Segment>,
     pub is_shared_object: bool,
     pub needed: Vec<String>,
+    /// DT_RPATH (searched before LD_LIBRARY_PATH) and DT_RUNPATH (after it).
+    pub rpaths: Vec<String>,
     pub runpaths: Vec<String>,
     pub usdt_probes: Vec<UsdtProbe>,
+    /// R_X86_64_RELATIVE relocations (.rela.dyn) of a PIE or shared
+    /// object: the link-time address the loader writes at each place. A
+    /// table of addresses (the interpreter's opcode handlers) is zeros in
+    /// such a file and holds these addends once loaded.
+    relative_relocs: HashMap<u64, u64>,
 }
 
+/// x86-64's "base address plus addend" relocation type.
+const R_X86_64_RELATIVE: u32 = 8;
+
 impl ElfFile {
+    /// A file on pytrace's own command line (`info --binary`, tests).
     pub fn open(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).with_context(|| format!("failed to read {}", path.display()))?;
-        let (symbols, segments, is_shared_object, needed, runpaths, usdt_probes) = {
-            let elf = Elf::parse(&bytes).with_context(|| format!("{} is not an ELF file", path.display()))?;
+        Self::read(files::open_local(path)?)
+    }
+
+    /// Reads and parses a checked file (src/target/files.rs), keeping it open.
+    pub fn read(file: CheckedFile) -> Result<Self> {
+        let bytes = file.read_all()?;
+        let name = file.name.clone();
+        let (symbols, segments, is_shared_object, needed, rpaths, runpaths, usdt_probes, relative_relocs) = {
+            let elf = Elf::parse(&bytes).with_context(|| format!("{name} is not an ELF file"))?;
             let mut symbols = HashMap::new();
             for (syms, strtab) in [(&elf.dynsyms, &elf.dynstrtab), (&elf.syms, &elf.strtab)] {
                 for sym in syms.iter().filter(|s| s.st_value != 0) {
                     if let Some(name) = strtab.get_at(sym.st_name) {
-                        symbols.entry(name.to_string()).or_insert(sym.st_value);
+                        symbols.entry(name.to_string()).or_insert((sym.st_value, sym.st_size));
                     }
                 }
             }
@@ -61,31 +88,48 @@ impl ElfFile {
                 .map(|ph| Segment { vaddr: ph.p_vaddr, offset: ph.p_offset, filesz: ph.p_filesz })
                 .collect();
             let needed = elf.libraries.iter().map(|s| s.to_string()).collect();
-            let runpaths = elf
-                .runpaths
-                .iter()
-                .chain(elf.rpaths.iter())
-                .flat_map(|s| s.split(':'))
-                .map(str::to_string)
-                .collect();
+            let split = |paths: &[&str]| paths.iter().flat_map(|s| s.split(':')).map(str::to_string).collect::<Vec<_>>();
+            // The loader ignores DT_RPATH where DT_RUNPATH is present.
+            let (rpaths, runpaths) =
+                if elf.runpaths.is_empty() { (split(&elf.rpaths), Vec::new()) } else { (Vec::new(), split(&elf.runpaths)) };
             let usdt_probes = parse_usdt_notes(&elf, &bytes);
-            (symbols, segments, elf.header.e_type == goblin::elf::header::ET_DYN, needed, runpaths, usdt_probes)
+            let relative_relocs = elf
+                .dynrelas
+                .iter()
+                .filter(|r| r.r_type == R_X86_64_RELATIVE)
+                .filter_map(|r| Some((r.r_offset, u64::try_from(r.r_addend?).ok()?)))
+                .collect();
+            (symbols, segments, elf.header.e_type == goblin::elf::header::ET_DYN, needed, rpaths, runpaths, usdt_probes, relative_relocs)
         };
         Ok(Self {
-            path: path.to_path_buf(),
+            path: file.fd_path(),
+            name,
+            id: file.id,
+            _file: file,
             bytes,
             symbols,
             segments,
             is_shared_object,
             needed,
+            rpaths,
             runpaths,
             usdt_probes,
+            relative_relocs,
         })
     }
 
     /// Link-time address of a symbol, from .dynsym or .symtab.
     pub fn symbol(&self, name: &str) -> Option<u64> {
-        self.symbols.get(name).copied()
+        self.symbols.get(name).map(|&(addr, _)| addr)
+    }
+
+    /// A function symbol's machine code, as far as the symbol's size says
+    /// (at most `max` bytes).
+    pub fn function_code(&self, name: &str, max: usize) -> Option<&[u8]> {
+        let &(addr, size) = self.symbols.get(name)?;
+        let len = (size as usize).clamp(1, max);
+        let segment = self.segment_range(addr)?;
+        self.read_static(addr, len.min((segment.end - addr) as usize)).ok()
     }
 
     /// File offset of a link-time address, as uprobes want it.
@@ -94,7 +138,7 @@ impl ElfFile {
             .iter()
             .find(|s| vaddr >= s.vaddr && vaddr < s.vaddr + s.filesz)
             .map(|s| vaddr - s.vaddr + s.offset)
-            .with_context(|| format!("address {vaddr:#x} is in no loaded segment of {}", self.path.display()))
+            .with_context(|| format!("address {vaddr:#x} is in no loaded segment of {}", self.name))
     }
 
     /// Bytes stored in the file at a link-time address (read-only data).
@@ -102,14 +146,14 @@ impl ElfFile {
         let offset = self.file_offset(vaddr)? as usize;
         self.bytes
             .get(offset..offset + len)
-            .with_context(|| format!("{len} bytes at {vaddr:#x} run past the end of {}", self.path.display()))
+            .with_context(|| format!("{len} bytes at {vaddr:#x} run past the end of {}", self.name))
     }
 
     /// Difference between run-time and link-time addresses, given where the
     /// file's first page is mapped.
     pub fn load_bias(&self, first_page: u64) -> Result<u64> {
         let Some(first) = self.segments.iter().find(|s| s.offset == 0).or(self.segments.first()) else {
-            bail!("{} has no loadable segment", self.path.display());
+            bail!("{} has no loadable segment", self.name);
         };
         Ok(first_page.wrapping_sub(first.vaddr & !0xfff))
     }
@@ -129,6 +173,29 @@ impl ElfFile {
         self.segments
             .iter()
             .filter_map(|s| Some((s.vaddr, self.bytes.get(s.offset as usize..(s.offset + s.filesz) as usize)?)))
+    }
+
+    /// Each loadable segment's link-time address and its 8-byte words as
+    /// the loader leaves them, less the load bias: a word a RELATIVE
+    /// relocation targets holds its addend (a link-time address), as the
+    /// same table does in the file of a non-PIE executable.
+    pub fn segment_words(&self) -> impl Iterator<Item = (u64, Vec<u64>)> + '_ {
+        self.segment_bytes().map(|(vaddr, bytes)| {
+            // From the first 8-byte aligned address: tables of pointers are aligned.
+            let skip = (vaddr.wrapping_neg() % 8) as usize;
+            let start = vaddr + skip as u64;
+            let words = bytes
+                .get(skip..)
+                .unwrap_or_default()
+                .chunks_exact(8)
+                .enumerate()
+                .map(|(i, w)| {
+                    let at = start + 8 * i as u64;
+                    self.relative_relocs.get(&at).copied().unwrap_or_else(|| u64::from_le_bytes(w.try_into().unwrap()))
+                })
+                .collect();
+            (start, words)
+        })
     }
 
     pub fn has_usdt(&self, provider: &str, name: &str) -> bool {
@@ -155,36 +222,54 @@ fn parse_usdt_notes(elf: &Elf, bytes: &[u8]) -> Vec<UsdtProbe> {
     probes
 }
 
-/// Finds a shared library the way the dynamic loader would, enough for
-/// CPython: RUNPATH/RPATH (with $ORIGIN), LD_LIBRARY_PATH, ld.so.conf, then
-/// the default directories. `root` prefixes every path (a target's /proc
-/// root, or "" for ours).
-pub fn find_library(exe: &ElfFile, exe_dir: &Path, name: &str, root: &str) -> Option<PathBuf> {
-    let mut dirs: Vec<String> = exe
-        .runpaths
-        .iter()
-        .map(|d| d.replace("$ORIGIN", &exe_dir.to_string_lossy()).replace("${ORIGIN}", &exe_dir.to_string_lossy()))
-        .collect();
-    if let Ok(paths) = std::env::var("LD_LIBRARY_PATH") {
-        dirs.extend(paths.split(':').filter(|d| !d.is_empty()).map(str::to_string));
-    }
-    dirs.extend(ld_so_conf_dirs(root));
+/// Finds a shared library the way the dynamic loader of process `pid` (at
+/// its exec, or pytrace itself) will, enough for CPython: RPATH, the
+/// process's LD_LIBRARY_PATH, RUNPATH (both with $ORIGIN; a LD_LIBRARY_PATH
+/// pointing at another copy of libpython wins over the RUNPATH pyenv's
+/// executables carry), ld.so.conf, then the default directories, all inside
+/// its root (see files::open_in_root: no path leads out of it). Returns the
+/// path as the process names it.
+pub fn find_library(exe: &ElfFile, exe_dir: &Path, name: &str, pid: u32) -> Option<String> {
+    let origin = |d: &String| d.replace("$ORIGIN", &exe_dir.to_string_lossy()).replace("${ORIGIN}", &exe_dir.to_string_lossy());
+    let mut dirs: Vec<String> = exe.rpaths.iter().map(origin).collect();
+    let ld_library_path = environment_variable(pid, "LD_LIBRARY_PATH").unwrap_or_default();
+    dirs.extend(ld_library_path.split(':').filter(|d| !d.is_empty()).map(str::to_string));
+    dirs.extend(exe.runpaths.iter().map(origin));
+    dirs.extend(ld_so_conf_dirs(pid));
     for d in ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib"] {
         dirs.push(d.to_string());
     }
-    dirs.iter().map(|d| PathBuf::from(format!("{root}{d}/{name}"))).find(|p| p.exists())
+    dirs.iter().map(|d| format!("{d}/{name}")).find(|p| files::exists_in_root(pid, p))
 }
 
-fn ld_so_conf_dirs(root: &str) -> Vec<String> {
+/// A process's environment is at most this large to pytrace (the kernel
+/// allows more; the loader variables sit among the first ones in practice).
+const MAX_ENVIRON_BYTES: u64 = 1 << 20;
+
+/// One variable of process `pid`'s environment as it was at its exec (the
+/// loader reads it then).
+fn environment_variable(pid: u32, name: &str) -> Option<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(format!("/proc/{pid}/environ")).ok()?.take(MAX_ENVIRON_BYTES).read_to_end(&mut bytes).ok()?;
+    let prefix = format!("{name}=");
+    bytes.split(|&b| b == 0).find_map(|entry| entry.strip_prefix(prefix.as_bytes())).map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// ld.so.conf is at most this large; more is not a loader configuration.
+const MAX_CONF_BYTES: usize = 1 << 20;
+
+fn ld_so_conf_dirs(pid: u32) -> Vec<String> {
     let mut dirs = Vec::new();
-    let mut files = vec![PathBuf::from(format!("{root}/etc/ld.so.conf"))];
-    if let Ok(entries) = std::fs::read_dir(format!("{root}/etc/ld.so.conf.d")) {
-        let mut confs: Vec<_> = entries.flatten().map(|e| e.path()).collect();
-        confs.sort();
-        files.extend(confs);
-    }
-    for file in files {
-        let Ok(text) = std::fs::read_to_string(&file) else { continue };
+    let read = |path: &str| -> Option<String> {
+        let bytes = files::open_in_root(pid, path).ok()?.read_all().ok()?;
+        (bytes.len() <= MAX_CONF_BYTES).then(|| String::from_utf8_lossy(&bytes).into_owned())
+    };
+    let mut texts = vec![read("/etc/ld.so.conf")];
+    let mut confs: Vec<String> = files::list_dir_in_root(pid, "/etc/ld.so.conf.d", 256).iter().map(|n| format!("/etc/ld.so.conf.d/{n}")).collect();
+    confs.sort();
+    texts.extend(confs.iter().map(|c| read(c)));
+    for text in texts.into_iter().flatten() {
         for line in text.lines().map(str::trim) {
             if line.starts_with('/') {
                 dirs.push(line.to_string());
@@ -204,6 +289,7 @@ mod tests {
         let main = me.symbol("main").expect("a test binary has main");
         let offset = me.file_offset(main).unwrap();
         assert!(offset > 0 && offset < std::fs::metadata(&me.path).unwrap().len());
+        assert!(me.function_code("main", 64).is_some_and(|code| !code.is_empty() && code.len() <= 64));
         assert!(me.symbol("no_such_symbol_anywhere").is_none());
     }
 
@@ -211,7 +297,7 @@ mod tests {
     fn finds_libc_like_the_loader() {
         let me = ElfFile::open(&std::env::current_exe().unwrap()).unwrap();
         assert!(me.needed.iter().any(|n| n.starts_with("libc.so")));
-        let libc = find_library(&me, Path::new("/"), "libc.so.6", "").expect("libc is installed");
-        assert!(libc.exists());
+        let libc = find_library(&me, Path::new("/"), "libc.so.6", std::process::id()).expect("libc is installed");
+        assert!(Path::new(&libc).exists());
     }
 }

@@ -115,8 +115,8 @@ fn wait_for_python(pid: libc::pid_t, program: &str) -> Result<Python> {
             deliver = stop;
         }
         if exec_stop {
-            let exe = crate::target::proc::exe_path(pid as u32)?;
-            match Python::from_executable(Path::new(&exe), "") {
+            let (exe, _) = crate::target::proc::exe_path(pid as u32)?;
+            match Python::from_executable(Path::new(&exe), Some(pid as u32)) {
                 Ok(Some(python)) => return Ok(python),
                 Ok(None) => {}
                 Err(e) => {

@@ -4,7 +4,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
@@ -14,12 +14,19 @@ pub struct Mapping {
     pub start: u64,
     pub end: u64,
     pub offset: u64,
+    /// The mapped file's identity (st_dev, st_ino), which no path walk can
+    /// fake: files are opened through the target and checked against it
+    /// (src/target/files.rs).
+    pub dev: u64,
     pub inode: u64,
     pub executable: bool,
     /// The path as the kernel names it to us: inside the target's mount
     /// namespace for a container, the full host path for a chroot; `[vdso]`
-    /// for the vDSO.
+    /// for the vDSO. A name for messages only, never opened.
     pub path: String,
+    /// The file was unlinked or replaced on disk since it was mapped (the
+    /// kernel says " (deleted)"): whatever the path holds now is another file.
+    pub deleted: bool,
 }
 
 pub fn exists(pid: u32) -> bool {
@@ -46,29 +53,59 @@ pub fn command_name(pid: u32) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// Where we can open a file the target has mapped. In a container (another
-/// mount namespace) the name is only valid under /proc/PID/root; in a chroot
-/// the kernel already gives the host path. The inode from the mapping picks
-/// the right one, so a same-named file on the host is never taken for it.
-pub fn host_path(pid: u32, path: &str, inode: u64) -> PathBuf {
-    use std::os::unix::fs::MetadataExt;
-    let candidates = [PathBuf::from(format!("/proc/{pid}/root{path}")), PathBuf::from(path)];
-    candidates
-        .iter()
-        .find(|p| std::fs::metadata(p).is_ok_and(|m| inode == 0 || m.ino() == inode))
-        .unwrap_or(&candidates[0])
-        .clone()
+/// The target's executable as the target names it (a name, never opened:
+/// see src/target/files.rs), and whether it was deleted or replaced since.
+pub fn exe_path(pid: u32) -> Result<(String, bool)> {
+    let link = std::fs::read_link(format!("/proc/{pid}/exe")).with_context(|| format!("failed to read the link /proc/{pid}/exe"))?;
+    let link = link.to_string_lossy();
+    Ok((strip_deleted(&link).to_string(), link.ends_with(DELETED)))
 }
 
-/// The target's executable as the target names it.
-pub fn exe_path(pid: u32) -> Result<String> {
-    let link = std::fs::read_link(format!("/proc/{pid}/exe"))
-        .with_context(|| format!("failed to read /proc/{pid}/exe"))?;
-    Ok(strip_deleted(&link.to_string_lossy()).to_string())
+/// When the process started, in clock ticks after boot (field 22 of
+/// /proc/PID/stat): with the PID, names one process for good, since PIDs
+/// are reused.
+pub fn start_time(pid: u32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("failed to read /proc/{pid}/stat"))?;
+    // Fields after the command name (in parentheses, which may hold anything).
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().nth(19))
+        .and_then(|t| t.parse().ok())
+        .with_context(|| format!("/proc/{pid}/stat has no start time"))
 }
+
+const DELETED: &str = " (deleted)";
 
 fn strip_deleted(path: &str) -> &str {
-    path.strip_suffix(" (deleted)").unwrap_or(path)
+    path.strip_suffix(DELETED).unwrap_or(path)
+}
+
+/// The processes descended from `roots` (children, their children, ...),
+/// at most `max`, found by parent PID; not the roots themselves.
+pub fn descendants(roots: &[u32], max: usize) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let parent_of: Vec<(u32, u32)> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().nth(1))?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut found: Vec<u32> = Vec::new();
+    let mut frontier = roots.to_vec();
+    while let Some(parent) = frontier.pop() {
+        for &(pid, _) in parent_of.iter().filter(|&&(pid, ppid)| ppid == parent && !roots.contains(&pid)) {
+            if found.len() >= max {
+                return found;
+            }
+            if !found.contains(&pid) {
+                found.push(pid);
+                frontier.push(pid);
+            }
+        }
+    }
+    found
 }
 
 /// The process's mappings of files, in address order.
@@ -94,7 +131,8 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
     let (start, end) = fields.next()?.split_once('-')?;
     let executable = fields.next()?.contains('x');
     let offset = u64::from_str_radix(fields.next()?, 16).ok()?;
-    let _dev = fields.next()?;
+    let (major, minor) = fields.next()?.split_once(':')?;
+    let dev = libc::makedev(u32::from_str_radix(major, 16).ok()?, u32::from_str_radix(minor, 16).ok()?);
     let inode = fields.next()?.parse().ok()?;
     let path = fields.next()?.trim_start();
     if !path.starts_with('/') && path != "[vdso]" {
@@ -104,9 +142,11 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
         start: u64::from_str_radix(start, 16).ok()?,
         end: u64::from_str_radix(end, 16).ok()?,
         offset,
+        dev,
         inode,
         executable,
         path: strip_deleted(path).to_string(),
+        deleted: path.ends_with(DELETED),
     })
 }
 
@@ -169,7 +209,8 @@ mod tests {
         assert_eq!(m.start, 0x7f1c2a000000);
         assert_eq!(m.offset, 0x42000);
         assert_eq!(m.path, "/usr/lib/libpython3.11.so.1.0");
-        assert_eq!(m.inode, 1234);
+        assert!(m.deleted);
+        assert_eq!((m.dev, m.inode), (libc::makedev(8, 1), 1234));
         assert!(parse_maps_line("7ffd1000-7ffd2000 rw-p 00000000 00:00 0   [stack]").is_none());
         assert!(parse_maps_line("7ffd1000-7ffd2000 rw-p 00000000 00:00 0").is_none());
     }
@@ -181,6 +222,8 @@ mod tests {
         assert!(!parse_maps_line("7f1c2a000000-7f1c2a100000 r--p 00000000 08:01 1234     /usr/lib/libz.so.1").unwrap().executable);
         assert_eq!(parse_maps_line("7ffd1000-7ffd3000 r-xp 00000000 00:00 0   [vdso]").unwrap().path, "[vdso]");
         assert!(parse_maps_line("7ffd1000-7ffd3000 rwxp 00000000 00:00 0").is_none(), "anonymous code (a JIT) has no unwind information");
+        assert!(!parse_maps_line("7f1c2a000000-7f1c2a100000 r-xp 00042000 103:0a 1234     /usr/lib/libz.so.1").unwrap().deleted);
+        assert_eq!(parse_maps_line("7f1c2a000000-7f1c2a100000 r-xp 00042000 103:0a 1234     /usr/lib/libz.so.1").unwrap().dev, libc::makedev(0x103, 0xa));
         let mine = code_mappings(std::process::id()).unwrap();
         assert!(mine.iter().all(|m| m.executable) && mine.iter().any(|m| m.path == "[vdso]"));
         assert!(mine.windows(2).all(|w| w[0].start < w[1].start));
@@ -191,6 +234,7 @@ mod tests {
     fn this_process_is_running_and_readable() {
         let pid = std::process::id();
         assert!(is_running(pid));
+        assert!(start_time(pid).unwrap() > 0 && start_time(pid).unwrap() == start_time(pid).unwrap());
         let value: u64 = 0x1122_3344_5566_7788;
         let mem = Memory::open(pid).unwrap();
         assert_eq!(mem.read_u64(&value as *const u64 as u64).unwrap(), value);

@@ -6,14 +6,14 @@ use std::collections::HashMap;
 use std::mem::MaybeUninit;
 
 use anyhow::{bail, Context, Result};
-use hdrhistogram::Histogram;
 use libbpf_rs::skel::SkelBuilder;
-use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder, UprobeOpts};
 
 use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, histogram, poll_until, read_counters};
 use crate::bpf::calls::types::{calls_counter, func_key, func_stats, new_function, py_layout};
 use crate::bpf::calls::{CallsSkel, CallsSkelBuilder};
 use crate::python::layouts::NO_FIELD;
+use crate::python::generator_close::CloseProbe;
 use crate::python::inlined_init::InitProbe;
 use crate::python::{strings, Python, EVAL_FRAME_SYMBOL};
 
@@ -35,11 +35,11 @@ pub struct FunctionTotals {
     pub outermost_calls: u64,
     /// Evaluations entered during the outermost calls.
     pub nested_calls: u64,
-    pub latency: Histogram<u64>,
+    pub latency: histogram::Latency,
 }
 
 /// Counters from bpf/calls.h's enum calls_counter, by name.
-pub const COUNTER_NAMES: [(&str, calls_counter); 11] = [
+pub const COUNTER_NAMES: [(&str, calls_counter); 15] = [
     ("new_function_lost", calls_counter::CALLS_NEW_FUNCTION_LOST),
     ("function_map_full", calls_counter::CALLS_FUNCTION_MAP_FULL),
     ("thread_map_full", calls_counter::CALLS_THREAD_MAP_FULL),
@@ -50,7 +50,11 @@ pub const COUNTER_NAMES: [(&str, calls_counter); 11] = [
     ("inferred_returns", calls_counter::CALLS_INFERRED_RETURN),
     ("stack_resyncs", calls_counter::CALLS_STACK_RESYNC),
     ("inlined_init_calls", calls_counter::CALLS_INLINED_INIT),
+    ("inlined_getitem_calls", calls_counter::CALLS_INLINED_CALL),
+    ("skipped_close_calls", calls_counter::CALLS_SKIPPED_CLOSE),
     ("evaluations", calls_counter::CALLS_EVALUATIONS),
+    ("child_map_full", calls_counter::CALLS_CHILD_MAP_FULL),
+    ("thread_exits", calls_counter::CALLS_THREAD_EXITS),
 ];
 
 pub struct CallsData {
@@ -78,6 +82,9 @@ pub struct Plan<'a> {
     pub stop_at_first_eval: bool,
     /// Attach programs that return at once (scripts/bench.sh's floor).
     pub empty_probe: bool,
+    /// Told each process the target forks while traced (it inherits the
+    /// eval-frame hook), as the poll loop finds it.
+    pub on_child: &'a dyn Fn(u32),
 }
 
 type Names = HashMap<(u64, u64, u32), (String, String)>;
@@ -90,6 +97,8 @@ pub struct Session<'obj> {
     skel: CallsSkel<'obj>,
     links: RefCell<Vec<Link>>,
     names: RefCell<Names>,
+    /// Children of the target already handed to `on_child`.
+    children_seen: RefCell<std::collections::HashSet<u32>>,
 }
 
 impl<'obj> Session<'obj> {
@@ -110,10 +119,11 @@ impl<'obj> Session<'obj> {
         rodata.cfg.empty_probe = plan.empty_probe as u64;
         rodata.cfg.heaptype_spec_init = l.heaptype_spec_init;
         rodata.cfg.function_code = l.function_code;
+        rodata.cfg.gen_iframe = l.gen_iframe;
         // Load only the programs this kernel and mode can run: a session
-        // program does not load where the kernel has no uprobe sessions.
-        // Nor does one with a compare-and-swap before Linux 5.12: those
-        // kernels get the *_no_cas twins.
+        // program does not load where the kernel has no uprobe sessions,
+        // nor one with a compare-and-swap before Linux 5.12 (those kernels
+        // get the *_no_cas twins).
         let sessions = has_uprobe_sessions();
         let cas = has_compare_and_swap();
         let uprobe_mode = plan.mode == Mode::Uprobe;
@@ -128,9 +138,23 @@ impl<'obj> Session<'obj> {
         open.progs.usdt_function_return_no_cas.set_autoload(!uprobe_mode && !cas);
         let inlined_init = plan.python.inlined_init_probe().filter(|_| uprobe_mode);
         open.progs.inlined_init.set_autoload(inlined_init.is_some());
+        let cookies = has_attach_cookies();
+        open.progs.inline_frame.set_autoload(uprobe_mode && cookies && plan.python.inlined_getitem_probe().is_some());
+        open.progs.skipped_close.set_autoload(uprobe_mode && cookies && matches!(plan.python.skipped_close_probe(), CloseProbe::Sites(_)));
         let skel = crate::bpf::load::load("calls", open)?;
         let links = attach(&skel.progs, plan)?;
-        Ok(Session { skel, links: RefCell::new(links), names: RefCell::new(HashMap::new()) })
+        Ok(Session { skel, links: RefCell::new(links), names: RefCell::new(HashMap::new()), children_seen: RefCell::new(Default::default()) })
+    }
+
+    /// Between polls: hands the target's new children to `plan.on_child`.
+    pub fn between_polls(&self, plan: &Plan) {
+        for key in self.skel.maps.children.keys() {
+            let Ok(bytes) = <[u8; 4]>::try_from(key.as_slice()) else { continue };
+            let child = u32::from_ne_bytes(bytes);
+            if self.children_seen.borrow_mut().insert(child) {
+                (plan.on_child)(child);
+            }
+        }
     }
 
     /// Adds this session's ring buffer (new functions' names) to `builder`.
@@ -169,7 +193,11 @@ pub fn run(
     let ring = builder.build()?;
 
     attached()?;
-    let polled = poll_until(&ring, "calls", keep_going);
+    let mut keep_going = keep_going;
+    let polled = poll_until(&ring, "calls", || {
+        session.between_polls(plan);
+        keep_going()
+    });
     // Detach before reading the maps, and even if polling failed.
     session.detach();
     polled?;
@@ -206,6 +234,32 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
                         .with_context(|| format!("failed to attach to the allocation of inlined __init__ calls in {}", python.target_path))?,
                 );
             }
+            // Calls some builds run without entering the eval function
+            // (the kernel emulates the branches these sit on).
+            let with_cookie = |cookie| UprobeOpts { cookie, ..Default::default() };
+            if let Some(probe) = python.inlined_getitem_probe().filter(|_| has_attach_cookies()) {
+                let offset = python.elf.file_offset(probe.address)? as usize;
+                links.push(
+                    progs
+                        .inline_frame
+                        .attach_uprobe_with_opts(pid, path, offset, with_cookie(probe.frame_register as u64))
+                        .map_err(exited)
+                        .with_context(|| format!("failed to attach to BINARY_SUBSCR_GETITEM's inlined calls in {}", python.target_path))?,
+                );
+            }
+            if let (CloseProbe::Sites(sites), true) = (python.skipped_close_probe(), has_attach_cookies()) {
+                for site in sites {
+                    let offset = python.elf.file_offset(site.address)? as usize;
+                    let cookie = site.gen_register as u64 | (site.fast_when_zf as u64) << 8;
+                    links.push(
+                        progs
+                            .skipped_close
+                            .attach_uprobe_with_opts(pid, path, offset, with_cookie(cookie))
+                            .map_err(exited)
+                            .with_context(|| format!("failed to attach to generator close()'s fast path in {}", python.target_path))?,
+                    );
+                }
+            }
             links
         }
         Mode::Usdt => {
@@ -227,6 +281,10 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
             ]
         }
     };
+    // Every mode: exited threads leave the thread map, forks are followed.
+    let mut links = links;
+    links.push(progs.task_exited.attach().context("failed to attach to the sched_process_exit tracepoint")?);
+    links.push(progs.target_forked.attach().context("failed to attach to the sched_process_fork tracepoint")?);
     ensure_still_running(plan.pid)?;
     Ok(links)
 }
@@ -235,6 +293,13 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
 /// each function's maximum latency exact (see close_top in bpf/calls.bpf.c).
 fn has_compare_and_swap() -> bool {
     crate::kernel::Kernel::get().has(crate::kernel::Feature::AtomicCompareExchange)
+}
+
+/// Whether uprobes carry a BPF cookie (Linux 5.15+): the probes inside the
+/// eval loop (inline_frame, skipped_close) learn their site's registers
+/// from it.
+fn has_attach_cookies() -> bool {
+    crate::kernel::Kernel::get().has(crate::kernel::Feature::AttachCookie)
 }
 
 fn record_name(names: &mut Names, bytes: &[u8]) {
@@ -275,7 +340,7 @@ fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsDa
             child_calls: 0,
             outermost_calls: 0,
             nested_calls: 0,
-            latency: histogram::new_histogram(),
+            latency: histogram::Latency::default(),
         };
         let mut s = func_stats::default();
         plain::copy_from_bytes(&mut s, &value).map_err(|_| anyhow::anyhow!("bad value size"))?;
@@ -287,7 +352,7 @@ fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsDa
         totals.child_calls = s.child_calls;
         totals.outermost_calls = s.outermost_calls;
         totals.nested_calls = s.nested_calls;
-        histogram::add_buckets(&mut totals.latency, &s.hist);
+        totals.latency = histogram::Latency::from_kernel(&s.hist);
         functions.push(totals);
     }
 
@@ -306,13 +371,29 @@ unsafe impl plain::Plain for new_function {}
 pub fn caveats(python: &Python, mode: Mode) -> Vec<String> {
     let minor = (python.version.major, python.version.minor);
     let mut out = Vec::new();
-    if mode == Mode::Uprobe && minor == (3, 13) {
+    let no_cookies = || crate::kernel::Kernel::get().lacks(crate::kernel::Feature::AttachCookie, "counting them");
+    if mode == Mode::Uprobe && minor == (3, 13) && !python.layout.free_threaded {
         // 3.14 respects the hook there. Without the allocator probe, 1 of
         // 20 such calls was seen on Debian's 3.13.18.
         out.push(match python.inlined_init_probe() {
             Some(_) => "CPython 3.13 runs a class's __init__ inline at call sites it has specialized (CALL_ALLOC_AND_ENTER_INIT) even with the eval-frame hook set: those calls are counted (at the instance's allocation) but not timed, so __init__'s timed_calls is below its calls and their time is in the caller's self time".into(),
             None => "CPython 3.13 runs a class's __init__ inline at call sites it has specialized (CALL_ALLOC_AND_ENTER_INIT) even with the eval-frame hook set, and pytrace found no place to count them at: __init__ counts are lower bounds".into(),
         });
+    }
+    if mode == Mode::Uprobe && python.inlines_getitem_unhooked() {
+        out.push(match python.inlined_getitem_probe() {
+            Some(_) if !has_attach_cookies() => format!("CPython {} runs __getitem__ inline at `obj[i]` sites it has specialized (BINARY_SUBSCR_GETITEM) even with the eval-frame hook set (fixed in 3.11.4), and {}: __getitem__ counts are lower bounds, and what __getitem__ calls is attributed to its caller", python.version, no_cookies()),
+            Some(_) => format!("CPython {} runs __getitem__ inline at `obj[i]` sites it has specialized (BINARY_SUBSCR_GETITEM) even with the eval-frame hook set (fixed in 3.11.4): those calls are counted where the instruction starts them, but no probe sees them return, so each ends at the thread's next traced event: the time of such a __getitem__ is an upper bound, and its caller's self time short by as much", python.version),
+            None => format!("CPython {} runs __getitem__ inline at `obj[i]` sites it has specialized (BINARY_SUBSCR_GETITEM) even with the eval-frame hook set (fixed in 3.11.4), and pytrace found no place to count them at: __getitem__ counts are lower bounds, and what __getitem__ calls is attributed to its caller", python.version),
+        });
+    }
+    if mode == Mode::Uprobe {
+        match python.skipped_close_probe() {
+            CloseProbe::Sites(_) if !has_attach_cookies() => out.push(format!("close() of a generator or coroutine suspended outside any try block skips its frame (cProfile, which runs it, counts a call), and {}: generator and coroutine counts are lower bounds (by one per such close)", no_cookies())),
+            CloseProbe::Sites(_) => out.push("close() of a generator or coroutine suspended outside any try block skips its frame (cProfile, which runs it, counts a call): those calls are counted, untimed".into()),
+            CloseProbe::Unknown => out.push(format!("CPython {} may skip the frame of a generator or coroutine on close() where cProfile runs it and counts a call, and pytrace found no place to count those at: generator and coroutine counts are lower bounds (by one per such close)", python.version)),
+            CloseProbe::NotNeeded => {}
+        }
     }
     if mode == Mode::Usdt && minor >= (3, 11) {
         out.push("function__entry fires when a generator is created as well as when it resumes, so generator rows count one call more per generator".into());

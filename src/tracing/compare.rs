@@ -30,6 +30,7 @@ pub fn run(
 
     attached()?;
     let polled = poll_until(&ring, "calls and sample", || {
+        tracer.between_polls(plan);
         sampler.between_polls()?;
         keep_going()
     });

@@ -1,4 +1,6 @@
-//! The `gc` BPF session (bpf/gc.bpf.c): one event per garbage collection.
+//! The `gc` BPF session (bpf/gc.bpf.c): one event per garbage collection,
+//! from CPython's USDT probes or, without them, a hardware watchpoint on the
+//! collector's `collecting` flag (src/tracing/watchpoint.rs).
 
 use std::mem::MaybeUninit;
 
@@ -6,33 +8,45 @@ use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::{Link, RingBufferBuilder};
 
-use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, poll_until, read_counters};
-use crate::bpf::gc::types::{gc_counter, gc_event};
+use super::{attach_error, ensure_still_running, poll_until, read_counters, watchpoint};
+use crate::bpf::gc::types::{gc_counter, gc_event, gc_watch_target};
 use crate::bpf::gc::GcSkelBuilder;
-use crate::python::Python;
+use crate::python::{Python, EVAL_FRAME_SYMBOL, RUNTIME_SYMBOL};
+use crate::target::proc::Memory;
 
-/// The collector's main function in 3.9 to 3.12, whose second argument is
-/// the generation and whose return value is what gc__done reports.
-const GC_FUNCTION: &str = "gc_collect_main";
+/// How `gc` sees collections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// CPython's gc__start/gc__done USDT probes.
+    Usdt,
+    /// A hardware watchpoint on the main interpreter's gc.collecting, and
+    /// the generations' running totals read at each start and end.
+    Watchpoint,
+}
 
-pub use super::Mode;
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Usdt => "usdt",
+            Mode::Watchpoint => "watchpoint",
+        }
+    }
+}
 
-/// The mode `gc` uses for this interpreter, and why.
-pub fn choose_mode(python: &Python) -> Result<(Mode, &'static str)> {
+/// The mode `gc` uses for this interpreter (`requested` by --mode, else the
+/// probes where they exist), and why.
+pub fn choose_mode(python: &Python, requested: Option<Mode>) -> Result<(Mode, &'static str)> {
     let elf = &python.elf;
-    if elf.has_usdt("python", "gc__start") && elf.has_usdt("python", "gc__done") {
-        return Ok((Mode::Usdt, "the gc__start and gc__done probes"));
+    let probes = elf.has_usdt("python", "gc__start") && elf.has_usdt("python", "gc__done");
+    match requested {
+        Some(Mode::Usdt) if !probes => bail!(
+            "--mode usdt needs the gc__start and gc__done USDT probes, which {} does not have (built without --with-dtrace); use --mode watchpoint",
+            python.target_path
+        ),
+        Some(Mode::Usdt) | None if probes => Ok((Mode::Usdt, "the gc__start and gc__done probes")),
+        Some(Mode::Watchpoint) => Ok((Mode::Watchpoint, "asked for with --mode watchpoint: a hardware watchpoint on the main interpreter's gc.collecting")),
+        _ => Ok((Mode::Watchpoint, "no gc probes: a hardware watchpoint on the main interpreter's gc.collecting")),
     }
-    // 3.13 passes -1 (GENERATION_AUTO) for automatic collections and picks
-    // the generation inside (measured on pyenv's 3.13.0); 3.14 has no
-    // gc_collect_main.
-    if python.version.minor <= 12 && elf.symbol(GC_FUNCTION).is_some() {
-        return Ok((Mode::Uprobe, "no gc probes; gc_collect_main is in the symbol table"));
-    }
-    bail!(
-        "{} has neither the gc__start/gc__done USDT probes (built without --with-dtrace) nor a symbol table naming {GC_FUNCTION} (stripped): pytrace gc cannot see its collections",
-        python.target_path
-    )
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -48,46 +62,56 @@ pub struct GcData {
 }
 
 impl GcData {
+    /// Collections that were not reported: the ring buffer was full, or
+    /// (watchpoint mode) their totals could not be read.
     pub fn lost_events(&self) -> u64 {
-        self.counters.iter().filter(|(n, _)| *n == "event_lost").map(|(_, v)| v).sum()
+        self.counters.iter().filter(|(n, _)| matches!(*n, "event_lost" | "stats_unreadable")).map(|(_, v)| v).sum()
     }
 }
 
-/// Loads and attaches, calls `attached` once live, hands each collection to
+/// Loads and attaches, then calls `release` to let the target run: with
+/// `Some(at_first_eval)`, the target (a command pytrace started, in
+/// watchpoint mode) must be let go until its first frame evaluation, where
+/// it stops, and `at_first_eval` run there (it sets the watchpoint, which
+/// needs the interpreter to exist). Hands each collection to
 /// `on_collection` as it arrives, until `keep_going` says stop.
 pub fn run(
     pid: u32,
     python: &Python,
     mode: Mode,
-    attached: impl FnOnce() -> Result<()>,
+    started_by_us: bool,
+    release: impl FnOnce(Option<&mut dyn FnMut() -> Result<()>>) -> Result<()>,
     keep_going: impl FnMut() -> Result<bool>,
     mut on_collection: impl FnMut(Collection),
 ) -> Result<GcData> {
     let mut object = MaybeUninit::uninit();
     let mut open = GcSkelBuilder::default().open(&mut object).context("failed to open the gc BPF program")?;
-    let sessions = has_uprobe_sessions();
+    let watch = mode == Mode::Watchpoint;
     open.progs.usdt_gc_start.set_autoload(mode == Mode::Usdt);
     open.progs.usdt_gc_done.set_autoload(mode == Mode::Usdt);
-    open.progs.gc_collect_main.set_autoload(mode == Mode::Uprobe && sessions);
-    open.progs.gc_collect_main_entry.set_autoload(mode == Mode::Uprobe && !sessions);
-    open.progs.gc_collect_main_return.set_autoload(mode == Mode::Uprobe && !sessions);
-    let skel = crate::bpf::load::load("gc", open)?;
+    open.progs.collecting_written.set_autoload(watch);
+    open.progs.first_eval.set_autoload(watch && started_by_us);
+    let mut skel = crate::bpf::load::load("gc", open)?;
 
     let path = &python.elf.path;
     let what = || format!("failed to attach to the garbage collector of {}", python.target_path);
-    let links: Vec<Link> = match mode {
-        Mode::Usdt => vec![
-            skel.progs.usdt_gc_start.attach_usdt(pid as i32, path, "python", "gc__start").map_err(|e| attach_error(pid, e)).with_context(what)?,
-            skel.progs.usdt_gc_done.attach_usdt(pid as i32, path, "python", "gc__done").map_err(|e| attach_error(pid, e)).with_context(what)?,
-        ],
-        Mode::Uprobe => {
-            let addr = python.symbol(GC_FUNCTION)?;
-            let offset = entry_probe_offset(python.elf.read_static(addr, 8)?, python.elf.file_offset(addr)? as usize);
-            let p = &skel.progs;
-            attach_entry_and_return(&p.gc_collect_main, &p.gc_collect_main_entry, &p.gc_collect_main_return, pid, path, offset)
-                .with_context(what)?
+    let mut links: Vec<Link> = Vec::new();
+    let mut first_eval = None;
+    match mode {
+        Mode::Usdt => {
+            links.push(skel.progs.usdt_gc_start.attach_usdt(pid as i32, path, "python", "gc__start").map_err(|e| attach_error(pid, e)).with_context(what)?);
+            links.push(skel.progs.usdt_gc_done.attach_usdt(pid as i32, path, "python", "gc__done").map_err(|e| attach_error(pid, e)).with_context(what)?);
         }
-    };
+        Mode::Watchpoint if started_by_us => {
+            let offset = python.elf.file_offset(python.symbol(EVAL_FRAME_SYMBOL)?)? as usize;
+            first_eval = Some(skel.progs.first_eval.attach_uprobe(false, pid as i32, path, offset).map_err(|e| attach_error(pid, e)).with_context(what)?);
+        }
+        Mode::Watchpoint => {
+            let target = watch_target(pid, python)?;
+            skel.maps.bss_data.as_deref_mut().context("the gc BPF program has no .bss")?.target = target;
+            links.extend(watchpoint::watch_writes(&skel.progs.collecting_written, pid, target.collecting, 4)?);
+        }
+    }
     ensure_still_running(pid)?;
 
     let mut builder = RingBufferBuilder::new();
@@ -104,7 +128,19 @@ pub fn run(
         0
     })?;
     let ring = builder.build()?;
-    attached()?;
+    match first_eval {
+        Some(probe) => {
+            let mut at_first_eval = || -> Result<()> {
+                let target = watch_target(pid, python)?;
+                skel.maps.bss_data.as_deref_mut().context("the gc BPF program has no .bss")?.target = target;
+                links.extend(watchpoint::watch_writes(&skel.progs.collecting_written, pid, target.collecting, 4)?);
+                Ok(())
+            };
+            release(Some(&mut at_first_eval))?;
+            drop(probe);
+        }
+        None => release(None)?,
+    }
     let polled = poll_until(&ring, "gc", keep_going);
     drop(links);
     polled?;
@@ -112,9 +148,51 @@ pub fn run(
     drop(ring);
     let counters = read_counters(
         &skel.maps.counters,
-        &[("event_lost", gc_counter::GC_EVENT_LOST.0), ("unmatched_done", gc_counter::GC_UNMATCHED_DONE.0)],
+        &[
+            ("event_lost", gc_counter::GC_EVENT_LOST.0),
+            ("unmatched_done", gc_counter::GC_UNMATCHED_DONE.0),
+            ("stats_unreadable", gc_counter::GC_STATS_UNREADABLE.0),
+            ("empty_brackets", gc_counter::GC_EMPTY_BRACKET.0),
+            ("merged_collections", gc_counter::GC_MERGED.0),
+        ],
     )?;
     Ok(GcData { counters })
+}
+
+/// Where the watchpoint program finds the main interpreter's collector:
+/// its `collecting` flag and its generations' totals, from the layout and
+/// the interpreter's address, read now. Fails, saying so, if the
+/// interpreter does not exist yet or its state is not a collector's.
+fn watch_target(pid: u32, python: &Python) -> Result<gc_watch_target> {
+    let l = &python.layout;
+    let bias = python.load_bias_in(pid)?;
+    let mem = Memory::open(pid)?;
+    let runtime = python.symbol(RUNTIME_SYMBOL)?.wrapping_add(bias);
+    let interp = mem.read_u64(runtime + l.runtime_interpreters_main as u64).context("failed to read the main interpreter's address")?;
+    if interp == 0 {
+        bail!("process {pid} has no main interpreter yet (_PyRuntime.interpreters.main is NULL)");
+    }
+    let gc = interp + l.interp_gc as u64;
+    let collecting = gc + l.gc_collecting as u64;
+    let mut flag = [0u8; 4];
+    mem.read(collecting, &mut flag).context("failed to read the collector's state")?;
+    if u32::from_ne_bytes(flag) > 1 {
+        bail!("the main interpreter of process {pid} does not hold a collector's state where its layout says (gc.collecting = {:#x})", u32::from_ne_bytes(flag));
+    }
+    Ok(gc_watch_target {
+        collecting,
+        stats: gc + l.gc_stats as u64,
+        tgid: pid,
+        stats_indirect: l.gc_stats_indirect as u32,
+        generation_items: l.gc_generation_items,
+        generation_ring: l.gc_generation_ring,
+        generation_index: l.gc_generation_index,
+        item_size: l.gc_item_size,
+        item_collections: l.gc_item_collections,
+        item_collected: l.gc_item_collected,
+        item_uncollectable: l.gc_item_uncollectable,
+        ..Default::default()
+    })
 }
 
 // SAFETY: a plain integer struct generated from bpf/gc.h.

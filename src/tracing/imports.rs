@@ -1,5 +1,6 @@
 //! The `imports` BPF session (bpf/imports.bpf.c): the start and end of each
-//! module import, in order.
+//! module import, in order, from CPython's USDT probes or, without them, a
+//! uprobe on the eval function (importlib's _find_and_load called from C).
 
 use std::mem::MaybeUninit;
 
@@ -7,21 +8,48 @@ use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::RingBufferBuilder;
 
-use super::{attach_error, ensure_still_running, poll_until, read_counters};
-use crate::bpf::imports::types::{import_counter, import_event, import_phase};
+use super::{attach_entry_and_return, attach_error, ensure_still_running, entry_probe_offset, has_uprobe_sessions, poll_until, read_counters};
+use crate::bpf::imports::types::{import_counter, import_event, import_phase, py_layout};
 use crate::bpf::imports::ImportsSkelBuilder;
-use crate::python::Python;
+use crate::python::layouts::NO_FIELD;
+use crate::python::{strings, Python, EVAL_FRAME_SYMBOL};
 
-/// Why `imports` cannot work on this interpreter, if it cannot.
-pub fn check_probes(python: &Python) -> Result<&'static str> {
-    let elf = &python.elf;
-    if elf.has_usdt("python", "import__find__load__start") && elf.has_usdt("python", "import__find__load__done") {
-        return Ok("usdt");
+/// importlib._bootstrap's co_filename in every version (it is frozen).
+const IMPORTLIB_FILE: &str = "<frozen importlib._bootstrap>";
+
+/// How `imports` sees imports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// CPython's import__find__load__start/done USDT probes.
+    Usdt,
+    /// A uprobe on _PyEval_EvalFrameDefault, keeping the evaluations of
+    /// importlib's _find_and_load that C code starts.
+    Uprobe,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Usdt => "usdt",
+            Mode::Uprobe => "uprobe",
+        }
     }
-    bail!(
-        "{} has no import__find__load__start/done USDT probes (CPython built without --with-dtrace): pytrace imports needs them; `python -X importtime` gives the same tree from inside",
-        python.target_path
-    )
+}
+
+/// The mode `imports` uses for this interpreter (`requested` by --mode,
+/// else the probes where they exist), and why.
+pub fn choose_mode(python: &Python, requested: Option<Mode>) -> Result<(Mode, &'static str)> {
+    let elf = &python.elf;
+    let probes = elf.has_usdt("python", "import__find__load__start") && elf.has_usdt("python", "import__find__load__done");
+    match requested {
+        Some(Mode::Usdt) if !probes => bail!(
+            "--mode usdt needs the import__find__load__start/done USDT probes, which {} does not have (built without --with-dtrace); use --mode uprobe",
+            python.target_path
+        ),
+        Some(Mode::Usdt) | None if probes => Ok((Mode::Usdt, "the import__find__load probes")),
+        Some(Mode::Uprobe) => Ok((Mode::Uprobe, "asked for with --mode uprobe: importlib's _find_and_load, called from C, seen entering _PyEval_EvalFrameDefault")),
+        _ => Ok((Mode::Uprobe, "no import probes: importlib's _find_and_load, called from C, seen entering _PyEval_EvalFrameDefault")),
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -41,27 +69,61 @@ pub struct ImportData {
 pub fn run(
     pid: u32,
     python: &Python,
+    mode: Mode,
     attached: impl FnOnce() -> Result<()>,
     keep_going: impl FnMut() -> Result<bool>,
 ) -> Result<ImportData> {
     let mut object = MaybeUninit::uninit();
-    let open = ImportsSkelBuilder::default().open(&mut object).context("failed to open the imports BPF program")?;
+    let mut open = ImportsSkelBuilder::default().open(&mut object).context("failed to open the imports BPF program")?;
+    let rodata = open.maps.rodata_data.as_deref_mut().context("the imports BPF program has no rodata")?;
+    let l = &python.layout;
+    rodata.cfg.layout = super::py_layout!(py_layout, l);
+    rodata.cfg.code_type = python.code_type_address().unwrap_or(0);
+    // How much of a code object covers every field read.
+    rodata.cfg.code_head = [l.object_type, l.code_qualname, l.code_filename].iter().filter(|&&o| o != NO_FIELD).map(|o| o + 8).max().unwrap_or(8);
+    rodata.cfg.frame_localsplus = l.frame_localsplus;
+    let name = |s: &str| {
+        let mut padded = [0 as std::ffi::c_char; 32];
+        padded.iter_mut().zip(s.bytes()).for_each(|(to, from)| *to = from as std::ffi::c_char);
+        padded
+    };
+    rodata.cfg.bootstrap_file = name(IMPORTLIB_FILE);
+    rodata.cfg.find_and_load = name("_find_and_load");
+    rodata.cfg.gcd_import = name("_gcd_import");
+    let sessions = has_uprobe_sessions();
+    let uprobe = mode == Mode::Uprobe;
+    open.progs.usdt_import_start.set_autoload(!uprobe);
+    open.progs.usdt_import_done.set_autoload(!uprobe);
+    open.progs.eval_frame.set_autoload(uprobe && sessions);
+    open.progs.eval_entry.set_autoload(uprobe && !sessions);
+    open.progs.eval_return.set_autoload(uprobe && !sessions);
     let skel = crate::bpf::load::load("imports", open)?;
 
     let path = &python.elf.path;
-    let what = |probe| format!("failed to attach to the USDT probe python:{probe} in {}", python.target_path);
-    let links = vec![
-        skel.progs
-            .usdt_import_start
-            .attach_usdt(pid as i32, path, "python", "import__find__load__start")
-            .map_err(|e| attach_error(pid, e))
-            .with_context(|| what("import__find__load__start"))?,
-        skel.progs
-            .usdt_import_done
-            .attach_usdt(pid as i32, path, "python", "import__find__load__done")
-            .map_err(|e| attach_error(pid, e))
-            .with_context(|| what("import__find__load__done"))?,
-    ];
+    let links = match mode {
+        Mode::Usdt => {
+            let what = |probe| format!("failed to attach to the USDT probe python:{probe} in {}", python.target_path);
+            vec![
+                skel.progs
+                    .usdt_import_start
+                    .attach_usdt(pid as i32, path, "python", "import__find__load__start")
+                    .map_err(|e| attach_error(pid, e))
+                    .with_context(|| what("import__find__load__start"))?,
+                skel.progs
+                    .usdt_import_done
+                    .attach_usdt(pid as i32, path, "python", "import__find__load__done")
+                    .map_err(|e| attach_error(pid, e))
+                    .with_context(|| what("import__find__load__done"))?,
+            ]
+        }
+        Mode::Uprobe => {
+            let addr = python.symbol(EVAL_FRAME_SYMBOL)?;
+            let offset = entry_probe_offset(python.elf.read_static(addr, 8)?, python.elf.file_offset(addr)? as usize);
+            let p = &skel.progs;
+            attach_entry_and_return(&p.eval_frame, &p.eval_entry, &p.eval_return, pid, path, offset)
+                .with_context(|| format!("failed to attach to {EVAL_FRAME_SYMBOL} in {}", python.target_path))?
+        }
+    };
     ensure_still_running(pid)?;
 
     let mut events = Vec::new();
@@ -69,14 +131,14 @@ pub fn run(
     builder.add(&skel.maps.events, |bytes: &[u8]| {
         let mut ev = import_event::default();
         if plain::copy_from_bytes(&mut ev, bytes).is_ok() {
-            let len = (ev.name_len as usize).min(ev.name.len());
-            let name: Vec<u8> = ev.name[..len].iter().map(|&c| c as u8).collect();
+            let bytes: Vec<u8> = ev.name.iter().map(|&c| c as u8).collect();
+            let name = strings::decode(ev.name_kind, ev.name_len, &bytes).unwrap_or_else(|| "[unreadable module name]".into());
             events.push(ImportEvent {
                 ts_ns: ev.ts_ns,
                 tid: ev.tid,
                 start: ev.phase == import_phase::IMPORT_START.0 as u8,
                 found: ev.found != 0,
-                name: String::from_utf8_lossy(&name).into_owned(),
+                name,
             });
         }
         0
@@ -88,7 +150,14 @@ pub fn run(
     polled?;
     ring.consume().context("failed to drain the imports ring buffer")?;
     drop(ring);
-    let counters = read_counters(&skel.maps.counters, &[("event_lost", import_counter::IMPORT_EVENT_LOST.0)])?;
+    let counters = read_counters(
+        &skel.maps.counters,
+        &[
+            ("event_lost", import_counter::IMPORT_EVENT_LOST.0),
+            ("name_unreadable", import_counter::IMPORT_NAME_UNREADABLE.0),
+            ("too_deep", import_counter::IMPORT_TOO_DEEP.0),
+        ],
+    )?;
     Ok(ImportData { events, counters })
 }
 

@@ -8,6 +8,7 @@ pub mod gc;
 pub mod histogram;
 pub mod imports;
 pub mod sample;
+pub mod watchpoint;
 
 use std::time::Duration;
 
@@ -56,6 +57,7 @@ macro_rules! py_layout {
             unicode_state: l.unicode_state,
             unicode_ascii_data: l.unicode_ascii_data,
             unicode_compact_data: l.unicode_compact_data,
+            unicode_kind_shift: l.unicode_kind_shift,
         }
     }};
 }

@@ -1,35 +1,45 @@
 //! The `sample` BPF session (bpf/sample.bpf.c): a CPU-clock perf event on
-//! every CPU; each sample of a target thread arrives with its Python frames
-//! as addresses, which are resolved here, once per code object.
+//! every CPU, fired at randomised instants (clock.rs); the program counts
+//! samples per stack in the kernel and sends each stack's frames once; here
+//! they are named (resolve.rs, kernel_symbols.rs), the counts read every
+//! DRAIN_EVERY (counts.rs) and added up (stacks.rs), for one target or,
+//! with --all, for every CPython found (discovery.rs).
 
-use std::cell::RefCell;
-use std::collections::HashMap;
+mod clock;
+mod counts;
+mod discovery;
+mod kernel_symbols;
+mod resolve;
+mod stacks;
+
+use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
-use std::rc::Rc;
+use std::os::fd::IntoRawFd;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use libbpf_rs::skel::SkelBuilder;
-use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
+use libbpf_rs::{Link, OpenObject, RingBufferBuilder};
 
-use super::{ensure_still_running, poll_until, privilege_hint, read_counters};
-use crate::bpf::sample::types::{py_layout, py_sample, sample_counter, sample_target};
+use super::{ensure_still_running, privilege_hint, read_counters};
+use crate::bpf::sample::types::{sample_counter, stack_key};
 use crate::bpf::sample::{SampleSkel, SampleSkelBuilder};
-use crate::native::merge::PythonStack;
-use crate::native::{NativeStacks, UserStack};
-use crate::python::code::{instruction_offset, Code};
-use crate::python::layouts::NO_FIELD;
-use crate::python::{Python, RUNTIME_SYMBOL};
-use crate::target::proc::{self, Memory};
+use crate::python::Python;
+use crate::samples::Sample;
+use counts::CountsReader;
+use discovery::{Processes, PythonRef};
+use stacks::Stacks;
 
-/// The caches of code objects and frames are emptied after this many
-/// samples, so they do not grow with every address ever seen. (A code
-/// object replaced at the same address is caught by `Code::still_at`.)
-const CODE_CACHE_SAMPLES: usize = 2000;
+/// How often the counts are read from BPF, and the code objects of the
+/// stacks counted checked again. Each read costs a few system calls (and a
+/// wait for running programs); at 1000 Hz on 2 CPUs it gathers about 500
+/// samples.
+const DRAIN_EVERY: Duration = Duration::from_millis(250);
 
-/// A cached code object is trusted this long after its identity was last
-/// checked. Checking costs two reads of the target; doing it for every frame
-/// of every sample cost ~100 us a sample on a 100-deep stack (measured).
-const TRUST_FOR: std::time::Duration = std::time::Duration::from_millis(5);
+/// How often `run` looks at the target, the duration and Ctrl-C (a signal
+/// cuts the wait short), and how long it waits for the ring buffer at most.
+const CHECK_EVERY: Duration = Duration::from_millis(250);
+const POLL_AT_MOST: Duration = Duration::from_millis(100);
 
 /// The ring buffer with --native, where each record carries 32 KiB of
 /// stack: about 900 records, a second at 999 Hz on 2 CPUs even if user
@@ -46,49 +56,12 @@ pub struct Options {
     /// Also unwind each thread's native stack and merge it with the Python
     /// frames.
     pub native: bool,
-}
-
-/// One frame of a sample, resolved.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Frame {
-    /// `line` is the line running; `first_line` the function's first line,
-    /// which with name and file tells one function from another.
-    Python { name: String, file: String, line: u32, first_line: u32 },
-    /// --native: a C function (its symbol, or its start address in a
-    /// stripped file) and the file name of its module.
-    Native { name: String, module: String },
-    Kernel(String),
-    /// A frame that could not be read (freed memory, a frame being torn
-    /// down while the thread runs): shown, never guessed.
-    Unreadable,
-    /// The stack went on past what is recorded.
-    Truncated,
-    /// The thread was running no Python code.
-    NoPython,
-    /// With --all: the process, as the root frame.
-    Process(String),
-    /// A sample taken inside pytrace's own uprobes, while `calls` traces
-    /// the same target (`pytrace compare` sets these apart).
-    Probes,
-    /// --native: the native stack ended early (copied stack too short, or
-    /// code without unwind information); frames outside it follow.
-    NativeIncomplete,
-    /// --native: eval frames and Python calls disagreed; the native frames
-    /// are below this marker, the Python frames above it, unpaired.
-    NativeUnmatched,
-    /// --native: no registers or stack for this sample.
-    NativeUnavailable,
-}
-
-/// A sample: its process, thread and frames, outermost first.
-#[derive(Debug, Clone)]
-pub struct Sample {
-    pub pid: u32,
-    pub tid: u32,
-    pub frames: Vec<Rc<Frame>>,
+    /// Keep samples apart per thread.
+    pub threads: bool,
 }
 
 pub struct SampleData {
+    /// One per stack and thread (thread 0 without --threads).
     pub samples: Vec<Sample>,
     pub counters: Vec<(&'static str, u64)>,
     /// The BPF program's total run time over the samples received, in ns,
@@ -96,192 +69,10 @@ pub struct SampleData {
     pub bpf_ns_per_sample: Option<u64>,
 }
 
-/// Minimal perf_event_attr (the kernel accepts any size it knows).
-#[repr(C)]
-#[derive(Default)]
-struct PerfEventAttr {
-    kind: u32,
-    size: u32,
-    config: u64,
-    sample_freq: u64,
-    sample_type: u64,
-    read_format: u64,
-    flags: u64,
-    rest: [u64; 10],
-}
-
-const PERF_TYPE_SOFTWARE: u32 = 1;
-const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
-const PERF_FLAG_FREQ: u64 = 1 << 10;
-
-fn open_cpu_clock(cpu: i32, hz: u64) -> std::io::Result<i32> {
-    let attr = PerfEventAttr {
-        kind: PERF_TYPE_SOFTWARE,
-        size: std::mem::size_of::<PerfEventAttr>() as u32,
-        config: PERF_COUNT_SW_CPU_CLOCK,
-        sample_freq: hz,
-        flags: PERF_FLAG_FREQ,
-        ..Default::default()
-    };
-    // SAFETY: perf_event_open with a valid attr; the fd is handed to libbpf.
-    let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, &attr, -1i32, cpu, -1i32, 0u64) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(fd as i32)
-}
-
-fn online_cpus() -> Result<Vec<i32>> {
-    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").context("failed to read /sys/devices/system/cpu/online")?;
-    let mut cpus = Vec::new();
-    for part in text.trim().split(',') {
-        let (a, b) = part.split_once('-').unwrap_or((part, part));
-        cpus.extend(a.parse::<i32>()?..=b.parse::<i32>()?);
-    }
-    Ok(cpus)
-}
-
-/// Names one process's code objects, reading each from it once.
-struct Resolver {
-    layout: crate::python::Layout,
-    mem: Option<Memory>,
-    /// &PyCode_Type in the target, once its interpreter file is mapped.
-    code_type: Option<u64>,
-    /// Code objects by address, with when their identity was last checked.
-    codes: HashMap<u64, (std::time::Instant, Option<Rc<Code>>)>,
-    frames: HashMap<(u64, u32), Rc<Frame>>,
-    unreadable: Rc<Frame>,
-    since_flush: usize,
-}
-
-impl Resolver {
-    fn new(layout: crate::python::Layout) -> Self {
-        Resolver {
-            layout,
-            mem: None,
-            code_type: None,
-            codes: HashMap::new(),
-            frames: HashMap::new(),
-            unreadable: Rc::new(Frame::Unreadable),
-            since_flush: 0,
-        }
-    }
-
-    fn frame(&mut self, code_addr: u64, instr: u64) -> Rc<Frame> {
-        let layout = &self.layout;
-        let Some(mem) = &self.mem else { return self.unreadable.clone() };
-        let now = std::time::Instant::now();
-        let cached = self.codes.get_mut(&code_addr);
-        let was_named = matches!(cached, Some((_, Some(_))));
-        let code = match cached {
-            Some((checked, Some(code))) if now.duration_since(*checked) < TRUST_FOR => Some(code.clone()),
-            Some((checked, Some(code))) if code.still_at(mem, layout, code_addr) => {
-                *checked = now;
-                Some(code.clone())
-            }
-            _ => {
-                // A frame caught while it is set up or torn down can point
-                // at anything: only a real code object gets a name.
-                let is_code = self.code_type.is_none_or(|t| mem.read_u64(code_addr + layout.object_type as u64).ok() == Some(t));
-                let code = is_code.then(|| Code::read(mem, layout, code_addr).ok()).flatten().map(Rc::new);
-                self.codes.insert(code_addr, (now, code.clone()));
-                if was_named {
-                    // Frames named after the code object that was here.
-                    self.frames.retain(|(addr, _), _| *addr != code_addr);
-                }
-                code
-            }
-        };
-        let Some(code) = code else { return self.unreadable.clone() };
-        let line = code.line_at(instruction_offset(layout, code_addr, instr));
-        self.frames
-            .entry((code_addr, line))
-            .or_insert_with(|| {
-                Rc::new(Frame::Python { name: code.qualname.clone(), file: code.filename.clone(), line, first_line: code.firstlineno })
-            })
-            .clone()
-    }
-
-    fn tick(&mut self) {
-        self.since_flush += 1;
-        if self.since_flush >= CODE_CACHE_SAMPLES {
-            self.codes.clear();
-            self.frames.clear();
-            self.since_flush = 0;
-        }
-    }
-}
-
 /// What to sample: one process, or every CPython on the machine.
 pub enum Targets<'a> {
     One(u32, &'a Python),
     All,
-}
-
-/// A sampled process: its Python (borrowed for one target, found by
-/// --all), the resolver for its code objects, its entry in the BPF map.
-struct Process<'a> {
-    python: PythonRef<'a>,
-    resolver: Resolver,
-    label: Rc<Frame>,
-    /// Whether its interpreter's addresses are known and in the map.
-    located: bool,
-}
-
-enum PythonRef<'a> {
-    Borrowed(&'a Python),
-    Owned(Box<Python>),
-}
-
-impl std::ops::Deref for PythonRef<'_> {
-    type Target = Python;
-    fn deref(&self) -> &Python {
-        match self {
-            PythonRef::Borrowed(p) => p,
-            PythonRef::Owned(p) => p,
-        }
-    }
-}
-
-fn target_entry(python: &Python, interpreters_head: u64) -> sample_target {
-    let l = &python.layout;
-    sample_target {
-        layout: super::py_layout!(py_layout, l),
-        interpreters_head,
-        frame_head: [l.frame_code, l.frame_previous, l.frame_instr, l.frame_owner, l.frame_is_entry]
-            .into_iter()
-            .filter(|&o| o != NO_FIELD)
-            .map(|o| o + 8)
-            .max()
-            .unwrap_or(8),
-        frame_previous: l.frame_previous,
-        frame_instr: l.frame_instr,
-        frame_is_entry: l.frame_is_entry,
-        tstate_thread_id: l.tstate_thread_id,
-        interp_threads_head: l.interp_threads_head,
-        tstate_next: l.tstate_next,
-        ..Default::default()
-    }
-}
-
-fn put_target(map: &dyn MapCore, pid: u32, entry: &sample_target) -> Result<()> {
-    // SAFETY: a plain integer struct generated from bpf/sample.h.
-    let bytes = unsafe { std::slice::from_raw_parts((entry as *const sample_target).cast::<u8>(), std::mem::size_of::<sample_target>()) };
-    map.update(&pid.to_ne_bytes(), bytes, MapFlags::ANY).with_context(|| format!("failed to add process {pid} to the sampler"))
-}
-
-/// The CPython processes on the machine not looked at yet (`checked`
-/// remembers every PID looked at, Python or not, so each rescan reads only
-/// new processes' files).
-fn find_pythons(checked: &mut std::collections::HashSet<u32>) -> Vec<(u32, Python)> {
-    let me = std::process::id();
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| pid != me && checked.insert(pid))
-        .filter_map(|pid| Python::from_pid(pid).ok().map(|p| (pid, p)))
-        .collect()
 }
 
 /// The sampler loaded and attached. Split into steps (`start`, `add_to`,
@@ -291,19 +82,13 @@ fn find_pythons(checked: &mut std::collections::HashSet<u32>) -> Vec<(u32, Pytho
 pub struct Session<'obj, 'a> {
     skel: SampleSkel<'obj>,
     links: RefCell<Vec<Link>>,
+    clock: RefCell<Option<clock::Rearming>>,
     opts: Options,
-    all: bool,
-    /// Every PID looked at by --all, Python or not.
-    checked: RefCell<std::collections::HashSet<u32>>,
-    processes: RefCell<HashMap<u32, Process<'a>>>,
-    kernel_frames: RefCell<HashMap<i32, Vec<u64>>>,
-    samples: RefCell<Vec<Sample>>,
-    /// --native: unwinders and symbols per process.
-    native: RefCell<Option<NativeStacks>>,
-    truncated: Rc<Frame>,
-    no_python: Rc<Frame>,
-    last_scan: std::cell::Cell<std::time::Instant>,
-    bpf_ns_per_sample: std::cell::Cell<Option<u64>>,
+    processes: RefCell<Processes<'a>>,
+    stacks: RefCell<Stacks>,
+    reader: RefCell<CountsReader>,
+    drained: RefCell<Vec<(stack_key, u64)>>,
+    last_drain: Cell<Instant>,
 }
 
 impl<'obj, 'a> Session<'obj, 'a> {
@@ -311,162 +96,131 @@ impl<'obj, 'a> Session<'obj, 'a> {
     /// targets are sampled (once their interpreter is located, see
     /// `between_polls`).
     pub fn start(object: &'obj mut MaybeUninit<OpenObject>, targets: Targets<'a>, opts: &Options) -> Result<Self> {
+        if opts.idle {
+            crate::kernel::Kernel::get().require(crate::kernel::Feature::CopyFromUserTask, "sample --idle")?;
+        }
         let mut open = SampleSkelBuilder::default().open(object).context("failed to open the sample BPF program")?;
         let rodata = open.maps.rodata_data.as_deref_mut().context("the sample BPF program has no rodata")?;
         rodata.cfg.kernel_stacks = opts.kernel as u8;
         rodata.cfg.native = opts.native as u8;
+        rodata.cfg.per_thread = opts.threads as u8;
         if opts.native {
-            open.maps.samples.set_max_entries(NATIVE_RING_BYTES).context("failed to size the sample ring buffer")?;
+            open.maps.records.set_max_entries(NATIVE_RING_BYTES).context("failed to size the sample ring buffer")?;
         }
+        // Reading a hash map visits every bucket: size the counts maps to
+        // what one drain can gather (every sample a distinct stack, twice
+        // over), not more.
+        let per_drain = if opts.idle { 1 << 14 } else { (opts.hz as f64 * clock::online_cpus()?.len() as f64 * DRAIN_EVERY.as_secs_f64() * 2.0) as u32 };
+        let counted = per_drain.clamp(1 << 12, 1 << 16).next_power_of_two();
+        open.maps.counts_a.set_max_entries(counted).context("failed to size the sample counts")?;
+        open.maps.counts_b.set_max_entries(counted).context("failed to size the sample counts")?;
         // --idle reads every thread through a sleepable task iterator; without
         // it, the perf-event program samples threads on CPU.
         open.progs.sample_all_threads.set_autoload(opts.idle);
         open.progs.sample_thread.set_autoload(!opts.idle);
         let skel = crate::bpf::load::load("sample", open)?;
+        let all = matches!(targets, Targets::All);
         let session = Session {
             skel,
             links: RefCell::new(Vec::new()),
+            clock: RefCell::new(None),
             opts: *opts,
-            all: matches!(targets, Targets::All),
-            checked: RefCell::new(std::collections::HashSet::new()),
-            processes: RefCell::new(HashMap::new()),
-            kernel_frames: RefCell::new(HashMap::new()),
-            samples: RefCell::new(Vec::new()),
-            native: RefCell::new(opts.native.then(NativeStacks::default)),
-            truncated: Rc::new(Frame::Truncated),
-            no_python: Rc::new(Frame::NoPython),
-            last_scan: std::cell::Cell::new(std::time::Instant::now()),
-            bpf_ns_per_sample: std::cell::Cell::new(None),
+            processes: RefCell::new(Processes::new(all)),
+            stacks: RefCell::new(Stacks::new(opts.kernel, opts.native, all)),
+            reader: RefCell::new(CountsReader::new()),
+            drained: RefCell::new(Vec::new()),
+            last_drain: Cell::new(Instant::now()),
         };
         match targets {
-            Targets::One(pid, python) => session.add_process(pid, PythonRef::Borrowed(python))?,
-            Targets::All => session.add_new_pythons()?,
+            Targets::One(pid, python) => session.processes.borrow_mut().add(&session.skel.maps.processes, pid, PythonRef::Borrowed(python))?,
+            Targets::All => session.processes.borrow_mut().add_every_python(&session.skel.maps.processes),
         }
-
-        let mut links = session.links.borrow_mut();
-        if opts.idle {
-            links.push(
-                session
-                    .skel
-                    .progs
-                    .sample_all_threads
-                    .attach_iter_with_opts(libbpf_rs::IterOpts::None)
-                    .map_err(privilege_hint)
-                    .context("failed to attach the thread iterator")?,
-            );
-        } else {
-            for cpu in online_cpus()? {
-                let fd = open_cpu_clock(cpu, opts.hz).with_context(|| format!("failed to open a CPU-clock perf event on CPU {cpu}"))?;
-                links.push(session.skel.progs.sample_thread.attach_perf_event(fd).map_err(privilege_hint).context("failed to attach the sampler")?);
-            }
-        }
-        drop(links);
-        if let Some(&pid) = session.processes.borrow().keys().next().filter(|_| !session.all) {
+        session.attach()?;
+        if let Some(pid) = session.processes.borrow().only() {
             ensure_still_running(pid)?;
         }
         Ok(session)
     }
 
-    fn add_process(&self, pid: u32, python: PythonRef<'a>) -> Result<()> {
-        put_target(&self.skel.maps.processes, pid, &target_entry(&python, 0))?;
-        let label = Rc::new(Frame::Process(format!("{} ({pid})", proc::command_name(pid))));
-        let resolver = Resolver::new(python.layout.clone());
-        self.processes.borrow_mut().insert(pid, Process { python, resolver, label, located: false });
-        Ok(())
-    }
-
-    /// --all: the Pythons not seen yet.
-    fn add_new_pythons(&self) -> Result<()> {
-        let found = find_pythons(&mut self.checked.borrow_mut());
-        for (pid, python) in found {
-            self.add_process(pid, PythonRef::Owned(Box::new(python)))?;
+    fn attach(&self) -> Result<()> {
+        let mut links = self.links.borrow_mut();
+        if self.opts.idle {
+            let iter = self.skel.progs.sample_all_threads.attach_iter_with_opts(libbpf_rs::IterOpts::None);
+            links.push(iter.map_err(privilege_hint).context("failed to attach the thread iterator")?);
+            return Ok(());
         }
+        let mut rearmed = Vec::new();
+        for cpu in clock::online_cpus()? {
+            let event = clock::open_cpu_clock(cpu, clock::period_ns(self.opts.hz))
+                .with_context(|| format!("failed to open a CPU-clock perf event on CPU {cpu}"))?;
+            rearmed.push((cpu, event.try_clone().context("failed to duplicate a perf event descriptor")?));
+            // The link closes the event's descriptor when dropped.
+            let link = self.skel.progs.sample_thread.attach_perf_event(event.into_raw_fd());
+            links.push(link.map_err(privilege_hint).context("failed to attach the sampler")?);
+        }
+        *self.clock.borrow_mut() = Some(clock::Rearming::start(rearmed, self.opts.hz)?);
         Ok(())
     }
 
-    /// Adds this session's ring buffer (the samples) to `builder`.
+    /// Adds this session's ring buffer (new stacks, --native samples) to
+    /// `builder`.
     pub fn add_to<'s>(&'s self, builder: &mut RingBufferBuilder<'s, 's>) -> Result<()> {
-        builder.add(&self.skel.maps.samples, |bytes: &[u8]| {
-            self.receive(bytes);
+        builder.add(&self.skel.maps.records, |bytes: &[u8]| {
+            self.stacks.borrow_mut().receive(bytes, &mut self.processes.borrow_mut());
             0
         })?;
         Ok(())
     }
 
-    fn receive(&self, bytes: &[u8]) {
-        let header = std::mem::size_of::<py_sample>();
-        let Some(s) = bytes.get(..header) else { return };
-        // SAFETY: the record is a py_sample written by the BPF program; it is
-        // read unaligned because ring-buffer records are only 8-byte aligned.
-        let s: py_sample = unsafe { std::ptr::read_unaligned(s.as_ptr().cast()) };
-        let mut processes = self.processes.borrow_mut();
-        let Some(process) = processes.get_mut(&s.pid) else { return };
-        let r = &mut process.resolver;
-        r.tick();
-        let mut frames = Vec::new();
-        if s.kernel_stack >= 0 {
-            self.kernel_frames.borrow_mut().entry(s.kernel_stack).or_default();
-            frames.push(Rc::new(Frame::Kernel(format!("#stack{}", s.kernel_stack))));
+    /// Between two polls of the ring buffer: tells BPF where each target's
+    /// interpreter is as soon as it can be known, reads the counts every
+    /// DRAIN_EVERY, and with --all follows processes starting and exiting.
+    /// Returns the samples counted so far.
+    pub fn between_polls(&self) -> Result<u64> {
+        self.after_poll();
+        self.processes.borrow_mut().locate(&self.skel.maps.processes)?;
+        if self.last_drain.get().elapsed() >= DRAIN_EVERY {
+            self.drain(false)?;
         }
-        let n = (s.frames as usize).min(s.code.len());
-        if let Some(native) = self.native.borrow_mut().as_mut() {
-            let python: Vec<Rc<Frame>> = (0..n).map(|i| r.frame(s.code[i], s.instr[i])).collect();
-            let entry: Vec<bool> = (0..n).map(|i| (s.entry[i / 64] >> (i % 64)) & 1 == 1).collect();
-            // The stack bytes follow the record; BPF reserved room for as
-            // many as the record is long.
-            let stack = &bytes[header..];
-            let len = (s.stack_len as usize).min(stack.len());
-            let user = (s.native != 0).then(|| UserStack {
-                ip: s.user_ip,
-                sp: s.user_sp,
-                bp: s.user_bp,
-                start: s.stack_start,
-                bytes: &stack[..len],
-                full: len == stack.len(),
-            });
-            let python = PythonStack { frames: &python, entry: &entry, truncated: s.truncated != 0 };
-            frames.extend(native.frames(s.pid, &python, user.as_ref()));
-            if s.no_python != 0 {
-                // Whatever native code the thread runs, under one root.
-                frames.push(self.no_python.clone());
-            }
-        } else {
-            if s.no_python != 0 {
-                frames.push(self.no_python.clone());
-            }
-            for i in 0..n {
-                frames.push(r.frame(s.code[i], s.instr[i]));
-            }
-            if s.truncated != 0 {
-                frames.push(self.truncated.clone());
-            }
-        }
-        if self.all {
-            frames.push(process.label.clone());
-        }
-        frames.reverse();
-        self.samples.borrow_mut().push(Sample { pid: s.pid, tid: s.tid, frames });
+        Ok(self.stacks.borrow().total())
     }
 
-    /// Between two polls of the ring buffer: tells BPF where each target's
-    /// interpreter is as soon as it can be known, and with --all picks up
-    /// new Pythons. Returns the samples received so far.
-    pub fn between_polls(&self) -> Result<usize> {
-        // With `--`, libpython may be mapped only now.
-        for (&pid, p) in self.processes.borrow_mut().iter_mut().filter(|(_, p)| !p.located) {
-            if let Ok((head, code_type)) = runtime_addresses(pid, &p.python) {
-                put_target(&self.skel.maps.processes, pid, &target_entry(&p.python, head))?;
-                p.resolver.mem = Memory::open(pid).ok();
-                p.resolver.code_type = code_type;
-                p.located = true;
-            }
+    /// After reading the ring buffer: names the new stacks it held, all at
+    /// once (each batch checks the cached code objects it uses, in two
+    /// system calls). BPF wakes user space for new stacks at most every
+    /// 50 ms, and `run` polls at least every POLL_AT_MOST.
+    pub fn after_poll(&self) {
+        self.stacks.borrow_mut().name_new(&mut self.processes.borrow_mut());
+    }
+
+    /// Reads the counts BPF gathered since the last drain into the profile.
+    /// `last`: nothing counts any more, both maps are read, and a stack whose
+    /// frames have not arrived by now never will.
+    fn drain(&self, last: bool) -> Result<()> {
+        self.last_drain.set(Instant::now());
+        let maps = &self.skel.maps;
+        let mut reader = self.reader.borrow_mut();
+        let mut drained = self.drained.borrow_mut();
+        drained.clear();
+        if last {
+            reader.take(&maps.counts_a, &mut drained)?;
+            reader.take(&maps.counts_b, &mut drained)?;
+        } else if self.opts.idle {
+            // The iterator runs only when user space reads it: never now.
+            reader.take(&maps.counts_a, &mut drained)?;
+        } else {
+            let old = reader.swap(&maps.counts, &maps.counts_a, &maps.counts_b)?;
+            reader.take(old, &mut drained)?;
         }
-        // --all: Pythons started since are sampled too.
-        if self.all && self.last_scan.get().elapsed() >= std::time::Duration::from_secs(1) {
-            self.last_scan.set(std::time::Instant::now());
-            self.add_new_pythons()?;
+        let mut stacks = self.stacks.borrow_mut();
+        let mut processes = self.processes.borrow_mut();
+        let drain = stacks.begin_drain();
+        stacks.add_counts(&drained, &mut processes, last);
+        stacks.end_drain(&maps.known_stacks);
+        for pid in processes.rescan(&maps.processes, drain) {
+            stacks.forget_process(pid, &maps.known_stacks);
         }
-        Ok(self.samples.borrow().len())
+        Ok(())
     }
 
     /// --idle: one pass of the thread iterator, one round of samples.
@@ -478,40 +232,61 @@ impl<'obj, 'a> Session<'obj, 'a> {
         Ok(())
     }
 
-    /// Stops sampling; the maps stay readable.
+    /// Stops sampling; the maps stay readable. Once this returns no program
+    /// runs any more, so the ring buffer holds every record there will be.
     pub fn detach(&self) {
         if self.links.borrow().is_empty() {
             return;
         }
-        // Per sample received, so the program's runs for other processes (it
-        // fires on every CPU and returns at once for them) count too.
-        let received = self.samples.borrow().len().max(1) as u64;
-        let program = if self.opts.idle { &self.skel.progs.sample_all_threads } else { &self.skel.progs.sample_thread };
-        self.bpf_ns_per_sample.set(super::bpf_run_stats(program).map(|(ns, _)| ns / received));
+        drop(self.clock.borrow_mut().take());
         self.links.borrow_mut().clear();
+        if !self.opts.idle {
+            // A swap waits for the programs still running.
+            let maps = &self.skel.maps;
+            let _ = self.reader.borrow_mut().swap(&maps.counts, &maps.counts_a, &maps.counts_b);
+        }
     }
 
-    /// Detaches (if not yet done), names kernel frames and returns every
-    /// sample. The ring buffer built with `add_to` must have been drained
+    /// Detaches (if not yet done), reads the last counts and returns the
+    /// profile. The ring buffer built with `add_to` must have been drained
     /// and dropped.
     pub fn finish(self) -> Result<SampleData> {
         self.detach();
-        let kernel = self.opts.kernel.then(|| resolve_kernel_stacks(&self.skel.maps.kernel_stacks, &self.kernel_frames.borrow()));
-        let mut samples = self.samples.into_inner();
-        if let Some(kernel) = kernel {
-            expand_kernel_frames(&mut samples, &kernel);
-        }
+        self.drain(true)?;
+        let total = self.stacks.borrow().total();
+        let program = if self.opts.idle { &self.skel.progs.sample_all_threads } else { &self.skel.progs.sample_thread };
+        // Per sample received, so the program's runs for other processes (it
+        // fires on every CPU and returns at once for them) count too.
+        let bpf_ns_per_sample = super::bpf_run_stats(program).map(|(ns, _)| ns / total.max(1));
         let mut names = vec![
             ("lost", sample_counter::SAMPLE_LOST.0),
             ("bad_frame", sample_counter::SAMPLE_BAD_FRAME.0),
             ("no_thread_state", sample_counter::SAMPLE_NO_THREAD.0),
+            ("counts_map_full", sample_counter::SAMPLE_COUNTS_FULL.0),
         ];
+        if self.opts.kernel {
+            names.push(("kernel_stack_failed", sample_counter::SAMPLE_KERNEL_STACK_FAILED.0));
+        }
         if self.opts.native {
             names.push(("native_no_user_regs", sample_counter::SAMPLE_NO_USER_REGS.0));
             names.push(("native_on_cpu", sample_counter::SAMPLE_NATIVE_ON_CPU.0));
         }
         let mut counters = read_counters(&self.skel.maps.counters, &names)?;
-        if let Some(native) = self.native.into_inner() {
+        let stacks = self.stacks.into_inner();
+        let processes = self.processes.into_inner();
+        let c = stacks.counts;
+        counters.extend([
+            ("unresolved_stacks", c.unresolved),
+            ("profile_full", c.profile_full),
+            ("stacks_forgotten", c.forgotten),
+            ("stacks_renamed", c.renamed),
+        ]);
+        let cache = processes.cache_counts();
+        counters.extend([("line_tables_not_kept", cache.line_tables_not_kept), ("code_cache_flushes", cache.code_cache_flushes)]);
+        if processes.only().is_none() {
+            counters.extend([("processes_not_sampled", processes.counts.not_sampled), ("processes_exited", processes.counts.exited)]);
+        }
+        if let Some(native) = &stacks.native {
             let c = native.counts;
             counters.extend([
                 ("native_unavailable", c.unavailable),
@@ -520,7 +295,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
                 ("native_unmatched", c.unmatched),
             ]);
         }
-        Ok(SampleData { samples, counters, bpf_ns_per_sample: self.bpf_ns_per_sample.get() })
+        Ok(SampleData { samples: stacks.into_samples(), counters, bpf_ns_per_sample })
     }
 }
 
@@ -530,7 +305,7 @@ pub fn run<'a>(
     targets: Targets<'a>,
     opts: &Options,
     attached: impl FnOnce() -> Result<()>,
-    mut keep_going: impl FnMut(usize) -> Result<bool>,
+    mut keep_going: impl FnMut(u64) -> Result<bool>,
 ) -> Result<SampleData> {
     let mut object = MaybeUninit::uninit();
     let session = Session::start(&mut object, targets, opts)?;
@@ -539,117 +314,44 @@ pub fn run<'a>(
     let ring = builder.build()?;
 
     attached()?;
-    let mut between_polls = || -> Result<bool> {
-        let samples = session.between_polls()?;
-        keep_going(samples)
-    };
-    let polled = if opts.idle {
-        // One pass of the iterator over every thread is one round of
-        // samples; run it at the sampling rate.
-        let period = std::time::Duration::from_secs_f64(1.0 / opts.hz as f64);
-        let mut next = std::time::Instant::now();
-        let mut run = || -> Result<()> {
-            let mut last_check = std::time::Instant::now();
-            let mut go = between_polls()?;
-            while go {
-                let now = std::time::Instant::now();
-                if now >= next {
-                    session.sample_every_thread()?;
-                    next += period;
-                    if next < now {
-                        next = now + period;
-                    }
-                }
-                let _ = ring.poll(next.saturating_duration_since(std::time::Instant::now()));
-                ring.consume()?;
-                if last_check.elapsed() >= std::time::Duration::from_millis(100) {
-                    last_check = std::time::Instant::now();
-                    go = between_polls()?;
+    // --idle: one pass of the iterator over every thread is one round of
+    // samples, at jittered ticks (clock.rs).
+    let mut ticks = opts.idle.then(|| clock::IdleTicks::new(opts.hz));
+    let mut poll = || -> Result<()> {
+        let mut last_check: Option<Instant> = None;
+        let mut interrupted = false;
+        loop {
+            if interrupted || last_check.is_none_or(|t| t.elapsed() >= CHECK_EVERY) {
+                last_check = Some(Instant::now());
+                if !keep_going(session.between_polls()?)? {
+                    break;
                 }
             }
-            ring.consume()?;
-            Ok(())
-        };
-        run()
-    } else {
-        poll_until(&ring, "sample", between_polls)
+            let mut timeout = POLL_AT_MOST;
+            if let Some(ticks) = &mut ticks {
+                let now = Instant::now();
+                if now >= ticks.next() {
+                    session.sample_every_thread()?;
+                    ticks.advance(now);
+                }
+                timeout = timeout.min(ticks.next().saturating_duration_since(Instant::now()));
+            }
+            interrupted = false;
+            match ring.poll(timeout) {
+                // A signal (Ctrl-C): keep_going decides, now.
+                Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => interrupted = true,
+                Err(e) => return Err(e).context("failed to read the sample ring buffer"),
+                Ok(()) => {}
+            }
+            ring.consume().context("failed to read the sample ring buffer")?;
+            session.after_poll();
+        }
+        Ok(())
     };
+    let polled = poll();
     session.detach();
     polled?;
+    ring.consume().context("failed to drain the sample ring buffer")?;
     drop(ring);
     session.finish()
-}
-
-/// &_PyRuntime.interpreters.head and &PyCode_Type in the target, once its
-/// interpreter file is mapped.
-fn runtime_addresses(pid: u32, python: &Python) -> Result<(u64, Option<u64>)> {
-    let maps = proc::file_mappings(pid)?;
-    let first = maps
-        .iter()
-        .find(|m| m.path == python.target_path && m.offset == 0)
-        .context("interpreter not mapped yet")?;
-    let bias = python.elf.load_bias(first.start)?;
-    let head = python.symbol(RUNTIME_SYMBOL)?.wrapping_add(bias) + python.layout.runtime_interpreters_head as u64;
-    Ok((head, python.elf.symbol("PyCode_Type").map(|t| t.wrapping_add(bias))))
-}
-
-/// Kernel stack ids to function names, innermost first.
-fn resolve_kernel_stacks(map: &dyn MapCore, ids: &HashMap<i32, Vec<u64>>) -> HashMap<i32, Vec<String>> {
-    let symbols = KernelSymbols::load();
-    let mut out = HashMap::new();
-    for &id in ids.keys() {
-        let Ok(Some(bytes)) = map.lookup(&(id as u32).to_ne_bytes(), MapFlags::ANY) else { continue };
-        let names = bytes
-            .chunks_exact(8)
-            .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
-            .take_while(|&ip| ip != 0)
-            .map(|ip| symbols.name(ip))
-            .collect();
-        out.insert(id, names);
-    }
-    out
-}
-
-fn expand_kernel_frames(samples: &mut [Sample], kernel: &HashMap<i32, Vec<String>>) {
-    let mut cache: HashMap<i32, Vec<Rc<Frame>>> = HashMap::new();
-    for s in samples.iter_mut() {
-        let Some(Frame::Kernel(label)) = s.frames.last().map(|f| f.as_ref()) else { continue };
-        let Some(id) = label.strip_prefix("#stack").and_then(|n| n.parse::<i32>().ok()) else { continue };
-        s.frames.pop();
-        let frames = cache.entry(id).or_insert_with(|| {
-            // Outermost (syscall entry) first, like the Python frames.
-            kernel.get(&id).map(|names| names.iter().rev().map(|n| Rc::new(Frame::Kernel(n.clone()))).collect()).unwrap_or_default()
-        });
-        s.frames.extend(frames.iter().cloned());
-    }
-}
-
-/// /proc/kallsyms, for kernel stacks.
-struct KernelSymbols {
-    sorted: Vec<(u64, String)>,
-}
-
-impl KernelSymbols {
-    fn load() -> Self {
-        let mut sorted: Vec<(u64, String)> = std::fs::read_to_string("/proc/kallsyms")
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| {
-                let mut f = l.split_whitespace();
-                let addr = u64::from_str_radix(f.next()?, 16).ok()?;
-                let kind = f.next()?;
-                let name = f.next()?;
-                (addr != 0 && matches!(kind, "t" | "T" | "w" | "W")).then(|| (addr, name.to_string()))
-            })
-            .collect();
-        sorted.sort();
-        Self { sorted }
-    }
-
-    fn name(&self, ip: u64) -> String {
-        match self.sorted.partition_point(|(a, _)| *a <= ip) {
-            0 => format!("{ip:#x}"),
-            i => self.sorted[i - 1].1.clone(),
-        }
-    }
 }

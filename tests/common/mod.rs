@@ -211,3 +211,67 @@ pub fn eval_frame_now(pid: u32) -> String {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     v["eval_frame_now"].as_str().unwrap_or("").to_string()
 }
+
+/// pyenv's CPython 3.`minor` (`$PYENV_ROOT`, else ~/.pyenv): built without
+/// USDT probes, with a shared libpython and a symbol table, like the
+/// Pythons people install with pyenv or uv. Every machine the tests run on
+/// has 3.9 to 3.13 there; a missing one fails, never skips.
+pub fn pyenv_python(minor: u32) -> PathBuf {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".pyenv"));
+    let prefix = format!("3.{minor}.");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(root.join("versions"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path().join(format!("bin/python3.{minor}")))
+        .filter(|p| p.exists())
+        .collect();
+    found.sort();
+    found.pop().unwrap_or_else(|| panic!("no pyenv CPython 3.{minor} under {}/versions", root.display()))
+}
+
+/// Every import of a `-X importtime` run (its stderr), as the path of
+/// module names from a top-level import down to it, sorted. importtime
+/// prints an import when it ends, indented two spaces per level, so a line
+/// takes the lines one level deeper printed since as its children.
+pub fn importtime_paths(stderr: &str) -> Vec<Vec<String>> {
+    struct Node(String, Vec<Node>);
+    let mut pending: std::collections::HashMap<usize, Vec<Node>> = std::collections::HashMap::new();
+    for line in stderr.lines().filter(|l| l.starts_with("import time:") && !l.contains("imported package")) {
+        let field = line.splitn(3, '|').nth(2).expect("an importtime line has three fields");
+        let field = field.strip_prefix(' ').unwrap_or(field);
+        let name = field.trim_start_matches(' ');
+        let depth = (field.len() - name.len()) / 2;
+        let children = pending.remove(&(depth + 1)).unwrap_or_default();
+        pending.entry(depth).or_default().push(Node(name.to_string(), children));
+    }
+    fn walk(nodes: &[Node], prefix: &[String], out: &mut Vec<Vec<String>>) {
+        for Node(name, children) in nodes {
+            let path = [prefix, std::slice::from_ref(name)].concat();
+            walk(children, &path, out);
+            out.push(path);
+        }
+    }
+    let mut out = Vec::new();
+    walk(&pending.remove(&0).unwrap_or_default(), &[], &mut out);
+    out.sort();
+    out
+}
+
+/// The same paths from a `pytrace imports` report's `imports` tree.
+pub fn report_import_paths(imports: &serde_json::Value) -> Vec<Vec<String>> {
+    fn walk(nodes: &serde_json::Value, prefix: &[String], out: &mut Vec<Vec<String>>) {
+        for n in nodes.as_array().expect("an array of imports") {
+            let path = [prefix, &[n["name"].as_str().unwrap().to_string()]].concat();
+            walk(&n["children"], &path, out);
+            out.push(path);
+        }
+    }
+    let mut out = Vec::new();
+    walk(imports, &[], &mut out);
+    out.sort();
+    out
+}

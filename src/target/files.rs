@@ -1,0 +1,255 @@
+//! Opening the files a target runs, as the target itself sees them.
+//!
+//! pytrace runs as root and its targets are not trusted: a container can
+//! plant absolute symlinks, FIFOs or device files at the paths its maps name,
+//! and a package upgrade replaces a running service's libraries on disk. So
+//! no file is ever found by walking a path the target controls:
+//! - a mapped file is opened through `/proc/PID/map_files/START-END`, the
+//!   kernel's reference to the very file mapped there (even when deleted);
+//!   where that is not allowed (it needs CAP_SYS_ADMIN), its path is resolved
+//!   inside the target's root with `openat2(RESOLVE_IN_ROOT)`, so symlinks
+//!   cannot lead out of it;
+//! - either way the opened file's (device, inode) must be the mapping's;
+//! - everything is first opened with O_PATH, which opens nothing (no FIFO
+//!   blocks, no device wakes up), and read only if fstat says it is a
+//!   regular file, and only up to MAX_FILE_BYTES.
+//!
+//! libbpf gets `/proc/self/fd/N` of the checked file to attach uprobes to,
+//! which the kernel follows to that same inode.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use super::proc::Mapping;
+
+/// The largest file pytrace reads whole. Interpreters and the libraries
+/// sample --native reads are tens of MiB (pyenv's libpython3.13 with its
+/// symbol table: 30 MiB); a bigger "ELF file" is refused, not read.
+pub const MAX_FILE_BYTES: u64 = 512 << 20;
+
+/// A file's identity: the same (device, inode) is the same file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl FileId {
+    pub fn of(m: &Mapping) -> Self {
+        FileId { dev: m.dev, ino: m.inode }
+    }
+}
+
+/// A regular file, opened without following any path the target controls
+/// and checked to be the one it should be.
+#[derive(Debug)]
+pub struct CheckedFile {
+    file: File,
+    pub id: FileId,
+    pub size: u64,
+    pub mtime: i64,
+    /// What the target calls it, for messages.
+    pub name: String,
+}
+
+impl CheckedFile {
+    /// Checks a file opened with O_PATH (a regular file of at most
+    /// MAX_FILE_BYTES, and `want` if given), then opens it for reading.
+    fn new(path_fd: File, name: &str, want: Option<FileId>) -> Result<Self> {
+        let meta = path_fd.metadata().with_context(|| format!("failed to stat {name}"))?;
+        let id = FileId { dev: meta.dev(), ino: meta.ino() };
+        if want.is_some_and(|want| want != id) {
+            bail!("{name} is not the file the process mapped (it was replaced on disk since): pytrace reads only the mapped file");
+        }
+        if !meta.file_type().is_file() {
+            bail!("{name} is not a regular file: pytrace reads only regular files");
+        }
+        if meta.len() > MAX_FILE_BYTES {
+            bail!("{name} is {} MiB, more than the {} MiB pytrace reads of one file", meta.len() >> 20, MAX_FILE_BYTES >> 20);
+        }
+        // The same inode, now open for reading (magic links are ours here).
+        let fd_path = PathBuf::from(format!("/proc/self/fd/{}", path_fd.as_raw_fd()));
+        let file = open_raw(&fd_path, 0).with_context(|| format!("failed to open {name} for reading"))?;
+        Ok(CheckedFile { file, id, size: meta.len(), mtime: meta.mtime(), name: name.to_string() })
+    }
+
+    /// The whole file, at most MAX_FILE_BYTES (a file that grew past its
+    /// checked size is refused rather than read on).
+    pub fn read_all(&self) -> Result<Vec<u8>> {
+        let mut bytes = Vec::with_capacity(self.size as usize);
+        let mut reader = (&self.file).take(MAX_FILE_BYTES + 1);
+        std::io::Seek::rewind(&mut &self.file).with_context(|| format!("failed to read {}", self.name))?;
+        reader.read_to_end(&mut bytes).with_context(|| format!("failed to read {}", self.name))?;
+        if bytes.len() as u64 > MAX_FILE_BYTES {
+            bail!("{} grew past {} MiB while pytrace read it", self.name, MAX_FILE_BYTES >> 20);
+        }
+        Ok(bytes)
+    }
+
+    /// A path the kernel resolves to this very file for as long as it is
+    /// open here: what libbpf and blazesym are given to open or attach to.
+    pub fn fd_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+}
+
+/// Flags for every open: never block (a FIFO), never become our terminal.
+/// (With O_PATH only O_CLOEXEC matters; the rest are for the reopen.)
+const OPEN_FLAGS: libc::c_int = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
+
+fn open_raw(path: &Path, extra: libc::c_int) -> std::io::Result<File> {
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let flags = if extra & libc::O_PATH != 0 { libc::O_CLOEXEC | extra } else { OPEN_FLAGS | extra };
+    // SAFETY: open(2) on a NUL-terminated path; the fd becomes the File's.
+    let fd = unsafe { libc::open(c.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd we own.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// The file mapped at `m` in process `pid`, checked to be that mapping's.
+pub fn open_mapping(pid: u32, m: &Mapping) -> Result<CheckedFile> {
+    let name = format!("{}{} (mapped in process {pid})", m.path, if m.deleted { " (deleted)" } else { "" });
+    let through = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end));
+    let file = match open_raw(&through, libc::O_PATH) {
+        Ok(file) => file,
+        // Opening map_files needs CAP_SYS_ADMIN (or CAP_CHECKPOINT_RESTORE):
+        // find the path inside a root instead, and check it is the mapping's.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES)) => {
+            if m.deleted {
+                bail!("{name} was replaced or deleted on disk, and without CAP_SYS_ADMIN pytrace cannot open the mapped file through the process");
+            }
+            // The name is inside the target's root for a container; for a
+            // chroot the kernel already gave it from ours.
+            let mut refused = None;
+            for root_of in [pid, std::process::id()] {
+                match open_in_root_raw(root_of, &m.path).map_err(anyhow::Error::from).and_then(|f| CheckedFile::new(f, &name, Some(FileId::of(m)))) {
+                    Ok(checked) => return Ok(checked),
+                    Err(e) => refused = Some(e),
+                }
+            }
+            return Err(refused.unwrap()).with_context(|| format!("failed to open {name} inside the process's root"));
+        }
+        Err(e) => return Err(e).with_context(|| format!("failed to open {name} through {}", through.display())),
+    };
+    CheckedFile::new(file, &name, Some(FileId::of(m)))
+}
+
+/// The executable process `pid` runs: its mapping, opened through the
+/// target; else the kernel's own link to it.
+pub fn open_executable(pid: u32, maps: &[Mapping]) -> Result<CheckedFile> {
+    let (path, deleted) = super::proc::exe_path(pid)?;
+    if let Some(m) = maps.iter().find(|m| m.path == path && m.deleted == deleted && m.offset == 0) {
+        return open_mapping(pid, m);
+    }
+    let file = open_raw(Path::new(&format!("/proc/{pid}/exe")), libc::O_PATH).with_context(|| format!("failed to open /proc/{pid}/exe"))?;
+    CheckedFile::new(file, &format!("{path} (the executable of process {pid})"), None)
+}
+
+/// `path` as the target would find it, resolved inside its root (its
+/// container, chroot, or ours): symlinks, absolute or not, and `..` cannot
+/// lead out of it, and no /proc magic link is followed.
+pub fn open_in_root(pid: u32, path: &str) -> Result<CheckedFile> {
+    let file = open_in_root_raw(pid, path).with_context(|| format!("failed to open {path} inside the root of process {pid}"))?;
+    CheckedFile::new(file, path, None)
+}
+
+fn open_in_root_raw(pid: u32, path: &str) -> std::io::Result<File> {
+    let root = open_raw(Path::new(&format!("/proc/{pid}/root")), libc::O_PATH | libc::O_DIRECTORY)?;
+    let c = CString::new(path).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    /// struct open_how of openat2(2).
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    // openat2 refuses any flag O_PATH ignores.
+    let how = OpenHow { flags: (libc::O_PATH | libc::O_CLOEXEC) as u64, mode: 0, resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS };
+    // SAFETY: openat2(2) with a valid dirfd, path and open_how of the size we pass.
+    let fd = unsafe { libc::syscall(libc::SYS_openat2, root.as_raw_fd(), c.as_ptr(), &how as *const OpenHow, std::mem::size_of::<OpenHow>()) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd we own.
+    Ok(unsafe { File::from_raw_fd(fd as libc::c_int) })
+}
+
+/// Whether `path` exists inside process `pid`'s root (resolved as
+/// open_in_root does); for library search.
+pub fn exists_in_root(pid: u32, path: &str) -> bool {
+    open_in_root_raw(pid, path).is_ok()
+}
+
+/// The names in a directory inside process `pid`'s root (resolved as
+/// open_in_root does), at most `max` of them.
+pub fn list_dir_in_root(pid: u32, path: &str, max: usize) -> Vec<String> {
+    let Ok(dir) = open_in_root_raw(pid, path) else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())) else { return Vec::new() };
+    entries.flatten().take(max).map(|e| e.file_name().to_string_lossy().into_owned()).collect()
+}
+
+/// A file named by the user on pytrace's own command line: still opened
+/// non-blocking and checked to be a regular file of bounded size.
+pub fn open_local(path: &Path) -> Result<CheckedFile> {
+    let file = open_raw(path, libc::O_PATH).with_context(|| format!("failed to open {}", path.display()))?;
+    CheckedFile::new(file, &path.display().to_string(), None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_regular_files_are_read() {
+        let err = open_local(Path::new("/dev/zero")).unwrap_err();
+        assert!(format!("{err:#}").contains("is not a regular file"), "{err:#}");
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: mkfifo(3) on a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // Opening a FIFO with no writer would block without O_NONBLOCK.
+        let err = open_local(&fifo).unwrap_err();
+        assert!(format!("{err:#}").contains("is not a regular file"), "{err:#}");
+    }
+
+    #[test]
+    fn a_mapped_file_is_read_through_the_process() {
+        let me = std::process::id();
+        let maps = super::super::proc::file_mappings(me).unwrap();
+        let exe = open_executable(me, &maps).unwrap();
+        let bytes = exe.read_all().unwrap();
+        assert_eq!(bytes.len() as u64, exe.size);
+        assert_eq!(&bytes[..4], b"\x7fELF");
+        let local = std::fs::metadata(std::env::current_exe().unwrap()).unwrap();
+        assert_eq!(exe.id, FileId { dev: local.dev(), ino: local.ino() });
+        // The fd path reaches the same inode.
+        let via_fd = std::fs::metadata(exe.fd_path()).unwrap();
+        assert_eq!((via_fd.dev(), via_fd.ino()), (exe.id.dev, exe.id.ino));
+        // A mapping whose identity does not match what is opened is refused.
+        let mut wrong = maps.iter().find(|m| m.offset == 0).unwrap().clone();
+        wrong.inode ^= 1;
+        assert!(format!("{:#}", open_mapping(me, &wrong).unwrap_err()).contains("is not the file the process mapped"));
+    }
+
+    #[test]
+    fn symlinks_resolve_inside_the_root() {
+        // Our own root is "/": an absolute symlink resolves under it, and
+        // ".." cannot climb above it.
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/../../../proc/self/exe", dir.path().join("link")).unwrap();
+        let via_link = open_in_root(std::process::id(), dir.path().join("link").to_str().unwrap());
+        assert!(via_link.is_err(), "a /proc magic link must not be followed");
+        assert!(exists_in_root(std::process::id(), "/etc/../etc/passwd"));
+    }
+}

@@ -1,0 +1,320 @@
+//! The processes being sampled, and the BPF map that tells the program
+//! about them: one target, or with --all every CPython on the machine,
+//! found again every second as processes start and removed as they exit,
+//! so the map never fills with the dead. A process that finds the map full
+//! anyway is counted, not fatal.
+
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use libbpf_rs::{MapCore, MapFlags};
+
+use super::resolve::{CacheCounts, CodeResolver};
+use crate::bpf::sample::types::{py_layout, sample_target};
+use crate::python::layouts::NO_FIELD;
+use crate::python::{Python, RUNTIME_SYMBOL};
+use crate::samples::Frame;
+use crate::target::proc::{self, Memory};
+
+/// --all looks for new Pythons, and for exited ones, this often.
+const RESCAN_EVERY: Duration = Duration::from_secs(1);
+
+/// An exited process is forgotten this many drains after its exit was
+/// seen, so that the samples it left in the counts map and the ring
+/// buffer are still named with its caches.
+const KEEP_EXITED_DRAINS: u64 = 2;
+
+pub enum PythonRef<'a> {
+    Borrowed(&'a Python),
+    Owned(Box<Python>),
+}
+
+impl std::ops::Deref for PythonRef<'_> {
+    type Target = Python;
+    fn deref(&self) -> &Python {
+        match self {
+            PythonRef::Borrowed(p) => p,
+            PythonRef::Owned(p) => p,
+        }
+    }
+}
+
+/// A sampled process: its Python, the cache naming its code objects, its
+/// label as the root frame with --all.
+pub struct Process<'a> {
+    python: PythonRef<'a>,
+    pub resolver: CodeResolver,
+    pub label: Rc<Frame>,
+    /// Whether its interpreter's addresses are known and in the map.
+    located: bool,
+    /// When it started (/proc/PID/stat), to tell it from a later process
+    /// given the same PID.
+    started: Option<u64>,
+    /// The drain at which its exit was seen.
+    exited_at: Option<u64>,
+}
+
+/// What happened to processes over the run, for the report's counters.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ProcessCounts {
+    /// --all: Pythons not sampled because the map was full.
+    pub not_sampled: u64,
+    /// --all: sampled processes that exited during the run.
+    pub exited: u64,
+    /// The code caches of processes already forgotten.
+    pub forgotten_caches: CacheCounts,
+}
+
+pub struct Processes<'a> {
+    pub by_pid: HashMap<u32, Process<'a>>,
+    all: bool,
+    /// --all: every PID looked at, Python or not, with its start time, so
+    /// that each rescan reads only new processes' files.
+    checked: HashMap<u32, Option<u64>>,
+    last_scan: Instant,
+    pub counts: ProcessCounts,
+}
+
+impl<'a> Processes<'a> {
+    pub fn new(all: bool) -> Self {
+        Processes { by_pid: HashMap::new(), all, checked: HashMap::new(), last_scan: Instant::now(), counts: ProcessCounts::default() }
+    }
+
+    /// Starts sampling a process (its interpreter is located later, once
+    /// mapped). With --all a full map only skips the process, counted;
+    /// for the one target it is an error.
+    pub fn add(&mut self, map: &dyn MapCore, pid: u32, python: PythonRef<'a>) -> Result<()> {
+        if let Err(e) = put_target(map, pid, &target_entry(&python, 0)) {
+            if self.all {
+                self.counts.not_sampled += 1;
+                return Ok(());
+            }
+            return Err(e);
+        }
+        let label = Rc::new(Frame::Process(format!("{} ({pid})", proc::command_name(pid))));
+        let resolver = CodeResolver::new(pid, python.layout.clone());
+        let started = start_time(pid);
+        self.by_pid.insert(pid, Process { python, resolver, label, located: false, started, exited_at: None });
+        Ok(())
+    }
+
+    /// Tells BPF where each new target's interpreter is as soon as it can
+    /// be known (with `--`, libpython may be mapped only now).
+    pub fn locate(&mut self, map: &dyn MapCore) -> Result<()> {
+        for (&pid, p) in self.by_pid.iter_mut().filter(|(_, p)| !p.located && p.exited_at.is_none()) {
+            if let Ok((head, code_type)) = runtime_addresses(pid, &p.python) {
+                put_target(map, pid, &target_entry(&p.python, head))?;
+                p.resolver.located(Memory::open(pid).ok(), code_type);
+                p.located = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// --all, at most every second: adds the Pythons started since, and
+    /// removes from the map those that exited (forgetting them
+    /// KEEP_EXITED_DRAINS drains later). Returns the PIDs forgotten now.
+    pub fn rescan(&mut self, map: &dyn MapCore, drain: u64) -> Vec<u32> {
+        if !self.all {
+            return Vec::new();
+        }
+        let forgotten = self.forget_exited(drain);
+        if self.last_scan.elapsed() < RESCAN_EVERY {
+            return forgotten;
+        }
+        self.last_scan = Instant::now();
+        let live = live_pids();
+        self.prune(map, drain, &live);
+        let me = std::process::id();
+        let new: Vec<u32> = live.into_iter().filter(|&pid| pid != me && !self.checked.contains_key(&pid)).collect();
+        for pid in new {
+            self.checked.insert(pid, start_time(pid));
+            if let Ok(python) = Python::from_pid(pid) {
+                let _ = self.add(map, pid, PythonRef::Owned(Box::new(python)));
+            }
+        }
+        forgotten
+    }
+
+    /// Takes the processes that exited out of the map, so that it never
+    /// fills with the dead: a process is gone when its PID is not `live`,
+    /// is a zombie, or belongs to a later process (another start time).
+    fn prune(&mut self, map: &dyn MapCore, drain: u64, live: &HashSet<u32>) {
+        for (&pid, p) in self.by_pid.iter_mut().filter(|(_, p)| p.exited_at.is_none()) {
+            if !live.contains(&pid) || !proc::is_running(pid) || start_time(pid) != p.started {
+                let _ = map.delete(&pid.to_ne_bytes());
+                p.exited_at = Some(drain);
+                self.counts.exited += 1;
+                // Looked at again if the PID comes back.
+                self.checked.remove(&pid);
+            }
+        }
+        // Forget the non-Python PIDs that are gone, or were reused.
+        self.checked.retain(|pid, started| live.contains(pid) && *started == start_time(*pid));
+    }
+
+    /// Drops the processes that exited KEEP_EXITED_DRAINS drains ago (their
+    /// last samples are named by now); returns their PIDs.
+    fn forget_exited(&mut self, drain: u64) -> Vec<u32> {
+        let mut forgotten = Vec::new();
+        let caches = &mut self.counts.forgotten_caches;
+        self.by_pid.retain(|&pid, p| {
+            let gone = p.exited_at.is_some_and(|at| drain >= at + KEEP_EXITED_DRAINS);
+            if gone {
+                forgotten.push(pid);
+                caches.add(&p.resolver.counts);
+            }
+            !gone
+        });
+        forgotten
+    }
+
+    /// --all at start: every Python on the machine now.
+    pub fn add_every_python(&mut self, map: &dyn MapCore) {
+        self.last_scan = Instant::now() - RESCAN_EVERY;
+        self.rescan(map, 0);
+    }
+
+    /// What every process's code cache had to give up.
+    pub fn cache_counts(&self) -> CacheCounts {
+        let mut total = self.counts.forgotten_caches;
+        for p in self.by_pid.values() {
+            total.add(&p.resolver.counts);
+        }
+        total
+    }
+
+    /// The one target's PID (not --all).
+    pub fn only(&self) -> Option<u32> {
+        (!self.all).then(|| self.by_pid.keys().next().copied()).flatten()
+    }
+}
+
+fn live_pids() -> HashSet<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return HashSet::new() };
+    entries.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()).collect()
+}
+
+/// A process's start time (field 22 of /proc/PID/stat, after the command
+/// name, which may hold spaces and parentheses).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The BPF map entry for a process: its layout, and where its frames'
+/// fields are within the bytes the walk reads of each frame.
+fn target_entry(python: &Python, interpreters_head: u64) -> sample_target {
+    let l = &python.layout;
+    let fields = [l.frame_code, l.frame_previous, l.frame_instr, l.frame_owner, l.frame_is_entry];
+    let present = || fields.into_iter().filter(|&o| o != NO_FIELD);
+    // From the 8-byte word holding the first field to the end of the last
+    // (8-byte fields; the one-byte ones end before an 8-byte boundary).
+    let start = present().min().unwrap_or(0) & !7;
+    let end = present().map(|o| o + 8).max().unwrap_or(8);
+    let relative = |o: u32| if o == NO_FIELD { NO_FIELD } else { o - start };
+    sample_target {
+        layout: super::super::py_layout!(py_layout, l),
+        interpreters_head,
+        frame_read_start: start,
+        frame_read_size: end - start,
+        frame_code: relative(l.frame_code),
+        frame_previous: relative(l.frame_previous),
+        frame_instr: relative(l.frame_instr),
+        frame_owner: relative(l.frame_owner),
+        frame_is_entry: relative(l.frame_is_entry),
+        // From 3.11 frames live on the thread's data stack (bar generators'),
+        // each caller's right below its callee's.
+        frames_contiguous: (l.frame_owner != NO_FIELD) as u32,
+        tstate_thread_id: l.tstate_thread_id,
+        interp_threads_head: l.interp_threads_head,
+        tstate_next: l.tstate_next,
+        ..Default::default()
+    }
+}
+
+fn put_target(map: &dyn MapCore, pid: u32, entry: &sample_target) -> Result<()> {
+    // SAFETY: a plain integer struct generated from bpf/sample.h.
+    let bytes = unsafe { std::slice::from_raw_parts((entry as *const sample_target).cast::<u8>(), std::mem::size_of::<sample_target>()) };
+    map.update(&pid.to_ne_bytes(), bytes, MapFlags::ANY).with_context(|| format!("failed to add process {pid} to the sampler"))
+}
+
+/// &_PyRuntime.interpreters.head and &PyCode_Type in the target, once its
+/// interpreter file is mapped.
+fn runtime_addresses(pid: u32, python: &Python) -> Result<(u64, Option<u64>)> {
+    let bias = python.load_bias_in(pid).context("interpreter not mapped yet")?;
+    let head = python.symbol(RUNTIME_SYMBOL)?.wrapping_add(bias) + python.layout.runtime_interpreters_head as u64;
+    Ok((head, python.elf.symbol("PyCode_Type").map(|t| t.wrapping_add(bias))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A python3.11 that sleeps, killed when dropped.
+    struct Sleeper(std::process::Child);
+
+    impl Drop for Sleeper {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn sleeper() -> (u32, Sleeper) {
+        let child = std::process::Command::new("/usr/bin/python3.11").args(["-c", "import time; print(1, flush=True); time.sleep(60)"]).stdout(std::process::Stdio::piped()).spawn().unwrap();
+        let mut child = Sleeper(child);
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.0.stdout.as_mut().unwrap()), &mut line).unwrap();
+        (child.0.id(), child)
+    }
+
+    /// --all with the map full: the process that does not fit is counted
+    /// and skipped (the run goes on); once a sampled process exits, its
+    /// entry leaves the map and the next process fits. A real BPF map of
+    /// two entries, real Pythons.
+    #[test]
+    fn a_full_map_skips_processes_and_exits_free_their_entries() {
+        let opts = libbpf_rs::libbpf_sys::bpf_map_create_opts { sz: std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_map_create_opts>() as _, ..Default::default() };
+        let map = libbpf_rs::MapHandle::create(libbpf_rs::MapType::Hash, Some("test_processes"), 4, std::mem::size_of::<sample_target>() as u32, 2, &opts).unwrap();
+        let (a, mut first) = sleeper();
+        let (b, _second) = sleeper();
+        let (c, _third) = sleeper();
+        let mut processes = Processes::new(true);
+        for pid in [a, b, c] {
+            processes.add(&map, pid, PythonRef::Owned(Box::new(Python::from_pid(pid).unwrap()))).unwrap();
+        }
+        assert_eq!((processes.by_pid.len(), processes.counts.not_sampled), (2, 1));
+        assert!(!processes.by_pid.contains_key(&c));
+
+        let _ = first.0.kill();
+        let _ = first.0.wait();
+        processes.prune(&map, 1, &live_pids());
+        assert_eq!(processes.counts.exited, 1);
+        assert_eq!(map.keys().count(), 1, "the exited process left the map");
+        processes.add(&map, c, PythonRef::Owned(Box::new(Python::from_pid(c).unwrap()))).unwrap();
+        assert_eq!(map.keys().count(), 2);
+        assert!(processes.by_pid.contains_key(&c));
+
+        assert!(processes.forget_exited(2).is_empty(), "kept until its last samples are named");
+        assert_eq!(processes.forget_exited(1 + KEEP_EXITED_DRAINS), vec![a]);
+        assert_eq!(processes.by_pid.len(), 2);
+    }
+
+    /// Each version's frame fields, read in one go, lie inside the bytes read.
+    #[test]
+    fn frame_reads_cover_every_field_and_no_more() {
+        for l in crate::python::layouts::LAYOUTS {
+            let fields = [l.frame_code, l.frame_previous, l.frame_instr, l.frame_owner, l.frame_is_entry];
+            let start = fields.iter().copied().filter(|&o| o != NO_FIELD).min().unwrap() & !7;
+            let end = fields.iter().copied().filter(|&o| o != NO_FIELD).map(|o| o + 8).max().unwrap();
+            assert!(end - start <= 128, "{:?}: {} bytes", l.version, end - start);
+            for f in [l.frame_code, l.frame_previous, l.frame_instr] {
+                assert_eq!((f - start) % 8, 0, "{:?}: 8-byte fields stay aligned", l.version);
+            }
+        }
+    }
+}

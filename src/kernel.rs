@@ -28,11 +28,12 @@ pub enum Feature {
     /// BPF_CMPXCHG: `calls` keeps each function's maximum latency exact
     /// when several CPUs finish calls of it at once.
     AtomicCompareExchange,
-    /// bpf_get_attach_cookie: libbpf tells USDT probe sites apart with it
-    /// (before it, by instruction address).
+    /// bpf_get_attach_cookie (for uprobes): `calls`' probes inside the eval
+    /// loop learn their site's registers from it; libbpf tells USDT probe
+    /// sites apart with it (before it, by instruction address).
     AttachCookie,
-    /// bpf_task_pt_regs: `sample --native` reads a thread's saved user
-    /// registers with it (before it, off the kernel stack's top).
+    /// bpf_task_pt_regs: `sample --native` reads the user registers of a
+    /// thread interrupted in the kernel with it.
     TaskPtRegs,
     /// bpf_copy_from_user_task in a sleepable task iterator: how `sample
     /// --idle` reads threads that are not running.
@@ -40,7 +41,8 @@ pub enum Feature {
     /// Multi-uprobe links, which uprobe sessions are built on.
     UprobeMulti,
     /// Uprobe sessions: entry and return in one program and one link
-    /// (`calls` and `gc`; before them, a uprobe and a uretprobe).
+    /// (`calls`, `imports --mode uprobe`; before them, a uprobe and a
+    /// uretprobe).
     UprobeSession,
 }
 
@@ -173,13 +175,16 @@ impl Kernel {
             out.push(self.lacks(Feature::CopyFromUserTask, "sample --idle"));
         }
         if !self.has(Feature::UprobeSession) {
-            out.push("calls and gc attach a uprobe and a uretprobe per function (one uprobe session needs Linux 6.13)".into());
+            out.push("calls and imports (uprobe mode) attach a uprobe and a uretprobe to the eval function (one uprobe session needs Linux 6.13)".into());
         }
         if !self.has(Feature::AtomicCompareExchange) {
             out.push("calls' maximum latency of a function can be understated when two CPUs end calls of it at the same instant (exact from Linux 5.12, whose BPF has compare-and-exchange)".into());
         }
+        if !self.has(Feature::AttachCookie) {
+            out.push("calls in uprobe mode cannot count __getitem__ run inline by CPython 3.11.0 to 3.11.3, nor generator closes that skip the frame (3.13+): those counts are lower bounds (uprobe cookies, bpf_get_attach_cookie, need Linux 5.15)".into());
+        }
         if !self.has(Feature::TaskPtRegs) {
-            out.push("sample --native reads a thread's user registers off its kernel stack (bpf_task_pt_regs needs Linux 5.15)".into());
+            out.push("sample --native has no native frames for samples that interrupted the kernel (bpf_task_pt_regs needs Linux 5.15): they are counted native_no_user_regs".into());
         }
         out
     }

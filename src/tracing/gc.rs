@@ -89,7 +89,10 @@ pub fn run(
     let watch = mode == Mode::Watchpoint;
     open.progs.usdt_gc_start.set_autoload(mode == Mode::Usdt);
     open.progs.usdt_gc_done.set_autoload(mode == Mode::Usdt);
-    open.progs.collecting_written.set_autoload(watch);
+    // Kernels before 5.12 have no compare-and-swap: a twin without it.
+    let cas = crate::kernel::Kernel::get().has(crate::kernel::Feature::AtomicCompareExchange);
+    open.progs.collecting_written.set_autoload(watch && cas);
+    open.progs.collecting_written_no_cas.set_autoload(watch && !cas);
     open.progs.first_eval.set_autoload(watch && started_by_us);
     let mut skel = crate::bpf::load::load("gc", open)?;
 
@@ -109,7 +112,7 @@ pub fn run(
         Mode::Watchpoint => {
             let target = watch_target(pid, python)?;
             skel.maps.bss_data.as_deref_mut().context("the gc BPF program has no .bss")?.target = target;
-            links.extend(watchpoint::watch_writes(&skel.progs.collecting_written, pid, target.collecting, 4)?);
+            links.extend(watchpoint::watch_writes(if cas { &skel.progs.collecting_written } else { &skel.progs.collecting_written_no_cas }, pid, target.collecting, 4)?);
         }
     }
     ensure_still_running(pid)?;
@@ -133,7 +136,7 @@ pub fn run(
             let mut at_first_eval = || -> Result<()> {
                 let target = watch_target(pid, python)?;
                 skel.maps.bss_data.as_deref_mut().context("the gc BPF program has no .bss")?.target = target;
-                links.extend(watchpoint::watch_writes(&skel.progs.collecting_written, pid, target.collecting, 4)?);
+                links.extend(watchpoint::watch_writes(if cas { &skel.progs.collecting_written } else { &skel.progs.collecting_written_no_cas }, pid, target.collecting, 4)?);
                 Ok(())
             };
             release(Some(&mut at_first_eval))?;

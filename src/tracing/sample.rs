@@ -96,9 +96,6 @@ impl<'obj, 'a> Session<'obj, 'a> {
     /// targets are sampled (once their interpreter is located, see
     /// `between_polls`).
     pub fn start(object: &'obj mut MaybeUninit<OpenObject>, targets: Targets<'a>, opts: &Options) -> Result<Self> {
-        if opts.idle {
-            crate::kernel::Kernel::get().require(crate::kernel::Feature::CopyFromUserTask, "sample --idle")?;
-        }
         let mut open = SampleSkelBuilder::default().open(object).context("failed to open the sample BPF program")?;
         let rodata = open.maps.rodata_data.as_deref_mut().context("the sample BPF program has no rodata")?;
         rodata.cfg.kernel_stacks = opts.kernel as u8;

@@ -175,14 +175,15 @@ fn flag_kinds(row: &Value) -> Vec<&str> {
 /// shares relative to one another are 60/30/10 on both sides. About 3000
 /// samples put one standard error under a point; the traced side is wall
 /// time, which other work on this shared machine can stretch, for all
-/// three alike. (How much of the whole they hold depends on how long
-/// start-up took, with `--`.)
+/// three alike. They hold nearly all of main's share; how much of the
+/// whole main holds depends on how long start-up took, with `--` (seconds
+/// in an emulated VM, where every call of start-up hits a probe).
 fn assert_split(label: &str, cmp: &Value) {
     let get = |name: &str, field: &str| f(&row(cmp, name, "fixtures/cpu_split.py")[field]);
     for field in ["traced_total_share", "corrected_total_share", "sampled_total_share"] {
         let (a, b, c) = (get("sixty", field), get("thirty", field), get("ten", field));
         let sum = a + b + c;
-        assert!(sum > 0.6, "{label}: {field}: the three hold only {sum:.2}");
+        assert!(sum > 0.9 * get("main", field) && sum > 0.1, "{label}: {field}: the three hold only {sum:.2}, main {:.2}", get("main", field));
         for (got, want, name) in [(a, 60.0, "sixty"), (b, 30.0, "thirty"), (c, 10.0, "ten")] {
             let share = got / sum * 100.0;
             assert!((share - want).abs() <= 3.0, "{label}: {name} has {share:.1}% by {field}, expected {want}%");
@@ -205,7 +206,7 @@ fn assert_saved_pair_gives_the_same(label: &str, run: &Run) {
 #[test]
 fn numbers_are_the_two_reports_combined_attached_by_pid() {
     for (label, python) in pythons() {
-        let run = compare_pid(label, &python, "cpu_split.py", &["--seconds", "3"]);
+        let run = compare_pid(label, &python, "cpu_split.py", &["--seconds", &longer(3.0)]);
         let cmp = run.json("cmp.json");
         assert_compare_is_a_and_b(label, &cmp, &run.json("A.json"), &run.json("B.json"));
         assert_split(label, &cmp);
@@ -221,7 +222,7 @@ fn numbers_are_the_two_reports_combined_attached_by_pid() {
 #[test]
 fn numbers_are_the_two_reports_combined_when_pytrace_starts_the_command() {
     for (label, python) in pythons() {
-        let run = compare_command(label, &python, "cpu_split.py", &["--seconds", "3"]);
+        let run = compare_command(label, &python, "cpu_split.py", &["--seconds", &longer(3.0)]);
         let cmp = run.json("cmp.json");
         assert_compare_is_a_and_b(label, &cmp, &run.json("A.json"), &run.json("B.json"));
         assert_split(label, &cmp);

@@ -120,3 +120,20 @@ fn sample_idle_needs_5_18_and_says_so() {
     }
     let _ = std::fs::remove_file(&marker);
 }
+
+// Debian's 3.11.2 runs some __getitem__ calls inline; calls counts them
+// with a probe that learns its register from the uprobe's cookie (5.15).
+// Before that the caveat says the counts are lower bounds, and why.
+#[test]
+fn inlined_getitem_caveat_names_the_release_cookies_need() {
+    let (major, minor) = running_kernel();
+    let (_, python) = pythons().remove(0);
+    let v = info_json(&["--binary", python.to_str().unwrap()]);
+    let caveats: Vec<&str> = v["calls_caveats"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    let getitem = caveats.iter().find(|c| c.contains("BINARY_SUBSCR_GETITEM")).unwrap_or_else(|| panic!("{caveats:?}"));
+    if (major, minor) < (5, 15) {
+        assert!(getitem.contains(&format!("counting them needs Linux 5.15 or newer (bpf_get_attach_cookie); this kernel is {major}.{minor}: __getitem__ counts are lower bounds")), "{getitem}");
+    } else {
+        assert!(getitem.contains("those calls are counted where the instruction starts them"), "{getitem}");
+    }
+}

@@ -46,6 +46,15 @@ pub fn wanted(label: &str) -> bool {
     }
 }
 
+/// `seconds` of a fixture's run, made longer where the machine is slow:
+/// PYTRACE_TEST_SLOWDOWN (default 1) multiplies it. scripts/kernels.sh sets
+/// it in its emulated VMs, whose late timers give the sampler about half the
+/// samples it asks for; the sampler tests need as many samples as here.
+pub fn longer(seconds: f64) -> String {
+    let factor: f64 = std::env::var("PYTRACE_TEST_SLOWDOWN").ok().and_then(|f| f.parse().ok()).unwrap_or(1.0);
+    format!("{}", seconds * factor)
+}
+
 /// A child process killed (and reaped) when dropped, whatever the test did.
 pub struct Proc(pub Child);
 

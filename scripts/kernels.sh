@@ -155,10 +155,15 @@ run() {
 
 # The integration tests each kernel runs, as "TEST-FILE TEST-NAME": every
 # subcommand against its ground truth on Debian's python3.11 (calls against
-# cProfile, gc against gc.callbacks, the import tree, the 60/30/10 sampling
-# split, --native, compare) and the same on bullseye's 3.9 in a chroot, plus
-# what `info` says of the kernel. The tests time their fixtures in CPU
-# seconds, so the VMs' slowness costs samples, not correctness.
+# cProfile, gc against gc.callbacks in both modes, the import tree in both
+# modes, compare) and on bullseye's 3.9 in a chroot (calls in uprobe and
+# usdt mode, gc, imports, the 60/30/10 sampling split within 2 points,
+# compare), plus what `info` says of the kernel.
+#
+# Left out, measured in these VMs on every kernel, for the emulation: the
+# split on Debian's 3.11 (56.6% for 60 on 6.12, where 3.9's holds) and
+# --native's shares (most samples land in the kernel under TCG, where a
+# clock_gettime costs what a deflate call does). The host runs them.
 smoke_tests=(
   "info kernel_features_are_those_of_its_release"
   "info sample_idle_needs_5_18_and_says_so"
@@ -168,20 +173,19 @@ smoke_tests=(
   "gc watchpoint_mode_is_exact_on_every_version"
   "imports the_import_tree_is_exact_when_pytrace_starts_the_command"
   "imports the_tree_is_exact_on_every_build_when_attached_by_pid"
-  "sample cpu_shares_match_the_known_split_within_two_points"
-  "sample_native native_frames_sit_between_the_python_caller_and_the_leaf"
   "compare numbers_are_the_two_reports_combined_when_pytrace_starts_the_command"
   "matrix python_3_9::calls_equal_cprofile"
   "matrix python_3_9::usdt_mode_counts_equal_cprofile"
   "matrix python_3_9::gc_equals_gc_callbacks"
   "matrix python_3_9::imports_tree"
   "matrix python_3_9::sample_split_threads_and_depth"
-  "matrix python_3_9::sample_native_puts_c_frames_under_their_python_caller"
   "matrix python_3_9::compare_sees_the_split_on_both_sides"
 )
-# Only where the kernel has bpf_copy_from_user_task (5.18+); on older
-# kernels sample_idle_needs_5_18_and_says_so checks the refusal instead.
-idle_tests=(
+# Only from 5.15 (bpf_task_pt_regs: native frames of samples in system
+# calls) and 5.18 (bpf_copy_from_user_task); on older kernels
+# sample_idle_needs_5_18_and_says_so checks --idle's refusal instead.
+newer_tests=(
+  "sample_native kernel_frames_go_above_the_native_frames_that_entered_the_kernel"
   "sample idle_sees_sleeping_threads_and_on_cpu_does_not"
   "matrix python_3_9::sample_idle_sees_sleepers"
 )
@@ -238,7 +242,7 @@ GUEST
     local tests
     tests=$(mktemp /tmp/pytrace-kernels-XXXXXX)
     printf '%s\n' "${smoke_tests[@]}" > "$tests"
-    case "$want" in 5.10) ;; *) printf '%s\n' "${idle_tests[@]}" >> "$tests" ;; esac
+    case "$want" in 5.10) ;; *) printf '%s\n' "${newer_tests[@]}" >> "$tests" ;; esac
     echo "kernel $want: $(wc -l < "$tests") tests in a VM" >&2
     start=$(date +%s)
     set +e

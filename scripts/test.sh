@@ -30,7 +30,14 @@ PYTRACE_ROOT_TRIXIE=$(stage root-trixie scripts/pythons.sh root-trixie)
 PYTRACE_FREETHREADED_PYTHON=$(stage freethreaded scripts/pythons.sh freethreaded)
 export PYTRACE_NODTRACE_PYTHON PYTRACE_ROOT_39 PYTRACE_ROOT_SID PYTRACE_ROOT_TRIXIE PYTRACE_FREETHREADED_PYTHON
 
-stage cargo-test cargo test --release --locked
+# Both test stages run whatever the other gives, so one run shows every
+# failure; the script fails if either did.
+failed=()
+stage cargo-test cargo test --release --locked --no-fail-fast || failed+=(cargo-test)
 # Debian's 5.10, 6.1 and 6.12 kernels (fetched and cached once), each
 # running the smoke tests in a VM; it prints the time per kernel.
-stage kernels scripts/kernels.sh test
+stage kernels scripts/kernels.sh test || failed+=(kernels)
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "scripts/test.sh: failed: ${failed[*]}" >&2
+  exit 1
+fi

@@ -105,17 +105,22 @@ struct new_function _new_function = {};
 enum calls_counter _calls_counter = 0;
 enum str_kind _str_kind = 0;
 
+/* floor(log2(v)) for v > 0, without a branch: the top bit smeared down,
+ * then the ones counted. (Six data-dependent branches here multiplied the
+ * states the verifier explores by up to 64 for every call unwind's loop
+ * closes, past the 1M-instruction limit on Linux 5.10.) */
 static __always_inline __u32 log2_u64(__u64 v)
 {
-	__u32 r = 0;
-
-	if (v >> 32) { v >>= 32; r += 32; }
-	if (v >> 16) { v >>= 16; r += 16; }
-	if (v >> 8) { v >>= 8; r += 8; }
-	if (v >> 4) { v >>= 4; r += 4; }
-	if (v >> 2) { v >>= 2; r += 2; }
-	if (v >> 1) { r += 1; }
-	return r;
+	v |= v >> 1;
+	v |= v >> 2;
+	v |= v >> 4;
+	v |= v >> 8;
+	v |= v >> 16;
+	v |= v >> 32;
+	v -= (v >> 1) & 0x5555555555555555ULL;
+	v = (v & 0x3333333333333333ULL) + ((v >> 2) & 0x3333333333333333ULL);
+	v = (v + (v >> 4)) & 0x0f0f0f0f0f0f0f0fULL;
+	return (__u32)((v * 0x0101010101010101ULL) >> 56) - 1;
 }
 
 static __always_inline __u32 hist_bucket(__u64 ns)
@@ -177,28 +182,25 @@ static __always_inline struct func_stats *function_stats(const struct func_key *
 	return st;
 }
 
-struct on_stack_ctx {
-	struct thread_stack *stack;
-	const struct func_key *key;
-	__u32 depth;
-	int found;
-};
-
-static long find_on_stack(__u64 i, void *data)
+/* Whether the function is among the first `depth` calls of the stack.
+ * Loops here are plain bounded loops, not bpf_loop (Linux 5.17+): every
+ * kernel since 5.3 verifies them, and they cost less per iteration. */
+static __always_inline int on_stack(struct thread_stack *stack, const struct func_key *key, __u32 depth)
 {
-	struct on_stack_ctx *ctx = data;
-
-	if (i >= ctx->depth || i >= MAX_DEPTH)
-		return 1;
-	if (same_key(&ctx->stack->slots[i], ctx->key)) {
-		ctx->found = 1;
-		return 1;
+	for (__u32 i = 0; i < MAX_DEPTH; i++) {
+		if (i >= depth)
+			return 0;
+		if (same_key(&stack->slots[i].key, key))
+			return 1;
 	}
 	return 0;
 }
 
-/* Closes the top call of a thread's stack at `now`. */
-static __always_inline void close_top(struct thread_stack *stack, __u64 now)
+/* Closes the top call of a thread's stack at `now`. `cas`: the kernel has
+ * BPF's compare-and-swap (Linux 5.12+); a program that contains one does
+ * not even load before that, so every caller passes a constant and each
+ * program is compiled with one way or the other. */
+static __always_inline void close_top(struct thread_stack *stack, __u64 now, const int cas)
 {
 	struct frame_slot *slot;
 	struct func_stats *st;
@@ -209,6 +211,9 @@ static __always_inline void close_top(struct thread_stack *stack, __u64 now)
 		return;
 	depth = stack->depth - 1;
 	stack->depth = depth;
+	/* Inlined into unwind's loop, clang proves this check redundant and
+	 * drops it; the 5.10 verifier cannot follow that proof. */
+	barrier_var(depth);
 	if (depth >= MAX_DEPTH)
 		return;
 	slot = &stack->slots[depth];
@@ -241,8 +246,18 @@ static __always_inline void close_top(struct thread_stack *stack, __u64 now)
 	if (slot->children)
 		__sync_fetch_and_add(&st->child_calls, slot->children);
 	bucket = hist_bucket(elapsed);
+	/* So the check and the index below are one register: the 6.1 verifier
+	 * loses the bound when clang tests a copy. */
+	barrier_var(bucket);
 	if (bucket < HIST_BUCKETS)
 		__sync_fetch_and_add(&st->hist[bucket], 1);
+	if (!cas) {
+		/* Two CPUs ending calls of this function at once can race here,
+		 * and the smaller maximum may win: exact only with compare-and-swap. */
+		if (elapsed > st->max_ns)
+			st->max_ns = elapsed;
+		return;
+	}
 	for (int i = 0; i < 4; i++) {
 		__u64 max = st->max_ns;
 
@@ -251,26 +266,21 @@ static __always_inline void close_top(struct thread_stack *stack, __u64 now)
 	}
 }
 
-struct unwind_ctx {
-	struct thread_stack *stack;
-	__u64 now;
-	/* Stop at the slot of this frame (0: stop at the first that returns)... */
-	__u64 until_frame;
-	/* ...or once the stack is this deep (0: no such limit). */
-	__u32 until_depth;
-};
-
-/* Closes the calls whose returns the kernel did not report (deeper than
- * URETPROBE_DEPTH) and that have ended by now: those above the slot that
- * returns, or above the caller of a new call. */
-static long unwind_one(__u64 i, void *data)
+/* One step of unwind() below: closes the top call of thread `tid`'s stack,
+ * or says to stop (1). It stops at the slot of `until_frame` (0: at the
+ * first slot whose return will be seen) or once the stack is `until_depth`
+ * deep (0: no such limit). */
+static __always_inline long unwind_one(__u32 tid, __u64 now, __u64 until_frame, __u32 until_depth,
+				       const int cas)
 {
-	struct unwind_ctx *ctx = data;
-	struct thread_stack *stack = ctx->stack;
+	struct thread_stack *stack = bpf_map_lookup_elem(&stacks, &tid);
 	struct frame_slot *top;
-	__u32 depth = stack->depth;
+	__u32 depth;
 
-	if (depth == 0 || depth <= ctx->until_depth)
+	if (!stack)
+		return 1;
+	depth = stack->depth;
+	if (depth == 0 || depth <= until_depth)
 		return 1;
 	if (depth > MAX_DEPTH) {
 		/* Slot-less calls past MAX_DEPTH: nothing to time, only to pop. */
@@ -278,22 +288,39 @@ static long unwind_one(__u64 i, void *data)
 		return 0;
 	}
 	top = &stack->slots[(depth - 1) & (MAX_DEPTH - 1)];
-	if (!ctx->until_depth && (top->flags & SLOT_RETURNS))
+	if (!until_depth && (top->flags & SLOT_RETURNS))
 		return 1;
-	if (ctx->until_frame && top->frame == ctx->until_frame)
+	if (until_frame && top->frame == until_frame)
 		return 1;
-	close_top(stack, ctx->now);
+	close_top(stack, now, cas);
 	return 0;
 }
 
-static __always_inline void unwind(struct thread_stack *stack, __u64 now, __u64 until_frame,
-				   __u32 until_depth)
+/* unwind_one as global functions, which the verifier checks once each
+ * whatever calls them, with only scalar arguments, as Linux 5.10 wants.
+ * Inlined into unwind's loop, every step was checked again: 670,000
+ * instructions for the session program on 6.18, 1.6 s to load, and past
+ * the 1M limit on 5.10 before closing a call lost its branches. */
+__noinline long unwind_step(__u32 tid, __u64 now, __u64 until_frame, __u32 until_depth)
 {
-	struct unwind_ctx ctx = {
-		.stack = stack, .now = now, .until_frame = until_frame, .until_depth = until_depth,
-	};
+	return unwind_one(tid, now, until_frame, until_depth, 1);
+}
 
-	bpf_loop(MAX_DEPTH, unwind_one, &ctx, 0);
+__noinline long unwind_step_no_cas(__u32 tid, __u64 now, __u64 until_frame, __u32 until_depth)
+{
+	return unwind_one(tid, now, until_frame, until_depth, 0);
+}
+
+/* Closes the calls whose returns the kernel did not report (deeper than
+ * URETPROBE_DEPTH) and that have ended by now: those above the slot that
+ * returns, or above the caller of a new call. */
+static __always_inline void unwind(__u32 tid, __u64 now, __u64 until_frame, __u32 until_depth,
+				   const int cas)
+{
+	for (__u32 i = 0; i < MAX_DEPTH; i++)
+		if (cas ? unwind_step(tid, now, until_frame, until_depth)
+			: unwind_step_no_cas(tid, now, until_frame, until_depth))
+			break;
 }
 
 static __always_inline __u64 current_frame(const void *tstate);
@@ -309,9 +336,9 @@ enum call_return {
  * depth (0 if it has none). Every entry pushes a slot, counted or not, so
  * that every return pops the right one. `st` is the function's statistics
  * for a counted call; `tstate` (uprobe mode; 0: the one last seen on this
- * thread) finds the calling frame. */
+ * thread) finds the calling frame. `cas`: see close_top. */
 static __always_inline __u32 on_call(const struct func_key *key, struct func_stats *st, __u64 frame,
-				     const void *tstate, int counted, enum call_return returns)
+				     const void *tstate, int counted, enum call_return returns, const int cas)
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	__u64 now = bpf_ktime_get_ns();
@@ -338,7 +365,7 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 		__u64 caller = current_frame(tstate);
 
 		if (caller)
-			unwind(stack, now, caller, 0);
+			unwind(tid, now, caller, 0, cas);
 	}
 	depth = stack->depth;
 	stack->depth = depth + 1;
@@ -366,15 +393,14 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 		return depth + 1;
 	/* Like cProfile, a recursive call's inclusive time is counted only at the
 	 * outermost call, so a function's total never exceeds the wall time. */
-	struct on_stack_ctx ctx = { .stack = stack, .key = key, .depth = depth };
-	bpf_loop(MAX_DEPTH, find_on_stack, &ctx, 0);
-	slot->flags |= SLOT_COUNTED | (ctx.found ? 0 : SLOT_OUTERMOST);
+	slot->flags |= SLOT_COUNTED | (on_stack(stack, key, depth) ? 0 : SLOT_OUTERMOST);
 	return depth + 1;
 }
 
 /* A call returns. `depth` is the stack's depth just after that call was
- * pushed, when known (0 otherwise): calls above it returned unseen. */
-static __always_inline void on_return(__u32 depth)
+ * pushed, when known (0 otherwise): calls above it returned unseen.
+ * `cas`: see close_top. */
+static __always_inline void on_return(__u32 depth, const int cas)
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	__u64 now = bpf_ktime_get_ns();
@@ -390,16 +416,16 @@ static __always_inline void on_return(__u32 depth)
 		return;
 	}
 	/* Only calls deeper than the kernel's return probes can be open above
-	 * the returning one; the bpf_loop is skipped when none is. */
+	 * the returning one; the loop is skipped when none is. */
 	if (depth ? stack->depth > depth
 		  : stack->depth <= MAX_DEPTH &&
 			    !(stack->slots[(stack->depth - 1) & (MAX_DEPTH - 1)].flags & SLOT_RETURNS))
-		unwind(stack, now, 0, depth);
+		unwind(tid, now, 0, depth, cas);
 	if (stack->depth == 0) {
 		count(CALLS_STACK_RESYNC);
 		return;
 	}
-	close_top(stack, now);
+	close_top(stack, now, cas);
 }
 
 static __always_inline void announce(const struct func_key *key, const void *code, const char *file_str,
@@ -517,8 +543,9 @@ static __always_inline int code_key(const void *code, struct func_key *key, __u3
 }
 
 /* A frame is about to be evaluated: name its function and open a call.
- * Returns the stack depth of the call's slot (0 if none). */
-static __always_inline __u32 eval_enter(const void *tstate, const void *frame)
+ * Returns the stack depth of the call's slot (0 if none). `cas`: see
+ * close_top. */
+static __always_inline __u32 eval_enter(const void *tstate, const void *frame, const int cas)
 {
 	const volatile struct py_layout *l = &cfg.layout;
 	/* 8-byte aligned, for the 8-byte loads FIELD makes. */
@@ -560,7 +587,7 @@ bad:
 	key.id = 0;
 	st = function_stats(&key, &is_new);
 push:
-	return on_call(&key, st, (__u64)frame, tstate, counted, RETURN_IF_SHALLOW);
+	return on_call(&key, st, (__u64)frame, tstate, counted, RETURN_IF_SHALLOW, cas);
 }
 
 /* 3.13 only: its CALL_ALLOC_AND_ENTER_INIT (a call of a Python class at a
@@ -652,7 +679,7 @@ int inline_frame(struct pt_regs *ctx)
 	if (!st)
 		return 0;
 	count(CALLS_INLINED_CALL);
-	on_call(&key, st, (__u64)frame, 0, 1, RETURN_NEVER);
+	on_call(&key, st, (__u64)frame, 0, 1, RETURN_NEVER, 1);
 	return 0;
 }
 
@@ -701,10 +728,10 @@ int BPF_UPROBE(eval_frame, const void *tstate, const void *frame)
 	if (cfg.empty_probe)
 		return 0;
 	if (bpf_session_is_return()) {
-		on_return(cookie ? *cookie : 0);
+		on_return(cookie ? *cookie : 0, 1);
 		return 0;
 	}
-	depth = eval_enter(tstate, frame);
+	depth = eval_enter(tstate, frame, 1);
 	if (cookie)
 		*cookie = depth;
 	return 0; /* 0: run this session's return probe too */
@@ -718,7 +745,7 @@ int BPF_UPROBE(eval_entry, const void *tstate, const void *frame)
 {
 	if (cfg.empty_probe)
 		return 0;
-	eval_enter(tstate, frame);
+	eval_enter(tstate, frame, 1);
 	return 0;
 }
 
@@ -727,12 +754,30 @@ int BPF_URETPROBE(eval_return)
 {
 	if (cfg.empty_probe)
 		return 0;
-	on_return(0);
+	on_return(0, 1);
 	return 0;
 }
 
-SEC("usdt")
-int BPF_USDT(usdt_function_entry, const char *file, const char *name, int line)
+/* The same, for kernels before 5.12 (no compare-and-swap). */
+SEC("uprobe")
+int BPF_UPROBE(eval_entry_no_cas, const void *tstate, const void *frame)
+{
+	if (cfg.empty_probe)
+		return 0;
+	eval_enter(tstate, frame, 0);
+	return 0;
+}
+
+SEC("uretprobe")
+int BPF_URETPROBE(eval_return_no_cas)
+{
+	if (cfg.empty_probe)
+		return 0;
+	on_return(0, 0);
+	return 0;
+}
+
+static __always_inline void usdt_entry(const char *file, const char *name, int line, const int cas)
 {
 	struct func_key key = {
 		.id = (__u64)name,
@@ -746,14 +791,35 @@ int BPF_USDT(usdt_function_entry, const char *file, const char *name, int line)
 	st = function_stats(&key, &is_new);
 	if (is_new)
 		announce(&key, 0, file, name);
-	on_call(&key, st, 0, 0, 1, RETURN_ALWAYS);
+	on_call(&key, st, 0, 0, 1, RETURN_ALWAYS, cas);
+}
+
+SEC("usdt")
+int BPF_USDT(usdt_function_entry, const char *file, const char *name, int line)
+{
+	usdt_entry(file, name, line, 1);
 	return 0;
 }
 
 SEC("usdt")
 int BPF_USDT(usdt_function_return)
 {
-	on_return(0);
+	on_return(0, 1);
+	return 0;
+}
+
+/* The same, for kernels before 5.12 (no compare-and-swap). */
+SEC("usdt")
+int BPF_USDT(usdt_function_entry_no_cas, const char *file, const char *name, int line)
+{
+	usdt_entry(file, name, line, 0);
+	return 0;
+}
+
+SEC("usdt")
+int BPF_USDT(usdt_function_return_no_cas)
+{
+	on_return(0, 0);
 	return 0;
 }
 

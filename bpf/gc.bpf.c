@@ -172,8 +172,24 @@ static __always_inline void send_collection(const struct open_collection *c, __u
 	bpf_ringbuf_submit(ev, ring_submit_flags(&events));
 }
 
-SEC("perf_event")
-int collecting_written(void *ctx)
+/* Moves c->open from `from` to `to` if it holds `from`; says whether it
+ * did. `cas`: the kernel has BPF's compare-and-swap (Linux 5.12+); a
+ * program that contains one does not load before that, so each program is
+ * compiled one way or the other. Without it a plain test and store is
+ * enough: the copies of one write run one after the other on the writing
+ * thread's CPU, and CPython sets gc.collecting for one collection at a
+ * time. */
+static __always_inline int move_open(struct open_collection *c, __u64 from, __u64 to, const int cas)
+{
+	if (cas)
+		return __sync_val_compare_and_swap(&c->open, from, to) == from;
+	if (c->open != from)
+		return 0;
+	c->open = to;
+	return 1;
+}
+
+static __always_inline int on_collecting_written(const int cas)
 {
 	__u64 id = bpf_get_current_pid_tgid(), now = bpf_ktime_get_ns();
 	struct open_collection *c;
@@ -189,7 +205,7 @@ int collecting_written(void *ctx)
 		return 0;
 	if (value) {
 		/* A start, or a failed attempt while one runs (the flag stays 1). */
-		if (__sync_val_compare_and_swap(&c->open, 0, 1) != 0)
+		if (!move_open(c, 0, 1, cas))
 			return 0;
 		c->start_ns = now;
 		c->tid = (__u32)id;
@@ -200,7 +216,7 @@ int collecting_written(void *ctx)
 		return 0;
 	}
 	/* An end: only the first of the copies that see it closes it. */
-	if (__sync_val_compare_and_swap(&c->open, 1, 0) != 1) {
+	if (!move_open(c, 1, 0, cas)) {
 		count(GC_UNMATCHED_DONE);
 		return 0;
 	}
@@ -221,6 +237,19 @@ int collecting_written(void *ctx)
 	if (!changed)
 		count(GC_EMPTY_BRACKET);
 	return 0;
+}
+
+SEC("perf_event")
+int collecting_written(void *ctx)
+{
+	return on_collecting_written(1);
+}
+
+/* The same, for kernels before 5.12. */
+SEC("perf_event")
+int collecting_written_no_cas(void *ctx)
+{
+	return on_collecting_written(0);
 }
 
 /* A command pytrace starts has no interpreter yet when the watchpoint

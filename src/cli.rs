@@ -22,6 +22,7 @@ Examples:
   pytrace gc -p 1234 --events             a line per garbage collection, then a summary
   pytrace imports -- python3 app.py       which imports make start-up slow
   pytrace info -p 1234                    what pytrace finds in the process
+  pytrace info                            what this kernel lets pytrace do
   pytrace restore -p 1234                 put back an eval-frame hook a killed run left set";
 
 #[derive(Parser)]
@@ -43,7 +44,7 @@ enum Command {
     Sample(SampleArgs),
     /// Calls and sample on one target at once (or two saved reports), compared per function
     Compare(CompareArgs),
-    /// What pytrace finds in a Python process or binary, and which mode it would use
+    /// What pytrace finds in a Python process or binary, and which mode it would use; what this kernel allows
     Info(InfoArgs),
     /// Put back a process's eval-frame hook that a pytrace run left set (see `info`)
     Restore(RestoreArgs),
@@ -211,8 +212,8 @@ struct CompareArgs {
 
 #[derive(Args)]
 struct InfoArgs {
-    /// PID of a Python process
-    #[arg(short, long, conflicts_with = "binary", required_unless_present = "binary")]
+    /// PID of a Python process (with neither this nor --binary: the kernel only)
+    #[arg(short, long, conflicts_with = "binary")]
     pid: Option<u32>,
     /// A Python executable or libpython, inspected on disk
     #[arg(long, value_name = "PATH")]

@@ -4,6 +4,7 @@
 mod bpf;
 mod cli;
 mod commands;
+mod kernel;
 mod native;
 mod python;
 mod report;
@@ -16,6 +17,7 @@ use clap::Parser;
 
 fn main() {
     let cli = cli::Cli::parse();
+    bpf::load::capture_libbpf_messages();
     match cli.run() {
         Ok(code) => std::process::exit(code),
         Err(e) => {

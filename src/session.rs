@@ -56,10 +56,11 @@ pub fn stop_requested() -> bool {
 
 /// Why tracing cannot work on this machine, said before touching the target.
 pub fn preflight() -> Result<()> {
-    let btf = std::env::var("PYTRACE_KERNEL_BTF").unwrap_or_else(|_| "/sys/kernel/btf/vmlinux".into());
+    let btf = crate::kernel::btf_path();
     if !std::path::Path::new(&btf).exists() {
         bail!("this kernel has no BTF ({btf} is missing): pytrace needs a kernel built with CONFIG_DEBUG_INFO_BTF=y");
     }
+    crate::kernel::Kernel::get().require(crate::kernel::Feature::Ringbuf, "pytrace")?;
     if !has_tracing_privileges() {
         bail!("tracing needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE): run pytrace with sudo");
     }

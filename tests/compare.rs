@@ -187,7 +187,7 @@ fn assert_saved_pair_gives_the_same(label: &str, run: &Run) {
 fn numbers_are_the_two_reports_combined_attached_by_pid() {
     for (label, python) in pythons() {
         let wall = tempfile::NamedTempFile::new().unwrap();
-        let run = compare_pid(label, &python, "cpu_split.py", &["--seconds", "3", "--wall-split", wall.path().to_str().unwrap()]);
+        let run = compare_pid(label, &python, "cpu_split.py", &["--seconds", &longer(3.0), "--wall-split", wall.path().to_str().unwrap()]);
         let cmp = run.json("cmp.json");
         assert_compare_is_a_and_b(label, &cmp, &run.json("A.json"), &run.json("B.json"));
         assert_compare_split(label, &cmp, wall.path(), 3.0);
@@ -204,7 +204,7 @@ fn numbers_are_the_two_reports_combined_attached_by_pid() {
 fn numbers_are_the_two_reports_combined_when_pytrace_starts_the_command() {
     for (label, python) in pythons() {
         let wall = tempfile::NamedTempFile::new().unwrap();
-        let run = compare_command(label, &python, "cpu_split.py", &["--seconds", "3", "--wall-split", wall.path().to_str().unwrap()]);
+        let run = compare_command(label, &python, "cpu_split.py", &["--seconds", &longer(3.0), "--wall-split", wall.path().to_str().unwrap()]);
         let cmp = run.json("cmp.json");
         assert_compare_is_a_and_b(label, &cmp, &run.json("A.json"), &run.json("B.json"));
         assert_compare_split(label, &cmp, wall.path(), 3.0);

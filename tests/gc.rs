@@ -81,7 +81,7 @@ fn events_stream_one_line_per_collection_when_pytrace_starts_the_command() {
 fn watchpoint_mode_is_exact_on_every_version() {
     let mut builds: Vec<(String, std::path::PathBuf, &[&str])> = (9..=13).map(|minor| (format!("pyenv 3.{minor}"), pyenv_python(minor), &[][..])).collect();
     builds.push(("debian 3.11".into(), pythons().remove(0).1, &["--mode", "watchpoint"][..]));
-    for (label, python, extra) in builds {
+    for (label, python, extra) in builds.into_iter().filter(|b| wanted(&b.0)) {
         let dir = tempfile::tempdir().unwrap();
         let truth = dir.path().join("truth.json");
         let json = dir.path().join("gc.json");

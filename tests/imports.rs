@@ -78,7 +78,7 @@ fn builds() -> Vec<(String, std::path::PathBuf, &'static [&'static str])> {
         (9..=13).map(|minor| (format!("pyenv 3.{minor}"), pyenv_python(minor), &[][..])).collect();
     builds.push(("debian 3.11 usdt".into(), debian.clone(), &["--mode", "usdt"][..]));
     builds.push(("debian 3.11 uprobe".into(), debian, &["--mode", "uprobe"][..]));
-    builds
+    builds.into_iter().filter(|b| wanted(&b.0)).collect()
 }
 
 /// Started by pytrace, everything the interpreter imports (start-up, site,

@@ -1,4 +1,5 @@
-//! `pytrace info` on this machine's two CPython 3.11 builds.
+//! `pytrace info` on this machine's two CPython 3.11 builds, and what it
+//! says of the running kernel.
 
 mod common;
 
@@ -55,4 +56,84 @@ fn table_output_names_the_mode() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("calls mode:      uprobe"), "{text}");
     assert!(text.contains("python:          3.11."), "{text}");
+}
+
+/// The mainline release each kernel feature pytrace looks for arrived in
+/// (from the kernel's own history, independent of how pytrace detects
+/// them: it reads the kernel's BTF).
+const FEATURES_SINCE: [(&str, (u32, u32)); 7] = [
+    ("ringbuf", (5, 8)),
+    ("atomic_compare_exchange", (5, 12)),
+    ("attach_cookie", (5, 15)),
+    ("task_pt_regs", (5, 15)),
+    ("copy_from_user_task", (5, 18)),
+    ("uprobe_multi", (6, 6)),
+    ("uprobe_session", (6, 13)),
+];
+
+/// This kernel's release, as major and minor.
+fn running_kernel() -> (u32, u32) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap());
+    (parts.next().unwrap(), parts.next().unwrap())
+}
+
+// Debian's kernels are mainline releases with fixes: each has exactly the
+// features of its release. (Run on every kernel of scripts/kernels.sh.)
+#[test]
+fn kernel_features_are_those_of_its_release() {
+    let (major, minor) = running_kernel();
+    let v = info_json(&[]);
+    let kernel = &v["kernel"];
+    assert_eq!(kernel["version"], format!("{major}.{minor}"), "{v}");
+    assert_eq!(kernel["btf"], true, "{v}");
+    for (name, since) in FEATURES_SINCE {
+        assert_eq!(kernel["features"][name], (major, minor) >= since, "{name} on {major}.{minor}: {v}");
+    }
+    let limits: Vec<&str> = kernel["limits"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
+    let idle = format!("sample --idle needs Linux 5.18 or newer (bpf_copy_from_user_task); this kernel is {major}.{minor}");
+    assert_eq!(limits.contains(&idle.as_str()), (major, minor) < (5, 18), "{limits:?}");
+    // The same through a target's findings, and as text.
+    let (_, python) = pythons().remove(0);
+    assert_eq!(info_json(&["--binary", python.to_str().unwrap()])["kernel"], *kernel);
+    let text = String::from_utf8(pytrace(&["info"]).stdout).unwrap();
+    assert!(text.starts_with(&format!("kernel:          Linux {major}.{minor} (")), "{text}");
+}
+
+// Where the kernel lacks what a feature needs, the feature says so in one
+// sentence before anything starts; where it has it, the feature works.
+#[test]
+fn sample_idle_needs_5_18_and_says_so() {
+    let (major, minor) = running_kernel();
+    let (label, python) = pythons().remove(0);
+    let marker = std::env::temp_dir().join(format!("pytrace-idle-started-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
+    let out = pytrace(&["sample", "--idle", "-r", "49", "--", python.to_str().unwrap(), "-c", &format!("open({:?}, 'w'); import time; time.sleep(0.5)", marker.to_str().unwrap())]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if (major, minor) < (5, 18) {
+        assert_eq!(out.status.code(), Some(1), "{label}: {stderr}");
+        assert_eq!(stderr.trim(), format!("pytrace: sample --idle needs Linux 5.18 or newer (bpf_copy_from_user_task); this kernel is {major}.{minor}"));
+        assert!(!marker.exists(), "the command was started");
+    } else {
+        assert!(out.status.success(), "{label}: {stderr}");
+        assert!(marker.exists(), "the command did not run");
+    }
+    let _ = std::fs::remove_file(&marker);
+}
+
+// Debian's 3.11.2 runs some __getitem__ calls inline; calls counts them
+// with a probe that learns its register from the uprobe's cookie (5.15).
+// Before that the caveat says the counts are lower bounds, and why.
+#[test]
+fn inlined_getitem_caveat_names_the_release_cookies_need() {
+    let (major, minor) = running_kernel();
+    let (_, python) = pythons().remove(0);
+    let v = info_json(&["--binary", python.to_str().unwrap()]);
+    let caveats: Vec<&str> = v["calls_caveats"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    let getitem = caveats.iter().find(|c| c.contains("BINARY_SUBSCR_GETITEM")).unwrap_or_else(|| panic!("{caveats:?}"));
+    if (major, minor) < (5, 15) {
+        assert!(getitem.contains(&format!("counting them needs Linux 5.15 or newer (bpf_get_attach_cookie); this kernel is {major}.{minor}: __getitem__ counts are lower bounds")), "{getitem}");
+    } else {
+        assert!(getitem.contains("those calls are counted where the instruction starts them"), "{getitem}");
+    }
 }

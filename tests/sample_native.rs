@@ -48,12 +48,12 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 fn native_frames_sit_between_the_python_caller_and_the_leaf() {
     let _serial = serial();
     for (label, python) in pythons() {
-        let target = start_waiting(&python, "native_split.py", &["--seconds", "9"]);
+        let target = start_waiting(&python, "native_split.py", &["--seconds", &longer(9.0)]);
         let dir = tempfile::tempdir().unwrap();
         let folded = dir.path().join("p.folded");
         let json = dir.path().join("p.json");
         let tracer = start_tracer(&[
-            "sample", "-p", &target.pid().to_string(), "-r", "999", "-d", "6", "--native",
+            "sample", "-p", &target.pid().to_string(), "-r", "999", "-d", &longer(6.0), "--native",
             "--folded", folded.to_str().unwrap(), "--json", json.to_str().unwrap(),
         ]);
         signal(target.pid(), libc::SIGUSR1);

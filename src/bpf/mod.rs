@@ -1,4 +1,7 @@
-//! The BPF skeletons built from bpf/*.bpf.c by build.rs.
+//! The BPF skeletons built from bpf/*.bpf.c by build.rs, and how they are
+//! loaded.
+
+pub mod load;
 
 #[allow(clippy::all, dead_code, non_camel_case_types, unused_imports)]
 pub mod calls {

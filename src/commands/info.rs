@@ -1,11 +1,12 @@
-//! `pytrace info`: what pytrace finds in a Python process or binary, and
-//! which mode each subcommand would use.
+//! `pytrace info`: what pytrace finds in a Python process or binary, which
+//! mode each subcommand would use, and what this kernel allows.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use serde::Serialize;
 
+use crate::kernel::Kernel;
 use crate::python::eval_hook::EvalHook;
 use crate::python::hook_owner::HookLock;
 use crate::python::{FunctionProbes, Python};
@@ -52,6 +53,52 @@ struct Findings {
     gc_mode: String,
     /// How `pytrace imports` would see imports, or why it cannot.
     imports_mode: String,
+    kernel: KernelFindings,
+}
+
+/// The running kernel, what pytrace can use of it, and what that changes.
+#[derive(Serialize)]
+struct KernelFindings {
+    #[serde(flatten)]
+    kernel: &'static Kernel,
+    limits: Vec<String>,
+}
+
+impl KernelFindings {
+    fn get() -> Self {
+        let kernel = Kernel::get();
+        KernelFindings { kernel, limits: kernel.limits() }
+    }
+
+    fn print(&self) {
+        let k = self.kernel;
+        let (has, lacks): (Vec<_>, Vec<_>) = k.features.iter().partition(|(_, has)| *has);
+        let name = |f: &crate::kernel::Feature| f.kernel_name().to_string();
+        println!("kernel:          Linux {} ({}){}", k.version, k.release, if k.btf { ", BTF" } else { ", no BTF" });
+        println!("kernel has:      {}", if has.is_empty() { "none of what pytrace looks for".into() } else { has.iter().map(|(f, _)| name(f)).collect::<Vec<_>>().join(", ") });
+        if !lacks.is_empty() {
+            let missing: Vec<String> = lacks.iter().map(|(f, _)| format!("{} ({}.{})", name(f), f.since().0, f.since().1)).collect();
+            println!("kernel lacks:    {}", missing.join(", "));
+        }
+        for limit in &self.limits {
+            println!("kernel limit:    {limit}");
+        }
+    }
+}
+
+/// `pytrace info` without a target: the kernel alone.
+fn kernel_only(json: Option<Output>) -> Result<i32> {
+    let findings = KernelFindings::get();
+    if let Some(mut out) = json {
+        #[derive(Serialize)]
+        struct Only {
+            kernel: KernelFindings,
+        }
+        out.write_all((serde_json::to_string_pretty(&Only { kernel: findings })? + "\n").as_bytes())?;
+        return Ok(0);
+    }
+    findings.print();
+    Ok(0)
 }
 
 pub fn run(opts: Options) -> Result<i32> {
@@ -62,7 +109,7 @@ pub fn run(opts: Options) -> Result<i32> {
             Some(p) => p,
             None => bail!("{} is not a CPython executable or libpython", path.display()),
         },
-        (None, None) => bail!("say what to inspect: -p PID or --binary PATH"),
+        (None, None) => return kernel_only(json),
     };
     let mut probes: Vec<String> =
         python.elf.usdt_probes.iter().map(|p| format!("{}:{}", p.provider, p.name)).collect();
@@ -100,6 +147,7 @@ pub fn run(opts: Options) -> Result<i32> {
             Ok((mode, why)) => format!("{} ({why})", mode.name()),
             Err(e) => format!("unavailable: {e}"),
         },
+        kernel: KernelFindings::get(),
         eval_frame_now: match opts.pid {
             Some(pid) if python.inlines_calls() => Some(match EvalHook::new(pid, &python) {
                 Ok(hook) => hook.state()?.describe(pid, HookLock::owner(pid)),
@@ -154,5 +202,6 @@ pub fn run(opts: Options) -> Result<i32> {
     if let Some(now) = &findings.eval_frame_now {
         println!("eval_frame now:  {now}");
     }
+    findings.kernel.print();
     Ok(0)
 }

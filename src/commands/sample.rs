@@ -42,6 +42,10 @@ fn thread_names(pid: u32, names: &mut HashMap<u32, String>) {
 }
 
 pub fn run(mut opts: Options) -> Result<i32> {
+    // Before a command is started or a process touched.
+    if opts.idle {
+        crate::kernel::Kernel::get().require(crate::kernel::Feature::CopyFromUserTask, "sample --idle")?;
+    }
     // Every output is created before sampling starts, so a bad path fails now.
     let paths: Vec<&std::path::Path> = [&opts.flamegraph, &opts.folded, &opts.speedscope, &opts.json].into_iter().flatten().map(|p| p.as_path()).collect();
     crate::report::output::check_distinct(&[], &paths)?;

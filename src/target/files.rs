@@ -64,7 +64,11 @@ impl CheckedFile {
     /// MAX_FILE_BYTES, and `want` if given), then opens it for reading.
     fn new(path_fd: File, name: &str, want: Option<FileId>) -> Result<Self> {
         let meta = path_fd.metadata().with_context(|| format!("failed to stat {name}"))?;
-        let id = FileId { dev: meta.dev(), ino: meta.ino() };
+        let mut id = FileId { dev: meta.dev(), ino: meta.ino() };
+        if let Some(want) = want.filter(|&want| want != id && overlay_alias(&path_fd, want, id)) {
+            // Known from here on as the maps name it.
+            id = want;
+        }
         if want.is_some_and(|want| want != id) {
             bail!("{name} is not the file the process mapped (it was replaced on disk since): pytrace reads only the mapped file");
         }
@@ -98,6 +102,20 @@ impl CheckedFile {
     pub fn fd_path(&self) -> PathBuf {
         PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
     }
+}
+
+/// Whether `opened` is the overlayfs face of the file a mapping names as
+/// `mapped`. Before Linux 6.8, /proc/PID/maps gives a file on an overlay
+/// (a container's root, say) by its real layer's device and inode, while
+/// the path (map_files' link too) leads to the overlay, which reports its
+/// own device with the layer's inode (measured on Debian's 6.1 and 6.12
+/// with an overlay on 9p).
+fn overlay_alias(opened: &File, mapped: FileId, opened_id: FileId) -> bool {
+    const OVERLAYFS_SUPER_MAGIC: libc::c_long = 0x794c_7630;
+    // SAFETY: fstatfs on an fd we own, into a zeroed struct.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    let on_overlay = unsafe { libc::fstatfs(opened.as_raw_fd(), &mut fs) } == 0 && fs.f_type as libc::c_long == OVERLAYFS_SUPER_MAGIC;
+    on_overlay && opened_id.ino == mapped.ino
 }
 
 /// Flags for every open: never block (a FIFO), never become our terminal.

@@ -6,10 +6,10 @@ use std::collections::HashMap;
 use std::mem::MaybeUninit;
 
 use anyhow::{bail, Context, Result};
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder, UprobeOpts};
 
-use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, histogram, poll_until, privilege_hint, read_counters};
+use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, histogram, poll_until, read_counters};
 use crate::bpf::calls::types::{calls_counter, func_key, func_stats, new_function, py_layout};
 use crate::bpf::calls::{CallsSkel, CallsSkelBuilder};
 use crate::python::layouts::NO_FIELD;
@@ -121,19 +121,27 @@ impl<'obj> Session<'obj> {
         rodata.cfg.function_code = l.function_code;
         rodata.cfg.gen_iframe = l.gen_iframe;
         // Load only the programs this kernel and mode can run: a session
-        // program does not load where the kernel has no uprobe sessions.
+        // program does not load where the kernel has no uprobe sessions,
+        // nor one with a compare-and-swap before Linux 5.12 (those kernels
+        // get the *_no_cas twins).
         let sessions = has_uprobe_sessions();
+        let cas = has_compare_and_swap();
         let uprobe_mode = plan.mode == Mode::Uprobe;
         open.progs.eval_frame.set_autoload(uprobe_mode && sessions);
-        open.progs.eval_entry.set_autoload(uprobe_mode && !sessions);
-        open.progs.eval_return.set_autoload(uprobe_mode && !sessions);
-        open.progs.usdt_function_entry.set_autoload(!uprobe_mode);
-        open.progs.usdt_function_return.set_autoload(!uprobe_mode);
+        open.progs.eval_entry.set_autoload(uprobe_mode && !sessions && cas);
+        open.progs.eval_return.set_autoload(uprobe_mode && !sessions && cas);
+        open.progs.eval_entry_no_cas.set_autoload(uprobe_mode && !sessions && !cas);
+        open.progs.eval_return_no_cas.set_autoload(uprobe_mode && !sessions && !cas);
+        open.progs.usdt_function_entry.set_autoload(!uprobe_mode && cas);
+        open.progs.usdt_function_return.set_autoload(!uprobe_mode && cas);
+        open.progs.usdt_function_entry_no_cas.set_autoload(!uprobe_mode && !cas);
+        open.progs.usdt_function_return_no_cas.set_autoload(!uprobe_mode && !cas);
         let inlined_init = plan.python.inlined_init_probe().filter(|_| uprobe_mode);
         open.progs.inlined_init.set_autoload(inlined_init.is_some());
-        open.progs.inline_frame.set_autoload(uprobe_mode && plan.python.inlined_getitem_probe().is_some());
-        open.progs.skipped_close.set_autoload(uprobe_mode && matches!(plan.python.skipped_close_probe(), CloseProbe::Sites(_)));
-        let skel = open.load().map_err(privilege_hint).context("failed to load the calls BPF program")?;
+        let cookies = has_attach_cookies();
+        open.progs.inline_frame.set_autoload(uprobe_mode && cookies && plan.python.inlined_getitem_probe().is_some());
+        open.progs.skipped_close.set_autoload(uprobe_mode && cookies && matches!(plan.python.skipped_close_probe(), CloseProbe::Sites(_)));
+        let skel = crate::bpf::load::load("calls", open)?;
         let links = attach(&skel.progs, plan)?;
         Ok(Session { skel, links: RefCell::new(links), names: RefCell::new(HashMap::new()), children_seen: RefCell::new(Default::default()) })
     }
@@ -210,8 +218,8 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
             let offset = entry_probe_offset(code, python.elf.file_offset(addr)? as usize);
             let what = || format!("failed to attach to {EVAL_FRAME_SYMBOL} in {}", python.target_path);
             // See eval_frame in bpf/calls.bpf.c for why a session.
-            let mut links = attach_entry_and_return(&progs.eval_frame, &progs.eval_entry, &progs.eval_return, plan.pid, path, offset)
-                .with_context(what)?;
+            let (entry, ret) = if has_compare_and_swap() { (&progs.eval_entry, &progs.eval_return) } else { (&progs.eval_entry_no_cas, &progs.eval_return_no_cas) };
+            let mut links = attach_entry_and_return(&progs.eval_frame, entry, ret, plan.pid, path, offset).with_context(what)?;
             if let Some(probe) = python.inlined_init_probe() {
                 let offset = match probe {
                     InitProbe::Function(addr) => entry_probe_offset(python.elf.read_static(addr, 8)?, python.elf.file_offset(addr)? as usize),
@@ -229,7 +237,7 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
             // Calls some builds run without entering the eval function
             // (the kernel emulates the branches these sit on).
             let with_cookie = |cookie| UprobeOpts { cookie, ..Default::default() };
-            if let Some(probe) = python.inlined_getitem_probe() {
+            if let Some(probe) = python.inlined_getitem_probe().filter(|_| has_attach_cookies()) {
                 let offset = python.elf.file_offset(probe.address)? as usize;
                 links.push(
                     progs
@@ -239,7 +247,7 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
                         .with_context(|| format!("failed to attach to BINARY_SUBSCR_GETITEM's inlined calls in {}", python.target_path))?,
                 );
             }
-            if let CloseProbe::Sites(sites) = python.skipped_close_probe() {
+            if let (CloseProbe::Sites(sites), true) = (python.skipped_close_probe(), has_attach_cookies()) {
                 for site in sites {
                     let offset = python.elf.file_offset(site.address)? as usize;
                     let cookie = site.gen_register as u64 | (site.fast_when_zf as u64) << 8;
@@ -256,14 +264,17 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
         }
         Mode::Usdt => {
             let what = |probe| format!("failed to attach to the USDT probe python:{probe} in {}", python.target_path);
+            let (entry, ret) = if has_compare_and_swap() {
+                (&progs.usdt_function_entry, &progs.usdt_function_return)
+            } else {
+                (&progs.usdt_function_entry_no_cas, &progs.usdt_function_return_no_cas)
+            };
             vec![
-                progs
-                    .usdt_function_entry
+                entry
                     .attach_usdt(pid, path, "python", "function__entry")
                     .map_err(exited)
                     .with_context(|| what("function__entry"))?,
-                progs
-                    .usdt_function_return
+                ret
                     .attach_usdt(pid, path, "python", "function__return")
                     .map_err(exited)
                     .with_context(|| what("function__return"))?,
@@ -276,6 +287,19 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
     links.push(progs.target_forked.attach().context("failed to attach to the sched_process_fork tracepoint")?);
     ensure_still_running(plan.pid)?;
     Ok(links)
+}
+
+/// Whether the kernel's BPF has compare-and-swap (Linux 5.12+), which keeps
+/// each function's maximum latency exact (see close_top in bpf/calls.bpf.c).
+fn has_compare_and_swap() -> bool {
+    crate::kernel::Kernel::get().has(crate::kernel::Feature::AtomicCompareExchange)
+}
+
+/// Whether uprobes carry a BPF cookie (Linux 5.15+): the probes inside the
+/// eval loop (inline_frame, skipped_close) learn their site's registers
+/// from it.
+fn has_attach_cookies() -> bool {
+    crate::kernel::Kernel::get().has(crate::kernel::Feature::AttachCookie)
 }
 
 fn record_name(names: &mut Names, bytes: &[u8]) {
@@ -347,6 +371,7 @@ unsafe impl plain::Plain for new_function {}
 pub fn caveats(python: &Python, mode: Mode) -> Vec<String> {
     let minor = (python.version.major, python.version.minor);
     let mut out = Vec::new();
+    let no_cookies = || crate::kernel::Kernel::get().lacks(crate::kernel::Feature::AttachCookie, "counting them");
     if mode == Mode::Uprobe && minor == (3, 13) && !python.layout.free_threaded {
         // 3.14 respects the hook there. Without the allocator probe, 1 of
         // 20 such calls was seen on Debian's 3.13.18.
@@ -357,12 +382,14 @@ pub fn caveats(python: &Python, mode: Mode) -> Vec<String> {
     }
     if mode == Mode::Uprobe && python.inlines_getitem_unhooked() {
         out.push(match python.inlined_getitem_probe() {
+            Some(_) if !has_attach_cookies() => format!("CPython {} runs __getitem__ inline at `obj[i]` sites it has specialized (BINARY_SUBSCR_GETITEM) even with the eval-frame hook set (fixed in 3.11.4), and {}: __getitem__ counts are lower bounds, and what __getitem__ calls is attributed to its caller", python.version, no_cookies()),
             Some(_) => format!("CPython {} runs __getitem__ inline at `obj[i]` sites it has specialized (BINARY_SUBSCR_GETITEM) even with the eval-frame hook set (fixed in 3.11.4): those calls are counted where the instruction starts them, but no probe sees them return, so each ends at the thread's next traced event: the time of such a __getitem__ is an upper bound, and its caller's self time short by as much", python.version),
             None => format!("CPython {} runs __getitem__ inline at `obj[i]` sites it has specialized (BINARY_SUBSCR_GETITEM) even with the eval-frame hook set (fixed in 3.11.4), and pytrace found no place to count them at: __getitem__ counts are lower bounds, and what __getitem__ calls is attributed to its caller", python.version),
         });
     }
     if mode == Mode::Uprobe {
         match python.skipped_close_probe() {
+            CloseProbe::Sites(_) if !has_attach_cookies() => out.push(format!("close() of a generator or coroutine suspended outside any try block skips its frame (cProfile, which runs it, counts a call), and {}: generator and coroutine counts are lower bounds (by one per such close)", no_cookies())),
             CloseProbe::Sites(_) => out.push("close() of a generator or coroutine suspended outside any try block skips its frame (cProfile, which runs it, counts a call): those calls are counted, untimed".into()),
             CloseProbe::Unknown => out.push(format!("CPython {} may skip the frame of a generator or coroutine on close() where cProfile runs it and counts a call, and pytrace found no place to count those at: generator and coroutine counts are lower bounds (by one per such close)", python.version)),
             CloseProbe::NotNeeded => {}

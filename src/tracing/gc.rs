@@ -5,10 +5,10 @@
 use std::mem::MaybeUninit;
 
 use anyhow::{bail, Context, Result};
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::{Link, RingBufferBuilder};
 
-use super::{attach_error, ensure_still_running, poll_until, privilege_hint, read_counters, watchpoint};
+use super::{attach_error, ensure_still_running, poll_until, read_counters, watchpoint};
 use crate::bpf::gc::types::{gc_counter, gc_event, gc_watch_target};
 use crate::bpf::gc::GcSkelBuilder;
 use crate::python::{Python, EVAL_FRAME_SYMBOL, RUNTIME_SYMBOL};
@@ -89,9 +89,12 @@ pub fn run(
     let watch = mode == Mode::Watchpoint;
     open.progs.usdt_gc_start.set_autoload(mode == Mode::Usdt);
     open.progs.usdt_gc_done.set_autoload(mode == Mode::Usdt);
-    open.progs.collecting_written.set_autoload(watch);
+    // Kernels before 5.12 have no compare-and-swap: a twin without it.
+    let cas = crate::kernel::Kernel::get().has(crate::kernel::Feature::AtomicCompareExchange);
+    open.progs.collecting_written.set_autoload(watch && cas);
+    open.progs.collecting_written_no_cas.set_autoload(watch && !cas);
     open.progs.first_eval.set_autoload(watch && started_by_us);
-    let mut skel = open.load().map_err(privilege_hint).context("failed to load the gc BPF program")?;
+    let mut skel = crate::bpf::load::load("gc", open)?;
 
     let path = &python.elf.path;
     let what = || format!("failed to attach to the garbage collector of {}", python.target_path);
@@ -109,7 +112,7 @@ pub fn run(
         Mode::Watchpoint => {
             let target = watch_target(pid, python)?;
             skel.maps.bss_data.as_deref_mut().context("the gc BPF program has no .bss")?.target = target;
-            links.extend(watchpoint::watch_writes(&skel.progs.collecting_written, pid, target.collecting, 4)?);
+            links.extend(watchpoint::watch_writes(if cas { &skel.progs.collecting_written } else { &skel.progs.collecting_written_no_cas }, pid, target.collecting, 4)?);
         }
     }
     ensure_still_running(pid)?;
@@ -133,7 +136,7 @@ pub fn run(
             let mut at_first_eval = || -> Result<()> {
                 let target = watch_target(pid, python)?;
                 skel.maps.bss_data.as_deref_mut().context("the gc BPF program has no .bss")?.target = target;
-                links.extend(watchpoint::watch_writes(&skel.progs.collecting_written, pid, target.collecting, 4)?);
+                links.extend(watchpoint::watch_writes(if cas { &skel.progs.collecting_written } else { &skel.progs.collecting_written_no_cas }, pid, target.collecting, 4)?);
                 Ok(())
             };
             release(Some(&mut at_first_eval))?;

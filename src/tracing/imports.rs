@@ -5,10 +5,10 @@
 use std::mem::MaybeUninit;
 
 use anyhow::{bail, Context, Result};
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::RingBufferBuilder;
 
-use super::{attach_entry_and_return, attach_error, ensure_still_running, entry_probe_offset, has_uprobe_sessions, poll_until, privilege_hint, read_counters};
+use super::{attach_entry_and_return, attach_error, ensure_still_running, entry_probe_offset, has_uprobe_sessions, poll_until, read_counters};
 use crate::bpf::imports::types::{import_counter, import_event, import_phase, py_layout};
 use crate::bpf::imports::ImportsSkelBuilder;
 use crate::python::layouts::NO_FIELD;
@@ -97,7 +97,7 @@ pub fn run(
     open.progs.eval_frame.set_autoload(uprobe && sessions);
     open.progs.eval_entry.set_autoload(uprobe && !sessions);
     open.progs.eval_return.set_autoload(uprobe && !sessions);
-    let skel = open.load().map_err(privilege_hint).context("failed to load the imports BPF program")?;
+    let skel = crate::bpf::load::load("imports", open)?;
 
     let path = &python.elf.path;
     let links = match mode {

@@ -78,25 +78,21 @@ pub fn privilege_hint(e: libbpf_rs::Error) -> anyhow::Error {
 /// An attach failure, said as what the user can act on: the target is gone,
 /// or privileges are missing, or libbpf's own reason.
 pub fn attach_error(pid: u32, e: libbpf_rs::Error) -> anyhow::Error {
+    let said = crate::bpf::load::take_libbpf_warning();
     if !proc::is_running(pid) {
         anyhow::anyhow!("process {pid} exited while pytrace was attaching")
+    } else if let Some(said) = said {
+        privilege_hint(e).context(said)
     } else {
         privilege_hint(e)
     }
 }
 
-/// Whether this kernel has uprobe sessions (Linux 6.13+): its BTF names the
-/// session kfuncs. PYTRACE_NO_UPROBE_SESSION=1 forces the older path (the
-/// tests use it to cover kernels without them).
+/// Whether this kernel has uprobe sessions (Linux 6.13+; 6.10 to 6.12 have
+/// the session kfuncs, for kprobes only). PYTRACE_NO_UPROBE_SESSION=1
+/// forces the older path (the tests use it to cover kernels without them).
 pub fn has_uprobe_sessions() -> bool {
-    if std::env::var_os("PYTRACE_NO_UPROBE_SESSION").is_some() {
-        return false;
-    }
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| {
-        let btf = std::env::var("PYTRACE_KERNEL_BTF").unwrap_or_else(|_| "/sys/kernel/btf/vmlinux".into());
-        std::fs::read(btf).is_ok_and(|b| b.windows(22).any(|w| w == b"\0bpf_session_is_return"))
-    })
+    crate::kernel::Kernel::get().has(crate::kernel::Feature::UprobeSession)
 }
 
 /// Attaches entry and return probes at one function: as one uprobe session

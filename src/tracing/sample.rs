@@ -18,7 +18,7 @@ use std::os::fd::IntoRawFd;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::{Link, OpenObject, RingBufferBuilder};
 
 use super::{ensure_still_running, privilege_hint, read_counters};
@@ -96,9 +96,6 @@ impl<'obj, 'a> Session<'obj, 'a> {
     /// targets are sampled (once their interpreter is located, see
     /// `between_polls`).
     pub fn start(object: &'obj mut MaybeUninit<OpenObject>, targets: Targets<'a>, opts: &Options) -> Result<Self> {
-        if opts.idle && !kernel_has("BPF_FUNC_copy_from_user_task") {
-            anyhow::bail!("--idle needs Linux 5.18 or later: this kernel's BPF cannot read another thread's memory (bpf_copy_from_user_task)");
-        }
         let mut open = SampleSkelBuilder::default().open(object).context("failed to open the sample BPF program")?;
         let rodata = open.maps.rodata_data.as_deref_mut().context("the sample BPF program has no rodata")?;
         rodata.cfg.kernel_stacks = opts.kernel as u8;
@@ -118,7 +115,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
         // it, the perf-event program samples threads on CPU.
         open.progs.sample_all_threads.set_autoload(opts.idle);
         open.progs.sample_thread.set_autoload(!opts.idle);
-        let skel = open.load().map_err(privilege_hint).context("failed to load the sample BPF program")?;
+        let skel = crate::bpf::load::load("sample", open)?;
         let all = matches!(targets, Targets::All);
         let session = Session {
             skel,
@@ -297,14 +294,6 @@ impl<'obj, 'a> Session<'obj, 'a> {
         }
         Ok(SampleData { samples: stacks.into_samples(), counters, bpf_ns_per_sample })
     }
-}
-
-/// Whether the running kernel's BTF names `what` (a helper's BPF_FUNC_
-/// enum value, say): a feature the kernel has.
-fn kernel_has(what: &str) -> bool {
-    let btf = std::env::var("PYTRACE_KERNEL_BTF").unwrap_or_else(|_| "/sys/kernel/btf/vmlinux".into());
-    let name = format!("\0{what}\0");
-    std::fs::read(btf).is_ok_and(|b| b.windows(name.len()).any(|w| w == name.as_bytes()))
 }
 
 /// Loads and attaches, calls `attached` once live, samples until

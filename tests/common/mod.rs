@@ -31,7 +31,28 @@ pub fn pythons() -> Vec<(&'static str, PathBuf)> {
         })
         .filter(|p| p.exists())
         .expect("no CPython 3.11 without USDT probes: run scripts/pythons.sh nodtrace-3.11");
-    vec![("debian", debian), ("nodtrace", nodtrace)]
+    let all = vec![("debian", debian), ("nodtrace", nodtrace)];
+    all.into_iter().filter(|(label, _)| wanted(label)).collect()
+}
+
+/// Whether a test runs on the build `label` names ("debian 3.11 uprobe"):
+/// PYTRACE_TEST_PYTHONS=debian keeps only those whose label starts with
+/// "debian" (scripts/kernels.sh runs tests in slow VMs on Debian's build
+/// only); unset, every build.
+pub fn wanted(label: &str) -> bool {
+    match std::env::var("PYTRACE_TEST_PYTHONS") {
+        Ok(only) => only.split(',').any(|o| label.split(' ').next() == Some(o)),
+        Err(_) => true,
+    }
+}
+
+/// `seconds` of a fixture's run, made longer where the machine is slow:
+/// PYTRACE_TEST_SLOWDOWN (default 1) multiplies it. scripts/kernels.sh sets
+/// it in its emulated VMs, whose late timers give the sampler about half the
+/// samples it asks for; the sampler tests need as many samples as here.
+pub fn longer(seconds: f64) -> String {
+    let factor: f64 = std::env::var("PYTRACE_TEST_SLOWDOWN").ok().and_then(|f| f.parse().ok()).unwrap_or(1.0);
+    format!("{}", seconds * factor)
 }
 
 /// A child process killed (and reaped) when dropped, whatever the test did.

@@ -293,16 +293,18 @@ fn all_samples_every_python_process_at_once() {
 
 /// --idle samples every thread at each tick, running or not: a thread that
 /// only sleeps shows up as much as one that spins. Without it, sampling is
-/// on-CPU and the sleeper is (almost) absent.
+/// on-CPU: each thread's share of the two threads' samples is its share of
+/// their CPU time (time.thread_time, measured by the fixture: the
+/// sleeper's wake-ups cost little on real hardware, more in an emulated VM).
 #[test]
 fn idle_sees_sleeping_threads_and_on_cpu_does_not() {
     for (label, python) in pythons() {
         let script = fixture("sleep_and_spin.py");
+        let cpu_times = tempfile::NamedTempFile::new().unwrap();
         let share = |extra: &[&str]| {
             let mut args = vec!["sample", "-r", "199", "--json", "-"];
             args.extend(extra);
-            args.extend(["--", python.to_str().unwrap(), &script]);
-            args.push("2");
+            args.extend(["--", python.to_str().unwrap(), &script, "2", cpu_times.path().to_str().unwrap()]);
             let out = pytrace(&args);
             assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
             let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -318,10 +320,14 @@ fn idle_sees_sleeping_threads_and_on_cpu_does_not() {
         assert!((of_both - 0.5).abs() < 0.08 && sleeper + spinner > 0.5, "{label}: --idle gave sleeper {sleeper:.2}, spinner {spinner:.2}");
         // On CPU, of the two threads' samples (start-up, a larger part of
         // the samples when a busy machine gives the spinner less CPU, is
-        // neither's).
+        // neither's), against their CPU times in that run.
         let (sleeper, spinner) = share(&[]);
         let of_both = sleeper / (sleeper + spinner);
-        assert!(of_both < 0.05, "{label}: on-CPU gave sleeper {sleeper:.2}, spinner {spinner:.2}");
+        let truth = read_json(cpu_times.path());
+        let (sleeper_cpu, spinner_cpu) = (truth["sleeper"].as_f64().unwrap(), truth["spinner"].as_f64().unwrap());
+        let want = sleeper_cpu / (sleeper_cpu + spinner_cpu);
+        assert!(want < 0.25, "{label}: the sleeper used {sleeper_cpu:.3} s of CPU, the spinner {spinner_cpu:.3} s");
+        assert!((of_both - want).abs() < 0.04, "{label}: on-CPU gave sleeper {sleeper:.3}, spinner {spinner:.3}; CPU times {sleeper_cpu:.3} s, {spinner_cpu:.3} s");
     }
 }
 

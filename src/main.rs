@@ -5,11 +5,11 @@ mod bpf;
 mod cli;
 mod commands;
 mod native;
+mod process;
 mod python;
 mod report;
 mod samples;
 mod session;
-mod target;
 mod tracing;
 
 use clap::Parser;

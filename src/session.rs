@@ -11,8 +11,8 @@ use anyhow::{bail, Result};
 use crate::python::eval_hook::{EvalHook, Guardian, Installed};
 use crate::python::hook_owner::HookLock;
 use crate::python::Python;
-use crate::target::launch::{self, Launched};
-use crate::target::proc;
+use crate::process::launch::{self, Launched};
+use crate::process::proc;
 use crate::tracing::Mode;
 
 pub enum TargetSpec {

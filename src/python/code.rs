@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 
 use super::layouts::{Layout, NO_FIELD};
 use super::strings;
-use crate::target::proc::Memory;
+use crate::process::proc::Memory;
 
 /// Line tables longer than this are not read (a garbage length).
 const MAX_LINETABLE: u64 = 1 << 20;

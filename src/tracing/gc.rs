@@ -12,7 +12,7 @@ use super::{attach_error, ensure_still_running, poll_until, privilege_hint, read
 use crate::bpf::gc::types::{gc_counter, gc_event, gc_watch_target};
 use crate::bpf::gc::GcSkelBuilder;
 use crate::python::{Python, EVAL_FRAME_SYMBOL, RUNTIME_SYMBOL};
-use crate::target::proc::Memory;
+use crate::process::proc::Memory;
 
 /// How `gc` sees collections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, MapFlags, RingBuffer};
 
-use crate::target::proc;
+use crate::process::proc;
 
 /// How a subcommand sees the interpreter's events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,7 +129,7 @@ pub fn attach_entry_and_return(
 /// pointer, so a return probe there still finds the return address at it.
 /// Any other prologue keeps the function's first byte.
 pub fn entry_probe_offset(code: &[u8], offset: usize) -> usize {
-    use crate::target::elf::ENDBR64;
+    use crate::process::elf::ENDBR64;
     if code.starts_with(&ENDBR64) && starts_with_push(&code[ENDBR64.len()..]) {
         offset + ENDBR64.len()
     } else {
@@ -140,7 +140,7 @@ pub fn entry_probe_offset(code: &[u8], offset: usize) -> usize {
 /// Whether the kernel emulates the instruction an entry probe on this code
 /// sits on (see entry_probe_offset), rather than single-stepping it.
 pub fn entry_probe_is_emulated(code: &[u8]) -> bool {
-    starts_with_push(code.strip_prefix(&crate::target::elf::ENDBR64[..]).unwrap_or(code))
+    starts_with_push(code.strip_prefix(&crate::process::elf::ENDBR64[..]).unwrap_or(code))
 }
 
 /// push %reg, with or without a REX.B prefix.

@@ -16,7 +16,7 @@ pub struct Mapping {
     pub offset: u64,
     /// The mapped file's identity (st_dev, st_ino), which no path walk can
     /// fake: files are opened through the target and checked against it
-    /// (src/target/files.rs).
+    /// (src/process/files.rs).
     pub dev: u64,
     pub inode: u64,
     pub executable: bool,
@@ -54,7 +54,7 @@ pub fn command_name(pid: u32) -> String {
 }
 
 /// The target's executable as the target names it (a name, never opened:
-/// see src/target/files.rs), and whether it was deleted or replaced since.
+/// see src/process/files.rs), and whether it was deleted or replaced since.
 pub fn exe_path(pid: u32) -> Result<(String, bool)> {
     let link = std::fs::read_link(format!("/proc/{pid}/exe")).with_context(|| format!("failed to read the link /proc/{pid}/exe"))?;
     let link = link.to_string_lossy();

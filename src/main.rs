@@ -4,11 +4,11 @@
 mod bpf;
 mod cli;
 mod commands;
+mod model;
 mod native;
 mod process;
 mod python;
 mod report;
-mod samples;
 mod session;
 mod tracing;
 

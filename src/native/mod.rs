@@ -17,7 +17,7 @@ use merge::{End, Markers, Outcome, PythonStack};
 pub use unwind::UserStack;
 use unwind::{ModuleFiles, ProcessUnwinder, Stop};
 
-use crate::samples::Frame;
+use crate::model::samples::Frame;
 
 /// What became of the samples' native stacks, for the report's counters.
 #[derive(Debug, Default, Clone, Copy)]

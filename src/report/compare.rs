@@ -17,7 +17,8 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use super::{human_ns, thousands, PythonInfo};
-use crate::samples::{Frame, Sample};
+use crate::model::functions::{Function, FunctionStats};
+use crate::model::samples::{Frame, Sample};
 
 /// What one traced call costs when this run's samples cannot say (fewer
 /// than MIN_PROBE_SAMPLES inside the probes). Measured on the development
@@ -64,23 +65,12 @@ pub struct TracedReport {
     pub lost_events: u64,
     #[serde(default)]
     pub counters: BTreeMap<String, u64>,
-    pub functions: Vec<TracedFunction>,
-}
-
-#[derive(Deserialize, Debug, Clone)]
-pub struct TracedFunction {
-    pub name: String,
-    pub file: String,
-    pub line: u32,
-    pub calls: u64,
-    pub timed_calls: u64,
-    pub total_ns: u64,
-    pub self_ns: u64,
-    /// Written since `compare` exists: without them (an older report) no
-    /// correction is made.
-    pub child_calls: Option<u64>,
-    pub outermost_calls: Option<u64>,
-    pub nested_calls: Option<u64>,
+    pub functions: Vec<Function>,
+    /// Whether the functions carry child_calls, outermost_calls and
+    /// nested_calls (reports written before `compare` existed do not):
+    /// without them no correction for the probes' cost is made.
+    #[serde(skip)]
+    pub correctable: bool,
 }
 
 /// What compare reads of a `pytrace sample --json` report.
@@ -128,38 +118,47 @@ fn kind_of(v: &serde_json::Value) -> &'static str {
 
 /// Reads one report, checking it is the kind wanted ("`pytrace calls
 /// --json`"), with one sentence for each way it can be wrong.
-fn read_report<T: serde::de::DeserializeOwned>(path: &Path, want: &str, flag: &str) -> Result<T> {
+fn read_report<T: serde::de::DeserializeOwned>(path: &Path, want: &str, flag: &str) -> Result<(T, serde_json::Value)> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     parse_report(&text, &path.display().to_string(), want, flag)
 }
 
-fn parse_report<T: serde::de::DeserializeOwned>(text: &str, name: &str, want: &str, flag: &str) -> Result<T> {
+/// The report, and its JSON for what the type does not say (which fields
+/// an older pytrace did not write).
+fn parse_report<T: serde::de::DeserializeOwned>(text: &str, name: &str, want: &str, flag: &str) -> Result<(T, serde_json::Value)> {
     let value: serde_json::Value = serde_json::from_str(text).map_err(|e| anyhow::anyhow!("{name} is not JSON ({e})"))?;
     match kind_of(&value) {
         kind if kind == want => {}
         "unknown" => bail!("{name} is not a pytrace report: {flag} needs a {want} report"),
         kind => bail!("{name} is a {kind} report, but {flag} needs a {want} report"),
     }
-    serde_json::from_str(text).map_err(|e| anyhow::anyhow!("{name} is not a complete {want} report ({e})"))
+    let report = serde_json::from_str(text).map_err(|e| anyhow::anyhow!("{name} is not a complete {want} report ({e})"))?;
+    Ok((report, value))
 }
 
 impl TracedReport {
     pub fn read(path: &Path) -> Result<Self> {
-        read_report(path, "`pytrace calls --json`", "--traced")
+        Ok(Self::with_correctable(read_report(path, "`pytrace calls --json`", "--traced")?))
     }
 
     pub fn parse(text: &str, name: &str) -> Result<Self> {
-        parse_report(text, name, "`pytrace calls --json`", "--traced")
+        Ok(Self::with_correctable(parse_report(text, name, "`pytrace calls --json`", "--traced")?))
+    }
+
+    fn with_correctable((mut report, json): (Self, serde_json::Value)) -> Self {
+        let has_all = |f: &serde_json::Value| ["child_calls", "outermost_calls", "nested_calls"].iter().all(|k| f.get(k).is_some());
+        report.correctable = json["functions"].as_array().is_none_or(|functions| functions.iter().all(has_all));
+        report
     }
 }
 
 impl SampledReport {
     pub fn read(path: &Path) -> Result<Self> {
-        read_report(path, "`pytrace sample --json`", "--sampled")
+        Ok(read_report(path, "`pytrace sample --json`", "--sampled")?.0)
     }
 
     pub fn parse(text: &str, name: &str) -> Result<Self> {
-        parse_report(text, name, "`pytrace sample --json`", "--sampled")
+        Ok(parse_report(text, name, "`pytrace sample --json`", "--sampled")?.0)
     }
 }
 
@@ -294,55 +293,24 @@ pub struct Row {
     pub flags: Vec<Flag>,
 }
 
-/// One function's traced numbers, merged by key. The counts where the
-/// probes' cost sits are None when the report predates them.
-#[derive(Clone)]
-struct Traced {
-    calls: u64,
-    timed_calls: u64,
-    total_ns: u64,
-    self_ns: u64,
-    child_calls: Option<u64>,
-    outermost_calls: Option<u64>,
-    nested_calls: Option<u64>,
+/// Self time without the probes: the callee part of each timed call, and
+/// the caller part of each evaluation those calls entered.
+fn corrected_self(t: &FunctionStats, o: &Overhead) -> Option<u64> {
+    if !o.corrected {
+        return None;
+    }
+    let probes = t.timed_calls * o.callee_ns_per_call + t.child_calls * o.caller_ns_per_call;
+    Some(t.self_ns.saturating_sub(probes))
 }
 
-impl Traced {
-    /// A function tracing saw no call of.
-    fn none() -> Self {
-        Traced { calls: 0, timed_calls: 0, total_ns: 0, self_ns: 0, child_calls: Some(0), outermost_calls: Some(0), nested_calls: Some(0) }
+/// Total time without the probes: the callee part of each outermost call,
+/// and the whole cost of every evaluation entered under it.
+fn corrected_total(t: &FunctionStats, o: &Overhead) -> Option<u64> {
+    if !o.corrected {
+        return None;
     }
-
-    fn add(&mut self, f: &TracedFunction) {
-        let sum = |a: Option<u64>, b: Option<u64>| Some(a? + b?);
-        self.calls += f.calls;
-        self.timed_calls += f.timed_calls;
-        self.total_ns += f.total_ns;
-        self.self_ns += f.self_ns;
-        self.child_calls = sum(self.child_calls, f.child_calls);
-        self.outermost_calls = sum(self.outermost_calls, f.outermost_calls);
-        self.nested_calls = sum(self.nested_calls, f.nested_calls);
-    }
-
-    /// Self time without the probes: the callee part of each timed call,
-    /// and the caller part of each evaluation those calls entered.
-    fn corrected_self(&self, o: &Overhead) -> Option<u64> {
-        if !o.corrected {
-            return None;
-        }
-        let probes = self.timed_calls * o.callee_ns_per_call + self.child_calls? * o.caller_ns_per_call;
-        Some(self.self_ns.saturating_sub(probes))
-    }
-
-    /// Total time without the probes: the callee part of each outermost
-    /// call, and the whole cost of every evaluation entered under it.
-    fn corrected_total(&self, o: &Overhead) -> Option<u64> {
-        if !o.corrected {
-            return None;
-        }
-        let probes = self.outermost_calls? * o.callee_ns_per_call + self.nested_calls? * o.ns_per_call;
-        Some(self.total_ns.saturating_sub(probes))
-    }
+    let probes = t.outermost_calls * o.callee_ns_per_call + t.nested_calls * o.ns_per_call;
+    Some(t.total_ns.saturating_sub(probes))
 }
 
 type Key = (String, String, Option<u32>);
@@ -427,25 +395,25 @@ impl Comparison {
 
         // Traced rows, merged by key (several code objects of one function
         // are one row already; merging only happens without first lines).
-        let mut traced_rows: HashMap<Key, (Traced, u32)> = HashMap::new();
+        let mut traced_rows: HashMap<Key, (FunctionStats, u32)> = HashMap::new();
         for f in &traced.functions {
-            let entry = traced_rows.entry(key_of(&f.name, &f.file, f.line)).or_insert((Traced::none(), f.line));
-            entry.0.add(f);
+            let entry = traced_rows.entry(key_of(&f.name, &f.file, f.line)).or_insert((FunctionStats::default(), f.line));
+            entry.0.merge(&f.stats);
             entry.1 = entry.1.min(f.line);
         }
-        let correctable = traced.functions.iter().all(|f| f.child_calls.is_some() && f.outermost_calls.is_some() && f.nested_calls.is_some());
+        let correctable = traced.correctable;
         if !correctable {
             notes.push(
                 "the calls report has no child_calls, outermost_calls and nested_calls (written by an older pytrace): traced times are not corrected for the probes' cost"
                     .into(),
             );
         }
-        let calls: u64 = traced.functions.iter().map(|f| f.calls).sum();
+        let calls: u64 = traced.functions.iter().map(|f| f.stats.calls).sum();
         let evaluations = traced.counters.get("evaluations").copied().unwrap_or(calls);
         let overhead = Overhead::estimate(sampled, probe_samples, evaluations, correctable);
 
         let self_ns: u64 = traced_rows.values().map(|(t, _)| t.self_ns).sum();
-        let corrected_self_ns: Option<u64> = traced_rows.values().map(|(t, _)| t.corrected_self(&overhead)).sum();
+        let corrected_self_ns: Option<u64> = traced_rows.values().map(|(t, _)| corrected_self(t, &overhead)).sum();
         let diff_against = if correctable { "corrected" } else { "raw" };
 
         let mut keys: Vec<Key> = traced_rows.keys().cloned().collect();
@@ -476,14 +444,14 @@ impl Comparison {
                 let python = traced_side.is_some() || !key.1.is_empty();
                 let line = traced_side.map(|(_, l)| *l).or(key.2).unwrap_or(0);
                 let (name, file, _) = key;
-                let t = traced_side.map_or_else(Traced::none, |(t, _)| t.clone());
+                let t = traced_side.map_or_else(FunctionStats::default, |(t, _)| t.clone());
                 let share = |v: Option<u64>, of: Option<u64>| Some(ratio(v?, of?));
                 let (traced_total, traced_self, corrected_total, corrected_self) = if python {
                     (
                         share(Some(t.total_ns), Some(self_ns)),
                         share(Some(t.self_ns), Some(self_ns)),
-                        share(t.corrected_total(&overhead), corrected_self_ns),
-                        share(t.corrected_self(&overhead), corrected_self_ns),
+                        share(corrected_total(&t, &overhead), corrected_self_ns),
+                        share(corrected_self(&t, &overhead), corrected_self_ns),
                     )
                 } else {
                     (None, None, None, None)
@@ -659,7 +627,7 @@ impl Comparison {
 }
 
 /// What one side sees and the other misses, for one row.
-fn flags(r: &Row, t: &Traced, n: u64, overhead: &Overhead, off_cpu_share: f64) -> Vec<Flag> {
+fn flags(r: &Row, t: &FunctionStats, n: u64, overhead: &Overhead, off_cpu_share: f64) -> Vec<Flag> {
     let mut flags = Vec::new();
     let mut flag = |kind: &'static str, message: String| flags.push(Flag { kind, message });
     let Some(calls) = r.calls else {
@@ -699,7 +667,7 @@ fn flags(r: &Row, t: &Traced, n: u64, overhead: &Overhead, off_cpu_share: f64) -
         );
         return flags;
     }
-    let probe_heavy = match (r.traced_self_share, t.corrected_self(overhead)) {
+    let probe_heavy = match (r.traced_self_share, corrected_self(t, overhead)) {
         (Some(raw), Some(corrected)) if raw >= MIN_FLAGGED_DIFF => Some(ratio(t.self_ns - corrected, t.self_ns)).filter(|&i| i >= INFLATED),
         _ => None,
     };
@@ -730,7 +698,7 @@ fn flags(r: &Row, t: &Traced, n: u64, overhead: &Overhead, off_cpu_share: f64) -
                 "pytrace's probes are ~{:.0}% of its traced self time ({} calls, {} made): read the corrected share",
                 inflation * 100.0,
                 thousands(t.timed_calls),
-                thousands(t.child_calls.unwrap_or(0))
+                thousands(t.child_calls)
             ),
         );
     }
@@ -741,19 +709,9 @@ fn flags(r: &Row, t: &Traced, n: u64, overhead: &Overhead, off_cpu_share: f64) -
 mod tests {
     use super::*;
 
-    fn traced_fn(name: &str, line: u32, calls: u64, total_ns: u64, self_ns: u64, child_calls: u64, nested: u64) -> TracedFunction {
-        TracedFunction {
-            name: name.into(),
-            file: "app.py".into(),
-            line,
-            calls,
-            timed_calls: calls,
-            total_ns,
-            self_ns,
-            child_calls: Some(child_calls),
-            outermost_calls: Some(calls),
-            nested_calls: Some(nested),
-        }
+    fn traced_fn(name: &str, line: u32, calls: u64, total_ns: u64, self_ns: u64, child_calls: u64, nested: u64) -> Function {
+        let stats = FunctionStats { calls, timed_calls: calls, total_ns, self_ns, max_ns: 0, child_calls, outermost_calls: calls, nested_calls: nested, latency: Default::default() };
+        Function { name: name.into(), file: "app.py".into(), line, stats }
     }
 
     fn sampled_fn(name: &str, file: &str, line: Option<u32>, self_samples: u64, total_samples: u64) -> SampledFunction {
@@ -764,9 +722,9 @@ mod tests {
         PythonInfo { version: "3.11.2".into(), mode: "uprobe".into() }
     }
 
-    fn traced(functions: Vec<TracedFunction>, evaluations: u64) -> TracedReport {
+    fn traced(functions: Vec<Function>, evaluations: u64) -> TracedReport {
         let counters = [("evaluations".to_string(), evaluations)].into_iter().collect();
-        TracedReport { pid: 7, python: python(), duration_ns: 1_000_000_000, lost_events: 0, counters, functions }
+        TracedReport { pid: 7, python: python(), duration_ns: 1_000_000_000, lost_events: 0, counters, functions, correctable: true }
     }
 
     fn sampled(functions: Vec<SampledFunction>, samples: u64) -> SampledReport {
@@ -872,7 +830,11 @@ mod tests {
                 traced_fn("main", 1, 1, 1_000_000_000, 300_000_000, 100_004, 100_004),
                 traced_fn("hot", 3, 100_000, 300_000_000, 300_000_000, 0, 0),
                 traced_fn("rare", 8, 2, 20_000, 20_000, 0, 0),
-                TracedFunction { timed_calls: 0, ..traced_fn("endless", 12, 1, 0, 0, 0, 0) },
+                {
+                    let mut endless = traced_fn("endless", 12, 1, 0, 0, 0, 0);
+                    endless.stats.timed_calls = 0;
+                    endless
+                },
                 traced_fn("sleeper", 20, 1, 100_000_000, 100_000_000, 0, 0),
             ],
             100_005,
@@ -917,8 +879,8 @@ mod tests {
 
     #[test]
     fn reports_from_before_compare_are_matched_and_not_corrected() {
-        let old = |name: &str, line| TracedFunction { child_calls: None, outermost_calls: None, nested_calls: None, ..traced_fn(name, line, 1, 10, 10, 0, 0) };
-        let t = traced(vec![old("f", 1), old("f", 7), old("g", 3)], 3);
+        let old = |name: &str, line| traced_fn(name, line, 1, 10, 10, 0, 0);
+        let t = TracedReport { correctable: false, ..traced(vec![old("f", 1), old("f", 7), old("g", 3)], 3) };
         let s = sampled(vec![sampled_fn("f", "app.py", None, 6, 6), sampled_fn("g", "app.py", None, 4, 4)], 10);
         let c = Comparison::new(&t, &s);
         assert_eq!(c.matched_by, "name and file");
@@ -948,6 +910,10 @@ mod tests {
         let e = SampledReport::parse(calls_json, "a.json").err().unwrap();
         assert_eq!(format!("{e:#}"), "a.json is a `pytrace calls --json` report, but --sampled needs a `pytrace sample --json` report");
         assert!(TracedReport::parse(calls_json, "a.json").is_ok() && SampledReport::parse(sample_json, "b.json").is_ok());
+        // An older calls report, without the counts the correction needs.
+        let old = r#"{"pid": 1, "python": {"version": "3.11.2", "mode": "uprobe"}, "duration_ns": 1, "lost_events": 0, "functions": [{"name": "f", "file": "a.py", "line": 1, "calls": 1, "timed_calls": 1, "total_ns": 5, "self_ns": 5}]}"#;
+        assert!(!TracedReport::parse(old, "a.json").unwrap().correctable);
+        assert!(TracedReport::parse(calls_json, "a.json").unwrap().correctable);
         let missing = format!("{:#}", TracedReport::read(Path::new("/nonexistent/a.json")).err().unwrap());
         assert!(missing.starts_with("cannot read /nonexistent/a.json: No such file"), "{missing}");
     }

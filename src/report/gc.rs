@@ -8,7 +8,11 @@ use serde::Serialize;
 
 use super::{human_ns, thousands};
 use crate::tracing::gc::Collection;
-use crate::tracing::histogram::new_histogram;
+
+/// Pauses to three significant digits.
+fn new_histogram() -> Histogram<u64> {
+    Histogram::new(3).expect("3 significant figures is a valid precision")
+}
 
 #[derive(Serialize)]
 pub struct GenerationRow {

@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::thousands;
-use crate::samples::{Frame, Sample};
+use crate::model::samples::{Frame, Sample};
 
 /// Samples aggregated into unique stacks (outermost frame first).
 pub struct Profile {

@@ -9,34 +9,17 @@ use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder, UprobeOpts};
 
-use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, histogram, poll_until, privilege_hint, read_counters};
+use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, poll_until, privilege_hint, read_counters};
 use crate::bpf::calls::types::{calls_counter, func_key, func_stats, new_function, py_layout};
 use crate::bpf::calls::{CallsSkel, CallsSkelBuilder};
+use crate::model::functions::{Function, FunctionStats};
+use crate::model::latency::Latency;
 use crate::python::layouts::NO_FIELD;
 use crate::python::generator_close::CloseProbe;
 use crate::python::inlined_init::InitProbe;
 use crate::python::{strings, Python, EVAL_FRAME_SYMBOL};
 
 pub use super::Mode;
-
-/// One function's totals.
-pub struct FunctionTotals {
-    pub name: String,
-    pub file: String,
-    pub line: u32,
-    pub calls: u64,
-    pub timed_calls: u64,
-    pub total_ns: u64,
-    pub self_ns: u64,
-    pub max_ns: u64,
-    /// Evaluations entered directly from this function's timed calls.
-    pub child_calls: u64,
-    /// Timed calls that were not recursive: those total_ns covers.
-    pub outermost_calls: u64,
-    /// Evaluations entered during the outermost calls.
-    pub nested_calls: u64,
-    pub latency: histogram::Latency,
-}
 
 /// Counters from bpf/calls.h's enum calls_counter, by name.
 pub const COUNTER_NAMES: [(&str, calls_counter); 15] = [
@@ -58,7 +41,7 @@ pub const COUNTER_NAMES: [(&str, calls_counter); 15] = [
 ];
 
 pub struct CallsData {
-    pub functions: Vec<FunctionTotals>,
+    pub functions: Vec<Function>,
     pub counters: Vec<(&'static str, u64)>,
 }
 
@@ -304,37 +287,31 @@ fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsDa
             None if key.id == 0 => ("<unreadable code object>".into(), String::new()),
             None => (format!("<function at {:#x}, name lost>", key.id), String::new()),
         };
-        let mut totals = FunctionTotals {
-            name,
-            file,
-            line: key.line,
-            calls: 0,
-            timed_calls: 0,
-            total_ns: 0,
-            self_ns: 0,
-            max_ns: 0,
-            child_calls: 0,
-            outermost_calls: 0,
-            nested_calls: 0,
-            latency: histogram::Latency::default(),
-        };
-        let mut s = func_stats::default();
-        plain::copy_from_bytes(&mut s, &value).map_err(|_| anyhow::anyhow!("bad value size"))?;
-        totals.calls = s.calls;
-        totals.timed_calls = s.timed_calls;
-        totals.total_ns = s.total_ns;
-        totals.self_ns = s.self_ns;
-        totals.max_ns = s.max_ns;
-        totals.child_calls = s.child_calls;
-        totals.outermost_calls = s.outermost_calls;
-        totals.nested_calls = s.nested_calls;
-        totals.latency = histogram::Latency::from_kernel(&s.hist);
-        functions.push(totals);
+        let mut stats = func_stats::default();
+        plain::copy_from_bytes(&mut stats, &value).map_err(|_| anyhow::anyhow!("bad value size"))?;
+        functions.push(Function { name, file, line: key.line, stats: FunctionStats::from(&stats) });
     }
 
     let names: Vec<(&'static str, u32)> = COUNTER_NAMES.iter().map(|(n, c)| (*n, c.0)).collect();
     let counters = read_counters(&skel.maps.counters, &names)?;
     Ok(CallsData { functions, counters })
+}
+
+/// The BPF edge: the kernel's record (bpf/calls.h) into the model's.
+impl From<&func_stats> for FunctionStats {
+    fn from(s: &func_stats) -> Self {
+        FunctionStats {
+            calls: s.calls,
+            timed_calls: s.timed_calls,
+            total_ns: s.total_ns,
+            self_ns: s.self_ns,
+            max_ns: s.max_ns,
+            child_calls: s.child_calls,
+            outermost_calls: s.outermost_calls,
+            nested_calls: s.nested_calls,
+            latency: Latency::from_kernel(&s.hist),
+        }
+    }
 }
 
 // SAFETY: plain integer structs generated from bpf/calls.h; any bytes are valid.
@@ -400,5 +377,14 @@ pub fn choose_mode(python: &Python, requested: Option<Mode>) -> Result<(Mode, &'
             Ok((Mode::Uprobe, "reads each call's code object; the eval-frame hook stops inlining"))
         }
         (None, _) => Ok((Mode::Uprobe, "reads each call's code object from the frame being evaluated")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn latency_buckets_match_the_kernel_array_length() {
+        let stats = crate::bpf::calls::types::func_stats::default();
+        assert_eq!(stats.hist.len(), crate::model::latency::BUCKETS);
     }
 }

@@ -5,7 +5,6 @@
 pub mod calls;
 pub mod compare;
 pub mod gc;
-pub mod histogram;
 pub mod imports;
 pub mod sample;
 pub mod watchpoint;

@@ -25,7 +25,7 @@ use super::{ensure_still_running, privilege_hint, read_counters};
 use crate::bpf::sample::types::{sample_counter, stack_key};
 use crate::bpf::sample::{SampleSkel, SampleSkelBuilder};
 use crate::python::Python;
-use crate::samples::Sample;
+use crate::model::samples::Sample;
 use counts::CountsReader;
 use discovery::{Processes, PythonRef};
 use stacks::Stacks;

@@ -60,7 +60,6 @@ pub fn run(opts: Options) -> Result<i32> {
         pid,
         PythonInfo { version: python.version.to_string(), mode: mode.name().into() },
         elapsed.as_nanos() as u64,
-        data.lost_events(),
         data.counters,
     );
     report::emit(json.as_mut(), || report.to_json(), || report.to_table())?;

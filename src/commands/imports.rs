@@ -45,7 +45,8 @@ pub fn run(opts: Options) -> Result<i32> {
         pid,
         python: PythonInfo { version: python.version.to_string(), mode: mode.name().into() },
         duration_ns: target.elapsed().as_nanos() as u64,
-        lost_events: data.counters.iter().filter(|(name, _)| *name != "name_unreadable").map(|(_, n)| n).sum(),
+        lost_events: data.counters.lost(),
+        counters: data.counters,
         unfinished,
         imports: tree,
     };

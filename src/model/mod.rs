@@ -4,6 +4,7 @@
 //! counters with their kind (`counters`). Nothing here imports another
 //! layer of pytrace: tracing produces these, reports read them.
 
+pub mod counters;
 pub mod functions;
 pub mod latency;
 pub mod samples;

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use super::{counted, human_ns, thousands, PythonInfo};
+use crate::model::counters::Counters;
 use crate::model::functions::{Function, FunctionStats};
 use crate::tracing::calls::CallsData;
 
@@ -31,7 +32,7 @@ pub struct CallsReport {
     pub python: PythonInfo,
     pub duration_ns: u64,
     pub lost_events: u64,
-    pub counters: HashMap<&'static str, u64>,
+    pub counters: Counters,
     /// What this mode cannot be exact about on this interpreter.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub caveats: Vec<String>,
@@ -46,7 +47,7 @@ impl CallsReport {
     /// Rows for the same (name, file, line) are merged, as cProfile does: one
     /// function may have had several code objects (re-executed definitions).
     pub fn new(pid: u32, python: PythonInfo, duration_ns: u64, data: CallsData, sort: SortKey) -> Self {
-        let lost_events = data.lost_events();
+        let lost_events = data.counters.lost();
         let mut merged: HashMap<(String, String, u32), FunctionStats> = HashMap::new();
         for f in data.functions {
             match merged.entry((f.name, f.file, f.line)) {
@@ -78,7 +79,7 @@ impl CallsReport {
             python,
             duration_ns,
             lost_events,
-            counters: data.counters.into_iter().collect(),
+            counters: data.counters,
             caveats: Vec::new(),
             incomplete: None,
             functions,
@@ -107,7 +108,7 @@ impl CallsReport {
         for caveat in &self.caveats {
             out += &format!("note: {caveat}\n");
         }
-        let untimed = self.counters.get("deep_untimed_calls").copied().unwrap_or(0);
+        let untimed = self.counters.get("deep_untimed_calls");
         if untimed > 0 {
             out += &format!("note: {} deeper than the timed stack counted but not timed\n", counted(untimed, "call"));
         }
@@ -136,28 +137,7 @@ impl CallsReport {
             let hidden = (self.functions.len() - shown) as u64;
             out += &format!("… {} more {} (--top)\n", thousands(hidden), super::plural(hidden, "function"));
         }
-        out += &self.drops_footer();
+        out += &super::counters_footer(&self.counters);
         out
-    }
-
-    /// Every way an event was dropped or an input refused, in a sentence,
-    /// so that a table is never read as complete when it is not.
-    fn drops_footer(&self) -> String {
-        let n = |name: &str| self.counters.get(name).copied().unwrap_or(0);
-        let kinds = [
-            ("new_function_lost", "functions' names lost (ring buffer full)"),
-            ("function_map_full", "calls of functions past the function map's size, not counted"),
-            ("thread_map_full", "calls on threads past the thread map's size, not timed"),
-            ("bad_code_object", "evaluations of unreadable code objects"),
-            ("unmatched_return", "returns from calls made before tracing began"),
-            ("stop_failed", "failures to stop the command at its first evaluation"),
-            ("child_map_full", "forked children not followed (child map full)"),
-        ];
-        let said: Vec<String> = kinds.iter().filter(|(name, _)| n(name) > 0).map(|(name, what)| format!("{} {what}", thousands(n(name)))).collect();
-        if said.is_empty() {
-            "dropped: nothing\n".into()
-        } else {
-            format!("dropped: {}\n", said.join("; "))
-        }
     }
 }

@@ -7,6 +7,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::{human_ns, thousands};
+use crate::model::counters::Counters;
 use crate::tracing::gc::Collection;
 
 /// Pauses to three significant digits.
@@ -32,7 +33,7 @@ pub struct GcReport {
     pub python: super::PythonInfo,
     pub duration_ns: u64,
     pub lost_events: u64,
-    pub counters: BTreeMap<&'static str, u64>,
+    pub counters: Counters,
     /// Time spent collecting over the traced wall time.
     pub gc_share: f64,
     pub generations: Vec<GenerationRow>,
@@ -68,8 +69,7 @@ impl GcTotals {
         pid: u32,
         python: super::PythonInfo,
         duration_ns: u64,
-        lost_events: u64,
-        counters: Vec<(&'static str, u64)>,
+        counters: Counters,
     ) -> GcReport {
         let generations: Vec<GenerationRow> = self
             .per_generation
@@ -93,8 +93,8 @@ impl GcTotals {
             pid,
             python,
             duration_ns,
-            lost_events,
-            counters: counters.into_iter().collect(),
+            lost_events: counters.lost(),
+            counters,
             gc_share: if duration_ns > 0 { paused as f64 / duration_ns as f64 } else { 0.0 },
             generations,
         }
@@ -147,9 +147,11 @@ impl GcReport {
                 human_ns(g.max_ns),
             );
         }
-        if let Some(&merged) = self.counters.get("merged_collections").filter(|&&n| n > 0) {
+        let merged = self.counters.get("merged_collections");
+        if merged > 0 {
             out += &format!("{merged} collections ran inside another's pause and were each given its whole pause\n");
         }
+        out += &super::counters_footer(&self.counters);
         out
     }
 }
@@ -165,7 +167,7 @@ mod tests {
             totals.add(&Collection { start_ns: 0, duration_ns, collected, generation });
         }
         let info = crate::report::PythonInfo { version: "3.11.2".into(), mode: "usdt".into() };
-        let report = totals.into_report(1, info, 1_000_000, 0, vec![]);
+        let report = totals.into_report(1, info, 1_000_000, Default::default());
         assert_eq!(report.generations.len(), 2);
         let g0 = &report.generations[0];
         assert_eq!((g0.generation, g0.collections, g0.collected, g0.total_ns), (0, 2, 12, 4_000));

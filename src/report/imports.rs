@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use super::human_ns;
+use crate::model::counters::Counters;
 use crate::tracing::imports::ImportEvent;
 
 #[derive(Serialize, Debug, Clone)]
@@ -24,6 +25,7 @@ pub struct ImportsReport {
     pub python: super::PythonInfo,
     pub duration_ns: u64,
     pub lost_events: u64,
+    pub counters: Counters,
     /// Imports still running when tracing stopped, or whose start was not seen.
     pub unfinished: u64,
     pub imports: Vec<ImportNode>,
@@ -114,6 +116,7 @@ impl ImportsReport {
             let hidden = (self.imports.len() - shown) as u64;
             out += &format!("… {} more {} (--top)\n", hidden, super::plural(hidden, "top-level import"));
         }
+        out += &super::counters_footer(&self.counters);
         out
     }
 }

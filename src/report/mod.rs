@@ -12,6 +12,8 @@ use anyhow::Result;
 
 pub use output::Output;
 
+use crate::model::counters::{Counters, Kind};
+
 /// Which Python a report is about and how pytrace saw it.
 #[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct PythonInfo {
@@ -30,6 +32,28 @@ pub fn emit(json: Option<&mut Output>, to_json: impl FnOnce() -> String, to_tabl
         print!("{}", to_table());
     }
     Ok(())
+}
+
+/// A table's last lines: every counter that is not zero, what was counted
+/// with nothing missing first, then every event lost or input refused, in
+/// the `dropped:` line, last, so that a table is never read as complete
+/// when it is not.
+pub fn counters_footer(counters: &Counters) -> String {
+    let said = |kinds: &[Kind]| -> Vec<String> {
+        counters.iter().filter(|c| c.value > 0 && kinds.contains(&c.kind)).map(|c| format!("{} {}", thousands(c.value), c.what)).collect()
+    };
+    let mut out = String::new();
+    let counted = said(&[Kind::Informational]);
+    if !counted.is_empty() {
+        out += &format!("also counted: {}\n", counted.join("; "));
+    }
+    let dropped = said(&[Kind::Lost, Kind::Refused]);
+    if dropped.is_empty() {
+        out += "dropped: nothing\n";
+    } else {
+        out += &format!("dropped: {}\n", dropped.join("; "));
+    }
+    out
 }
 
 /// Nanoseconds in the unit that keeps three or four significant digits.
@@ -79,6 +103,19 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn the_footer_says_every_counter_that_is_not_zero_and_ends_with_the_drops() {
+        use crate::model::counters::{Counters, Kind};
+        let mut c = Counters::default();
+        assert_eq!(counters_footer(&c), "dropped: nothing\n");
+        c.push("seen", Kind::Informational, "evaluations", 1234);
+        c.push("zero", Kind::Informational, "never said", 0);
+        assert_eq!(counters_footer(&c), "also counted: 1,234 evaluations\ndropped: nothing\n");
+        c.push("full", Kind::Lost, "calls not counted", 3);
+        c.push("bad", Kind::Refused, "unreadable objects", 2);
+        assert_eq!(counters_footer(&c), "also counted: 1,234 evaluations\ndropped: 3 calls not counted; 2 unreadable objects\n");
+    }
 
     #[test]
     fn formats_numbers_for_people() {

@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::thousands;
+use crate::model::counters::Counters;
 use crate::model::samples::{Frame, Sample};
 
 /// Samples aggregated into unique stacks (outermost frame first).
@@ -17,40 +18,13 @@ pub struct Profile {
     pub python: super::PythonInfo,
     pub hz: u64,
     pub duration_ns: u64,
-    pub counters: Vec<(&'static str, u64)>,
+    pub counters: Counters,
     pub total: u64,
     /// The BPF program's run time per sample (with kernel.bpf_stats_enabled).
     pub bpf_ns_per_sample: Option<u64>,
     /// (thread label or "", stack) -> samples.
     stacks: BTreeMap<(String, Vec<Rc<Frame>>), u64>,
 }
-
-/// Counters of samples taken but not in the profile, and why.
-const DROPPED: &[(&str, &str)] = &[
-    ("lost", "ring buffer full"),
-    ("counts_map_full", "the kernel's count map was full until the next read"),
-    ("unresolved_stacks", "their frames never reached pytrace"),
-    ("profile_full", "new stacks past the profile's memory cap"),
-];
-
-/// What the other counters mean, for the footer.
-const COUNTED: &[(&str, &str)] = &[
-    ("bad_frame", "a frame could not be read: stacks end there"),
-    ("no_thread_state", "a thread without a Python thread state yet"),
-    ("kernel_stack_failed", "samples without their kernel frames"),
-    ("native_no_user_regs", "no user registers: no native frames"),
-    ("native_on_cpu", "--idle: running on another CPU, no native frames"),
-    ("native_unavailable", "samples without native frames"),
-    ("native_stack_cut", "native stacks deeper than the copy"),
-    ("native_unwind_lost", "native code without unwind information"),
-    ("native_unmatched", "native and Python frames not paired"),
-    ("stacks_forgotten", "stacks forgotten to bound memory, sent again when seen"),
-    ("stacks_renamed", "a code object was freed and another made at its address: named again"),
-    ("line_tables_not_kept", "line tables too large to cache, read again when needed"),
-    ("code_cache_flushes", "code object caches emptied at their memory cap"),
-    ("processes_not_sampled", "--all: processes left out, the process map was full"),
-    ("processes_exited", "--all: processes that exited during the run"),
-];
 
 pub fn label(frame: &Frame) -> String {
     match frame {
@@ -97,7 +71,7 @@ impl Profile {
         python: super::PythonInfo,
         hz: u64,
         duration_ns: u64,
-        counters: Vec<(&'static str, u64)>,
+        counters: Counters,
         samples: &[Sample],
         thread_names: Option<&HashMap<u32, String>>,
     ) -> Self {
@@ -161,42 +135,7 @@ impl Profile {
 
     /// Samples taken but not in the profile, whatever dropped them.
     fn lost(&self) -> u64 {
-        self.counters.iter().filter(|(n, _)| DROPPED.iter().any(|(d, _)| d == n)).map(|(_, v)| v).sum()
-    }
-
-    /// The table's last lines: every sample dropped, by cause, and every
-    /// other counter that is not zero (a frame that could not be read, a
-    /// cache that had to give up), so that nothing is lost silently.
-    fn footer(&self) -> String {
-        let described = |table: &[(&str, &str)]| -> Vec<String> {
-            self.counters
-                .iter()
-                .filter(|(n, v)| *v > 0 && table.iter().any(|(d, _)| d == n))
-                .map(|(n, v)| {
-                    let why = table.iter().find(|(d, _)| d == n).map(|(_, w)| *w).unwrap_or("");
-                    format!("{} {n} ({why})", thousands(*v))
-                })
-                .collect()
-        };
-        let dropped = described(DROPPED);
-        let mut out = if dropped.is_empty() {
-            "dropped: none\n".to_string()
-        } else {
-            format!("dropped: {} samples: {}\n", thousands(self.lost()), dropped.join(", "))
-        };
-        let other: Vec<String> = self
-            .counters
-            .iter()
-            .filter(|(n, v)| *v > 0 && !DROPPED.iter().any(|(d, _)| d == n))
-            .map(|(n, v)| match COUNTED.iter().find(|(d, _)| d == n) {
-                Some((_, why)) => format!("{} {n} ({why})", thousands(*v)),
-                None => format!("{} {n}", thousands(*v)),
-            })
-            .collect();
-        if !other.is_empty() {
-            out += &format!("also counted: {}\n", other.join(", "));
-        }
-        out
+        self.counters.lost()
     }
 
     pub fn to_table(&self, top: usize) -> String {
@@ -213,7 +152,7 @@ impl Profile {
             let file = if f.file.is_empty() { String::new() } else { format!(" ({}:{})", f.file, f.line) };
             out += &format!("{:>6.1}% {:>6.1}%  {}{}\n", f.self_share * 100.0, f.total_share * 100.0, f.name, file);
         }
-        out + &self.footer()
+        out + &super::counters_footer(&self.counters)
     }
 
     /// Brendan Gregg's collapsed format: `frame;frame;... count`, outermost
@@ -326,7 +265,7 @@ impl Profile {
             "samples": self.total,
             "bpf_ns_per_sample": self.bpf_ns_per_sample,
             "lost_events": self.lost(),
-            "counters": self.counters.iter().cloned().collect::<BTreeMap<_, _>>(),
+            "counters": self.counters,
             "functions": self.functions(),
             "threads": threads.into_iter().filter(|(t, _)| !t.is_empty()).map(|(t, n)| json!({"thread": t, "samples": n})).collect::<Vec<_>>(),
         }))
@@ -352,7 +291,7 @@ mod tests {
             Sample { pid: 7, tid: 2, frames: vec![main.clone()], count: 1 },
         ];
         let info = crate::report::PythonInfo { version: "3.11.2".into(), mode: "sample".into() };
-        Profile::new(7, info, 99, 1, vec![], &samples, None)
+        Profile::new(7, info, 99, 1, Default::default(), &samples, None)
     }
 
     #[test]
@@ -384,7 +323,7 @@ mod tests {
             Rc::new(Frame::NativeIncomplete),
         ];
         let info = crate::report::PythonInfo { version: "3.11.2".into(), mode: "sample".into() };
-        let p = Profile::new(7, info, 99, 1, vec![], &[Sample { pid: 7, tid: 1, frames: stack, count: 1 }], None);
+        let p = Profile::new(7, info, 99, 1, Default::default(), &[Sample { pid: 7, tid: 1, frames: stack, count: 1 }], None);
         assert_eq!(p.to_folded(true), "main (f.py:1)_[j];deflate (libz.so.1)_[i];do_syscall_64_[k];[native stack incomplete] 1\n");
         let f = p.functions();
         assert!(f.iter().any(|x| x.name == "deflate" && x.file == "libz.so.1" && x.self_samples == 0 && x.total_samples == 1));

@@ -9,9 +9,11 @@ use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder, UprobeOpts};
 
-use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, poll_until, privilege_hint, read_counters};
+use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, poll_until, privilege_hint, read_counters, CounterRow};
 use crate::bpf::calls::types::{calls_counter, func_key, func_stats, new_function, py_layout};
 use crate::bpf::calls::{CallsSkel, CallsSkelBuilder};
+use crate::model::counters::Counters;
+use crate::model::counters::Kind::{Informational, Lost, Refused};
 use crate::model::functions::{Function, FunctionStats};
 use crate::model::latency::Latency;
 use crate::python::layouts::NO_FIELD;
@@ -21,39 +23,28 @@ use crate::python::{strings, Python, EVAL_FRAME_SYMBOL};
 
 pub use super::Mode;
 
-/// Counters from bpf/calls.h's enum calls_counter, by name.
-pub const COUNTER_NAMES: [(&str, calls_counter); 15] = [
-    ("new_function_lost", calls_counter::CALLS_NEW_FUNCTION_LOST),
-    ("function_map_full", calls_counter::CALLS_FUNCTION_MAP_FULL),
-    ("thread_map_full", calls_counter::CALLS_THREAD_MAP_FULL),
-    ("bad_code_object", calls_counter::CALLS_BAD_CODE),
-    ("unmatched_return", calls_counter::CALLS_UNMATCHED_RETURN),
-    ("deep_untimed_calls", calls_counter::CALLS_DEEP_UNTIMED),
-    ("stop_failed", calls_counter::CALLS_STOP_FAILED),
-    ("inferred_returns", calls_counter::CALLS_INFERRED_RETURN),
-    ("stack_resyncs", calls_counter::CALLS_STACK_RESYNC),
-    ("inlined_init_calls", calls_counter::CALLS_INLINED_INIT),
-    ("inlined_getitem_calls", calls_counter::CALLS_INLINED_CALL),
-    ("skipped_close_calls", calls_counter::CALLS_SKIPPED_CLOSE),
-    ("evaluations", calls_counter::CALLS_EVALUATIONS),
-    ("child_map_full", calls_counter::CALLS_CHILD_MAP_FULL),
-    ("thread_exits", calls_counter::CALLS_THREAD_EXITS),
+/// Counters from bpf/calls.h's enum calls_counter: name, kind, meaning.
+const COUNTERS: [CounterRow; 15] = [
+    ("new_function_lost", Lost, "functions' names lost (ring buffer full)", calls_counter::CALLS_NEW_FUNCTION_LOST.0),
+    ("function_map_full", Lost, "calls of functions past the function map's size, not counted", calls_counter::CALLS_FUNCTION_MAP_FULL.0),
+    ("thread_map_full", Lost, "calls on threads past the thread map's size, not timed", calls_counter::CALLS_THREAD_MAP_FULL.0),
+    ("bad_code_object", Refused, "evaluations of unreadable code objects", calls_counter::CALLS_BAD_CODE.0),
+    ("unmatched_return", Refused, "returns from calls made before tracing began", calls_counter::CALLS_UNMATCHED_RETURN.0),
+    ("deep_untimed_calls", Informational, "calls deeper than the timed stack, counted but not timed", calls_counter::CALLS_DEEP_UNTIMED.0),
+    ("stop_failed", Refused, "failures to stop the command at its first evaluation", calls_counter::CALLS_STOP_FAILED.0),
+    ("inferred_returns", Informational, "returns no probe saw, timed to the thread's next event", calls_counter::CALLS_INFERRED_RETURN.0),
+    ("stack_resyncs", Informational, "times the shadow stack was resynchronised with the interpreter's", calls_counter::CALLS_STACK_RESYNC.0),
+    ("inlined_init_calls", Informational, "__init__ calls run inline, counted untimed", calls_counter::CALLS_INLINED_INIT.0),
+    ("inlined_getitem_calls", Informational, "__getitem__ calls run inline, timed to the next event", calls_counter::CALLS_INLINED_CALL.0),
+    ("skipped_close_calls", Informational, "generator frames close() skipped, counted untimed", calls_counter::CALLS_SKIPPED_CLOSE.0),
+    ("evaluations", Informational, "frame evaluations", calls_counter::CALLS_EVALUATIONS.0),
+    ("child_map_full", Refused, "forked children not followed (child map full)", calls_counter::CALLS_CHILD_MAP_FULL.0),
+    ("thread_exits", Informational, "threads that exited", calls_counter::CALLS_THREAD_EXITS.0),
 ];
 
 pub struct CallsData {
     pub functions: Vec<Function>,
-    pub counters: Vec<(&'static str, u64)>,
-}
-
-impl CallsData {
-    /// Events that were dropped: each one can make a row wrong or missing.
-    pub fn lost_events(&self) -> u64 {
-        self.counters
-            .iter()
-            .filter(|(name, _)| matches!(*name, "new_function_lost" | "function_map_full" | "thread_map_full"))
-            .map(|(_, n)| n)
-            .sum()
-    }
+    pub counters: Counters,
 }
 
 pub struct Plan<'a> {
@@ -292,8 +283,7 @@ fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsDa
         functions.push(Function { name, file, line: key.line, stats: FunctionStats::from(&stats) });
     }
 
-    let names: Vec<(&'static str, u32)> = COUNTER_NAMES.iter().map(|(n, c)| (*n, c.0)).collect();
-    let counters = read_counters(&skel.maps.counters, &names)?;
+    let counters = read_counters(&skel.maps.counters, &COUNTERS)?;
     Ok(CallsData { functions, counters })
 }
 

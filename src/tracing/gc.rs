@@ -9,6 +9,8 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, RingBufferBuilder};
 
 use super::{attach_error, ensure_still_running, poll_until, privilege_hint, read_counters, watchpoint};
+use crate::model::counters::Counters;
+use crate::model::counters::Kind::{Informational, Lost, Refused};
 use crate::bpf::gc::types::{gc_counter, gc_event, gc_watch_target};
 use crate::bpf::gc::GcSkelBuilder;
 use crate::python::{Python, EVAL_FRAME_SYMBOL, RUNTIME_SYMBOL};
@@ -57,16 +59,9 @@ pub struct Collection {
     pub generation: u32,
 }
 
+/// Counters (their kind: Lost are collections not reported).
 pub struct GcData {
-    pub counters: Vec<(&'static str, u64)>,
-}
-
-impl GcData {
-    /// Collections that were not reported: the ring buffer was full, or
-    /// (watchpoint mode) their totals could not be read.
-    pub fn lost_events(&self) -> u64 {
-        self.counters.iter().filter(|(n, _)| matches!(*n, "event_lost" | "stats_unreadable")).map(|(_, v)| v).sum()
-    }
+    pub counters: Counters,
 }
 
 /// Loads and attaches, then calls `release` to let the target run: with
@@ -149,11 +144,11 @@ pub fn run(
     let counters = read_counters(
         &skel.maps.counters,
         &[
-            ("event_lost", gc_counter::GC_EVENT_LOST.0),
-            ("unmatched_done", gc_counter::GC_UNMATCHED_DONE.0),
-            ("stats_unreadable", gc_counter::GC_STATS_UNREADABLE.0),
-            ("empty_brackets", gc_counter::GC_EMPTY_BRACKET.0),
-            ("merged_collections", gc_counter::GC_MERGED.0),
+            ("event_lost", Lost, "collections lost (ring buffer full)", gc_counter::GC_EVENT_LOST.0),
+            ("unmatched_done", Refused, "collection ends without their start (begun before tracing)", gc_counter::GC_UNMATCHED_DONE.0),
+            ("stats_unreadable", Lost, "collections whose totals could not be read", gc_counter::GC_STATS_UNREADABLE.0),
+            ("empty_brackets", Informational, "times `collecting` was set and cleared with no collection", gc_counter::GC_EMPTY_BRACKET.0),
+            ("merged_collections", Informational, "collections inside another's pause", gc_counter::GC_MERGED.0),
         ],
     )?;
     Ok(GcData { counters })

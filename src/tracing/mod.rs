@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, MapFlags, RingBuffer};
 
+use crate::model::counters::{Counters, Kind};
 use crate::process::proc;
 
 /// How a subcommand sees the interpreter's events.
@@ -172,15 +173,19 @@ pub fn poll_until(ring: &RingBuffer, what: &str, mut keep_going: impl FnMut() ->
     Ok(())
 }
 
+/// One counter of a BPF program's per-CPU counter array: its JSON name,
+/// its kind, what one of it is, and its index (the program's enum).
+pub type CounterRow = (&'static str, Kind, &'static str, u32);
+
 /// Sums a per-CPU array of u64 counters, by name.
-pub fn read_counters(map: &dyn MapCore, names: &[(&'static str, u32)]) -> Result<Vec<(&'static str, u64)>> {
-    let mut counters = Vec::new();
-    for &(name, index) in names {
+pub fn read_counters(map: &dyn MapCore, names: &[CounterRow]) -> Result<Counters> {
+    let mut counters = Counters::default();
+    for &(name, kind, what, index) in names {
         let sum = map
             .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)?
             .map(|cpus| cpus.iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap())).sum())
             .unwrap_or(0);
-        counters.push((name, sum));
+        counters.push(name, kind, what, sum);
     }
     Ok(counters)
 }

@@ -49,13 +49,13 @@ pub fn run(opts: Options) -> Result<i32> {
             let mut sampled_out = sampled_json.as_deref().map(Output::create).transpose()?;
             let (traced, sampled, status) = trace_and_sample(target, duration, hz)?;
             if let Some(out) = &mut traced_out {
-                out.write_all(traced.as_bytes())?;
+                out.write_all(traced.to_json().as_bytes())?;
             }
             if let Some(out) = &mut sampled_out {
-                out.write_all(sampled.as_bytes())?;
+                out.write_all(sampled.to_json().as_bytes())?;
             }
-            // Read back as a saved pair is, so both give the same result.
-            (TracedReport::parse(&traced, "the calls report")?, SampledReport::parse(&sampled, "the sample report")?, status)
+            // The same numbers a saved pair of these reports gives.
+            (TracedReport::from(&traced), SampledReport::from(&sampled), status)
         }
     };
     let comparison = Comparison::new(&traced, &sampled);
@@ -63,10 +63,9 @@ pub fn run(opts: Options) -> Result<i32> {
     Ok(status)
 }
 
-/// Runs both programs on the target; returns the two reports as JSON (what
-/// `calls --json` and `sample --json` would write) and the target's exit
-/// status.
-fn trace_and_sample(spec: TargetSpec, duration: Option<Duration>, hz: u64) -> Result<(String, String, i32)> {
+/// Runs both programs on the target; returns the two reports (what `calls`
+/// and `sample` would) and the target's exit status.
+fn trace_and_sample(spec: TargetSpec, duration: Option<Duration>, hz: u64) -> Result<(CallsReport, Profile, i32)> {
     let (mut target, python) = Target::prepare(spec)?;
     let (mode, _why) = tracer::choose_mode(&python, None)?;
     let hook = HookedRelease::new(&target, &python, mode)?;
@@ -107,5 +106,6 @@ fn trace_and_sample(spec: TargetSpec, duration: Option<Duration>, hz: u64) -> Re
     let mut profile =
         Profile::new(pid, PythonInfo { version, mode: "sample".into() }, hz, elapsed, samples.counters.clone(), &samples.samples, None);
     profile.bpf_ns_per_sample = samples.bpf_ns_per_sample;
-    Ok((traced.to_json(), profile.to_json(), target.exit_code()))
+    let status = target.exit_code();
+    Ok((traced, profile, status))
 }

@@ -42,6 +42,7 @@ pub fn run(opts: Options) -> Result<i32> {
     )?;
     let (tree, unfinished) = build_tree(&data.events);
     let report = ImportsReport {
+        kind: crate::report::ReportKind::Imports,
         pid,
         python: PythonInfo { version: python.version.to_string(), mode: mode.name().into() },
         duration_ns: target.elapsed().as_nanos() as u64,

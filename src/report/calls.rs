@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::{counted, human_ns, thousands, PythonInfo};
+use super::{counted, human_ns, thousands, PythonInfo, ReportKind};
 use crate::model::counters::Counters;
 use crate::model::functions::{Function, FunctionStats};
 use crate::tracing::calls::CallsData;
@@ -28,6 +28,7 @@ pub struct FunctionRow {
 
 #[derive(Serialize)]
 pub struct CallsReport {
+    pub kind: ReportKind,
     pub pid: u32,
     pub python: PythonInfo,
     pub duration_ns: u64,
@@ -75,6 +76,7 @@ impl CallsReport {
             key(b).cmp(&key(a)).then_with(|| a.function.name.cmp(&b.function.name))
         });
         CallsReport {
+            kind: ReportKind::Calls,
             pid,
             python,
             duration_ns,
@@ -112,6 +114,7 @@ impl CallsReport {
         if untimed > 0 {
             out += &format!("note: {} deeper than the timed stack counted but not timed\n", counted(untimed, "call"));
         }
+        out += &super::counted_line(&self.counters);
         out += &format!(
             "{:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {}\n",
             "calls", "total", "self", "p50", "p90", "p99", "max", "function (file:line)"
@@ -137,7 +140,7 @@ impl CallsReport {
             let hidden = (self.functions.len() - shown) as u64;
             out += &format!("… {} more {} (--top)\n", thousands(hidden), super::plural(hidden, "function"));
         }
-        out += &super::counters_footer(&self.counters);
+        out += &super::dropped_line(&self.counters);
         out
     }
 }

@@ -16,7 +16,9 @@ use std::rc::Rc;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::{human_ns, thousands, PythonInfo};
+use super::calls::CallsReport;
+use super::profile::Profile;
+use super::{human_ns, thousands, PythonInfo, ReportKind};
 use crate::model::functions::{Function, FunctionStats};
 use crate::model::samples::{Frame, Sample};
 
@@ -57,7 +59,7 @@ const INFLATED: f64 = 0.25;
 // ---------------------------------------------------------------- inputs
 
 /// What compare reads of a `pytrace calls --json` report.
-#[derive(Deserialize, Debug)]
+#[derive(Deserialize, Debug, PartialEq)]
 pub struct TracedReport {
     pub pid: u32,
     pub python: PythonInfo,
@@ -74,7 +76,7 @@ pub struct TracedReport {
 }
 
 /// What compare reads of a `pytrace sample --json` report.
-#[derive(Deserialize, Debug)]
+#[derive(Deserialize, Debug, PartialEq)]
 pub struct SampledReport {
     pub pid: u32,
     pub python: PythonInfo,
@@ -85,7 +87,7 @@ pub struct SampledReport {
     pub functions: Vec<SampledFunction>,
 }
 
-#[derive(Deserialize, Debug, Clone)]
+#[derive(Deserialize, Debug, Clone, PartialEq)]
 pub struct SampledFunction {
     pub name: String,
     pub file: String,
@@ -96,8 +98,12 @@ pub struct SampledFunction {
     pub total_samples: u64,
 }
 
-/// Which pytrace subcommand wrote a JSON report, from the fields only it writes.
+/// Which pytrace subcommand wrote a JSON report: its `kind` field, or in
+/// a report written before it had one, the fields only that subcommand writes.
 fn kind_of(v: &serde_json::Value) -> &'static str {
+    if let Some(kind) = v.get("kind") {
+        return ReportKind::deserialize(kind).map_or("unknown", ReportKind::command);
+    }
     let has = |k: &str| v.get(k).is_some();
     if has("overhead") && has("diff_against") {
         "`pytrace compare --json`"
@@ -141,6 +147,7 @@ impl TracedReport {
         Ok(Self::with_correctable(read_report(path, "`pytrace calls --json`", "--traced")?))
     }
 
+    #[cfg(test)]
     pub fn parse(text: &str, name: &str) -> Result<Self> {
         Ok(Self::with_correctable(parse_report(text, name, "`pytrace calls --json`", "--traced")?))
     }
@@ -157,8 +164,46 @@ impl SampledReport {
         Ok(read_report(path, "`pytrace sample --json`", "--sampled")?.0)
     }
 
+    #[cfg(test)]
     pub fn parse(text: &str, name: &str) -> Result<Self> {
         Ok(parse_report(text, name, "`pytrace sample --json`", "--sampled")?.0)
+    }
+}
+
+/// A live run's calls report, as compare would read it saved: the same
+/// numbers, without the latencies it does not use.
+impl From<&CallsReport> for TracedReport {
+    fn from(r: &CallsReport) -> Self {
+        let functions = r
+            .functions
+            .iter()
+            .map(|row| {
+                let mut f = row.function.clone();
+                f.stats.latency = Default::default();
+                f
+            })
+            .collect();
+        TracedReport {
+            pid: r.pid,
+            python: r.python.clone(),
+            duration_ns: r.duration_ns,
+            lost_events: r.lost_events,
+            counters: r.counters.iter().map(|c| (c.name.to_string(), c.value)).collect(),
+            functions,
+            correctable: true,
+        }
+    }
+}
+
+/// A live run's profile, as compare would read it saved.
+impl From<&Profile> for SampledReport {
+    fn from(p: &Profile) -> Self {
+        let functions = p
+            .functions()
+            .into_iter()
+            .map(|f| SampledFunction { name: f.name, file: f.file, line: Some(f.line), self_samples: f.self_samples, total_samples: f.total_samples })
+            .collect();
+        SampledReport { pid: p.pid, python: p.python.clone(), hz: p.hz, duration_ns: p.duration_ns, samples: p.total, lost_events: p.counters.lost(), functions }
     }
 }
 
@@ -198,6 +243,7 @@ pub fn set_apart_probe_samples(samples: &mut [Sample]) -> u64 {
 
 #[derive(Serialize, Debug)]
 pub struct Comparison {
+    pub kind: ReportKind,
     pub pid: u32,
     pub python: PythonInfo,
     pub traced: TracedSummary,
@@ -496,6 +542,7 @@ impl Comparison {
         }
 
         Comparison {
+            kind: ReportKind::Compare,
             pid: traced.pid,
             python: traced.python.clone(),
             traced: TracedSummary {
@@ -742,15 +789,16 @@ mod tests {
 
     /// main (line 1) calls work (line 5) 100 times; a second `work` at line
     /// 9 is another function. 1000 samples, 100 of them in the probes.
+    fn example_functions() -> Vec<Function> {
+        vec![
+            traced_fn("main", 1, 1, 1_000_000_000, 400_000_000, 110, 110),
+            traced_fn("work", 5, 100, 500_000_000, 500_000_000, 0, 0),
+            traced_fn("work", 9, 10, 100_000_000, 100_000_000, 0, 0),
+        ]
+    }
+
     fn example() -> Comparison {
-        let t = traced(
-            vec![
-                traced_fn("main", 1, 1, 1_000_000_000, 400_000_000, 110, 110),
-                traced_fn("work", 5, 100, 500_000_000, 500_000_000, 0, 0),
-                traced_fn("work", 9, 10, 100_000_000, 100_000_000, 0, 0),
-            ],
-            111,
-        );
+        let t = traced(example_functions(), 111);
         let s = sampled(
             vec![
                 sampled_fn("main", "app.py", Some(1), 300, 850),
@@ -916,6 +964,36 @@ mod tests {
         assert!(TracedReport::parse(calls_json, "a.json").unwrap().correctable);
         let missing = format!("{:#}", TracedReport::read(Path::new("/nonexistent/a.json")).err().unwrap());
         assert!(missing.starts_with("cannot read /nonexistent/a.json: No such file"), "{missing}");
+    }
+
+    /// A live compare takes its inputs from memory: they must be what the
+    /// same reports give when saved and read back.
+    #[test]
+    fn live_inputs_equal_the_saved_reports_read_back() {
+        use crate::model::counters::{Counters, Kind};
+        use crate::model::latency::Latency;
+        let mut counters = Counters::default();
+        counters.push("evaluations", Kind::Informational, "frame evaluations", 111);
+        counters.push("function_map_full", Kind::Lost, "calls not counted", 2);
+        let mut functions = example_functions();
+        functions[0].stats.latency = Latency::from_kernel(&[0, 3, 1]);
+        let data = crate::tracing::calls::CallsData { functions, counters: counters.clone() };
+        let calls = CallsReport::new(7, python(), 1_000_000_000, data, super::super::calls::SortKey::Total);
+        let live = TracedReport::from(&calls);
+        assert_eq!(live, TracedReport::parse(&calls.to_json(), "calls.json").unwrap());
+        assert_eq!(live.lost_events, 2);
+
+        let py = |name: &str, line| Rc::new(Frame::Python { name: name.into(), file: "app.py".into(), line, first_line: line });
+        let samples = vec![
+            Sample { pid: 7, tid: 1, frames: vec![py("main", 1), py("work", 5)], count: 30 },
+            Sample { pid: 7, tid: 1, frames: vec![py("main", 1)], count: 5 },
+            Sample { pid: 7, tid: 1, frames: vec![Rc::new(Frame::Probes)], count: 4 },
+        ];
+        let info = PythonInfo { version: "3.11.2".into(), mode: "sample".into() };
+        let profile = Profile::new(7, info, 1000, 1_000_000_000, counters, &samples, None);
+        let live = SampledReport::from(&profile);
+        assert_eq!(live, SampledReport::parse(&profile.to_json(), "sample.json").unwrap());
+        assert_eq!((live.samples, live.lost_events), (39, 2));
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub struct GenerationRow {
 
 #[derive(Serialize)]
 pub struct GcReport {
+    pub kind: super::ReportKind,
     pub pid: u32,
     pub python: super::PythonInfo,
     pub duration_ns: u64,
@@ -90,6 +91,7 @@ impl GcTotals {
             .collect();
         let paused: u64 = generations.iter().map(|g| g.total_ns).sum();
         GcReport {
+            kind: super::ReportKind::Gc,
             pid,
             python,
             duration_ns,
@@ -130,6 +132,7 @@ impl GcReport {
             self.gc_share * 100.0,
             super::counted(self.lost_events, "lost event"),
         );
+        out += &super::counted_line(&self.counters);
         out += &format!(
             "{:>10} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
             "generation", "collections", "collected", "total", "p50", "p90", "p99", "max"
@@ -151,7 +154,7 @@ impl GcReport {
         if merged > 0 {
             out += &format!("{merged} collections ran inside another's pause and were each given its whole pause\n");
         }
-        out += &super::counters_footer(&self.counters);
+        out += &super::dropped_line(&self.counters);
         out
     }
 }

@@ -21,6 +21,7 @@ pub struct ImportNode {
 
 #[derive(Serialize)]
 pub struct ImportsReport {
+    pub kind: super::ReportKind,
     pub pid: u32,
     pub python: super::PythonInfo,
     pub duration_ns: u64,
@@ -95,6 +96,7 @@ impl ImportsReport {
             super::counted(count(&self.imports) as u64, "import"),
             super::counted(self.lost_events, "lost event"),
         );
+        out += &super::counted_line(&self.counters);
         out += &format!("{:>10} {:>11}  {}\n", "self", "cumulative", "module (nested: imported by the one above)");
         fn walk(out: &mut String, nodes: &[ImportNode], depth: usize) {
             for n in nodes {
@@ -116,7 +118,7 @@ impl ImportsReport {
             let hidden = (self.imports.len() - shown) as u64;
             out += &format!("… {} more {} (--top)\n", hidden, super::plural(hidden, "top-level import"));
         }
-        out += &super::counters_footer(&self.counters);
+        out += &super::dropped_line(&self.counters);
         out
     }
 }

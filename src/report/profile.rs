@@ -147,12 +147,13 @@ impl Profile {
             super::counted(self.total, "sample"),
             thousands(self.lost()),
         );
+        out += &super::counted_line(&self.counters);
         out += &format!("{:>7} {:>7}  {}\n", "self", "total", "function (file:line)");
         for f in self.functions().iter().take(top) {
             let file = if f.file.is_empty() { String::new() } else { format!(" ({}:{})", f.file, f.line) };
             out += &format!("{:>6.1}% {:>6.1}%  {}{}\n", f.self_share * 100.0, f.total_share * 100.0, f.name, file);
         }
-        out + &super::counters_footer(&self.counters)
+        out + &super::dropped_line(&self.counters)
     }
 
     /// Brendan Gregg's collapsed format: `frame;frame;... count`, outermost
@@ -258,6 +259,7 @@ impl Profile {
             m
         });
         serde_json::to_string_pretty(&json!({
+            "kind": super::ReportKind::Sample,
             "pid": self.pid,
             "python": self.python,
             "hz": self.hz,

@@ -7,12 +7,13 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::report::calls::{CallsReport, SortKey};
-use crate::report::compare::{set_apart_probe_samples, Comparison, SampledReport, TracedReport};
+use crate::report::compare::{Comparison, SampledReport, TracedReport};
 use crate::report::profile::Profile;
 use crate::report::{self, Output, PythonInfo};
 use crate::session::{self, HookedRelease, Target, TargetSpec};
 use crate::tracing::calls::{self as tracer, Plan};
-use crate::tracing::{compare, sample};
+use crate::tracing::compare::{self, set_apart_probe_samples};
+use crate::tracing::sample;
 
 pub enum Source {
     /// Trace and sample a target now.

@@ -7,7 +7,15 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::counters::Counters;
 use super::latency::Latency;
+
+/// What a calls session collected: one record per code object (several
+/// may be one function), and its counters.
+pub struct CallsData {
+    pub functions: Vec<Function>,
+    pub counters: Counters,
+}
 
 /// A function, as tracing names it, and its statistics.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

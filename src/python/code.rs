@@ -46,7 +46,7 @@ pub fn read_str(mem: &Memory, layout: &Layout, addr: u64) -> Result<String> {
     let data = addr + if ascii { layout.unicode_ascii_data } else { layout.unicode_compact_data } as u64;
     let mut bytes = vec![0u8; (length * kind as u64) as usize];
     mem.read(data, &mut bytes)?;
-    // The same kinds as bpf/calls.h's enum str_kind.
+    // The same kinds as bpf/python.h's enum str_kind.
     let str_kind = match (kind, ascii) {
         (1, true) => 2,
         (1, false) => 3,

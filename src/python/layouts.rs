@@ -838,7 +838,7 @@ pub fn free_threaded_versions() -> String {
     names.join(", ")
 }
 
-/// "3.9 to 3.12", for error messages.
+/// The table's first and last versions ("3.9 to 3.15"), for error messages.
 pub fn supported_range() -> String {
     let first = LAYOUTS.first().map(|l| l.version).unwrap_or_default();
     let last = LAYOUTS.last().map(|l| l.version).unwrap_or_default();

@@ -6,8 +6,7 @@ use serde::Serialize;
 
 use super::{counted, human_ns, thousands, PythonInfo, ReportKind};
 use crate::model::counters::Counters;
-use crate::model::functions::{Function, FunctionStats};
-use crate::tracing::calls::CallsData;
+use crate::model::functions::{CallsData, Function, FunctionStats};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SortKey {

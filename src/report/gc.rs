@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::{human_ns, thousands};
 use crate::model::counters::Counters;
-use crate::tracing::gc::Collection;
+use crate::model::events::Collection;
 
 /// Pauses to three significant digits.
 fn new_histogram() -> Histogram<u64> {

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::human_ns;
 use crate::model::counters::Counters;
-use crate::tracing::imports::ImportEvent;
+use crate::model::events::ImportEvent;
 
 #[derive(Serialize, Debug, Clone)]
 pub struct ImportNode {

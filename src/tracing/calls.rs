@@ -12,9 +12,8 @@ use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder, UprobeOp
 use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, poll_until, privilege_hint, read_counters, CounterRow};
 use crate::bpf::calls::types::{calls_counter, func_key, func_stats, new_function, py_layout};
 use crate::bpf::calls::{CallsSkel, CallsSkelBuilder};
-use crate::model::counters::Counters;
 use crate::model::counters::Kind::{Informational, Lost, Refused};
-use crate::model::functions::{Function, FunctionStats};
+use crate::model::functions::{CallsData, Function, FunctionStats};
 use crate::model::latency::Latency;
 use crate::python::layouts::NO_FIELD;
 use crate::python::generator_close::CloseProbe;
@@ -41,11 +40,6 @@ const COUNTERS: [CounterRow; 15] = [
     ("child_map_full", Refused, "forked children not followed (child map full)", calls_counter::CALLS_CHILD_MAP_FULL.0),
     ("thread_exits", Informational, "threads that exited", calls_counter::CALLS_THREAD_EXITS.0),
 ];
-
-pub struct CallsData {
-    pub functions: Vec<Function>,
-    pub counters: Counters,
-}
 
 pub struct Plan<'a> {
     pub pid: u32,

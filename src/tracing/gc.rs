@@ -10,6 +10,7 @@ use libbpf_rs::{Link, RingBufferBuilder};
 
 use super::{attach_error, ensure_still_running, poll_until, privilege_hint, read_counters, watchpoint};
 use crate::model::counters::Counters;
+use crate::model::events::Collection;
 use crate::model::counters::Kind::{Informational, Lost, Refused};
 use crate::bpf::gc::types::{gc_counter, gc_event, gc_watch_target};
 use crate::bpf::gc::GcSkelBuilder;
@@ -49,14 +50,6 @@ pub fn choose_mode(python: &Python, requested: Option<Mode>) -> Result<(Mode, &'
         Some(Mode::Watchpoint) => Ok((Mode::Watchpoint, "asked for with --mode watchpoint: a hardware watchpoint on the main interpreter's gc.collecting")),
         _ => Ok((Mode::Watchpoint, "no gc probes: a hardware watchpoint on the main interpreter's gc.collecting")),
     }
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct Collection {
-    pub start_ns: u64,
-    pub duration_ns: u64,
-    pub collected: i64,
-    pub generation: u32,
 }
 
 /// Counters (their kind: Lost are collections not reported).

@@ -10,6 +10,7 @@ use libbpf_rs::RingBufferBuilder;
 
 use super::{attach_entry_and_return, attach_error, ensure_still_running, entry_probe_offset, has_uprobe_sessions, poll_until, privilege_hint, read_counters};
 use crate::model::counters::Counters;
+use crate::model::events::ImportEvent;
 use crate::model::counters::Kind::{Informational, Lost};
 use crate::bpf::imports::types::{import_counter, import_event, import_phase, py_layout};
 use crate::bpf::imports::ImportsSkelBuilder;
@@ -52,15 +53,6 @@ pub fn choose_mode(python: &Python, requested: Option<Mode>) -> Result<(Mode, &'
         Some(Mode::Uprobe) => Ok((Mode::Uprobe, "asked for with --mode uprobe: importlib's _find_and_load, called from C, seen entering _PyEval_EvalFrameDefault")),
         _ => Ok((Mode::Uprobe, "no import probes: importlib's _find_and_load, called from C, seen entering _PyEval_EvalFrameDefault")),
     }
-}
-
-#[derive(Debug, Clone)]
-pub struct ImportEvent {
-    pub ts_ns: u64,
-    pub tid: u32,
-    pub start: bool,
-    pub found: bool,
-    pub name: String,
 }
 
 pub struct ImportData {

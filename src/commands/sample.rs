@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::report::PythonInfo;
-use crate::report::profile::Profile;
+use crate::report::profile::{Format, Profile};
 use crate::report::Output;
 use crate::session::{self, Target, TargetSpec};
 use crate::tracing::sample::{self, Options as SampleOptions, Targets};
@@ -45,10 +45,10 @@ pub fn run(mut opts: Options) -> Result<i32> {
     // Every output is created before sampling starts, so a bad path fails now.
     let paths: Vec<&std::path::Path> = [&opts.flamegraph, &opts.folded, &opts.speedscope, &opts.json].into_iter().flatten().map(|p| p.as_path()).collect();
     crate::report::output::check_distinct(&[], &paths)?;
-    let mut outputs: Vec<(&str, Output)> = Vec::new();
-    for (kind, path) in [("flamegraph", &opts.flamegraph), ("folded", &opts.folded), ("speedscope", &opts.speedscope), ("json", &opts.json)] {
+    let mut outputs: Vec<(Format, Output)> = Vec::new();
+    for (format, path) in [(Format::Flamegraph, &opts.flamegraph), (Format::Folded, &opts.folded), (Format::Speedscope, &opts.speedscope), (Format::Json, &opts.json)] {
         if let Some(path) = path {
-            outputs.push((kind, Output::create(path)?));
+            outputs.push((format, Output::create(path)?));
         }
     }
     match opts.target.take() {
@@ -142,7 +142,7 @@ impl Progress {
 
 fn write(
     opts: &Options,
-    mut outputs: Vec<(&str, Output)>,
+    mut outputs: Vec<(Format, Output)>,
     pid: u32,
     version: String,
     elapsed: Duration,
@@ -160,18 +160,12 @@ fn write(
     );
     profile.bpf_ns_per_sample = data.bpf_ns_per_sample;
     let mut table_on_stdout = true;
-    for (kind, out) in &mut outputs {
-        let bytes = match *kind {
-            "flamegraph" => profile.to_flamegraph()?,
-            "folded" => profile.to_folded(false).into_bytes(),
-            "speedscope" => profile.to_speedscope().into_bytes(),
-            _ => profile.to_json().into_bytes(),
-        };
+    for (format, out) in &mut outputs {
         table_on_stdout &= !matches!(out, Output::Stdout);
-        out.write_all(&bytes)?;
+        out.write_all(&format.render(&profile, opts.top)?)?;
     }
     if table_on_stdout {
-        print!("{}", profile.to_table(opts.top));
+        std::io::stdout().write_all(&Format::Table.render(&profile, opts.top)?)?;
     }
     Ok(())
 }

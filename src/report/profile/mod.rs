@@ -1,16 +1,44 @@
 //! The `sample` reports: a top-functions table, folded stacks, a
-//! flamegraph, a speedscope profile and JSON, all from one aggregation.
+//! flamegraph, a speedscope profile and JSON, all from one aggregation,
+//! one module per format; a new format is a module and a `Format`.
+
+mod flamegraph;
+mod folded;
+mod json;
+mod speedscope;
+mod table;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Serialize;
-use serde_json::json;
 
-use super::thousands;
 use crate::model::counters::Counters;
 use crate::model::samples::{Frame, Sample};
+
+/// The formats `sample` writes a profile in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// The top `top` functions, for a terminal.
+    Table,
+    Folded,
+    Flamegraph,
+    Speedscope,
+    Json,
+}
+
+impl Format {
+    pub fn render(self, profile: &Profile, top: usize) -> Result<Vec<u8>> {
+        Ok(match self {
+            Format::Table => profile.to_table(top).into_bytes(),
+            Format::Folded => profile.to_folded(false).into_bytes(),
+            Format::Flamegraph => profile.to_flamegraph()?,
+            Format::Speedscope => profile.to_speedscope().into_bytes(),
+            Format::Json => profile.to_json().into_bytes(),
+        })
+    }
+}
 
 /// Samples aggregated into unique stacks (outermost frame first).
 pub struct Profile {
@@ -136,143 +164,6 @@ impl Profile {
     /// Samples taken but not in the profile, whatever dropped them.
     fn lost(&self) -> u64 {
         self.counters.lost()
-    }
-
-    pub fn to_table(&self, top: usize) -> String {
-        let mut out = format!(
-            "pytrace sample: {}, {} Hz, {:.2} s, {}, {} lost\n",
-            self.subject(),
-            self.hz,
-            self.duration_ns as f64 / 1e9,
-            super::counted(self.total, "sample"),
-            thousands(self.lost()),
-        );
-        out += &super::counted_line(&self.counters);
-        out += &format!("{:>7} {:>7}  {}\n", "self", "total", "function (file:line)");
-        for f in self.functions().iter().take(top) {
-            let file = if f.file.is_empty() { String::new() } else { format!(" ({}:{})", f.file, f.line) };
-            out += &format!("{:>6.1}% {:>6.1}%  {}{}\n", f.self_share * 100.0, f.total_share * 100.0, f.name, file);
-        }
-        out + &super::dropped_line(&self.counters)
-    }
-
-    /// Brendan Gregg's collapsed format: `frame;frame;... count`, outermost
-    /// first; with --threads the thread is the first frame.
-    pub fn to_folded(&self, annotate: bool) -> String {
-        let mut out = String::new();
-        for ((thread, stack), n) in &self.stacks {
-            let mut parts: Vec<String> = Vec::new();
-            if !thread.is_empty() {
-                parts.push(thread.clone());
-            }
-            for frame in stack {
-                // `;` separates frames: never let a name add one.
-                let mut l = label(frame).replace(';', ":");
-                if annotate {
-                    // inferno's java palette colours by these suffixes:
-                    // green, aqua (its "inlined" colour), orange.
-                    match frame.as_ref() {
-                        Frame::Python { .. } => l.push_str("_[j]"),
-                        Frame::Native { .. } => l.push_str("_[i]"),
-                        Frame::Kernel(_) => l.push_str("_[k]"),
-                        _ => {}
-                    }
-                }
-                parts.push(l);
-            }
-            out += &format!("{} {n}\n", parts.join(";"));
-        }
-        out
-    }
-
-    /// An SVG flamegraph: Python frames green, native aqua, kernel orange,
-    /// markers red.
-    pub fn to_flamegraph(&self) -> Result<Vec<u8>> {
-        let folded = self.to_folded(true);
-        let mut opts = inferno::flamegraph::Options::default();
-        opts.title = format!("pytrace sample: {}, {}", self.subject(), super::counted(self.total, "sample"));
-        opts.colors = inferno::flamegraph::Palette::Multi(inferno::flamegraph::color::MultiPalette::Java);
-        opts.count_name = "samples".into();
-        let mut svg = Vec::new();
-        if self.total == 0 {
-            opts.title += " (no samples)";
-            // inferno refuses an empty profile; an empty graph is still a graph.
-            inferno::flamegraph::from_lines(&mut opts, ["[no samples] 1"].iter().copied(), &mut svg)
-                .context("failed to draw the flamegraph")?;
-        } else {
-            inferno::flamegraph::from_lines(&mut opts, folded.lines(), &mut svg).context("failed to draw the flamegraph")?;
-        }
-        Ok(svg)
-    }
-
-    /// speedscope's file format: one sampled profile per thread (or one).
-    pub fn to_speedscope(&self) -> String {
-        let mut frames: Vec<serde_json::Value> = Vec::new();
-        let mut index: HashMap<Rc<Frame>, usize> = HashMap::new();
-        let mut profiles: BTreeMap<&str, (Vec<Vec<usize>>, Vec<u64>)> = BTreeMap::new();
-        for ((thread, stack), &n) in &self.stacks {
-            let ids = stack
-                .iter()
-                .map(|f| {
-                    *index.entry(f.clone()).or_insert_with(|| {
-                        frames.push(match f.as_ref() {
-                            Frame::Python { name, file, line, .. } => json!({"name": name, "file": file, "line": line}),
-                            Frame::Native { name, module } => json!({"name": name, "file": module}),
-                            other => json!({"name": label(other)}),
-                        });
-                        frames.len() - 1
-                    })
-                })
-                .collect();
-            let p = profiles.entry(thread.as_str()).or_default();
-            p.0.push(ids);
-            p.1.push(n);
-        }
-        let profiles: Vec<serde_json::Value> = profiles
-            .into_iter()
-            .map(|(thread, (samples, weights))| {
-                let end: u64 = weights.iter().sum();
-                json!({
-                    "type": "sampled",
-                    "name": if thread.is_empty() { format!("PID {}", self.pid) } else { thread.to_string() },
-                    "unit": "none",
-                    "startValue": 0,
-                    "endValue": end,
-                    "samples": samples,
-                    "weights": weights,
-                })
-            })
-            .collect();
-        serde_json::to_string(&json!({
-            "$schema": "https://www.speedscope.app/file-format-schema.json",
-            "shared": {"frames": frames},
-            "profiles": profiles,
-            "name": format!("pytrace sample: PID {}", self.pid),
-            "exporter": "pytrace",
-        }))
-        .expect("the profile serializes")
-    }
-
-    pub fn to_json(&self) -> String {
-        let threads: BTreeMap<&str, u64> = self.stacks.iter().fold(BTreeMap::new(), |mut m, ((t, _), n)| {
-            *m.entry(t.as_str()).or_default() += n;
-            m
-        });
-        serde_json::to_string_pretty(&json!({
-            "kind": super::ReportKind::Sample,
-            "pid": self.pid,
-            "python": self.python,
-            "hz": self.hz,
-            "duration_ns": self.duration_ns,
-            "samples": self.total,
-            "bpf_ns_per_sample": self.bpf_ns_per_sample,
-            "lost_events": self.lost(),
-            "counters": self.counters,
-            "functions": self.functions(),
-            "threads": threads.into_iter().filter(|(t, _)| !t.is_empty()).map(|(t, n)| json!({"thread": t, "samples": n})).collect::<Vec<_>>(),
-        }))
-        .expect("the report serializes")
-            + "\n"
     }
 }
 

@@ -193,6 +193,38 @@ impl Target {
     }
 }
 
+/// The target as every tracing session's callbacks see it: let it run
+/// once the probes are attached (and say so), then whether to keep going.
+/// One per run, so a command only wires its session to these.
+pub struct Live<'t> {
+    target: RefCell<&'t mut Target>,
+    duration: Option<Duration>,
+}
+
+impl<'t> Live<'t> {
+    pub fn new(target: &'t mut Target, duration: Option<Duration>) -> Self {
+        Live { target: RefCell::new(target), duration }
+    }
+
+    /// Lets the target run with `release` (`Target::release`, or the
+    /// eval-frame hook's), then prints the line scripts wait for.
+    pub fn attached(&self, python: &Python, mode: &str, release: impl FnOnce(&mut Target) -> Result<()>) -> Result<()> {
+        let mut target = self.target.borrow_mut();
+        release(&mut target)?;
+        target.say_attached(python, mode);
+        Ok(())
+    }
+
+    /// See `Target::keep_going`.
+    pub fn keep_going(&self) -> bool {
+        self.target.borrow_mut().keep_going(self.duration)
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.target.borrow().elapsed()
+    }
+}
+
 /// The eval-frame hook around a calls session (src/python/eval_hook.rs): on
 /// 3.11+ in uprobe mode it is owned (one run at a time), set once the probes
 /// are attached, watched while tracing and restored at the end, in the

@@ -10,7 +10,7 @@ use crate::report::calls::{CallsReport, SortKey};
 use crate::report::compare::{Comparison, SampledReport, TracedReport};
 use crate::report::profile::Profile;
 use crate::report::{self, Output, PythonInfo};
-use crate::session::{self, HookedRelease, Target, TargetSpec};
+use crate::session::{self, HookedRelease, Live, Target, TargetSpec};
 use crate::tracing::calls::{self as tracer, Plan};
 use crate::tracing::compare::{self, set_apart_probe_samples};
 use crate::tracing::sample;
@@ -77,19 +77,14 @@ fn trace_and_sample(spec: TargetSpec, duration: Option<Duration>, hz: u64) -> Re
     let plan = Plan { pid, python: &python, mode, stop_at_first_eval: hook.stop_at_first_eval(&target), empty_probe: false, on_child: &on_child };
     // Kernel stacks show which samples fell inside the probes.
     let sample_opts = sample::Options { hz, kernel: true, idle: false, native: false, threads: false };
-    let target_cell = std::cell::RefCell::new(&mut target);
+    let live = Live::new(&mut target, duration);
     let result = compare::run(
         &plan,
         &sample_opts,
-        || {
-            let mut target = target_cell.borrow_mut();
-            hook.release(&mut target)?;
-            target.say_attached(&python, &format!("{} and sample", mode.name()));
-            Ok(())
-        },
+        || live.attached(&python, &format!("{} and sample", mode.name()), |target| hook.release(target)),
         || {
             hook.watch();
-            Ok(target_cell.borrow_mut().keep_going(duration))
+            Ok(live.keep_going())
         },
     );
     let elapsed = target.elapsed().as_nanos() as u64;

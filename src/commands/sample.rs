@@ -11,7 +11,7 @@ use anyhow::Result;
 use crate::report::PythonInfo;
 use crate::report::profile::{Format, Profile};
 use crate::report::Output;
-use crate::session::{self, Target, TargetSpec};
+use crate::session::{self, Live, Target, TargetSpec};
 use crate::tracing::sample::{self, Options as SampleOptions, Targets};
 
 pub struct Options {
@@ -59,20 +59,14 @@ pub fn run(mut opts: Options) -> Result<i32> {
             let version = python.version.to_string();
             let duration = opts.duration;
             let mut progress = Progress::new(opts.threads.then_some(pid));
-            let target_cell = std::cell::RefCell::new(&mut target);
+            let live = Live::new(&mut target, duration);
             let data = sample::run(
                 Targets::One(pid, &python),
                 &SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle, native: opts.native, threads: opts.threads },
-                || {
-                    let mut target = target_cell.borrow_mut();
-                    target.release()?;
-                    target.say_attached(&python, "sample");
-                    Ok(())
-                },
+                || live.attached(&python, "sample", Target::release),
                 |samples| {
-                    let mut target = target_cell.borrow_mut();
-                    progress.tick(samples, target.elapsed());
-                    Ok(target.keep_going(duration))
+                    progress.tick(samples, live.elapsed());
+                    Ok(live.keep_going())
                 },
             )?;
             let elapsed = target.elapsed();

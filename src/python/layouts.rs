@@ -9,9 +9,26 @@
 //! `resolve` takes every field that has from the target's binary, since
 //! they may change between patch releases.
 
+/// How a version's code objects map bytecode offsets to lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineFormat {
+    /// co_lnotab (3.9): (bytecode offset delta, line delta) byte pairs.
+    Lnotab,
+    /// co_linetable (3.10): (offset delta, line delta; -128 = none) pairs.
+    Linetable310,
+    /// co_linetable (3.11+): the location table of PEP 657.
+    Locations,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
     pub version: (u32, u32),
+    /// The line table's format.
+    pub line_format: LineFormat,
+    /// Bytes per unit of f_lasti, where the frame records it (before 3.11:
+    /// 1 in 3.9, which counts bytes; 2 in 3.10, which counts code units).
+    /// From 3.11 frames record an instruction's address; 2, the code unit.
+    pub lasti_unit: u32,
     pub runtime_interpreters_head: u32,
     pub interp_next: u32,
     pub interp_eval_frame: u32,
@@ -254,6 +271,8 @@ pub static LAYOUTS: &[Layout] = &[
     // CPython 3.9.18, from its headers by scripts/layout-offsets.sh
     Layout {
         version: (3, 9),
+        line_format: LineFormat::Lnotab,
+        lasti_unit: 1,
         runtime_interpreters_head: 32,
         interp_next: 0,
         interp_eval_frame: 1400,
@@ -310,6 +329,8 @@ pub static LAYOUTS: &[Layout] = &[
     // CPython 3.10.13, from its headers by scripts/layout-offsets.sh
     Layout {
         version: (3, 10),
+        line_format: LineFormat::Linetable310,
+        lasti_unit: 2,
         runtime_interpreters_head: 32,
         interp_next: 0,
         interp_eval_frame: 1368,
@@ -366,6 +387,8 @@ pub static LAYOUTS: &[Layout] = &[
     // CPython 3.11.2, from its headers by scripts/layout-offsets.sh
     Layout {
         version: (3, 11),
+        line_format: LineFormat::Locations,
+        lasti_unit: 2,
         runtime_interpreters_head: 40,
         interp_next: 0,
         interp_eval_frame: 1424,
@@ -422,6 +445,8 @@ pub static LAYOUTS: &[Layout] = &[
     // CPython 3.12.1, from its headers by scripts/layout-offsets.sh
     Layout {
         version: (3, 12),
+        line_format: LineFormat::Locations,
+        lasti_unit: 2,
         runtime_interpreters_head: 40,
         interp_next: 0,
         interp_eval_frame: 1744,
@@ -478,6 +503,8 @@ pub static LAYOUTS: &[Layout] = &[
     // CPython 3.13.18, from its headers by scripts/layout-offsets.sh
     Layout {
         version: (3, 13),
+        line_format: LineFormat::Locations,
+        lasti_unit: 2,
         runtime_interpreters_head: 632,
         interp_next: 7264,
         interp_eval_frame: 8472,
@@ -564,6 +591,8 @@ pub static LAYOUTS: &[Layout] = &[
     // CPython 3.13.5, from its headers by scripts/layout-offsets.sh
     Layout {
         version: (3, 13),
+        line_format: LineFormat::Locations,
+        lasti_unit: 2,
         runtime_interpreters_head: 632,
         interp_next: 7264,
         interp_eval_frame: 8488,
@@ -650,6 +679,8 @@ pub static LAYOUTS: &[Layout] = &[
     // CPython 3.14.10, from its headers by scripts/layout-offsets.sh
     Layout {
         version: (3, 14),
+        line_format: LineFormat::Locations,
+        lasti_unit: 2,
         runtime_interpreters_head: 808,
         interp_next: 7272,
         interp_eval_frame: 8520,
@@ -736,6 +767,8 @@ pub static LAYOUTS: &[Layout] = &[
     // CPython 3.15.2, from its headers by scripts/layout-offsets.sh
     Layout {
         version: (3, 15),
+        line_format: LineFormat::Locations,
+        lasti_unit: 2,
         runtime_interpreters_head: 936,
         interp_next: 7264,
         interp_eval_frame: 8472,

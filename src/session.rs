@@ -3,6 +3,8 @@
 //! stop (target exit, --duration, Ctrl-C or SIGTERM).
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -222,6 +224,44 @@ impl<'t> Live<'t> {
 
     pub fn elapsed(&self) -> Duration {
         self.target.borrow().elapsed()
+    }
+}
+
+/// A sample run's live progress line (on a terminal), and the target's
+/// thread names for --threads, read while the threads still exist.
+pub struct Progress {
+    tty: bool,
+    threads_of: Option<u32>,
+    names: HashMap<u32, String>,
+    last: Instant,
+}
+
+impl Progress {
+    pub fn new(threads_of: Option<u32>) -> Self {
+        Progress { tty: std::io::stderr().is_terminal(), threads_of, names: HashMap::new(), last: Instant::now() }
+    }
+
+    pub fn tick(&mut self, samples: u64, elapsed: Duration) {
+        if self.last.elapsed() < Duration::from_millis(500) {
+            return;
+        }
+        self.last = Instant::now();
+        if let Some(pid) = self.threads_of {
+            proc::thread_names(pid, &mut self.names);
+        }
+        if self.tty {
+            eprint!("\rpytrace sample: {samples} samples, {:.1} s ", elapsed.as_secs_f64());
+            let _ = std::io::stderr().flush();
+        }
+    }
+
+    pub fn finish(mut self) -> Option<HashMap<u32, String>> {
+        if self.tty {
+            eprintln!();
+        }
+        let pid = self.threads_of?;
+        proc::thread_names(pid, &mut self.names);
+        Some(self.names)
     }
 }
 

@@ -2,7 +2,7 @@
 //! as a table, folded stacks, a flamegraph, speedscope or JSON.
 
 use std::collections::HashMap;
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -11,7 +11,7 @@ use anyhow::Result;
 use crate::report::PythonInfo;
 use crate::report::profile::{Format, Profile};
 use crate::report::Output;
-use crate::session::{self, Live, Target, TargetSpec};
+use crate::session::{self, Live, Progress, Target, TargetSpec};
 use crate::tracing::sample::{self, Options as SampleOptions, Targets};
 
 pub struct Options {
@@ -28,17 +28,6 @@ pub struct Options {
     pub folded: Option<PathBuf>,
     pub speedscope: Option<PathBuf>,
     pub json: Option<PathBuf>,
-}
-
-/// The names of the target's threads, as far as /proc still knows them.
-fn thread_names(pid: u32, names: &mut HashMap<u32, String>) {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
-    for task in tasks.flatten() {
-        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else { continue };
-        if let Ok(comm) = std::fs::read_to_string(task.path().join("comm")) {
-            names.insert(tid, comm.trim().to_string());
-        }
-    }
 }
 
 pub fn run(mut opts: Options) -> Result<i32> {
@@ -94,43 +83,6 @@ pub fn run(mut opts: Options) -> Result<i32> {
             write(&opts, outputs, 0, "any".into(), started.elapsed(), data, progress.finish())?;
             Ok(0)
         }
-    }
-}
-
-/// The live progress line (on a terminal), and thread names for --threads.
-struct Progress {
-    tty: bool,
-    threads_of: Option<u32>,
-    names: HashMap<u32, String>,
-    last: Instant,
-}
-
-impl Progress {
-    fn new(threads_of: Option<u32>) -> Self {
-        Progress { tty: std::io::stderr().is_terminal(), threads_of, names: HashMap::new(), last: Instant::now() }
-    }
-
-    fn tick(&mut self, samples: u64, elapsed: Duration) {
-        if self.last.elapsed() < Duration::from_millis(500) {
-            return;
-        }
-        self.last = Instant::now();
-        if let Some(pid) = self.threads_of {
-            thread_names(pid, &mut self.names);
-        }
-        if self.tty {
-            eprint!("\rpytrace sample: {samples} samples, {:.1} s ", elapsed.as_secs_f64());
-            let _ = std::io::stderr().flush();
-        }
-    }
-
-    fn finish(mut self) -> Option<HashMap<u32, String>> {
-        if self.tty {
-            eprintln!();
-        }
-        let pid = self.threads_of?;
-        thread_names(pid, &mut self.names);
-        Some(self.names)
     }
 }
 

@@ -2,6 +2,7 @@
 //! memory itself. The target is untrusted: every read can fail, and callers
 //! get an error with context instead of a guess.
 
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -51,6 +52,17 @@ pub fn command_name(pid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "?".into())
+}
+
+/// The names of the target's threads, as far as /proc still knows them.
+pub fn thread_names(pid: u32, names: &mut HashMap<u32, String>) {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
+    for task in tasks.flatten() {
+        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else { continue };
+        if let Ok(comm) = std::fs::read_to_string(task.path().join("comm")) {
+            names.insert(tid, comm.trim().to_string());
+        }
+    }
 }
 
 /// The target's executable as the target names it (a name, never opened:

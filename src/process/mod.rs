@@ -1,7 +1,6 @@
-//! The process being traced: /proc, its ELF files, and starting it ourselves.
+//! The process being traced, from outside: /proc, its files and ELF.
 
 pub mod elf;
 pub mod files;
-pub mod launch;
 pub mod proc;
 pub mod x86;

@@ -1,6 +1,8 @@
 //! What every tracing subcommand does around its BPF program: check that
-//! tracing is possible at all, find or start the target, and decide when to
-//! stop (target exit, --duration, Ctrl-C or SIGTERM).
+//! tracing is possible at all, find or start the target (`launch`), and
+//! decide when to stop (target exit, --duration, Ctrl-C or SIGTERM).
+
+mod launch;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -13,7 +15,7 @@ use anyhow::{bail, Result};
 use crate::python::eval_hook::{EvalHook, Guardian, Installed};
 use crate::python::hook_owner::HookLock;
 use crate::python::Python;
-use crate::process::launch::{self, Launched};
+use launch::Launched;
 use crate::process::proc;
 use crate::tracing::Mode;
 

@@ -215,6 +215,13 @@ fn wrong_or_broken_input_is_one_sentence() {
     let e = SampledReport::parse(calls_json, "a.json").err().unwrap();
     assert_eq!(format!("{e:#}"), "a.json is a `pytrace calls --json` report, but --sampled needs a `pytrace sample --json` report");
     assert!(TracedReport::parse(calls_json, "a.json").is_ok() && SampledReport::parse(sample_json, "b.json").is_ok());
+    // A report that says its kind is taken at its word, even where its
+    // fields would suggest another.
+    assert_eq!(
+        err(TracedReport::parse(r#"{"kind": "gc", "functions": []}"#, "c.json")),
+        "c.json is a `pytrace gc --json` report, but --traced needs a `pytrace calls --json` report"
+    );
+    assert_eq!(err(TracedReport::parse(r#"{"kind": "later", "functions": []}"#, "c.json")), "c.json is not a pytrace report: --traced needs a `pytrace calls --json` report");
     // An older calls report, without the counts the correction needs.
     let old = r#"{"pid": 1, "python": {"version": "3.11.2", "mode": "uprobe"}, "duration_ns": 1, "lost_events": 0, "functions": [{"name": "f", "file": "a.py", "line": 1, "calls": 1, "timed_calls": 1, "total_ns": 5, "self_ns": 5}]}"#;
     assert!(!TracedReport::parse(old, "a.json").unwrap().correctable);

@@ -26,6 +26,18 @@ int main(void)
     printf("// CPython %s, from its headers by scripts/layout-offsets.sh\n", PY_VERSION);
     printf("Layout {\n");
     printf("    version: (%d, %d),\n", PY_MAJOR_VERSION, PY_MINOR_VERSION);
+    /* What the version's code objects and frames say in their own units:
+     * the line table's format and the bytes in one unit of f_lasti. */
+#if PY_VERSION_HEX >= 0x030B0000
+    printf("    line_format: LineFormat::Locations,\n");
+    printf("    lasti_unit: 2,\n");
+#elif PY_VERSION_HEX >= 0x030A0000
+    printf("    line_format: LineFormat::Linetable310,\n");
+    printf("    lasti_unit: 2,\n");
+#else
+    printf("    line_format: LineFormat::Lnotab,\n");
+    printf("    lasti_unit: 1,\n");
+#endif
     FIELD("runtime_interpreters_head", offsetof(_PyRuntimeState, interpreters.head));
     FIELD("interp_next", offsetof(PyInterpreterState, next));
     FIELD("interp_eval_frame", offsetof(PyInterpreterState, eval_frame));

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prints src/python/layouts.rs entries for each CPython whose headers are
+# Prints src/python/layouts/table.rs entries for each CPython whose headers are
 # installed under the given prefixes (default: every pyenv version and
 # Debian's /usr). Regenerate the table with it; never edit offsets by hand.
 set -euo pipefail

@@ -5,12 +5,12 @@ mod bpf;
 mod cli;
 mod commands;
 mod kernel;
+mod model;
 mod native;
+mod process;
 mod python;
 mod report;
-mod samples;
 mod session;
-mod target;
 mod tracing;
 
 use clap::Parser;

@@ -8,7 +8,7 @@ use anyhow::Result;
 use crate::report::calls::{CallsReport, SortKey};
 use crate::report::PythonInfo;
 use crate::report::{self, Output};
-use crate::session::{self, HookedRelease, Target, TargetSpec};
+use crate::session::{self, HookedRelease, Live, Target, TargetSpec};
 use crate::tracing::calls::{self as tracer, Mode, Plan};
 
 pub struct Options {
@@ -33,18 +33,13 @@ pub fn run(opts: Options) -> Result<i32> {
     let on_child = |child| hook.watch_child(child);
     let plan =
         Plan { pid, python: &python, mode, stop_at_first_eval: hook.stop_at_first_eval(&target), empty_probe: opts.empty_probe, on_child: &on_child };
-    let target_cell = std::cell::RefCell::new(&mut target);
+    let live = Live::new(&mut target, opts.duration);
     let result = tracer::run(
         &plan,
-        || {
-            let mut target = target_cell.borrow_mut();
-            hook.release(&mut target)?;
-            target.say_attached(&python, mode.name());
-            Ok(())
-        },
+        || live.attached(&python, mode.name(), |target| hook.release(target)),
         || {
             hook.watch();
-            Ok(target_cell.borrow_mut().keep_going(opts.duration))
+            Ok(live.keep_going())
         },
     );
     let elapsed = target.elapsed();

@@ -7,12 +7,13 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::report::calls::{CallsReport, SortKey};
-use crate::report::compare::{set_apart_probe_samples, Comparison, SampledReport, TracedReport};
+use crate::report::compare::{Comparison, SampledReport, TracedReport};
 use crate::report::profile::Profile;
 use crate::report::{self, Output, PythonInfo};
-use crate::session::{self, HookedRelease, Target, TargetSpec};
+use crate::session::{self, HookedRelease, Live, Target, TargetSpec};
 use crate::tracing::calls::{self as tracer, Plan};
-use crate::tracing::{compare, sample};
+use crate::tracing::compare::{self, set_apart_probe_samples};
+use crate::tracing::sample;
 
 pub enum Source {
     /// Trace and sample a target now.
@@ -49,13 +50,13 @@ pub fn run(opts: Options) -> Result<i32> {
             let mut sampled_out = sampled_json.as_deref().map(Output::create).transpose()?;
             let (traced, sampled, status) = trace_and_sample(target, duration, hz)?;
             if let Some(out) = &mut traced_out {
-                out.write_all(traced.as_bytes())?;
+                out.write_all(traced.to_json().as_bytes())?;
             }
             if let Some(out) = &mut sampled_out {
-                out.write_all(sampled.as_bytes())?;
+                out.write_all(sampled.to_json().as_bytes())?;
             }
-            // Read back as a saved pair is, so both give the same result.
-            (TracedReport::parse(&traced, "the calls report")?, SampledReport::parse(&sampled, "the sample report")?, status)
+            // The same numbers a saved pair of these reports gives.
+            (TracedReport::from(&traced), SampledReport::from(&sampled), status)
         }
     };
     let comparison = Comparison::new(&traced, &sampled);
@@ -63,10 +64,9 @@ pub fn run(opts: Options) -> Result<i32> {
     Ok(status)
 }
 
-/// Runs both programs on the target; returns the two reports as JSON (what
-/// `calls --json` and `sample --json` would write) and the target's exit
-/// status.
-fn trace_and_sample(spec: TargetSpec, duration: Option<Duration>, hz: u64) -> Result<(String, String, i32)> {
+/// Runs both programs on the target; returns the two reports (what `calls`
+/// and `sample` would) and the target's exit status.
+fn trace_and_sample(spec: TargetSpec, duration: Option<Duration>, hz: u64) -> Result<(CallsReport, Profile, i32)> {
     let (mut target, python) = Target::prepare(spec)?;
     let (mode, _why) = tracer::choose_mode(&python, None)?;
     let hook = HookedRelease::new(&target, &python, mode)?;
@@ -77,19 +77,14 @@ fn trace_and_sample(spec: TargetSpec, duration: Option<Duration>, hz: u64) -> Re
     let plan = Plan { pid, python: &python, mode, stop_at_first_eval: hook.stop_at_first_eval(&target), empty_probe: false, on_child: &on_child };
     // Kernel stacks show which samples fell inside the probes.
     let sample_opts = sample::Options { hz, kernel: true, idle: false, native: false, threads: false };
-    let target_cell = std::cell::RefCell::new(&mut target);
+    let live = Live::new(&mut target, duration);
     let result = compare::run(
         &plan,
         &sample_opts,
-        || {
-            let mut target = target_cell.borrow_mut();
-            hook.release(&mut target)?;
-            target.say_attached(&python, &format!("{} and sample", mode.name()));
-            Ok(())
-        },
+        || live.attached(&python, &format!("{} and sample", mode.name()), |target| hook.release(target)),
         || {
             hook.watch();
-            Ok(target_cell.borrow_mut().keep_going(duration))
+            Ok(live.keep_going())
         },
     );
     let elapsed = target.elapsed().as_nanos() as u64;
@@ -107,5 +102,6 @@ fn trace_and_sample(spec: TargetSpec, duration: Option<Duration>, hz: u64) -> Re
     let mut profile =
         Profile::new(pid, PythonInfo { version, mode: "sample".into() }, hz, elapsed, samples.counters.clone(), &samples.samples, None);
     profile.bpf_ns_per_sample = samples.bpf_ns_per_sample;
-    Ok((traced.to_json(), profile.to_json(), target.exit_code()))
+    let status = target.exit_code();
+    Ok((traced, profile, status))
 }

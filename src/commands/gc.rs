@@ -8,7 +8,7 @@ use anyhow::Result;
 use crate::report::PythonInfo;
 use crate::report::gc::{event_line, GcTotals};
 use crate::report::{self, Output};
-use crate::session::{self, Target, TargetSpec};
+use crate::session::{self, Live, Target, TargetSpec};
 use crate::tracing::{self, gc};
 
 pub struct Options {
@@ -31,23 +31,23 @@ pub fn run(opts: Options) -> Result<i32> {
     let mut totals = GcTotals::default();
     let attached_at = std::cell::Cell::new(tracing::monotonic_ns());
     let started_by_us = target.started_by_us();
-    let target_cell = std::cell::RefCell::new(&mut target);
+    let live = Live::new(&mut target, opts.duration);
     let data = gc::run(
         pid,
         &python,
         mode,
         started_by_us,
         |at_first_eval| {
-            let mut target = target_cell.borrow_mut();
-            match at_first_eval {
-                Some(at_stop) => target.release_at_first_eval(at_stop)?,
-                None => target.release()?,
-            }
-            attached_at.set(tracing::monotonic_ns());
-            target.say_attached(&python, mode.name());
-            Ok(())
+            live.attached(&python, mode.name(), |target| {
+                match at_first_eval {
+                    Some(at_stop) => target.release_at_first_eval(at_stop)?,
+                    None => target.release()?,
+                }
+                attached_at.set(tracing::monotonic_ns());
+                Ok(())
+            })
         },
-        || Ok(target_cell.borrow_mut().keep_going(opts.duration)),
+        || Ok(live.keep_going()),
         |c| {
             if opts.events {
                 println!("{}", event_line(c.start_ns.saturating_sub(attached_at.get()), &c));
@@ -60,7 +60,6 @@ pub fn run(opts: Options) -> Result<i32> {
         pid,
         PythonInfo { version: python.version.to_string(), mode: mode.name().into() },
         elapsed.as_nanos() as u64,
-        data.lost_events(),
         data.counters,
     );
     report::emit(json.as_mut(), || report.to_json(), || report.to_table())?;

@@ -8,7 +8,7 @@ use anyhow::Result;
 use crate::report::PythonInfo;
 use crate::report::imports::{build_tree, ImportsReport};
 use crate::report::{self, Output};
-use crate::session::{self, Target, TargetSpec};
+use crate::session::{self, Live, Target, TargetSpec};
 use crate::tracing::imports;
 
 pub struct Options {
@@ -27,25 +27,16 @@ pub fn run(opts: Options) -> Result<i32> {
     session::install_signal_handlers();
 
     let pid = target.pid;
-    let target_cell = std::cell::RefCell::new(&mut target);
-    let data = imports::run(
-        pid,
-        &python,
-        mode,
-        || {
-            let mut target = target_cell.borrow_mut();
-            target.release()?;
-            target.say_attached(&python, mode.name());
-            Ok(())
-        },
-        || Ok(target_cell.borrow_mut().keep_going(opts.duration)),
-    )?;
+    let live = Live::new(&mut target, opts.duration);
+    let data = imports::run(pid, &python, mode, || live.attached(&python, mode.name(), Target::release), || Ok(live.keep_going()))?;
     let (tree, unfinished) = build_tree(&data.events);
     let report = ImportsReport {
+        kind: crate::report::ReportKind::Imports,
         pid,
         python: PythonInfo { version: python.version.to_string(), mode: mode.name().into() },
         duration_ns: target.elapsed().as_nanos() as u64,
-        lost_events: data.counters.iter().filter(|(name, _)| *name != "name_unreadable").map(|(_, n)| n).sum(),
+        lost_events: data.counters.lost(),
+        counters: data.counters,
         unfinished,
         imports: tree,
     };

@@ -173,7 +173,7 @@ pub fn run(opts: Options) -> Result<i32> {
         findings.usdt_probes.join(", ")
     };
     if let Some(pid) = findings.pid {
-        println!("process:         {pid} ({})", crate::target::proc::command_name(pid));
+        println!("process:         {pid} ({})", crate::process::proc::command_name(pid));
     }
     println!("python:          {}", findings.version);
     println!(

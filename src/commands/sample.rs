@@ -2,16 +2,16 @@
 //! as a table, folded stacks, a flamegraph, speedscope or JSON.
 
 use std::collections::HashMap;
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
 use crate::report::PythonInfo;
-use crate::report::profile::Profile;
+use crate::report::profile::{Format, Profile};
 use crate::report::Output;
-use crate::session::{self, Target, TargetSpec};
+use crate::session::{self, Live, Progress, Target, TargetSpec};
 use crate::tracing::sample::{self, Options as SampleOptions, Targets};
 
 pub struct Options {
@@ -30,17 +30,6 @@ pub struct Options {
     pub json: Option<PathBuf>,
 }
 
-/// The names of the target's threads, as far as /proc still knows them.
-fn thread_names(pid: u32, names: &mut HashMap<u32, String>) {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
-    for task in tasks.flatten() {
-        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else { continue };
-        if let Ok(comm) = std::fs::read_to_string(task.path().join("comm")) {
-            names.insert(tid, comm.trim().to_string());
-        }
-    }
-}
-
 pub fn run(mut opts: Options) -> Result<i32> {
     // Before a command is started or a process touched.
     if opts.idle {
@@ -49,10 +38,10 @@ pub fn run(mut opts: Options) -> Result<i32> {
     // Every output is created before sampling starts, so a bad path fails now.
     let paths: Vec<&std::path::Path> = [&opts.flamegraph, &opts.folded, &opts.speedscope, &opts.json].into_iter().flatten().map(|p| p.as_path()).collect();
     crate::report::output::check_distinct(&[], &paths)?;
-    let mut outputs: Vec<(&str, Output)> = Vec::new();
-    for (kind, path) in [("flamegraph", &opts.flamegraph), ("folded", &opts.folded), ("speedscope", &opts.speedscope), ("json", &opts.json)] {
+    let mut outputs: Vec<(Format, Output)> = Vec::new();
+    for (format, path) in [(Format::Flamegraph, &opts.flamegraph), (Format::Folded, &opts.folded), (Format::Speedscope, &opts.speedscope), (Format::Json, &opts.json)] {
         if let Some(path) = path {
-            outputs.push((kind, Output::create(path)?));
+            outputs.push((format, Output::create(path)?));
         }
     }
     match opts.target.take() {
@@ -63,20 +52,14 @@ pub fn run(mut opts: Options) -> Result<i32> {
             let version = python.version.to_string();
             let duration = opts.duration;
             let mut progress = Progress::new(opts.threads.then_some(pid));
-            let target_cell = std::cell::RefCell::new(&mut target);
+            let live = Live::new(&mut target, duration);
             let data = sample::run(
                 Targets::One(pid, &python),
                 &SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle, native: opts.native, threads: opts.threads },
-                || {
-                    let mut target = target_cell.borrow_mut();
-                    target.release()?;
-                    target.say_attached(&python, "sample");
-                    Ok(())
-                },
+                || live.attached(&python, "sample", Target::release),
                 |samples| {
-                    let mut target = target_cell.borrow_mut();
-                    progress.tick(samples, target.elapsed());
-                    Ok(target.keep_going(duration))
+                    progress.tick(samples, live.elapsed());
+                    Ok(live.keep_going())
                 },
             )?;
             let elapsed = target.elapsed();
@@ -107,46 +90,9 @@ pub fn run(mut opts: Options) -> Result<i32> {
     }
 }
 
-/// The live progress line (on a terminal), and thread names for --threads.
-struct Progress {
-    tty: bool,
-    threads_of: Option<u32>,
-    names: HashMap<u32, String>,
-    last: Instant,
-}
-
-impl Progress {
-    fn new(threads_of: Option<u32>) -> Self {
-        Progress { tty: std::io::stderr().is_terminal(), threads_of, names: HashMap::new(), last: Instant::now() }
-    }
-
-    fn tick(&mut self, samples: u64, elapsed: Duration) {
-        if self.last.elapsed() < Duration::from_millis(500) {
-            return;
-        }
-        self.last = Instant::now();
-        if let Some(pid) = self.threads_of {
-            thread_names(pid, &mut self.names);
-        }
-        if self.tty {
-            eprint!("\rpytrace sample: {samples} samples, {:.1} s ", elapsed.as_secs_f64());
-            let _ = std::io::stderr().flush();
-        }
-    }
-
-    fn finish(mut self) -> Option<HashMap<u32, String>> {
-        if self.tty {
-            eprintln!();
-        }
-        let pid = self.threads_of?;
-        thread_names(pid, &mut self.names);
-        Some(self.names)
-    }
-}
-
 fn write(
     opts: &Options,
-    mut outputs: Vec<(&str, Output)>,
+    mut outputs: Vec<(Format, Output)>,
     pid: u32,
     version: String,
     elapsed: Duration,
@@ -164,18 +110,12 @@ fn write(
     );
     profile.bpf_ns_per_sample = data.bpf_ns_per_sample;
     let mut table_on_stdout = true;
-    for (kind, out) in &mut outputs {
-        let bytes = match *kind {
-            "flamegraph" => profile.to_flamegraph()?,
-            "folded" => profile.to_folded(false).into_bytes(),
-            "speedscope" => profile.to_speedscope().into_bytes(),
-            _ => profile.to_json().into_bytes(),
-        };
+    for (format, out) in &mut outputs {
         table_on_stdout &= !matches!(out, Output::Stdout);
-        out.write_all(&bytes)?;
+        out.write_all(&format.render(&profile, opts.top)?)?;
     }
     if table_on_stdout {
-        print!("{}", profile.to_table(opts.top));
+        std::io::stdout().write_all(&Format::Table.render(&profile, opts.top)?)?;
     }
     Ok(())
 }

@@ -14,7 +14,7 @@
 
 use std::rc::Rc;
 
-use crate::samples::Frame;
+use crate::model::samples::Frame;
 
 /// How a native unwind ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use merge::{End, Markers, Outcome, PythonStack};
 pub use unwind::UserStack;
 use unwind::{ModuleFiles, ProcessUnwinder, Stop};
 
-use crate::samples::Frame;
+use crate::model::samples::Frame;
 
 /// What became of the samples' native stacks, for the report's counters.
 #[derive(Debug, Default, Clone, Copy)]
@@ -103,7 +103,7 @@ mod tests {
         // SAFETY: only reads registers.
         unsafe { std::arch::asm!("lea {ip}, [rip]", "mov {sp}, rsp", "mov {bp}, rbp", ip = out(reg) ip, sp = out(reg) sp, bp = out(reg) bp) };
         let start = sp & !4095;
-        let mem = crate::target::proc::Memory::open(std::process::id()).unwrap();
+        let mem = crate::process::proc::Memory::open(std::process::id()).unwrap();
         let mut bytes = Vec::new();
         let mut page = vec![0u8; 4096];
         while bytes.len() < 1 << 20 && mem.read(start + bytes.len() as u64, &mut page).is_ok() {

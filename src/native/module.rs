@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 
-use crate::target::files::CheckedFile;
+use crate::process::files::CheckedFile;
 use gimli::{BaseAddresses, EhFrame, EhFrameHdr, EndianSlice, LittleEndian, UnwindSection};
 use goblin::elf::{program_header::PF_X, program_header::PT_LOAD, Elf};
 
@@ -51,7 +51,7 @@ pub struct ModuleFile {
 const COLD_PART_JUMPS: usize = 8;
 
 impl ModuleFile {
-    /// A file opened through the target (src/target/files.rs).
+    /// A file opened through the target (src/process/files.rs).
     pub fn read(file: CheckedFile, name: String) -> Result<Self> {
         let bytes = file.read_all()?;
         let mut module = Self::parse(&bytes, name, Some(file.fd_path()), false)?;
@@ -209,7 +209,7 @@ mod tests {
     #[test]
     fn finds_unwind_entries_and_the_load_bias_of_this_executable() {
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        let m = ModuleFile::read(crate::target::files::open_local(&exe).unwrap(), "pytrace".into()).unwrap();
+        let m = ModuleFile::read(crate::process::files::open_local(&exe).unwrap(), "pytrace".into()).unwrap();
         assert!(m.eh_frame.is_some() && m.eh_frame_hdr.is_some());
         let here = finds_unwind_entries_and_the_load_bias_of_this_executable as fn() as usize as u64;
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();

@@ -11,7 +11,7 @@ use super::merge::NativeFrame;
 use super::module::ModuleFile;
 use super::unwind::RawFrame;
 use crate::python::EVAL_FRAME_SYMBOL;
-use crate::samples::Frame;
+use crate::model::samples::Frame;
 
 /// Names kept before the cache is emptied (a long run through many
 /// libraries should not grow without end).

@@ -12,7 +12,7 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 
 use super::module::{Bytes, ModuleFile};
-use crate::target::proc;
+use crate::process::proc;
 
 /// Frames kept per stack; deeper ones end it early.
 const MAX_NATIVE_FRAMES: usize = 1024;
@@ -25,7 +25,7 @@ const RESCAN_EVERY: Duration = Duration::from_secs(1);
 /// Module files by identity (device, inode), shared by every process.
 #[derive(Default)]
 pub struct ModuleFiles {
-    files: HashMap<crate::target::files::FileId, Option<Rc<ModuleFile>>>,
+    files: HashMap<crate::process::files::FileId, Option<Rc<ModuleFile>>>,
 }
 
 /// A module as one process maps it.
@@ -130,10 +130,10 @@ impl ProcessUnwinder {
                 // Opened through the process and checked to be the mapped file.
                 files
                     .files
-                    .entry(crate::target::files::FileId::of(&m))
+                    .entry(crate::process::files::FileId::of(&m))
                     .or_insert_with(|| {
                         let name = std::path::Path::new(&m.path).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                        crate::target::files::open_mapping(self.pid, &m).and_then(|f| ModuleFile::read(f, name)).ok().map(Rc::new)
+                        crate::process::files::open_mapping(self.pid, &m).and_then(|f| ModuleFile::read(f, name)).ok().map(Rc::new)
                     })
                     .clone()
             };

@@ -4,9 +4,9 @@
 
 use anyhow::{bail, Context, Result};
 
-use super::layouts::{Layout, NO_FIELD};
+use super::layouts::{Layout, LineFormat, NO_FIELD};
 use super::strings;
-use crate::target::proc::Memory;
+use crate::process::proc::Memory;
 
 /// Line tables longer than this are not read (a garbage length).
 const MAX_LINETABLE: u64 = 1 << 20;
@@ -20,16 +20,6 @@ pub struct Code {
     pub firstlineno: u32,
     linetable: Vec<u8>,
     format: LineFormat,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum LineFormat {
-    /// co_lnotab (3.9): (bytecode offset delta, line delta) byte pairs.
-    Lnotab,
-    /// co_linetable (3.10): (offset delta, line delta; -128 = none) pairs.
-    Linetable310,
-    /// co_linetable (3.11+): the location table of PEP 657.
-    Locations,
 }
 
 /// Reads a compact str object.
@@ -46,7 +36,7 @@ pub fn read_str(mem: &Memory, layout: &Layout, addr: u64) -> Result<String> {
     let data = addr + if ascii { layout.unicode_ascii_data } else { layout.unicode_compact_data } as u64;
     let mut bytes = vec![0u8; (length * kind as u64) as usize];
     mem.read(data, &mut bytes)?;
-    // The same kinds as bpf/calls.h's enum str_kind.
+    // The same kinds as bpf/python.h's enum str_kind.
     let str_kind = match (kind, ascii) {
         (1, true) => 2,
         (1, false) => 3,
@@ -72,12 +62,7 @@ impl Code {
         }
         let mut linetable = vec![0u8; size as usize];
         mem.read(table + layout.bytes_data as u64, &mut linetable)?;
-        let format = match layout.version {
-            (3, 9) => LineFormat::Lnotab,
-            (3, 10) => LineFormat::Linetable310,
-            _ => LineFormat::Locations,
-        };
-        Ok(Code { identity, qualname, filename, firstlineno: i32::from_ne_bytes(line).max(0) as u32, linetable, format })
+        Ok(Code { identity, qualname, filename, firstlineno: i32::from_ne_bytes(line).max(0) as u32, linetable, format: layout.line_format })
     }
 
     /// What identifies it at its address: its name's address and that
@@ -127,10 +112,9 @@ fn identity(mem: &Memory, layout: &Layout, addr: u64) -> Result<(u64, u64)> {
 /// the sampler recorded: an address (3.11+) or f_lasti (3.9, 3.10).
 pub fn instruction_offset(layout: &Layout, code_addr: u64, recorded: u64) -> u64 {
     if layout.code_code == NO_FIELD {
-        // f_lasti: bytes in 3.9, code units (2 bytes) in 3.10.
+        // f_lasti, counted in the layout's instruction unit.
         let lasti = recorded as i32 as i64;
-        let units = if layout.version == (3, 10) { 2 } else { 1 };
-        return lasti.max(0) as u64 * units;
+        return lasti.max(0) as u64 * layout.lasti_unit as u64;
     }
     recorded.saturating_sub(code_addr + layout.code_code as u64)
 }

@@ -4,7 +4,7 @@
 //! A wrong offset would make pytrace write a code address over some other
 //! field of a production process, so the offset is used only when two
 //! independent sources agree:
-//! - the per-version table generated from CPython's headers (layouts.rs;
+//! - the per-version table generated from CPython's headers (layouts/table.rs;
 //!   from 3.13 a patch release may move the field, so alone it is a guess);
 //! - the load in `_PyInterpreterState_GetEvalFrameFunc(interp)`, which
 //!   returns `interp->eval_frame`;

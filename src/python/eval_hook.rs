@@ -26,8 +26,8 @@ use anyhow::{bail, Context, Result};
 
 use super::hook_owner::HookLock;
 use super::{Python, EVAL_FRAME_SYMBOL, RUNTIME_SYMBOL};
-use crate::target::elf::ElfFile;
-use crate::target::proc::{self, Memory};
+use crate::process::elf::ElfFile;
+use crate::process::proc::{self, Memory};
 
 /// More interpreters than this in one process means the list is garbage.
 const MAX_INTERPRETERS: usize = 256;

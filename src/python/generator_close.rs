@@ -32,7 +32,7 @@ use iced_x86::{Instruction, Mnemonic, OpKind, Register};
 
 use super::layouts::NO_FIELD;
 use super::Python;
-use crate::target::x86;
+use crate::process::x86;
 
 /// What pytrace knows about close()'s fast path in one build.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use crate::target::proc;
+use crate::process::proc;
 
 /// Where the lock files live: root's, on a tmpfs cleared at boot.
 const RUN_DIR: &str = "/run/pytrace";

@@ -27,7 +27,7 @@ use iced_x86::Register;
 
 use super::layouts::NO_FIELD;
 use super::Python;
-use crate::target::x86;
+use crate::process::x86;
 
 /// Where to count inlined `__getitem__` calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

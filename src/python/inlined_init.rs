@@ -10,7 +10,7 @@ use iced_x86::{Mnemonic, OpKind};
 
 use super::layouts::NO_FIELD;
 use super::Python;
-use crate::target::x86;
+use crate::process::x86;
 
 /// Where to put that probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

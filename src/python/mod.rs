@@ -21,9 +21,9 @@ use std::rc::Rc;
 
 use anyhow::{bail, Context, Result};
 
-use crate::target::elf::{find_library, ElfFile};
-use crate::target::files::{self, FileId};
-use crate::target::proc;
+use crate::process::elf::{find_library, ElfFile};
+use crate::process::files::{self, FileId};
+use crate::process::proc;
 use eval_frame_offset::EvalFrameOffset;
 pub use layouts::Layout;
 
@@ -76,7 +76,7 @@ pub struct Python {
 impl Python {
     /// The interpreter inside a running process: its executable or a
     /// libpython it maps, each opened through the process and checked to be
-    /// the mapped file (src/target/files.rs).
+    /// the mapped file (src/process/files.rs).
     pub fn from_pid(pid: u32) -> Result<Self> {
         if !proc::exists(pid) {
             bail!("no process with PID {pid}");

@@ -1,7 +1,7 @@
 //! Decodes str objects whose bytes a BPF program copied out of the target.
 //! BPF only copies (bounded); decoding, and refusing garbage, happen here.
 
-/// How the bytes were captured; the numbers are bpf/calls.h's enum str_kind.
+/// How the bytes were captured; the numbers are bpf/python.h's enum str_kind.
 pub fn decode(kind: u8, len_chars: u32, bytes: &[u8]) -> Option<String> {
     let (width, latin1) = match kind {
         1 => {

@@ -4,8 +4,9 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::{counted, human_ns, thousands, PythonInfo};
-use crate::tracing::calls::{CallsData, FunctionTotals};
+use super::{counted, human_ns, thousands, PythonInfo, ReportKind};
+use crate::model::counters::Counters;
+use crate::model::functions::{CallsData, Function, FunctionStats};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SortKey {
@@ -14,37 +15,24 @@ pub enum SortKey {
     SelfTime,
 }
 
+/// A function's row: its statistics and the percentiles of its latencies.
 #[derive(Serialize)]
 pub struct FunctionRow {
-    pub name: String,
-    pub file: String,
-    pub line: u32,
-    pub calls: u64,
-    /// Calls whose duration was measured (deeper than the timed stack, or
-    /// still running at the end, they are counted but not timed).
-    pub timed_calls: u64,
-    pub total_ns: u64,
-    pub self_ns: u64,
+    #[serde(flatten)]
+    pub function: Function,
     pub p50_ns: u64,
     pub p90_ns: u64,
     pub p99_ns: u64,
-    pub max_ns: u64,
-    /// Evaluations entered directly from this function's timed calls, the
-    /// outermost (not recursive) timed calls, and the evaluations entered
-    /// during those: where the probes' own cost sits in self_ns and total_ns
-    /// (`pytrace compare` takes it out).
-    pub child_calls: u64,
-    pub outermost_calls: u64,
-    pub nested_calls: u64,
 }
 
 #[derive(Serialize)]
 pub struct CallsReport {
+    pub kind: ReportKind,
     pub pid: u32,
     pub python: PythonInfo,
     pub duration_ns: u64,
     pub lost_events: u64,
-    pub counters: HashMap<&'static str, u64>,
+    pub counters: Counters,
     /// What this mode cannot be exact about on this interpreter.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub caveats: Vec<String>,
@@ -55,81 +43,44 @@ pub struct CallsReport {
     pub functions: Vec<FunctionRow>,
 }
 
-struct Merged {
-    calls: u64,
-    timed_calls: u64,
-    total_ns: u64,
-    self_ns: u64,
-    max_ns: u64,
-    child_calls: u64,
-    outermost_calls: u64,
-    nested_calls: u64,
-    latency: crate::tracing::histogram::Latency,
-}
-
 impl CallsReport {
     /// Rows for the same (name, file, line) are merged, as cProfile does: one
     /// function may have had several code objects (re-executed definitions).
     pub fn new(pid: u32, python: PythonInfo, duration_ns: u64, data: CallsData, sort: SortKey) -> Self {
-        let lost_events = data.lost_events();
-        let mut merged: HashMap<(String, String, u32), Merged> = HashMap::new();
+        let lost_events = data.counters.lost();
+        let mut merged: HashMap<(String, String, u32), FunctionStats> = HashMap::new();
         for f in data.functions {
-            let FunctionTotals { name, file, line, calls, timed_calls, total_ns, self_ns, max_ns, child_calls, outermost_calls, nested_calls, latency } =
-                f;
-            match merged.entry((name, file, line)) {
-                std::collections::hash_map::Entry::Occupied(mut e) => {
-                    let m = e.get_mut();
-                    m.calls += calls;
-                    m.timed_calls += timed_calls;
-                    m.total_ns += total_ns;
-                    m.self_ns += self_ns;
-                    m.max_ns = m.max_ns.max(max_ns);
-                    m.child_calls += child_calls;
-                    m.outermost_calls += outermost_calls;
-                    m.nested_calls += nested_calls;
-                    m.latency.add(&latency);
-                }
+            match merged.entry((f.name, f.file, f.line)) {
+                std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().merge(&f.stats),
                 std::collections::hash_map::Entry::Vacant(e) => {
-                    e.insert(Merged { calls, timed_calls, total_ns, self_ns, max_ns, child_calls, outermost_calls, nested_calls, latency });
+                    e.insert(f.stats);
                 }
             }
         }
         let mut functions: Vec<FunctionRow> = merged
             .into_iter()
-            .map(|((name, file, line), m)| {
-                let q = |q: f64| if m.latency.is_empty() { 0 } else { m.latency.value_at_quantile(q).min(m.max_ns) };
-                FunctionRow {
-                    name,
-                    file,
-                    line,
-                    calls: m.calls,
-                    timed_calls: m.timed_calls,
-                    total_ns: m.total_ns,
-                    self_ns: m.self_ns,
-                    p50_ns: q(0.50),
-                    p90_ns: q(0.90),
-                    p99_ns: q(0.99),
-                    max_ns: m.max_ns,
-                    child_calls: m.child_calls,
-                    outermost_calls: m.outermost_calls,
-                    nested_calls: m.nested_calls,
-                }
+            .map(|((name, file, line), stats)| FunctionRow {
+                p50_ns: stats.latency_at(0.50),
+                p90_ns: stats.latency_at(0.90),
+                p99_ns: stats.latency_at(0.99),
+                function: Function { name, file, line, stats },
             })
             .collect();
         functions.sort_by(|a, b| {
             let key = |r: &FunctionRow| match sort {
-                SortKey::Calls => r.calls,
-                SortKey::Total => r.total_ns,
-                SortKey::SelfTime => r.self_ns,
+                SortKey::Calls => r.function.stats.calls,
+                SortKey::Total => r.function.stats.total_ns,
+                SortKey::SelfTime => r.function.stats.self_ns,
             };
-            key(b).cmp(&key(a)).then_with(|| a.name.cmp(&b.name))
+            key(b).cmp(&key(a)).then_with(|| a.function.name.cmp(&b.function.name))
         });
         CallsReport {
+            kind: ReportKind::Calls,
             pid,
             python,
             duration_ns,
             lost_events,
-            counters: data.counters.into_iter().collect(),
+            counters: data.counters,
             caveats: Vec::new(),
             incomplete: None,
             functions,
@@ -141,7 +92,7 @@ impl CallsReport {
     }
 
     pub fn to_table(&self, top: Option<usize>) -> String {
-        let total_calls: u64 = self.functions.iter().map(|f| f.calls).sum();
+        let total_calls: u64 = self.functions.iter().map(|f| f.function.stats.calls).sum();
         let mut out = format!(
             "pytrace calls: PID {}, Python {} ({} mode), {:.2} s, {} in {}, {}\n",
             self.pid,
@@ -158,25 +109,27 @@ impl CallsReport {
         for caveat in &self.caveats {
             out += &format!("note: {caveat}\n");
         }
-        let untimed = self.counters.get("deep_untimed_calls").copied().unwrap_or(0);
+        let untimed = self.counters.get("deep_untimed_calls");
         if untimed > 0 {
             out += &format!("note: {} deeper than the timed stack counted but not timed\n", counted(untimed, "call"));
         }
+        out += &super::counted_line(&self.counters);
         out += &format!(
             "{:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {}\n",
             "calls", "total", "self", "p50", "p90", "p99", "max", "function (file:line)"
         );
         let shown = top.unwrap_or(usize::MAX);
-        for f in self.functions.iter().take(shown) {
+        for row in self.functions.iter().take(shown) {
+            let (f, stats) = (&row.function, &row.function.stats);
             out += &format!(
                 "{:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {} ({}:{})\n",
-                thousands(f.calls),
-                human_ns(f.total_ns),
-                human_ns(f.self_ns),
-                human_ns(f.p50_ns),
-                human_ns(f.p90_ns),
-                human_ns(f.p99_ns),
-                human_ns(f.max_ns),
+                thousands(stats.calls),
+                human_ns(stats.total_ns),
+                human_ns(stats.self_ns),
+                human_ns(row.p50_ns),
+                human_ns(row.p90_ns),
+                human_ns(row.p99_ns),
+                human_ns(stats.max_ns),
                 f.name,
                 f.file,
                 f.line,
@@ -186,28 +139,7 @@ impl CallsReport {
             let hidden = (self.functions.len() - shown) as u64;
             out += &format!("… {} more {} (--top)\n", thousands(hidden), super::plural(hidden, "function"));
         }
-        out += &self.drops_footer();
+        out += &super::dropped_line(&self.counters);
         out
-    }
-
-    /// Every way an event was dropped or an input refused, in a sentence,
-    /// so that a table is never read as complete when it is not.
-    fn drops_footer(&self) -> String {
-        let n = |name: &str| self.counters.get(name).copied().unwrap_or(0);
-        let kinds = [
-            ("new_function_lost", "functions' names lost (ring buffer full)"),
-            ("function_map_full", "calls of functions past the function map's size, not counted"),
-            ("thread_map_full", "calls on threads past the thread map's size, not timed"),
-            ("bad_code_object", "evaluations of unreadable code objects"),
-            ("unmatched_return", "returns from calls made before tracing began"),
-            ("stop_failed", "failures to stop the command at its first evaluation"),
-            ("child_map_full", "forked children not followed (child map full)"),
-        ];
-        let said: Vec<String> = kinds.iter().filter(|(name, _)| n(name) > 0).map(|(name, what)| format!("{} {what}", thousands(n(name)))).collect();
-        if said.is_empty() {
-            "dropped: nothing\n".into()
-        } else {
-            format!("dropped: {}\n", said.join("; "))
-        }
     }
 }

@@ -7,8 +7,13 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::{human_ns, thousands};
-use crate::tracing::gc::Collection;
-use crate::tracing::histogram::new_histogram;
+use crate::model::counters::Counters;
+use crate::model::events::Collection;
+
+/// Pauses to three significant digits.
+fn new_histogram() -> Histogram<u64> {
+    Histogram::new(3).expect("3 significant figures is a valid precision")
+}
 
 #[derive(Serialize)]
 pub struct GenerationRow {
@@ -24,11 +29,12 @@ pub struct GenerationRow {
 
 #[derive(Serialize)]
 pub struct GcReport {
+    pub kind: super::ReportKind,
     pub pid: u32,
     pub python: super::PythonInfo,
     pub duration_ns: u64,
     pub lost_events: u64,
-    pub counters: BTreeMap<&'static str, u64>,
+    pub counters: Counters,
     /// Time spent collecting over the traced wall time.
     pub gc_share: f64,
     pub generations: Vec<GenerationRow>,
@@ -64,8 +70,7 @@ impl GcTotals {
         pid: u32,
         python: super::PythonInfo,
         duration_ns: u64,
-        lost_events: u64,
-        counters: Vec<(&'static str, u64)>,
+        counters: Counters,
     ) -> GcReport {
         let generations: Vec<GenerationRow> = self
             .per_generation
@@ -86,11 +91,12 @@ impl GcTotals {
             .collect();
         let paused: u64 = generations.iter().map(|g| g.total_ns).sum();
         GcReport {
+            kind: super::ReportKind::Gc,
             pid,
             python,
             duration_ns,
-            lost_events,
-            counters: counters.into_iter().collect(),
+            lost_events: counters.lost(),
+            counters,
             gc_share: if duration_ns > 0 { paused as f64 / duration_ns as f64 } else { 0.0 },
             generations,
         }
@@ -126,6 +132,7 @@ impl GcReport {
             self.gc_share * 100.0,
             super::counted(self.lost_events, "lost event"),
         );
+        out += &super::counted_line(&self.counters);
         out += &format!(
             "{:>10} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}\n",
             "generation", "collections", "collected", "total", "p50", "p90", "p99", "max"
@@ -143,9 +150,11 @@ impl GcReport {
                 human_ns(g.max_ns),
             );
         }
-        if let Some(&merged) = self.counters.get("merged_collections").filter(|&&n| n > 0) {
+        let merged = self.counters.get("merged_collections");
+        if merged > 0 {
             out += &format!("{merged} collections ran inside another's pause and were each given its whole pause\n");
         }
+        out += &super::dropped_line(&self.counters);
         out
     }
 }
@@ -161,7 +170,7 @@ mod tests {
             totals.add(&Collection { start_ns: 0, duration_ns, collected, generation });
         }
         let info = crate::report::PythonInfo { version: "3.11.2".into(), mode: "usdt".into() };
-        let report = totals.into_report(1, info, 1_000_000, 0, vec![]);
+        let report = totals.into_report(1, info, 1_000_000, Default::default());
         assert_eq!(report.generations.len(), 2);
         let g0 = &report.generations[0];
         assert_eq!((g0.generation, g0.collections, g0.collected, g0.total_ns), (0, 2, 12, 4_000));

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use super::human_ns;
-use crate::tracing::imports::ImportEvent;
+use crate::model::counters::Counters;
+use crate::model::events::ImportEvent;
 
 #[derive(Serialize, Debug, Clone)]
 pub struct ImportNode {
@@ -20,10 +21,12 @@ pub struct ImportNode {
 
 #[derive(Serialize)]
 pub struct ImportsReport {
+    pub kind: super::ReportKind,
     pub pid: u32,
     pub python: super::PythonInfo,
     pub duration_ns: u64,
     pub lost_events: u64,
+    pub counters: Counters,
     /// Imports still running when tracing stopped, or whose start was not seen.
     pub unfinished: u64,
     pub imports: Vec<ImportNode>,
@@ -93,6 +96,7 @@ impl ImportsReport {
             super::counted(count(&self.imports) as u64, "import"),
             super::counted(self.lost_events, "lost event"),
         );
+        out += &super::counted_line(&self.counters);
         out += &format!("{:>10} {:>11}  {}\n", "self", "cumulative", "module (nested: imported by the one above)");
         fn walk(out: &mut String, nodes: &[ImportNode], depth: usize) {
             for n in nodes {
@@ -114,6 +118,7 @@ impl ImportsReport {
             let hidden = (self.imports.len() - shown) as u64;
             out += &format!("… {} more {} (--top)\n", hidden, super::plural(hidden, "top-level import"));
         }
+        out += &super::dropped_line(&self.counters);
         out
     }
 }

@@ -12,6 +12,33 @@ use anyhow::Result;
 
 pub use output::Output;
 
+use crate::model::counters::{Counters, Kind};
+
+/// Which subcommand wrote a JSON report: its `kind` field, so that a
+/// report given to `compare` is told by what it says it is.
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, PartialEq, Eq, Debug)]
+#[serde(rename_all = "lowercase")]
+pub enum ReportKind {
+    Calls,
+    Gc,
+    Imports,
+    Sample,
+    Compare,
+}
+
+impl ReportKind {
+    /// The command that writes it, as error messages name it.
+    pub fn command(self) -> &'static str {
+        match self {
+            ReportKind::Calls => "`pytrace calls --json`",
+            ReportKind::Gc => "`pytrace gc --json`",
+            ReportKind::Imports => "`pytrace imports --json`",
+            ReportKind::Sample => "`pytrace sample --json`",
+            ReportKind::Compare => "`pytrace compare --json`",
+        }
+    }
+}
+
 /// Which Python a report is about and how pytrace saw it.
 #[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
 pub struct PythonInfo {
@@ -30,6 +57,33 @@ pub fn emit(json: Option<&mut Output>, to_json: impl FnOnce() -> String, to_tabl
         print!("{}", to_table());
     }
     Ok(())
+}
+
+/// The non-zero counters of these kinds, each as "N what".
+fn said(counters: &Counters, kinds: &[Kind]) -> Vec<String> {
+    counters.iter().filter(|c| c.value > 0 && kinds.contains(&c.kind)).map(|c| format!("{} {}", thousands(c.value), c.what)).collect()
+}
+
+/// A table's `counted:` line, above its columns: every informational
+/// counter that is not zero (nothing is missing for them); empty if none.
+pub fn counted_line(counters: &Counters) -> String {
+    let counted = said(counters, &[Kind::Informational]);
+    if counted.is_empty() {
+        String::new()
+    } else {
+        format!("counted: {}\n", counted.join("; "))
+    }
+}
+
+/// A table's last line: every event lost and input refused, so that a
+/// table is never read as complete when it is not.
+pub fn dropped_line(counters: &Counters) -> String {
+    let dropped = said(counters, &[Kind::Lost, Kind::Refused]);
+    if dropped.is_empty() {
+        "dropped: nothing\n".into()
+    } else {
+        format!("dropped: {}\n", dropped.join("; "))
+    }
 }
 
 /// Nanoseconds in the unit that keeps three or four significant digits.
@@ -79,6 +133,19 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn every_counter_that_is_not_zero_is_said_and_drops_apart() {
+        use crate::model::counters::{Counters, Kind};
+        let mut c = Counters::default();
+        assert_eq!((counted_line(&c).as_str(), dropped_line(&c).as_str()), ("", "dropped: nothing\n"));
+        c.push("seen", Kind::Informational, "evaluations", 1234);
+        c.push("zero", Kind::Informational, "never said", 0);
+        assert_eq!((counted_line(&c).as_str(), dropped_line(&c).as_str()), ("counted: 1,234 evaluations\n", "dropped: nothing\n"));
+        c.push("full", Kind::Lost, "calls not counted", 3);
+        c.push("bad", Kind::Refused, "unreadable objects", 2);
+        assert_eq!(dropped_line(&c), "dropped: 3 calls not counted; 2 unreadable objects\n");
+    }
 
     #[test]
     fn formats_numbers_for_people() {

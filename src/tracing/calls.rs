@@ -9,9 +9,12 @@ use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder, UprobeOpts};
 
-use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, histogram, poll_until, read_counters};
+use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, poll_until, read_counters, CounterRow};
 use crate::bpf::calls::types::{calls_counter, func_key, func_stats, new_function, py_layout};
 use crate::bpf::calls::{CallsSkel, CallsSkelBuilder};
+use crate::model::counters::Kind::{Informational, Lost, Refused};
+use crate::model::functions::{CallsData, Function, FunctionStats};
+use crate::model::latency::Latency;
 use crate::python::layouts::NO_FIELD;
 use crate::python::generator_close::CloseProbe;
 use crate::python::inlined_init::InitProbe;
@@ -19,59 +22,24 @@ use crate::python::{strings, Python, EVAL_FRAME_SYMBOL};
 
 pub use super::Mode;
 
-/// One function's totals.
-pub struct FunctionTotals {
-    pub name: String,
-    pub file: String,
-    pub line: u32,
-    pub calls: u64,
-    pub timed_calls: u64,
-    pub total_ns: u64,
-    pub self_ns: u64,
-    pub max_ns: u64,
-    /// Evaluations entered directly from this function's timed calls.
-    pub child_calls: u64,
-    /// Timed calls that were not recursive: those total_ns covers.
-    pub outermost_calls: u64,
-    /// Evaluations entered during the outermost calls.
-    pub nested_calls: u64,
-    pub latency: histogram::Latency,
-}
-
-/// Counters from bpf/calls.h's enum calls_counter, by name.
-pub const COUNTER_NAMES: [(&str, calls_counter); 15] = [
-    ("new_function_lost", calls_counter::CALLS_NEW_FUNCTION_LOST),
-    ("function_map_full", calls_counter::CALLS_FUNCTION_MAP_FULL),
-    ("thread_map_full", calls_counter::CALLS_THREAD_MAP_FULL),
-    ("bad_code_object", calls_counter::CALLS_BAD_CODE),
-    ("unmatched_return", calls_counter::CALLS_UNMATCHED_RETURN),
-    ("deep_untimed_calls", calls_counter::CALLS_DEEP_UNTIMED),
-    ("stop_failed", calls_counter::CALLS_STOP_FAILED),
-    ("inferred_returns", calls_counter::CALLS_INFERRED_RETURN),
-    ("stack_resyncs", calls_counter::CALLS_STACK_RESYNC),
-    ("inlined_init_calls", calls_counter::CALLS_INLINED_INIT),
-    ("inlined_getitem_calls", calls_counter::CALLS_INLINED_CALL),
-    ("skipped_close_calls", calls_counter::CALLS_SKIPPED_CLOSE),
-    ("evaluations", calls_counter::CALLS_EVALUATIONS),
-    ("child_map_full", calls_counter::CALLS_CHILD_MAP_FULL),
-    ("thread_exits", calls_counter::CALLS_THREAD_EXITS),
+/// Counters from bpf/calls.h's enum calls_counter: name, kind, meaning.
+const COUNTERS: [CounterRow; 15] = [
+    ("new_function_lost", Lost, "functions' names lost (ring buffer full)", calls_counter::CALLS_NEW_FUNCTION_LOST.0),
+    ("function_map_full", Lost, "calls of functions past the function map's size, not counted", calls_counter::CALLS_FUNCTION_MAP_FULL.0),
+    ("thread_map_full", Lost, "calls on threads past the thread map's size, not timed", calls_counter::CALLS_THREAD_MAP_FULL.0),
+    ("bad_code_object", Refused, "evaluations of unreadable code objects", calls_counter::CALLS_BAD_CODE.0),
+    ("unmatched_return", Refused, "returns from calls made before tracing began", calls_counter::CALLS_UNMATCHED_RETURN.0),
+    ("deep_untimed_calls", Informational, "calls deeper than the timed stack, counted but not timed", calls_counter::CALLS_DEEP_UNTIMED.0),
+    ("stop_failed", Refused, "failures to stop the command at its first evaluation", calls_counter::CALLS_STOP_FAILED.0),
+    ("inferred_returns", Informational, "returns no probe saw, timed to the thread's next event", calls_counter::CALLS_INFERRED_RETURN.0),
+    ("stack_resyncs", Informational, "times the shadow stack was resynchronised with the interpreter's", calls_counter::CALLS_STACK_RESYNC.0),
+    ("inlined_init_calls", Informational, "__init__ calls run inline, counted untimed", calls_counter::CALLS_INLINED_INIT.0),
+    ("inlined_getitem_calls", Informational, "__getitem__ calls run inline, timed to the next event", calls_counter::CALLS_INLINED_CALL.0),
+    ("skipped_close_calls", Informational, "generator frames close() skipped, counted untimed", calls_counter::CALLS_SKIPPED_CLOSE.0),
+    ("evaluations", Informational, "frame evaluations", calls_counter::CALLS_EVALUATIONS.0),
+    ("child_map_full", Refused, "forked children not followed (child map full)", calls_counter::CALLS_CHILD_MAP_FULL.0),
+    ("thread_exits", Informational, "threads that exited", calls_counter::CALLS_THREAD_EXITS.0),
 ];
-
-pub struct CallsData {
-    pub functions: Vec<FunctionTotals>,
-    pub counters: Vec<(&'static str, u64)>,
-}
-
-impl CallsData {
-    /// Events that were dropped: each one can make a row wrong or missing.
-    pub fn lost_events(&self) -> u64 {
-        self.counters
-            .iter()
-            .filter(|(name, _)| matches!(*name, "new_function_lost" | "function_map_full" | "thread_map_full"))
-            .map(|(_, n)| n)
-            .sum()
-    }
-}
 
 pub struct Plan<'a> {
     pub pid: u32,
@@ -328,37 +296,30 @@ fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsDa
             None if key.id == 0 => ("<unreadable code object>".into(), String::new()),
             None => (format!("<function at {:#x}, name lost>", key.id), String::new()),
         };
-        let mut totals = FunctionTotals {
-            name,
-            file,
-            line: key.line,
-            calls: 0,
-            timed_calls: 0,
-            total_ns: 0,
-            self_ns: 0,
-            max_ns: 0,
-            child_calls: 0,
-            outermost_calls: 0,
-            nested_calls: 0,
-            latency: histogram::Latency::default(),
-        };
-        let mut s = func_stats::default();
-        plain::copy_from_bytes(&mut s, &value).map_err(|_| anyhow::anyhow!("bad value size"))?;
-        totals.calls = s.calls;
-        totals.timed_calls = s.timed_calls;
-        totals.total_ns = s.total_ns;
-        totals.self_ns = s.self_ns;
-        totals.max_ns = s.max_ns;
-        totals.child_calls = s.child_calls;
-        totals.outermost_calls = s.outermost_calls;
-        totals.nested_calls = s.nested_calls;
-        totals.latency = histogram::Latency::from_kernel(&s.hist);
-        functions.push(totals);
+        let mut stats = func_stats::default();
+        plain::copy_from_bytes(&mut stats, &value).map_err(|_| anyhow::anyhow!("bad value size"))?;
+        functions.push(Function { name, file, line: key.line, stats: FunctionStats::from(&stats) });
     }
 
-    let names: Vec<(&'static str, u32)> = COUNTER_NAMES.iter().map(|(n, c)| (*n, c.0)).collect();
-    let counters = read_counters(&skel.maps.counters, &names)?;
+    let counters = read_counters(&skel.maps.counters, &COUNTERS)?;
     Ok(CallsData { functions, counters })
+}
+
+/// The BPF edge: the kernel's record (bpf/calls.h) into the model's.
+impl From<&func_stats> for FunctionStats {
+    fn from(s: &func_stats) -> Self {
+        FunctionStats {
+            calls: s.calls,
+            timed_calls: s.timed_calls,
+            total_ns: s.total_ns,
+            self_ns: s.self_ns,
+            max_ns: s.max_ns,
+            child_calls: s.child_calls,
+            outermost_calls: s.outermost_calls,
+            nested_calls: s.nested_calls,
+            latency: Latency::from_kernel(&s.hist),
+        }
+    }
 }
 
 // SAFETY: plain integer structs generated from bpf/calls.h; any bytes are valid.
@@ -427,5 +388,14 @@ pub fn choose_mode(python: &Python, requested: Option<Mode>) -> Result<(Mode, &'
             Ok((Mode::Uprobe, "reads each call's code object; the eval-frame hook stops inlining"))
         }
         (None, _) => Ok((Mode::Uprobe, "reads each call's code object from the frame being evaluated")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn latency_buckets_match_the_kernel_array_length() {
+        let stats = crate::bpf::calls::types::func_stats::default();
+        assert_eq!(stats.hist.len(), crate::model::latency::BUCKETS);
     }
 }

@@ -9,10 +9,13 @@ use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::{Link, RingBufferBuilder};
 
 use super::{attach_error, ensure_still_running, poll_until, read_counters, watchpoint};
+use crate::model::counters::Counters;
+use crate::model::events::Collection;
+use crate::model::counters::Kind::{Informational, Lost, Refused};
 use crate::bpf::gc::types::{gc_counter, gc_event, gc_watch_target};
 use crate::bpf::gc::GcSkelBuilder;
 use crate::python::{Python, EVAL_FRAME_SYMBOL, RUNTIME_SYMBOL};
-use crate::target::proc::Memory;
+use crate::process::proc::Memory;
 
 /// How `gc` sees collections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,24 +52,9 @@ pub fn choose_mode(python: &Python, requested: Option<Mode>) -> Result<(Mode, &'
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-pub struct Collection {
-    pub start_ns: u64,
-    pub duration_ns: u64,
-    pub collected: i64,
-    pub generation: u32,
-}
-
+/// Counters (their kind: Lost are collections not reported).
 pub struct GcData {
-    pub counters: Vec<(&'static str, u64)>,
-}
-
-impl GcData {
-    /// Collections that were not reported: the ring buffer was full, or
-    /// (watchpoint mode) their totals could not be read.
-    pub fn lost_events(&self) -> u64 {
-        self.counters.iter().filter(|(n, _)| matches!(*n, "event_lost" | "stats_unreadable")).map(|(_, v)| v).sum()
-    }
+    pub counters: Counters,
 }
 
 /// Loads and attaches, then calls `release` to let the target run: with
@@ -152,11 +140,11 @@ pub fn run(
     let counters = read_counters(
         &skel.maps.counters,
         &[
-            ("event_lost", gc_counter::GC_EVENT_LOST.0),
-            ("unmatched_done", gc_counter::GC_UNMATCHED_DONE.0),
-            ("stats_unreadable", gc_counter::GC_STATS_UNREADABLE.0),
-            ("empty_brackets", gc_counter::GC_EMPTY_BRACKET.0),
-            ("merged_collections", gc_counter::GC_MERGED.0),
+            ("event_lost", Lost, "collections lost (ring buffer full)", gc_counter::GC_EVENT_LOST.0),
+            ("unmatched_done", Refused, "collection ends without their start (begun before tracing)", gc_counter::GC_UNMATCHED_DONE.0),
+            ("stats_unreadable", Lost, "collections whose totals could not be read", gc_counter::GC_STATS_UNREADABLE.0),
+            ("empty_brackets", Informational, "times `collecting` was set and cleared with no collection", gc_counter::GC_EMPTY_BRACKET.0),
+            ("merged_collections", Informational, "collections inside another's pause", gc_counter::GC_MERGED.0),
         ],
     )?;
     Ok(GcData { counters })

@@ -9,6 +9,9 @@ use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::RingBufferBuilder;
 
 use super::{attach_entry_and_return, attach_error, ensure_still_running, entry_probe_offset, has_uprobe_sessions, poll_until, read_counters};
+use crate::model::counters::Counters;
+use crate::model::events::ImportEvent;
+use crate::model::counters::Kind::{Informational, Lost};
 use crate::bpf::imports::types::{import_counter, import_event, import_phase, py_layout};
 use crate::bpf::imports::ImportsSkelBuilder;
 use crate::python::layouts::NO_FIELD;
@@ -52,18 +55,9 @@ pub fn choose_mode(python: &Python, requested: Option<Mode>) -> Result<(Mode, &'
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct ImportEvent {
-    pub ts_ns: u64,
-    pub tid: u32,
-    pub start: bool,
-    pub found: bool,
-    pub name: String,
-}
-
 pub struct ImportData {
     pub events: Vec<ImportEvent>,
-    pub counters: Vec<(&'static str, u64)>,
+    pub counters: Counters,
 }
 
 pub fn run(
@@ -153,9 +147,9 @@ pub fn run(
     let counters = read_counters(
         &skel.maps.counters,
         &[
-            ("event_lost", import_counter::IMPORT_EVENT_LOST.0),
-            ("name_unreadable", import_counter::IMPORT_NAME_UNREADABLE.0),
-            ("too_deep", import_counter::IMPORT_TOO_DEEP.0),
+            ("event_lost", Lost, "import events lost (ring buffer full)", import_counter::IMPORT_EVENT_LOST.0),
+            ("name_unreadable", Informational, "imports whose module name could not be read", import_counter::IMPORT_NAME_UNREADABLE.0),
+            ("too_deep", Lost, "imports nested too deep to time", import_counter::IMPORT_TOO_DEEP.0),
         ],
     )?;
     Ok(ImportData { events, counters })

@@ -5,7 +5,6 @@
 pub mod calls;
 pub mod compare;
 pub mod gc;
-pub mod histogram;
 pub mod imports;
 pub mod sample;
 pub mod watchpoint;
@@ -15,7 +14,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, MapFlags, RingBuffer};
 
-use crate::target::proc;
+use crate::model::counters::{Counters, Kind};
+use crate::process::proc;
 
 /// How a subcommand sees the interpreter's events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,7 +125,7 @@ pub fn attach_entry_and_return(
 /// pointer, so a return probe there still finds the return address at it.
 /// Any other prologue keeps the function's first byte.
 pub fn entry_probe_offset(code: &[u8], offset: usize) -> usize {
-    use crate::target::elf::ENDBR64;
+    use crate::process::elf::ENDBR64;
     if code.starts_with(&ENDBR64) && starts_with_push(&code[ENDBR64.len()..]) {
         offset + ENDBR64.len()
     } else {
@@ -136,7 +136,7 @@ pub fn entry_probe_offset(code: &[u8], offset: usize) -> usize {
 /// Whether the kernel emulates the instruction an entry probe on this code
 /// sits on (see entry_probe_offset), rather than single-stepping it.
 pub fn entry_probe_is_emulated(code: &[u8]) -> bool {
-    starts_with_push(code.strip_prefix(&crate::target::elf::ENDBR64[..]).unwrap_or(code))
+    starts_with_push(code.strip_prefix(&crate::process::elf::ENDBR64[..]).unwrap_or(code))
 }
 
 /// push %reg, with or without a REX.B prefix.
@@ -169,15 +169,19 @@ pub fn poll_until(ring: &RingBuffer, what: &str, mut keep_going: impl FnMut() ->
     Ok(())
 }
 
+/// One counter of a BPF program's per-CPU counter array: its JSON name,
+/// its kind, what one of it is, and its index (the program's enum).
+pub type CounterRow = (&'static str, Kind, &'static str, u32);
+
 /// Sums a per-CPU array of u64 counters, by name.
-pub fn read_counters(map: &dyn MapCore, names: &[(&'static str, u32)]) -> Result<Vec<(&'static str, u64)>> {
-    let mut counters = Vec::new();
-    for &(name, index) in names {
+pub fn read_counters(map: &dyn MapCore, names: &[CounterRow]) -> Result<Counters> {
+    let mut counters = Counters::default();
+    for &(name, kind, what, index) in names {
         let sum = map
             .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)?
             .map(|cpus| cpus.iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap())).sum())
             .unwrap_or(0);
-        counters.push((name, sum));
+        counters.push(name, kind, what, sum);
     }
     Ok(counters)
 }

@@ -22,10 +22,12 @@ use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::{Link, OpenObject, RingBufferBuilder};
 
 use super::{ensure_still_running, privilege_hint, read_counters};
+use crate::model::counters::Counters;
+use crate::model::counters::Kind::{Informational, Lost};
 use crate::bpf::sample::types::{sample_counter, stack_key};
 use crate::bpf::sample::{SampleSkel, SampleSkelBuilder};
 use crate::python::Python;
-use crate::samples::Sample;
+use crate::model::samples::Sample;
 use counts::CountsReader;
 use discovery::{Processes, PythonRef};
 use stacks::Stacks;
@@ -63,7 +65,7 @@ pub struct Options {
 pub struct SampleData {
     /// One per stack and thread (thread 0 without --threads).
     pub samples: Vec<Sample>,
-    pub counters: Vec<(&'static str, u64)>,
+    pub counters: Counters,
     /// The BPF program's total run time over the samples received, in ns,
     /// when kernel.bpf_stats_enabled is on.
     pub bpf_ns_per_sample: Option<u64>,
@@ -255,42 +257,42 @@ impl<'obj, 'a> Session<'obj, 'a> {
         // Per sample received, so the program's runs for other processes (it
         // fires on every CPU and returns at once for them) count too.
         let bpf_ns_per_sample = super::bpf_run_stats(program).map(|(ns, _)| ns / total.max(1));
+        // Lost: samples taken and not in the profile. The others say what
+        // a sample in it lacks, or what a cache had to give up.
         let mut names = vec![
-            ("lost", sample_counter::SAMPLE_LOST.0),
-            ("bad_frame", sample_counter::SAMPLE_BAD_FRAME.0),
-            ("no_thread_state", sample_counter::SAMPLE_NO_THREAD.0),
-            ("counts_map_full", sample_counter::SAMPLE_COUNTS_FULL.0),
+            ("lost", Lost, "samples lost (ring buffer full)", sample_counter::SAMPLE_LOST.0),
+            ("bad_frame", Informational, "frames that could not be read (stacks end there)", sample_counter::SAMPLE_BAD_FRAME.0),
+            ("no_thread_state", Informational, "samples of threads without a Python thread state yet", sample_counter::SAMPLE_NO_THREAD.0),
+            ("counts_map_full", Lost, "samples lost (the kernel's count map was full until the next read)", sample_counter::SAMPLE_COUNTS_FULL.0),
         ];
         if self.opts.kernel {
-            names.push(("kernel_stack_failed", sample_counter::SAMPLE_KERNEL_STACK_FAILED.0));
+            names.push(("kernel_stack_failed", Informational, "samples without their kernel frames", sample_counter::SAMPLE_KERNEL_STACK_FAILED.0));
         }
         if self.opts.native {
-            names.push(("native_no_user_regs", sample_counter::SAMPLE_NO_USER_REGS.0));
-            names.push(("native_on_cpu", sample_counter::SAMPLE_NATIVE_ON_CPU.0));
+            names.push(("native_no_user_regs", Informational, "samples with no user registers: no native frames", sample_counter::SAMPLE_NO_USER_REGS.0));
+            names.push(("native_on_cpu", Informational, "--idle samples of threads running on another CPU: no native frames", sample_counter::SAMPLE_NATIVE_ON_CPU.0));
         }
         let mut counters = read_counters(&self.skel.maps.counters, &names)?;
         let stacks = self.stacks.into_inner();
         let processes = self.processes.into_inner();
         let c = stacks.counts;
-        counters.extend([
-            ("unresolved_stacks", c.unresolved),
-            ("profile_full", c.profile_full),
-            ("stacks_forgotten", c.forgotten),
-            ("stacks_renamed", c.renamed),
-        ]);
+        counters.push("unresolved_stacks", Lost, "samples lost (their frames never reached pytrace)", c.unresolved);
+        counters.push("profile_full", Lost, "samples lost (new stacks past the profile's memory cap)", c.profile_full);
+        counters.push("stacks_forgotten", Informational, "stacks forgotten to bound memory, sent again when seen", c.forgotten);
+        counters.push("stacks_renamed", Informational, "stacks named again (a code object freed and another made at its address)", c.renamed);
         let cache = processes.cache_counts();
-        counters.extend([("line_tables_not_kept", cache.line_tables_not_kept), ("code_cache_flushes", cache.code_cache_flushes)]);
+        counters.push("line_tables_not_kept", Informational, "line tables too large to cache, read again when needed", cache.line_tables_not_kept);
+        counters.push("code_cache_flushes", Informational, "code object caches emptied at their memory cap", cache.code_cache_flushes);
         if processes.only().is_none() {
-            counters.extend([("processes_not_sampled", processes.counts.not_sampled), ("processes_exited", processes.counts.exited)]);
+            counters.push("processes_not_sampled", Informational, "processes left out (--all: the process map was full)", processes.counts.not_sampled);
+            counters.push("processes_exited", Informational, "processes that exited during the run", processes.counts.exited);
         }
         if let Some(native) = &stacks.native {
             let c = native.counts;
-            counters.extend([
-                ("native_unavailable", c.unavailable),
-                ("native_stack_cut", c.stack_cut),
-                ("native_unwind_lost", c.unwind_lost),
-                ("native_unmatched", c.unmatched),
-            ]);
+            counters.push("native_unavailable", Informational, "samples without native frames", c.unavailable);
+            counters.push("native_stack_cut", Informational, "native stacks deeper than the copy", c.stack_cut);
+            counters.push("native_unwind_lost", Informational, "native stacks ended at code without unwind information", c.unwind_lost);
+            counters.push("native_unmatched", Informational, "native and Python frames not paired", c.unmatched);
         }
         Ok(SampleData { samples: stacks.into_samples(), counters, bpf_ns_per_sample })
     }

@@ -15,8 +15,8 @@ use super::resolve::{CacheCounts, CodeResolver};
 use crate::bpf::sample::types::{py_layout, sample_target};
 use crate::python::layouts::NO_FIELD;
 use crate::python::{Python, RUNTIME_SYMBOL};
-use crate::samples::Frame;
-use crate::target::proc::{self, Memory};
+use crate::model::samples::Frame;
+use crate::process::proc::{self, Memory};
 
 /// --all looks for new Pythons, and for exited ones, this often.
 const RESCAN_EVERY: Duration = Duration::from_secs(1);

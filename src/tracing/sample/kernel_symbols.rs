@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use crate::samples::Frame;
+use crate::model::samples::Frame;
 
 pub struct KernelFrames {
     /// Text symbols by address.

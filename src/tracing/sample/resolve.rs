@@ -19,8 +19,8 @@ use std::rc::Rc;
 
 use crate::python::code::{instruction_offset, Code};
 use crate::python::Layout;
-use crate::samples::Frame;
-use crate::target::proc::Memory;
+use crate::model::samples::Frame;
+use crate::process::proc::Memory;
 
 /// Line tables up to this size stay cached with their code object; a
 /// larger one (a huge generated function) is read again for each new

@@ -18,7 +18,7 @@ use super::kernel_symbols::KernelFrames;
 use crate::bpf::sample::types::{native_record, py_frame_ref, sample_stack, stack_key};
 use crate::native::merge::PythonStack;
 use crate::native::{NativeStacks, UserStack};
-use crate::samples::{Frame, Sample};
+use crate::model::samples::{Frame, Sample};
 
 /// Bytes of reported stacks kept (frames as addresses and as names).
 const RAW_BYTES: usize = 32 << 20;

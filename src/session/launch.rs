@@ -115,7 +115,7 @@ fn wait_for_python(pid: libc::pid_t, program: &str) -> Result<Python> {
             deliver = stop;
         }
         if exec_stop {
-            let (exe, _) = crate::target::proc::exe_path(pid as u32)?;
+            let (exe, _) = crate::process::proc::exe_path(pid as u32)?;
             match Python::from_executable(Path::new(&exe), Some(pid as u32)) {
                 Ok(Some(python)) => return Ok(python),
                 Ok(None) => {}

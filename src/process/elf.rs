@@ -67,7 +67,7 @@ impl ElfFile {
         Self::read(files::open_local(path)?)
     }
 
-    /// Reads and parses a checked file (src/target/files.rs), keeping it open.
+    /// Reads and parses a checked file (src/process/files.rs), keeping it open.
     pub fn read(file: CheckedFile) -> Result<Self> {
         let bytes = file.read_all()?;
         let name = file.name.clone();

@@ -1,8 +1,12 @@
 //! What every tracing subcommand does around its BPF program: check that
-//! tracing is possible at all, find or start the target, and decide when to
-//! stop (target exit, --duration, Ctrl-C or SIGTERM).
+//! tracing is possible at all, find or start the target (`launch`), and
+//! decide when to stop (target exit, --duration, Ctrl-C or SIGTERM).
+
+mod launch;
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -11,8 +15,8 @@ use anyhow::{bail, Result};
 use crate::python::eval_hook::{EvalHook, Guardian, Installed};
 use crate::python::hook_owner::HookLock;
 use crate::python::Python;
-use crate::target::launch::{self, Launched};
-use crate::target::proc;
+use launch::Launched;
+use crate::process::proc;
 use crate::tracing::Mode;
 
 pub enum TargetSpec {
@@ -191,6 +195,76 @@ impl Target {
     /// Whether the target is still alive (for restoring what we changed).
     pub fn is_running(&self) -> bool {
         self.exit_status.is_none() && proc::is_running(self.pid)
+    }
+}
+
+/// The target as every tracing session's callbacks see it: let it run
+/// once the probes are attached (and say so), then whether to keep going.
+/// One per run, so a command only wires its session to these.
+pub struct Live<'t> {
+    target: RefCell<&'t mut Target>,
+    duration: Option<Duration>,
+}
+
+impl<'t> Live<'t> {
+    pub fn new(target: &'t mut Target, duration: Option<Duration>) -> Self {
+        Live { target: RefCell::new(target), duration }
+    }
+
+    /// Lets the target run with `release` (`Target::release`, or the
+    /// eval-frame hook's), then prints the line scripts wait for.
+    pub fn attached(&self, python: &Python, mode: &str, release: impl FnOnce(&mut Target) -> Result<()>) -> Result<()> {
+        let mut target = self.target.borrow_mut();
+        release(&mut target)?;
+        target.say_attached(python, mode);
+        Ok(())
+    }
+
+    /// See `Target::keep_going`.
+    pub fn keep_going(&self) -> bool {
+        self.target.borrow_mut().keep_going(self.duration)
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.target.borrow().elapsed()
+    }
+}
+
+/// A sample run's live progress line (on a terminal), and the target's
+/// thread names for --threads, read while the threads still exist.
+pub struct Progress {
+    tty: bool,
+    threads_of: Option<u32>,
+    names: HashMap<u32, String>,
+    last: Instant,
+}
+
+impl Progress {
+    pub fn new(threads_of: Option<u32>) -> Self {
+        Progress { tty: std::io::stderr().is_terminal(), threads_of, names: HashMap::new(), last: Instant::now() }
+    }
+
+    pub fn tick(&mut self, samples: u64, elapsed: Duration) {
+        if self.last.elapsed() < Duration::from_millis(500) {
+            return;
+        }
+        self.last = Instant::now();
+        if let Some(pid) = self.threads_of {
+            proc::thread_names(pid, &mut self.names);
+        }
+        if self.tty {
+            eprint!("\rpytrace sample: {samples} samples, {:.1} s ", elapsed.as_secs_f64());
+            let _ = std::io::stderr().flush();
+        }
+    }
+
+    pub fn finish(mut self) -> Option<HashMap<u32, String>> {
+        if self.tty {
+            eprintln!();
+        }
+        let pid = self.threads_of?;
+        proc::thread_names(pid, &mut self.names);
+        Some(self.names)
     }
 }
 

@@ -2,6 +2,7 @@
 //! memory itself. The target is untrusted: every read can fail, and callers
 //! get an error with context instead of a guess.
 
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -16,7 +17,7 @@ pub struct Mapping {
     pub offset: u64,
     /// The mapped file's identity (st_dev, st_ino), which no path walk can
     /// fake: files are opened through the target and checked against it
-    /// (src/target/files.rs).
+    /// (src/process/files.rs).
     pub dev: u64,
     pub inode: u64,
     pub executable: bool,
@@ -53,8 +54,19 @@ pub fn command_name(pid: u32) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
+/// The names of the target's threads, as far as /proc still knows them.
+pub fn thread_names(pid: u32, names: &mut HashMap<u32, String>) {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
+    for task in tasks.flatten() {
+        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else { continue };
+        if let Ok(comm) = std::fs::read_to_string(task.path().join("comm")) {
+            names.insert(tid, comm.trim().to_string());
+        }
+    }
+}
+
 /// The target's executable as the target names it (a name, never opened:
-/// see src/target/files.rs), and whether it was deleted or replaced since.
+/// see src/process/files.rs), and whether it was deleted or replaced since.
 pub fn exe_path(pid: u32) -> Result<(String, bool)> {
     let link = std::fs::read_link(format!("/proc/{pid}/exe")).with_context(|| format!("failed to read the link /proc/{pid}/exe"))?;
     let link = link.to_string_lossy();

@@ -1,0 +1,234 @@
+//! The `sample` reports: a top-functions table, folded stacks, a
+//! flamegraph, a speedscope profile and JSON, all from one aggregation,
+//! one module per format; a new format is a module and a `Format`.
+
+mod flamegraph;
+mod folded;
+mod json;
+mod speedscope;
+mod table;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::rc::Rc;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::model::counters::Counters;
+use crate::model::samples::{Frame, Sample};
+
+/// The formats `sample` writes a profile in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// The top `top` functions, for a terminal.
+    Table,
+    Folded,
+    Flamegraph,
+    Speedscope,
+    Json,
+}
+
+impl Format {
+    pub fn render(self, profile: &Profile, top: usize) -> Result<Vec<u8>> {
+        Ok(match self {
+            Format::Table => profile.to_table(top).into_bytes(),
+            Format::Folded => profile.to_folded(false).into_bytes(),
+            Format::Flamegraph => profile.to_flamegraph()?,
+            Format::Speedscope => profile.to_speedscope().into_bytes(),
+            Format::Json => profile.to_json().into_bytes(),
+        })
+    }
+}
+
+/// Samples aggregated into unique stacks (outermost frame first).
+pub struct Profile {
+    pub pid: u32,
+    pub python: super::PythonInfo,
+    pub hz: u64,
+    pub duration_ns: u64,
+    pub counters: Counters,
+    pub total: u64,
+    /// The BPF program's run time per sample (with kernel.bpf_stats_enabled).
+    pub bpf_ns_per_sample: Option<u64>,
+    /// (thread label or "", stack) -> samples.
+    stacks: BTreeMap<(String, Vec<Rc<Frame>>), u64>,
+}
+
+pub fn label(frame: &Frame) -> String {
+    match frame {
+        Frame::Python { name, file, line, .. } => format!("{name} ({file}:{line})"),
+        Frame::Native { name, module } => format!("{name} ({module})"),
+        Frame::Kernel(name) => name.clone(),
+        Frame::Unreadable => "[unreadable frame]".into(),
+        Frame::Truncated => "[truncated]".into(),
+        Frame::NoPython => "[no Python code]".into(),
+        Frame::Process(name) => name.clone(),
+        Frame::Probes => "[pytrace probes]".into(),
+        Frame::NativeIncomplete => "[native stack incomplete]".into(),
+        Frame::NativeUnmatched => "[native stack unmatched]".into(),
+        Frame::NativeUnavailable => "[native stack unavailable]".into(),
+    }
+}
+
+/// The function a frame belongs to, for the table: lines merged, functions
+/// told apart by name, file and first line (as `calls` does). Other
+/// frames have no file and line 0.
+fn function_of(frame: &Frame) -> (String, String, u32) {
+    match frame {
+        Frame::Python { name, file, first_line, .. } => (name.clone(), file.clone(), *first_line),
+        Frame::Native { name, module } => (name.clone(), module.clone(), 0),
+        other => (label(other), String::new(), 0),
+    }
+}
+
+#[derive(Serialize)]
+pub struct FunctionShare {
+    pub name: String,
+    pub file: String,
+    /// The function's first line (0 for frames that are not Python's).
+    pub line: u32,
+    pub self_samples: u64,
+    pub total_samples: u64,
+    pub self_share: f64,
+    pub total_share: f64,
+}
+
+impl Profile {
+    pub fn new(
+        pid: u32,
+        python: super::PythonInfo,
+        hz: u64,
+        duration_ns: u64,
+        counters: Counters,
+        samples: &[Sample],
+        thread_names: Option<&HashMap<u32, String>>,
+    ) -> Self {
+        let mut stacks = BTreeMap::new();
+        for s in samples {
+            let thread = match thread_names {
+                Some(names) => match names.get(&s.tid) {
+                    Some(name) => format!("{name} ({})", s.tid),
+                    None => format!("thread {} of {}", s.tid, s.pid),
+                },
+                None => String::new(),
+            };
+            *stacks.entry((thread, s.frames.clone())).or_insert(0) += s.count;
+        }
+        let total = samples.iter().map(|s| s.count).sum();
+        Profile { pid, python, hz, duration_ns, counters, total, bpf_ns_per_sample: None, stacks }
+    }
+
+    /// Self and total samples per function, most total first.
+    pub fn functions(&self) -> Vec<FunctionShare> {
+        let mut shares: HashMap<(String, String, u32), (u64, u64)> = HashMap::new();
+        for ((_, stack), &n) in &self.stacks {
+            let mut seen = HashSet::new();
+            for frame in stack {
+                let f = function_of(frame);
+                if seen.insert(f.clone()) {
+                    shares.entry(f).or_default().1 += n;
+                }
+            }
+            if let Some(leaf) = stack.last() {
+                shares.entry(function_of(leaf)).or_default().0 += n;
+            }
+        }
+        let total = self.total.max(1) as f64;
+        let mut out: Vec<FunctionShare> = shares
+            .into_iter()
+            .map(|((name, file, line), (s, t))| FunctionShare {
+                name,
+                file,
+                line,
+                self_samples: s,
+                total_samples: t,
+                self_share: s as f64 / total,
+                total_share: t as f64 / total,
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            b.total_samples.cmp(&a.total_samples).then(b.self_samples.cmp(&a.self_samples)).then(a.name.cmp(&b.name)).then(a.line.cmp(&b.line))
+        });
+        out
+    }
+
+    /// What was sampled, for titles: one process, or all (pid 0).
+    fn subject(&self) -> String {
+        if self.pid == 0 {
+            "every CPython process".into()
+        } else {
+            format!("PID {}, Python {}", self.pid, self.python.version)
+        }
+    }
+
+    /// Samples taken but not in the profile, whatever dropped them.
+    fn lost(&self) -> u64 {
+        self.counters.lost()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn py(name: &str, line: u32) -> Rc<Frame> {
+        Rc::new(Frame::Python { name: name.into(), file: "f.py".into(), line, first_line: 1 })
+    }
+
+    fn profile() -> Profile {
+        let main = py("main", 1);
+        let samples = vec![
+            Sample { pid: 7, tid: 1, frames: vec![main.clone(), py("a", 5)], count: 1 },
+            Sample { pid: 7, tid: 1, frames: vec![main.clone(), py("a", 6)], count: 1 },
+            Sample { pid: 7, tid: 2, frames: vec![main.clone(), py("b", 9)], count: 1 },
+            Sample { pid: 7, tid: 2, frames: vec![main.clone()], count: 1 },
+        ];
+        let info = crate::report::PythonInfo { version: "3.11.2".into(), mode: "sample".into() };
+        Profile::new(7, info, 99, 1, Default::default(), &samples, None)
+    }
+
+    #[test]
+    fn shares_merge_lines_and_count_each_function_once_per_stack() {
+        let f = profile().functions();
+        let get = |n: &str| f.iter().find(|x| x.name == n).unwrap();
+        assert_eq!((get("main").self_samples, get("main").total_samples), (1, 4));
+        assert_eq!((get("a").self_samples, get("a").total_samples), (2, 2), "lines 5 and 6 are one function");
+        assert!((get("b").total_share - 0.25).abs() < 1e-9);
+    }
+
+    #[test]
+    fn folded_output_is_outermost_first_with_counts() {
+        let folded = profile().to_folded(false);
+        assert!(folded.contains("main (f.py:1);a (f.py:5) 1\n"), "{folded}");
+        assert!(folded.contains("main (f.py:1) 1\n"), "{folded}");
+        let annotated = profile().to_folded(true);
+        assert!(annotated.contains("main (f.py:1)_[j];b (f.py:9)_[j] 1"), "{annotated}");
+    }
+
+    /// The flamegraph tells kinds apart by colour: inferno's java palette
+    /// reads these suffixes (Python green, native aqua, kernel orange).
+    #[test]
+    fn frames_are_annotated_with_their_kind() {
+        let stack = vec![
+            py("main", 1),
+            Rc::new(Frame::Native { name: "deflate".into(), module: "libz.so.1".into() }),
+            Rc::new(Frame::Kernel("do_syscall_64".into())),
+            Rc::new(Frame::NativeIncomplete),
+        ];
+        let info = crate::report::PythonInfo { version: "3.11.2".into(), mode: "sample".into() };
+        let p = Profile::new(7, info, 99, 1, Default::default(), &[Sample { pid: 7, tid: 1, frames: stack, count: 1 }], None);
+        assert_eq!(p.to_folded(true), "main (f.py:1)_[j];deflate (libz.so.1)_[i];do_syscall_64_[k];[native stack incomplete] 1\n");
+        let f = p.functions();
+        assert!(f.iter().any(|x| x.name == "deflate" && x.file == "libz.so.1" && x.self_samples == 0 && x.total_samples == 1));
+    }
+
+    #[test]
+    fn speedscope_and_flamegraph_are_well_formed() {
+        let p = profile();
+        let v: serde_json::Value = serde_json::from_str(&p.to_speedscope()).unwrap();
+        assert_eq!(v["profiles"][0]["type"], "sampled");
+        assert_eq!(v["profiles"][0]["weights"].as_array().unwrap().iter().map(|w| w.as_u64().unwrap()).sum::<u64>(), 4);
+        let svg = String::from_utf8(p.to_flamegraph().unwrap()).unwrap();
+        assert!(svg.starts_with("<?xml") && svg.contains("<svg") && svg.contains("main (f.py:1)"));
+    }
+}

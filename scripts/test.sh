@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 
 scripts/install.sh --no-demo
+# What the tests read outputs back with (go tool pprof, Graphviz).
+scripts/test-tools.sh
 # The second CPython 3.11 the tests need: no USDT probes, shared libpython.
 PYTRACE_NODTRACE_PYTHON=$(scripts/pythons.sh nodtrace-3.11)
 # Debian bullseye's CPython 3.9 in a chroot, as a containerised Python.

@@ -172,6 +172,9 @@ struct SampleArgs {
     /// Write a speedscope profile (https://www.speedscope.app)
     #[arg(long, value_name = "FILE.json")]
     speedscope: Option<PathBuf>,
+    /// Write a gzipped pprof profile (go tool pprof, Pyroscope, Parca, Grafana)
+    #[arg(long, value_name = "FILE.pb.gz")]
+    pprof: Option<PathBuf>,
     /// Write the summary as JSON ("-" for standard output)
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -311,6 +314,7 @@ impl Cli {
                     flamegraph: args.flamegraph,
                     folded: args.folded,
                     speedscope: args.speedscope,
+                    pprof: args.pprof,
                     json: args.json,
                 })
             }

@@ -27,6 +27,7 @@ pub struct Options {
     pub flamegraph: Option<PathBuf>,
     pub folded: Option<PathBuf>,
     pub speedscope: Option<PathBuf>,
+    pub pprof: Option<PathBuf>,
     pub json: Option<PathBuf>,
 }
 
@@ -43,10 +44,11 @@ fn thread_names(pid: u32, names: &mut HashMap<u32, String>) {
 
 pub fn run(mut opts: Options) -> Result<i32> {
     // Every output is created before sampling starts, so a bad path fails now.
-    let paths: Vec<&std::path::Path> = [&opts.flamegraph, &opts.folded, &opts.speedscope, &opts.json].into_iter().flatten().map(|p| p.as_path()).collect();
+    let paths: Vec<&std::path::Path> = [&opts.flamegraph, &opts.folded, &opts.speedscope, &opts.pprof, &opts.json].into_iter().flatten().map(|p| p.as_path()).collect();
     crate::report::output::check_distinct(&[], &paths)?;
     let mut outputs: Vec<(Format, Output)> = Vec::new();
-    for (format, path) in [(Format::Flamegraph, &opts.flamegraph), (Format::Folded, &opts.folded), (Format::Speedscope, &opts.speedscope), (Format::Json, &opts.json)] {
+    let pprof = Format::Pprof { wall: opts.idle };
+    for (format, path) in [(Format::Flamegraph, &opts.flamegraph), (Format::Folded, &opts.folded), (Format::Speedscope, &opts.speedscope), (pprof, &opts.pprof), (Format::Json, &opts.json)] {
         if let Some(path) = path {
             outputs.push((format, Output::create(path)?));
         }

@@ -6,6 +6,7 @@ pub mod compare;
 pub mod gc;
 pub mod imports;
 pub mod output;
+pub mod pprof;
 pub mod profile;
 
 use anyhow::Result;

@@ -1,10 +1,11 @@
 //! The `sample` reports: a top-functions table, folded stacks, a
-//! flamegraph, a speedscope profile and JSON, all from one aggregation,
+//! flamegraph, a speedscope profile, pprof and JSON, all from one aggregation,
 //! one module per format; a new format is a module and a `Format`.
 
 mod flamegraph;
 mod folded;
 mod json;
+mod pprof;
 mod speedscope;
 mod table;
 
@@ -25,6 +26,9 @@ pub enum Format {
     Folded,
     Flamegraph,
     Speedscope,
+    /// pprof's gzipped profile.proto; `wall` for --idle's samples (wall
+    /// time), on-CPU time otherwise.
+    Pprof { wall: bool },
     Json,
 }
 
@@ -35,6 +39,7 @@ impl Format {
             Format::Folded => profile.to_folded(false).into_bytes(),
             Format::Flamegraph => profile.to_flamegraph()?,
             Format::Speedscope => profile.to_speedscope().into_bytes(),
+            Format::Pprof { wall } => profile.to_pprof(if wall { "wall" } else { "cpu" })?,
             Format::Json => profile.to_json().into_bytes(),
         })
     }

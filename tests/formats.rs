@@ -1,0 +1,135 @@
+//! Each output format read back by the program a user would read it with:
+//! `--pprof` by Go's pprof (`go tool pprof`, from scripts/test-tools.sh).
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+/// `go tool pprof ARGS FILE`, which must succeed; its standard output.
+fn go_pprof(args: &[&str], file: &Path) -> String {
+    let out = Command::new("go")
+        .args(["tool", "pprof"])
+        .args(args)
+        .arg(file)
+        // pprof keeps a copy of every profile it reads under $PPROF_TMPDIR.
+        .env("PPROF_TMPDIR", file.parent().unwrap())
+        .env("HOME", file.parent().unwrap())
+        .output()
+        .expect("go is installed by scripts/test-tools.sh");
+    assert!(out.status.success(), "go tool pprof {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `-top` rows by function name: (flat, cum) in the chosen sample index.
+fn top_rows(top: &str) -> HashMap<String, (f64, f64)> {
+    let mut rows = HashMap::new();
+    let mut in_table = false;
+    for line in top.lines() {
+        if line.trim_start().starts_with("flat") {
+            in_table = true;
+            continue;
+        }
+        if !in_table {
+            continue;
+        }
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        if cols.len() < 6 {
+            continue;
+        }
+        rows.insert(cols[5..].join(" "), (cols[0].parse().unwrap(), cols[3].parse().unwrap()));
+    }
+    rows
+}
+
+/// The 60/30/10 split, read by `go tool pprof -top` from the pprof file:
+/// within 2 points of the known split, and every function's samples equal
+/// to what the same run's JSON report says (the encoding loses nothing).
+/// Attached by PID and started by pytrace, on every Python of the suite.
+#[test]
+fn pprof_reads_back_in_go_pprof_with_the_known_split() {
+    for (label, python) in pythons() {
+        for by_pid in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let pprof = dir.path().join("profile.pb.gz");
+            let json = dir.path().join("profile.json");
+            let outputs = ["--pprof", pprof.to_str().unwrap(), "--json", json.to_str().unwrap()];
+            if by_pid {
+                let target = start_waiting(&python, "cpu_split.py", &["--cpu-seconds", "4"]);
+                let pid = target.pid().to_string();
+                let mut args = vec!["sample", "-p", &pid, "-r", "999"];
+                args.extend(outputs);
+                let tracer = start_tracer(&args);
+                signal(target.pid(), libc::SIGUSR1);
+                let (code, _, stderr) = tracer.finish();
+                assert_eq!(code, 0, "{label}: {stderr}");
+            } else {
+                let fixture = fixture("cpu_split.py");
+                let mut args = vec!["sample", "-r", "999"];
+                args.extend(outputs);
+                args.extend(["--", python.to_str().unwrap(), &fixture, "--cpu-seconds", "4"]);
+                let out = pytrace(&args);
+                assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            let how = if by_pid { "by PID" } else { "started" };
+            let top = go_pprof(&["-top", "-nodecount=200", "-sample_index=samples"], &pprof);
+            let rows = top_rows(&top);
+            let cum = |name: &str| rows.get(name).map(|r| r.1).unwrap_or_else(|| panic!("{label} {how}: no {name} in\n{top}"));
+            let (a, b, c) = (cum("sixty"), cum("thirty"), cum("ten"));
+            let sum = a + b + c;
+            assert!(sum > 3000.0, "{label} {how}: only {sum} samples");
+            for (got, want, name) in [(a, 60.0, "sixty"), (b, 30.0, "thirty"), (c, 10.0, "ten")] {
+                let share = got / sum * 100.0;
+                assert!((share - want).abs() <= 2.0, "{label} {how}: {name} has {share:.1}% in pprof, expected {want}%");
+            }
+            // (Names only cpu_split.py defines: -top merges same-named
+            // functions of different files, such as every `<module>`.)
+            let report = read_json(&json);
+            for f in report["functions"].as_array().unwrap() {
+                let name = f["name"].as_str().unwrap();
+                if ["sixty", "thirty", "ten", "spin"].contains(&name) {
+                    assert_eq!(cum(name), f["total_samples"].as_f64().unwrap(), "{label} {how}: {name}'s samples");
+                }
+            }
+            // The other views a pprof user reaches for read it too.
+            assert!(go_pprof(&["-traces"], &pprof).contains("spin"), "{label} {how}");
+            assert!(go_pprof(&["-svg"], &pprof).contains("<svg"), "{label} {how}");
+        }
+    }
+}
+
+/// --native and --kernel frames keep their kind in pprof: native frames sit
+/// in the mapping of their module's file, kernel frames in
+/// [kernel.kallsyms], Python frames in [python]; a user tells them apart
+/// with pprof's mapping filters.
+#[test]
+fn pprof_keeps_native_and_kernel_frames_apart() {
+    let (label, python) = pythons().remove(0);
+    let dir = tempfile::tempdir().unwrap();
+    let pprof = dir.path().join("profile.pb.gz");
+    let fixture = fixture("native_split.py");
+    let out = pytrace(&[
+        "sample", "-r", "499", "--native", "--kernel", "--pprof", pprof.to_str().unwrap(), "--", python.to_str().unwrap(), &fixture,
+        "--cpu-seconds", "3",
+    ]);
+    assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+    let raw = go_pprof(&["-raw"], &pprof);
+    let mappings: Vec<&str> = raw.lines().skip_while(|l| !l.starts_with("Mappings")).skip(1).collect();
+    let mapping_id = |needle: &str| -> String {
+        let line = mappings.iter().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("{label}: no mapping {needle} in\n{raw}"));
+        line.split(':').next().unwrap().trim().to_string()
+    };
+    let (python_id, zlib_id) = (mapping_id("[python]"), mapping_id("libz.so"));
+    let location = |name: &str| -> String {
+        raw.lines()
+            .skip_while(|l| !l.starts_with("Locations"))
+            .find(|l| l.contains(&format!(" {name} ")))
+            .unwrap_or_else(|| panic!("{label}: no location for {name} in\n{raw}"))
+            .to_string()
+    };
+    assert!(location("compress_work").contains(&format!("M={python_id} ")), "{label}: {}", location("compress_work"));
+    assert!(location("deflate").contains(&format!("M={zlib_id} ")), "{label}: {}", location("deflate"));
+}

@@ -100,6 +100,10 @@ struct CallsArgs {
     /// Also write the report as JSON to FILE ("-" for standard output)
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Also write a gzipped pprof profile: a one-frame sample per function,
+    /// valued in calls and self nanoseconds (go tool pprof -top reads it)
+    #[arg(long, value_name = "FILE.pb.gz")]
+    pprof: Option<PathBuf>,
     /// For scripts/bench.sh: attach probes that do nothing (uprobe mode, -p),
     /// to measure the kernel's own cost of a probe hit
     #[arg(long, hide = true)]
@@ -270,6 +274,7 @@ impl Cli {
                         SortArg::SelfTime => SortKey::SelfTime,
                     },
                     json: args.json,
+                    pprof: args.pprof,
                     empty_probe: args.empty_probe,
                 })
             }

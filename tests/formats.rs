@@ -133,3 +133,50 @@ fn pprof_keeps_native_and_kernel_frames_apart() {
     assert!(location("compress_work").contains(&format!("M={python_id} ")), "{label}: {}", location("compress_work"));
     assert!(location("deflate").contains(&format!("M={zlib_id} ")), "{label}: {}", location("deflate"));
 }
+
+/// `calls --pprof`: one sample per function valued in calls and self
+/// nanoseconds. Read back by `go tool pprof -top -sample_index=calls`,
+/// every function of callgraph.py has cProfile's ncalls (those whose name
+/// another file uses too are left out: -top merges functions by name);
+/// self time, summed by pprof, equals the JSON report's.
+#[test]
+fn calls_pprof_reads_back_with_cprofiles_counts() {
+    for (label, python) in pythons() {
+        let dir = tempfile::tempdir().unwrap();
+        let (pprof, json) = (dir.path().join("calls.pb.gz"), dir.path().join("calls.json"));
+        let fixture = fixture("callgraph.py");
+        let out = pytrace(&[
+            "calls", "--pprof", pprof.to_str().unwrap(), "--json", json.to_str().unwrap(), "--", python.to_str().unwrap(), &fixture, "--rounds", "20",
+        ]);
+        assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+        let report = read_json(&json);
+        let names: Vec<&str> = report["functions"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
+        let unique = |name: &str| names.iter().filter(|n| **n == name).count() == 1;
+        let top = go_pprof(&["-top", "-nodecount=100000", "-nodefraction=0", "-sample_index=calls"], &pprof);
+        let rows = top_rows(&top);
+        let truth = cprofile_calls(&python, "callgraph.py", &["--rounds", "20"]);
+        let rows_of_fixture = rows_for_file(&report, "fixtures/callgraph.py");
+        let mut checked = 0;
+        for (line, name, calls) in &truth {
+            let row = find_row(&rows_of_fixture, *line, name).unwrap_or_else(|| panic!("{label}: no row for {name}:{line}"));
+            let qualname = row["name"].as_str().unwrap();
+            if !unique(qualname) {
+                continue;
+            }
+            let got = rows.get(qualname).unwrap_or_else(|| panic!("{label}: no {qualname} in\n{top}")).0;
+            assert_eq!(got, *calls as f64, "{label}: {qualname}'s calls in pprof");
+            checked += 1;
+        }
+        assert!(checked >= 10, "{label}: only {checked} functions compared");
+        let self_ns: u64 = report["functions"].as_array().unwrap().iter().map(|f| f["self_ns"].as_u64().unwrap()).sum();
+        let raw = go_pprof(&["-raw"], &pprof);
+        let sum: i64 = raw
+            .lines()
+            .skip_while(|l| !l.starts_with("Samples:"))
+            .skip(2)
+            .take_while(|l| !l.starts_with("Locations"))
+            .filter_map(|l| l.split(':').next()?.split_whitespace().nth(1)?.parse::<i64>().ok())
+            .sum();
+        assert_eq!(sum as u64, self_ns, "{label}: self nanoseconds in pprof");
+    }
+}

@@ -164,6 +164,14 @@ struct SampleArgs {
     /// Split stacks by thread (name and TID)
     #[arg(long)]
     threads: bool,
+    /// A frame per line running in folded stacks, the flamegraph and
+    /// speedscope (default: one frame per function)
+    #[arg(long)]
+    lines: bool,
+    /// Files as the interpreter names them (default: shortened, from
+    /// site-packages, the standard library or the working directory)
+    #[arg(long)]
+    full_paths: bool,
     /// Rows in the terminal table
     #[arg(long, value_name = "N", default_value_t = 20)]
     top: usize,
@@ -315,6 +323,7 @@ impl Cli {
                     native: args.native,
                     idle: args.idle,
                     threads: args.threads,
+                    view: crate::report::profile::FrameView { lines: args.lines, full_paths: args.full_paths, cwd: None },
                     top: args.top,
                     flamegraph: args.flamegraph,
                     folded: args.folded,

@@ -180,3 +180,58 @@ fn calls_pprof_reads_back_with_cprofiles_counts() {
         assert_eq!(sum as u64, self_ns, "{label}: self nanoseconds in pprof");
     }
 }
+
+/// Folded stacks and the flamegraph have one frame per function by
+/// default, its file shortened (the standard library's from its own root,
+/// the program's relative to its working directory): a function spinning
+/// over two lines is one frame whose samples are the JSON report's for it.
+/// `--lines` splits it by line again; `--full-paths` gives the files as
+/// the interpreter names them.
+#[test]
+fn stacks_show_functions_with_short_paths_unless_asked() {
+    let (label, python) = pythons().remove(0);
+    // textwrap is pure Python in the standard library.
+    // cpu_split.py's spin loops over two lines.
+    let script = "import importlib.util, sys, textwrap, time\n\
+                  spec = importlib.util.spec_from_file_location('cpu_split', sys.argv[1])\n\
+                  split = importlib.util.module_from_spec(spec)\n\
+                  spec.loader.exec_module(split)\n\
+                  t = 'word ' * 200\n\
+                  e = time.process_time() + 2\n\
+                  while time.process_time() < e:\n    textwrap.fill(t, 30)\n    split.sixty()\n";
+    let run = |extra: &[&str]| -> (String, serde_json::Value) {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("p.json");
+        let fixture = fixture("cpu_split.py");
+        let mut args = vec!["sample", "-r", "499", "--folded", "-", "--json", json.to_str().unwrap()];
+        args.extend(extra);
+        args.extend(["--", python.to_str().unwrap(), "-c", script, &fixture]);
+        let out = pytrace(&args);
+        assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+        (String::from_utf8(out.stdout).unwrap(), read_json(&json))
+    };
+    let frames_of = |folded: &str, name: &str| -> HashMap<String, u64> {
+        let mut seen = HashMap::new();
+        for line in folded.lines() {
+            let (stack, n) = line.rsplit_once(' ').unwrap();
+            for frame in stack.split(';').filter(|f| f.starts_with(&format!("{name} ("))) {
+                *seen.entry(frame.to_string()).or_default() += n.parse::<u64>().unwrap();
+            }
+        }
+        seen
+    };
+    let (folded, report) = run(&[]);
+    let spin = frames_of(&folded, "spin");
+    assert_eq!(spin.keys().collect::<Vec<_>>(), ["spin (fixtures/cpu_split.py)"], "{label}: {spin:?}");
+    let in_json = report["functions"].as_array().unwrap().iter().find(|f| f["name"] == "spin").unwrap()["total_samples"].as_u64().unwrap();
+    assert_eq!(spin.values().sum::<u64>(), in_json, "{label}: spin's samples");
+    assert!(frames_of(&folded, "TextWrapper.fill").keys().all(|f| f == "TextWrapper.fill (textwrap.py)"), "{label}: {folded}");
+    assert!(!folded.contains("/lib/python3"), "{label}: a long path left");
+
+    let (folded, _) = run(&["--lines", "--full-paths"]);
+    let spin = frames_of(&folded, "spin");
+    let fixture = fixture("cpu_split.py");
+    assert!(spin.len() >= 2 && spin.keys().all(|f| f.starts_with(&format!("spin ({fixture}:"))), "{label}: {spin:?}");
+    let fill = frames_of(&folded, "TextWrapper.fill");
+    assert!(!fill.is_empty() && fill.keys().all(|f| f.contains("/lib/python3.11/textwrap.py:")), "{label}: {fill:?}");
+}

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::report::PythonInfo;
-use crate::report::profile::{Format, Profile};
+use crate::report::profile::{Format, FrameView, Profile};
 use crate::report::Output;
 use crate::session::{self, Live, Target, TargetSpec};
 use crate::tracing::sample::{self, Options as SampleOptions, Targets};
@@ -23,6 +23,8 @@ pub struct Options {
     pub native: bool,
     pub idle: bool,
     pub threads: bool,
+    /// How stacks name Python frames; run() fills in the target's cwd.
+    pub view: FrameView,
     pub top: usize,
     pub flamegraph: Option<PathBuf>,
     pub folded: Option<PathBuf>,
@@ -58,6 +60,8 @@ pub fn run(mut opts: Options) -> Result<i32> {
             let (mut target, python) = Target::prepare(spec)?;
             session::install_signal_handlers();
             let pid = target.pid;
+            // Its own files are shown relative to where it runs.
+            opts.view.cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok().and_then(|p| p.to_str().map(str::to_string));
             let version = python.version.to_string();
             let duration = opts.duration;
             let mut progress = Progress::new(opts.threads.then_some(pid));
@@ -155,6 +159,7 @@ fn write(
         thread_names.as_ref(),
     );
     profile.bpf_ns_per_sample = data.bpf_ns_per_sample;
+    profile.view = opts.view.clone();
     let mut table_on_stdout = true;
     for (format, out) in &mut outputs {
         table_on_stdout &= !matches!(out, Output::Stdout);

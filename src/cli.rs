@@ -22,6 +22,7 @@ Examples:
   pytrace gc -p 1234 --events             a line per garbage collection, then a summary
   pytrace imports -- python3 app.py       which imports make start-up slow
   pytrace info -p 1234                    what pytrace finds in the process
+  pytrace dump -p 1234                    every thread's stack right now
   pytrace restore -p 1234                 put back an eval-frame hook a killed run left set";
 
 #[derive(Parser)]
@@ -45,6 +46,8 @@ enum Command {
     Compare(CompareArgs),
     /// What pytrace finds in a Python process or binary, and which mode it would use
     Info(InfoArgs),
+    /// Every thread's stack at this instant, like py-spy dump (nothing is written into the target)
+    Dump(DumpArgs),
     /// Put back a process's eval-frame hook that a pytrace run left set (see `info`)
     Restore(RestoreArgs),
 }
@@ -238,6 +241,19 @@ struct InfoArgs {
 }
 
 #[derive(Args)]
+struct DumpArgs {
+    /// PID of the Python process
+    #[arg(short, long)]
+    pid: u32,
+    /// Add each thread's native (C) frames between the Python ones
+    #[arg(long)]
+    native: bool,
+    /// Write the stacks as JSON to FILE ("-" for standard output)
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args)]
 struct RestoreArgs {
     /// PID of the Python process whose interp->eval_frame pytrace left set
     #[arg(short, long)]
@@ -356,6 +372,7 @@ impl Cli {
                 binary: args.binary,
                 json: args.json,
             }),
+            Command::Dump(args) => commands::dump::run(commands::dump::Options { pid: args.pid, native: args.native, json: args.json }),
             Command::Restore(args) => commands::restore::run(args.pid),
         }
     }

@@ -235,3 +235,54 @@ fn stacks_show_functions_with_short_paths_unless_asked() {
     let fill = frames_of(&folded, "TextWrapper.fill");
     assert!(!fill.is_empty() && fill.keys().all(|f| f.contains("/lib/python3.11/textwrap.py:")), "{label}: {fill:?}");
 }
+
+/// `pytrace dump`: each thread of fixtures/dump_threads.py (told apart by
+/// the native thread IDs the fixture wrote) shows the function it waits or
+/// spins in as its innermost Python frame, and the state the kernel gives
+/// it; with --native, the sleeping thread's innermost frames are C code
+/// under sleep_here. The target runs on, its eval-frame hook untouched.
+#[test]
+fn dump_shows_each_threads_stack_where_it_waits() {
+    for (label, python) in pythons() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids_path = dir.path().join("ids.json");
+        let mut target = Proc(Command::new(&python).arg(fixture("dump_threads.py")).arg(&ids_path).spawn().unwrap());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !ids_path.exists() {
+            assert!(std::time::Instant::now() < deadline, "{label}: the fixture never started its threads");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let ids = read_json(&ids_path);
+        let pid = target.pid().to_string();
+        let hook_before = eval_frame_now(target.pid());
+        for native in [false, true] {
+            let mut args = vec!["dump", "-p", &pid, "--json", "-"];
+            if native {
+                args.push("--native");
+            }
+            let out = pytrace(&args);
+            assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+            let dump: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let thread = |name: &str| {
+                let tid = ids[name].as_u64().unwrap();
+                dump["threads"].as_array().unwrap().iter().find(|t| t["tid"] == tid).unwrap_or_else(|| panic!("{label}: no thread {name} ({tid}) in {dump}"))
+            };
+            let python_frames = |name: &str| -> Vec<String> {
+                thread(name)["frames"].as_array().unwrap().iter().filter(|f| f["kind"] == "python").map(|f| f["name"].as_str().unwrap().to_string()).collect()
+            };
+            for (name, function) in [("worker-sleep", "sleep_here"), ("worker-spin", "spin_here"), ("worker-wait", "wait_on_lock")] {
+                assert_eq!(python_frames(name).first().map(String::as_str), Some(function), "{label} (native {native}): {}", thread(name));
+            }
+            assert!(python_frames("main").iter().any(|f| f == "join_all"), "{label}: {}", thread("main"));
+            assert_eq!(thread("worker-sleep")["state"], "sleeping", "{label}");
+            assert_eq!(thread("worker-spin")["state"], "running", "{label}");
+            if native {
+                let frames = thread("worker-sleep")["frames"].as_array().unwrap();
+                assert_eq!(frames[0]["kind"], "native", "{label}: {frames:?}");
+            }
+        }
+        assert!(target.0.try_wait().unwrap().is_none(), "{label}: the target died");
+        assert_eq!(eval_frame_now(target.pid()), hook_before, "{label}: the hook changed");
+    }
+}

@@ -3,6 +3,7 @@
 
 pub mod calls;
 pub mod compare;
+pub mod dump;
 pub mod gc;
 pub mod imports;
 pub mod output;

@@ -311,6 +311,39 @@ fn kernel_has(what: &str) -> bool {
 
 /// Loads and attaches, calls `attached` once live, samples until
 /// `keep_going` says stop; `progress` sees the sample count as it grows.
+/// How long `snapshot` waits for the target's interpreter to be located
+/// (a process started a moment ago may not have one yet).
+const LOCATE_AT_MOST: Duration = Duration::from_secs(2);
+
+/// One pass over every thread of the target, running or not, as
+/// `pytrace dump` shows it: each thread's stack at this instant. `opts`
+/// must ask for --idle's thread iterator (and --threads).
+pub fn snapshot(targets: Targets, opts: &Options) -> Result<SampleData> {
+    anyhow::ensure!(opts.idle && opts.threads, "a snapshot reads every thread, each apart");
+    let mut object = MaybeUninit::uninit();
+    let session = Session::start(&mut object, targets, opts)?;
+    let mut builder = RingBufferBuilder::new();
+    session.add_to(&mut builder)?;
+    let ring = builder.build()?;
+    let started = Instant::now();
+    loop {
+        session.between_polls()?;
+        if session.processes.borrow().all_located() {
+            break;
+        }
+        if started.elapsed() > LOCATE_AT_MOST {
+            anyhow::bail!("the target's Python interpreter was not found running within {} s (not initialised yet?)", LOCATE_AT_MOST.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    session.sample_every_thread()?;
+    session.detach();
+    ring.consume().context("failed to read the sample ring buffer")?;
+    session.after_poll();
+    drop(ring);
+    session.finish()
+}
+
 pub fn run<'a>(
     targets: Targets<'a>,
     opts: &Options,

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The programs the tests read pytrace's outputs back with, as a user would:
 # Go's pprof (golang-go, `go tool pprof`) and Graphviz for its -svg, for the
-# --pprof files. Debian's packages; safe to run again.
+# --pprof files; tmux, a terminal for `pytrace top`. Debian's packages;
+# safe to run again.
 set -euo pipefail
-packages=(golang-go graphviz)
+packages=(golang-go graphviz tmux)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -22,6 +22,7 @@ Examples:
   pytrace gc -p 1234 --events             a line per garbage collection, then a summary
   pytrace imports -- python3 app.py       which imports make start-up slow
   pytrace info -p 1234                    what pytrace finds in the process
+  pytrace top -p 1234                     a live view, like top (q quits)
   pytrace dump -p 1234                    every thread's stack right now
   pytrace restore -p 1234                 put back an eval-frame hook a killed run left set";
 
@@ -46,6 +47,8 @@ enum Command {
     Compare(CompareArgs),
     /// What pytrace finds in a Python process or binary, and which mode it would use
     Info(InfoArgs),
+    /// A live view of the functions using CPU now, like py-spy top (q quits)
+    Top(TopArgs),
     /// Every thread's stack at this instant, like py-spy dump (nothing is written into the target)
     Dump(DumpArgs),
     /// Put back a process's eval-frame hook that a pytrace run left set (see `info`)
@@ -241,6 +244,15 @@ struct InfoArgs {
 }
 
 #[derive(Args)]
+struct TopArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Samples per second per CPU
+    #[arg(short = 'r', long = "rate", value_name = "HZ", default_value_t = 99)]
+    rate: u64,
+}
+
+#[derive(Args)]
 struct DumpArgs {
     /// PID of the Python process
     #[arg(short, long)]
@@ -372,6 +384,13 @@ impl Cli {
                 binary: args.binary,
                 json: args.json,
             }),
+            Command::Top(args) => {
+                let (target, duration) = args.target.into_parts()?;
+                if !(1..=10_000).contains(&args.rate) {
+                    bail!("--rate must be between 1 and 10000 samples per second");
+                }
+                commands::top::run(commands::top::Options { target, duration, hz: args.rate })
+            }
             Command::Dump(args) => commands::dump::run(commands::dump::Options { pid: args.pid, native: args.native, json: args.json }),
             Command::Restore(args) => commands::restore::run(args.pid),
         }

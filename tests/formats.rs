@@ -286,3 +286,66 @@ fn dump_shows_each_threads_stack_where_it_waits() {
         assert_eq!(eval_frame_now(target.pid()), hook_before, "{label}: the hook changed");
     }
 }
+
+/// `pytrace top` in an 80×24 terminal (tmux, as over ssh): the screen shows
+/// the header and the fixture's functions with their times since the start
+/// in the 60/30/10 split (within 5 points at 999 Hz); `q` quits at once,
+/// with status 0, and gives the terminal back (the shell's line is on the
+/// screen again, not the view).
+#[test]
+fn top_shows_the_split_live_and_quits_on_q() {
+    let (label, python) = pythons().remove(0);
+    let target = start_waiting(&python, "cpu_split.py", &["--seconds", "60"]);
+    let session = format!("pytrace-top-{}", std::process::id());
+    let tmux = |args: &[&str]| -> String {
+        let out = Command::new("tmux").args(args).output().expect("tmux is installed by scripts/test-tools.sh");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let command = format!("{PYTRACE} top -r 999 -p {}; echo top exited with $?; sleep 60", target.pid());
+    tmux(&["new-session", "-d", "-s", &session, "-x", "80", "-y", "24", &command]);
+    struct Kill(String);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = Command::new("tmux").args(["kill-session", "-t", &self.0]).status();
+        }
+    }
+    let _kill = Kill(session.clone());
+    signal(target.pid(), libc::SIGUSR1);
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let screen = tmux(&["capture-pane", "-p", "-t", &session]);
+    assert!(screen.contains(&format!("pytrace top: PID {}", target.pid())), "{label}:\n{screen}");
+    assert!(screen.lines().count() <= 24 && screen.lines().all(|l| l.chars().count() <= 80), "{label}: fits 80×24:\n{screen}");
+    let seconds = |name: &str| -> f64 {
+        let line = screen.lines().find(|l| l.contains(&format!(" {name} ("))).unwrap_or_else(|| panic!("{label}: no {name}:\n{screen}"));
+        line.split_whitespace().nth(3).unwrap().trim_end_matches('s').parse().unwrap()
+    };
+    let (a, b, c) = (seconds("sixty"), seconds("thirty"), seconds("ten"));
+    let sum = a + b + c;
+    assert!(sum > 1.0, "{label}: {sum} s sampled:\n{screen}");
+    for (got, want, name) in [(a, 60.0, "sixty"), (b, 30.0, "thirty"), (c, 10.0, "ten")] {
+        assert!((got / sum * 100.0 - want).abs() <= 5.0, "{label}: {name} {got} s of {sum}:\n{screen}");
+    }
+    tmux(&["send-keys", "-t", &session, "q"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let screen = tmux(&["capture-pane", "-p", "-t", &session]);
+        if screen.contains("top exited with 0") {
+            assert!(!screen.contains("%Own"), "{label}: the view stayed on screen:\n{screen}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{label}: q did not quit:\n{screen}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Without a terminal `top` says so in one sentence, before attaching.
+#[test]
+fn top_without_a_terminal_says_so() {
+    let (label, python) = pythons().remove(0);
+    let target = start_waiting(&python, "cpu_split.py", &["--seconds", "5"]);
+    let out = pytrace(&["top", "-p", &target.pid().to_string()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{label}: {stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{label}: {stderr}");
+    assert!(stderr.contains("standard output is not a terminal") || stderr.contains("is not one"), "{label}: {stderr}");
+}

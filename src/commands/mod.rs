@@ -8,3 +8,4 @@ pub mod imports;
 pub mod sample;
 pub mod info;
 pub mod restore;
+pub mod top;

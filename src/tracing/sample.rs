@@ -225,6 +225,16 @@ impl<'obj, 'a> Session<'obj, 'a> {
         Ok(())
     }
 
+    /// The samples counted so far, by stack (read every DRAIN_EVERY).
+    pub fn samples_so_far(&self) -> Vec<Sample> {
+        self.stacks.borrow().samples_so_far()
+    }
+
+    /// The samples counted so far.
+    pub fn total(&self) -> u64 {
+        self.stacks.borrow().total()
+    }
+
     /// --idle: one pass of the thread iterator, one round of samples.
     fn sample_every_thread(&self) -> Result<()> {
         let links = self.links.borrow();
@@ -350,6 +360,17 @@ pub fn run<'a>(
     attached: impl FnOnce() -> Result<()>,
     mut keep_going: impl FnMut(u64) -> Result<bool>,
 ) -> Result<SampleData> {
+    run_watched(targets, opts, attached, |session| keep_going(session.total()))
+}
+
+/// `run`, with `keep_going` given the session itself, to read the profile
+/// so far (`pytrace top`).
+pub fn run_watched<'a>(
+    targets: Targets<'a>,
+    opts: &Options,
+    attached: impl FnOnce() -> Result<()>,
+    mut keep_going: impl FnMut(&Session) -> Result<bool>,
+) -> Result<SampleData> {
     let mut object = MaybeUninit::uninit();
     let session = Session::start(&mut object, targets, opts)?;
     let mut builder = RingBufferBuilder::new();
@@ -366,7 +387,8 @@ pub fn run<'a>(
         loop {
             if interrupted || last_check.is_none_or(|t| t.elapsed() >= CHECK_EVERY) {
                 last_check = Some(Instant::now());
-                if !keep_going(session.between_polls()?)? {
+                session.between_polls()?;
+                if !keep_going(&session)? {
                     break;
                 }
             }

@@ -17,6 +17,8 @@ stage() {
 }
 
 stage install scripts/install.sh --no-demo
+# What the tests read outputs back with (go tool pprof, Graphviz, tmux).
+stage test-tools scripts/test-tools.sh
 # The second CPython 3.11 the tests need: no USDT probes, shared libpython.
 PYTRACE_NODTRACE_PYTHON=$(stage nodtrace-3.11 scripts/pythons.sh nodtrace-3.11)
 # Debian bullseye's CPython 3.9 in a chroot, as a containerised Python.

@@ -23,6 +23,8 @@ Examples:
   pytrace imports -- python3 app.py       which imports make start-up slow
   pytrace info -p 1234                    what pytrace finds in the process
   pytrace info                            what this kernel lets pytrace do
+  pytrace top -p 1234                     a live view, like top (q quits)
+  pytrace dump -p 1234                    every thread's stack right now
   pytrace restore -p 1234                 put back an eval-frame hook a killed run left set";
 
 #[derive(Parser)]
@@ -46,6 +48,10 @@ enum Command {
     Compare(CompareArgs),
     /// What pytrace finds in a Python process or binary, and which mode it would use; what this kernel allows
     Info(InfoArgs),
+    /// A live view of the functions using CPU now, like py-spy top (q quits)
+    Top(TopArgs),
+    /// Every thread's stack at this instant, like py-spy dump (nothing is written into the target)
+    Dump(DumpArgs),
     /// Put back a process's eval-frame hook that a pytrace run left set (see `info`)
     Restore(RestoreArgs),
 }
@@ -101,6 +107,10 @@ struct CallsArgs {
     /// Also write the report as JSON to FILE ("-" for standard output)
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Also write a gzipped pprof profile: a one-frame sample per function,
+    /// valued in calls and self nanoseconds (go tool pprof -top reads it)
+    #[arg(long, value_name = "FILE.pb.gz")]
+    pprof: Option<PathBuf>,
     /// For scripts/bench.sh: attach probes that do nothing (uprobe mode, -p),
     /// to measure the kernel's own cost of a probe hit
     #[arg(long, hide = true)]
@@ -161,6 +171,14 @@ struct SampleArgs {
     /// Split stacks by thread (name and TID)
     #[arg(long)]
     threads: bool,
+    /// A frame per line running in folded stacks, the flamegraph and
+    /// speedscope (default: one frame per function)
+    #[arg(long)]
+    lines: bool,
+    /// Files as the interpreter names them (default: shortened, from
+    /// site-packages, the standard library or the working directory)
+    #[arg(long)]
+    full_paths: bool,
     /// Rows in the terminal table
     #[arg(long, value_name = "N", default_value_t = 20)]
     top: usize,
@@ -173,6 +191,9 @@ struct SampleArgs {
     /// Write a speedscope profile (https://www.speedscope.app)
     #[arg(long, value_name = "FILE.json")]
     speedscope: Option<PathBuf>,
+    /// Write a gzipped pprof profile (go tool pprof, Pyroscope, Parca, Grafana)
+    #[arg(long, value_name = "FILE.pb.gz")]
+    pprof: Option<PathBuf>,
     /// Write the summary as JSON ("-" for standard output)
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -224,6 +245,28 @@ struct InfoArgs {
 }
 
 #[derive(Args)]
+struct TopArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Samples per second per CPU
+    #[arg(short = 'r', long = "rate", value_name = "HZ", default_value_t = 99)]
+    rate: u64,
+}
+
+#[derive(Args)]
+struct DumpArgs {
+    /// PID of the Python process
+    #[arg(short, long)]
+    pid: u32,
+    /// Add each thread's native (C) frames between the Python ones
+    #[arg(long)]
+    native: bool,
+    /// Write the stacks as JSON to FILE ("-" for standard output)
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args)]
 struct RestoreArgs {
     /// PID of the Python process whose interp->eval_frame pytrace left set
     #[arg(short, long)]
@@ -268,6 +311,7 @@ impl Cli {
                         SortArg::SelfTime => SortKey::SelfTime,
                     },
                     json: args.json,
+                    pprof: args.pprof,
                     empty_probe: args.empty_probe,
                 })
             }
@@ -308,10 +352,12 @@ impl Cli {
                     native: args.native,
                     idle: args.idle,
                     threads: args.threads,
+                    view: crate::report::profile::FrameView { lines: args.lines, full_paths: args.full_paths, cwd: None },
                     top: args.top,
                     flamegraph: args.flamegraph,
                     folded: args.folded,
                     speedscope: args.speedscope,
+                    pprof: args.pprof,
                     json: args.json,
                 })
             }
@@ -339,6 +385,14 @@ impl Cli {
                 binary: args.binary,
                 json: args.json,
             }),
+            Command::Top(args) => {
+                let (target, duration) = args.target.into_parts()?;
+                if !(1..=10_000).contains(&args.rate) {
+                    bail!("--rate must be between 1 and 10000 samples per second");
+                }
+                commands::top::run(commands::top::Options { target, duration, hz: args.rate })
+            }
+            Command::Dump(args) => commands::dump::run(commands::dump::Options { pid: args.pid, native: args.native, json: args.json }),
             Command::Restore(args) => commands::restore::run(args.pid),
         }
     }

@@ -367,7 +367,7 @@ fn sample_native_puts_c_frames_under_their_python_caller(version: &'static str) 
         total += n;
         let Some(caller) = frames.iter().rposition(|f| f.starts_with("compress_work (")) else { continue };
         let above = &frames[caller + 1..];
-        if above.iter().any(|f| f.contains("(libz.so")) && !above.iter().any(|f| f.contains(".py:")) {
+        if above.iter().any(|f| f.contains("(libz.so")) && !above.iter().any(|f| f.contains(".py)") || f.contains(".py:")) {
             in_libz += n;
         }
         assert!(!stack.contains("[native stack unmatched]") || n < 5, "{version}: {line}");

@@ -13,10 +13,13 @@ fn parse(line: &str) -> (Vec<&str>, u64) {
     (stack.split(';').collect(), n.parse().unwrap())
 }
 
-/// Python frames end in `(file:line)`, native ones in `(module)`; kernel
-/// frames and markers have no parentheses.
+/// Python frames end in `(file)` (`(file:line)` with --lines), the file a
+/// `.py` or `<frozen …>`-like; native ones in `(module)`; kernel frames
+/// and markers have no parentheses.
 fn is_python(frame: &str) -> bool {
-    frame.strip_suffix(')').and_then(|f| f.rsplit_once(" (")).and_then(|(_, at)| at.rsplit_once(':')).is_some_and(|(_, line)| line.parse::<u32>().is_ok())
+    let Some((_, at)) = frame.strip_suffix(')').and_then(|f| f.rsplit_once(" (")) else { return false };
+    let file = at.rsplit_once(':').filter(|(_, line)| line.parse::<u32>().is_ok()).map_or(at, |(file, _)| file);
+    file.ends_with(".py") || file.starts_with('<')
 }
 
 fn is_native(frame: &str) -> bool {

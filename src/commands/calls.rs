@@ -18,11 +18,15 @@ pub struct Options {
     pub top: Option<usize>,
     pub sort: SortKey,
     pub json: Option<PathBuf>,
+    pub pprof: Option<PathBuf>,
     pub empty_probe: bool,
 }
 
 pub fn run(opts: Options) -> Result<i32> {
+    let outputs: Vec<&std::path::Path> = [&opts.json, &opts.pprof].into_iter().flatten().map(|p| p.as_path()).collect();
+    report::output::check_distinct(&[], &outputs)?;
     let mut json = opts.json.as_deref().map(Output::create).transpose()?;
+    let mut pprof = opts.pprof.as_deref().map(Output::create).transpose()?;
     let (mut target, python) = Target::prepare(opts.target)?;
     let (mode, _why) = tracer::choose_mode(&python, opts.mode)?;
     // 3.11+ inlines calls unless the eval-frame hook is set (eval_hook.rs).
@@ -56,6 +60,9 @@ pub fn run(opts: Options) -> Result<i32> {
     report.caveats = tracer::caveats(&python, mode);
     report.caveats.extend(outcome.notes);
     report.incomplete = outcome.incomplete;
+    if let Some(out) = pprof.as_mut() {
+        out.write_all(&report.to_pprof()?)?;
+    }
     report::emit(json.as_mut(), || report.to_json(), || report.to_table(opts.top))?;
     Ok(target.exit_code())
 }

@@ -2,8 +2,10 @@
 
 pub mod calls;
 pub mod compare;
+pub mod dump;
 pub mod gc;
 pub mod imports;
 pub mod sample;
 pub mod info;
 pub mod restore;
+pub mod top;

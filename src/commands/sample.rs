@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::report::PythonInfo;
-use crate::report::profile::{Format, Profile};
+use crate::report::profile::{Format, FrameView, Profile};
 use crate::report::Output;
 use crate::session::{self, Live, Progress, Target, TargetSpec};
 use crate::tracing::sample::{self, Options as SampleOptions, Targets};
@@ -23,10 +23,13 @@ pub struct Options {
     pub native: bool,
     pub idle: bool,
     pub threads: bool,
+    /// How stacks name Python frames; run() fills in the target's cwd.
+    pub view: FrameView,
     pub top: usize,
     pub flamegraph: Option<PathBuf>,
     pub folded: Option<PathBuf>,
     pub speedscope: Option<PathBuf>,
+    pub pprof: Option<PathBuf>,
     pub json: Option<PathBuf>,
 }
 
@@ -36,10 +39,11 @@ pub fn run(mut opts: Options) -> Result<i32> {
         crate::kernel::Kernel::get().require(crate::kernel::Feature::CopyFromUserTask, "sample --idle")?;
     }
     // Every output is created before sampling starts, so a bad path fails now.
-    let paths: Vec<&std::path::Path> = [&opts.flamegraph, &opts.folded, &opts.speedscope, &opts.json].into_iter().flatten().map(|p| p.as_path()).collect();
+    let paths: Vec<&std::path::Path> = [&opts.flamegraph, &opts.folded, &opts.speedscope, &opts.pprof, &opts.json].into_iter().flatten().map(|p| p.as_path()).collect();
     crate::report::output::check_distinct(&[], &paths)?;
     let mut outputs: Vec<(Format, Output)> = Vec::new();
-    for (format, path) in [(Format::Flamegraph, &opts.flamegraph), (Format::Folded, &opts.folded), (Format::Speedscope, &opts.speedscope), (Format::Json, &opts.json)] {
+    let pprof = Format::Pprof { wall: opts.idle };
+    for (format, path) in [(Format::Flamegraph, &opts.flamegraph), (Format::Folded, &opts.folded), (Format::Speedscope, &opts.speedscope), (pprof, &opts.pprof), (Format::Json, &opts.json)] {
         if let Some(path) = path {
             outputs.push((format, Output::create(path)?));
         }
@@ -49,6 +53,8 @@ pub fn run(mut opts: Options) -> Result<i32> {
             let (mut target, python) = Target::prepare(spec)?;
             session::install_signal_handlers();
             let pid = target.pid;
+            // Its own files are shown relative to where it runs.
+            opts.view.cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok().and_then(|p| p.to_str().map(str::to_string));
             let version = python.version.to_string();
             let duration = opts.duration;
             let mut progress = Progress::new(opts.threads.then_some(pid));
@@ -109,6 +115,7 @@ fn write(
         thread_names.as_ref(),
     );
     profile.bpf_ns_per_sample = data.bpf_ns_per_sample;
+    profile.view = opts.view.clone();
     let mut table_on_stdout = true;
     for (format, out) in &mut outputs {
         table_on_stdout &= !matches!(out, Output::Stdout);

@@ -7,6 +7,7 @@ use serde::Serialize;
 use super::{counted, human_ns, thousands, PythonInfo, ReportKind};
 use crate::model::counters::Counters;
 use crate::model::functions::{CallsData, Function, FunctionStats};
+use crate::model::samples::Frame;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SortKey {
@@ -85,6 +86,36 @@ impl CallsReport {
             incomplete: None,
             functions,
         }
+    }
+
+    /// pprof's gzipped profile.proto: calls has no stacks, so each
+    /// function is a one-frame sample valued in calls and self nanoseconds
+    /// (self times add up to the traced time; total times would count
+    /// nested calls twice).
+    pub fn to_pprof(&self) -> anyhow::Result<Vec<u8>> {
+        let frames: Vec<[std::rc::Rc<Frame>; 1]> = self
+            .functions
+            .iter()
+            .map(|row| &row.function)
+            .map(|f| [std::rc::Rc::new(Frame::Python { name: f.name.clone(), file: f.file.clone(), line: f.line, first_line: f.line })])
+            .collect();
+        let mut comments = vec![format!("pytrace calls: PID {}, Python {} ({} mode)", self.pid, self.python.version, self.python.mode)];
+        comments.extend(self.caveats.iter().map(|c| format!("note: {c}")));
+        comments.extend(super::counted_line(&self.counters).lines().map(str::to_string));
+        comments.extend(super::dropped_line(&self.counters).lines().map(str::to_string));
+        super::pprof::encode(&super::pprof::PprofInput {
+            value_types: vec![("calls", "count"), ("self", "nanoseconds")],
+            stacks: self
+                .functions
+                .iter()
+                .zip(&frames)
+                .map(|(row, frame)| super::pprof::StackValues { thread: "", frames: frame, values: vec![row.function.stats.calls as i64, row.function.stats.self_ns as i64] })
+                .collect(),
+            period: None,
+            start_unix_ns: super::pprof::unix_ns_ago(self.duration_ns),
+            duration_ns: self.duration_ns,
+            comments,
+        })
     }
 
     pub fn to_json(&self) -> String {

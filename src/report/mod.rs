@@ -3,10 +3,13 @@
 
 pub mod calls;
 pub mod compare;
+pub mod dump;
 pub mod gc;
 pub mod imports;
 pub mod output;
+pub mod pprof;
 pub mod profile;
+pub mod top;
 
 use anyhow::Result;
 

@@ -222,6 +222,16 @@ impl<'obj, 'a> Session<'obj, 'a> {
         Ok(())
     }
 
+    /// The samples counted so far, by stack (read every DRAIN_EVERY).
+    pub fn samples_so_far(&self) -> Vec<Sample> {
+        self.stacks.borrow().samples_so_far()
+    }
+
+    /// The samples counted so far.
+    pub fn total(&self) -> u64 {
+        self.stacks.borrow().total()
+    }
+
     /// --idle: one pass of the thread iterator, one round of samples.
     fn sample_every_thread(&self) -> Result<()> {
         let links = self.links.borrow();
@@ -300,11 +310,55 @@ impl<'obj, 'a> Session<'obj, 'a> {
 
 /// Loads and attaches, calls `attached` once live, samples until
 /// `keep_going` says stop; `progress` sees the sample count as it grows.
+/// How long `snapshot` waits for the target's interpreter to be located
+/// (a process started a moment ago may not have one yet).
+const LOCATE_AT_MOST: Duration = Duration::from_secs(2);
+
+/// One pass over every thread of the target, running or not, as
+/// `pytrace dump` shows it: each thread's stack at this instant. `opts`
+/// must ask for --idle's thread iterator (and --threads).
+pub fn snapshot(targets: Targets, opts: &Options) -> Result<SampleData> {
+    anyhow::ensure!(opts.idle && opts.threads, "a snapshot reads every thread, each apart");
+    let mut object = MaybeUninit::uninit();
+    let session = Session::start(&mut object, targets, opts)?;
+    let mut builder = RingBufferBuilder::new();
+    session.add_to(&mut builder)?;
+    let ring = builder.build()?;
+    let started = Instant::now();
+    loop {
+        session.between_polls()?;
+        if session.processes.borrow().all_located() {
+            break;
+        }
+        if started.elapsed() > LOCATE_AT_MOST {
+            anyhow::bail!("the target's Python interpreter was not found running within {} s (not initialised yet?)", LOCATE_AT_MOST.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    session.sample_every_thread()?;
+    session.detach();
+    ring.consume().context("failed to read the sample ring buffer")?;
+    session.after_poll();
+    drop(ring);
+    session.finish()
+}
+
 pub fn run<'a>(
     targets: Targets<'a>,
     opts: &Options,
     attached: impl FnOnce() -> Result<()>,
     mut keep_going: impl FnMut(u64) -> Result<bool>,
+) -> Result<SampleData> {
+    run_watched(targets, opts, attached, |session| keep_going(session.total()))
+}
+
+/// `run`, with `keep_going` given the session itself, to read the profile
+/// so far (`pytrace top`).
+pub fn run_watched<'a>(
+    targets: Targets<'a>,
+    opts: &Options,
+    attached: impl FnOnce() -> Result<()>,
+    mut keep_going: impl FnMut(&Session) -> Result<bool>,
 ) -> Result<SampleData> {
     let mut object = MaybeUninit::uninit();
     let session = Session::start(&mut object, targets, opts)?;
@@ -322,7 +376,8 @@ pub fn run<'a>(
         loop {
             if interrupted || last_check.is_none_or(|t| t.elapsed() >= CHECK_EVERY) {
                 last_check = Some(Instant::now());
-                if !keep_going(session.between_polls()?)? {
+                session.between_polls()?;
+                if !keep_going(&session)? {
                     break;
                 }
             }

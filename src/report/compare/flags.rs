@@ -27,6 +27,12 @@ pub struct Flag {
     pub message: String,
 }
 
+/// Flags that hold for many rows alike (short functions sampling cannot
+/// see, short functions the probes inflate): the table counts them once in
+/// its header instead of repeating them under each row; --json keeps them
+/// per row.
+pub const SUMMARISED: &[&str] = &["below_sampling", "probe_cost"];
+
 /// What one side sees and the other misses, for one row.
 pub fn flags(r: &Row, t: &FunctionStats, n: u64, overhead: &Overhead, off_cpu_share: f64) -> Vec<Flag> {
     let mut flags = Vec::new();
@@ -75,7 +81,9 @@ pub fn flags(r: &Row, t: &FunctionStats, n: u64, overhead: &Overhead, off_cpu_sh
     if let (Some(diff), Some(base)) = (r.self_diff, r.corrected_self_share.or(r.traced_self_share)) {
         let p = base.clamp(1.0 / n as f64, 1.0 - 1.0 / n as f64);
         let sigma = (p * (1.0 - p) / n as f64).sqrt();
-        if diff.abs() > (SIGMAS * sigma).max(MIN_FLAGGED_DIFF) {
+        let noise = (SIGMAS * sigma).max(MIN_FLAGGED_DIFF);
+        if diff.abs() > noise {
+            let beyond = format!(", beyond sampling's ±{:.1} at {} samples", noise * 100.0, thousands(n));
             let why = if probe_heavy.is_some() {
                 ": its traced time is mostly the probes', and their cost per call is an estimate".to_string()
             } else if diff < 0.0 {
@@ -86,9 +94,9 @@ pub fn flags(r: &Row, t: &FunctionStats, n: u64, overhead: &Overhead, off_cpu_sh
                 String::new()
             };
             if diff > 0.0 {
-                flag("sampled_more", format!("sampled self share exceeds traced by {:.1} points{why}", diff * 100.0));
+                flag("sampled_more", format!("sampled self share exceeds traced by {:.1} points{beyond}{why}", diff * 100.0));
             } else {
-                flag("traced_more", format!("traced self share exceeds sampled by {:.1} points{why}", -diff * 100.0));
+                flag("traced_more", format!("traced self share exceeds sampled by {:.1} points{beyond}{why}", -diff * 100.0));
             }
         }
     }

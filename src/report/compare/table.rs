@@ -1,5 +1,6 @@
 //! The comparison as a terminal table.
 
+use super::flags::SUMMARISED;
 use super::{ratio, Comparison};
 use crate::report::{counted, human_ns, plural, thousands};
 
@@ -61,6 +62,21 @@ impl Comparison {
         for note in &self.notes {
             out += &format!("note: {note}\n");
         }
+        let with = |kind: &str| self.functions.iter().filter(|r| r.flags.iter().any(|f| f.kind == kind)).count() as u64;
+        let rare = with("below_sampling");
+        if rare > 0 {
+            out += &format!(
+                "not compared: {} too short or rare for sampling to see (under one sample expected; --json flags each)\n",
+                counted(rare, "function")
+            );
+        }
+        let inflated = with("probe_cost");
+        if inflated > 0 {
+            out += &format!(
+                "probe-heavy: {} with a quarter or more of their traced self time in pytrace's probes (short functions called often): read their * columns\n",
+                counted(inflated, "function")
+            );
+        }
         out += &format!(
             "\n{:>12}  {:-^31}  {:-^15}  {:-^15}\n",
             "", " traced (wall time) ", " sampled (CPU) ", &format!(" diff vs {} ", if self.diff_against == "corrected" { "*" } else { "raw" })
@@ -87,13 +103,13 @@ impl Comparison {
                 r.name,
                 place
             );
-            for f in &r.flags {
+            for f in r.flags.iter().filter(|f| !SUMMARISED.contains(&f.kind)) {
                 out += &format!("{:>14} {}\n", "↳", f.message);
             }
         }
         if self.functions.len() > top {
             let hidden = &self.functions[top..];
-            let flagged = hidden.iter().filter(|r| !r.flags.is_empty()).count();
+            let flagged = hidden.iter().filter(|r| r.flags.iter().any(|f| !SUMMARISED.contains(&f.kind))).count();
             out += &format!("… {} more {} (--top), {} of them flagged (--json has every row)\n", hidden.len(), plural(hidden.len() as u64, "function"), flagged);
         }
         out += "\nShares: traced of all traced self time (wall clock, every thread); sampled of the samples outside pytrace's\n\

@@ -163,6 +163,16 @@ fn each_side_flags_what_the_other_cannot_see() {
     // 100,000 calls at 840 ns inside each: 84 of its 300 ms.
     assert_eq!(kinds(row(&c, "hot", 3)), ["traced_more", "probe_cost"]);
     assert!(row(&c, "hot", 3).flags[1].message.starts_with("pytrace's probes are ~28% of its traced self time"));
+    // A difference says how large sampling's own error is, at how many samples.
+    assert!(row(&c, "sleeper", 20).flags[0].message.contains(", beyond sampling's ±"), "{:?}", row(&c, "sleeper", 20).flags);
+
+    // The table says once, in its header, what holds for many rows alike;
+    // under each row it only shows what is that row's own.
+    let table = c.to_table(100);
+    assert!(table.contains("not compared: 1 function too short or rare for sampling to see"), "{table}");
+    assert!(table.contains("probe-heavy: 2 functions with a quarter or more"), "{table}");
+    assert!(!table.contains("sampling misses it") && !table.contains("pytrace's probes are ~"), "{table}");
+    assert!(table.contains("↳ traced self share exceeds sampled"), "{table}");
 }
 
 /// One standard error of a 30 % share over 1000 samples is 1.45 points:

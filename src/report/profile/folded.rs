@@ -1,7 +1,7 @@
 //! Folded stacks (Brendan Gregg's collapsed format), which the
 //! flamegraph is drawn from too.
 
-use super::{label, Profile};
+use super::Profile;
 use crate::model::samples::Frame;
 
 impl Profile {
@@ -16,7 +16,7 @@ impl Profile {
             }
             for frame in stack {
                 // `;` separates frames: never let a name add one.
-                let mut l = label(frame).replace(';', ":");
+                let mut l = self.view.label(frame).replace(';', ":");
                 if annotate {
                     // inferno's java palette colours by these suffixes:
                     // green, aqua (its "inlined" colour), orange.

@@ -1,10 +1,11 @@
 //! The `sample` reports: a top-functions table, folded stacks, a
-//! flamegraph, a speedscope profile and JSON, all from one aggregation,
+//! flamegraph, a speedscope profile, pprof and JSON, all from one aggregation,
 //! one module per format; a new format is a module and a `Format`.
 
 mod flamegraph;
 mod folded;
 mod json;
+mod pprof;
 mod speedscope;
 mod table;
 
@@ -25,6 +26,9 @@ pub enum Format {
     Folded,
     Flamegraph,
     Speedscope,
+    /// pprof's gzipped profile.proto; `wall` for --idle's samples (wall
+    /// time), on-CPU time otherwise.
+    Pprof { wall: bool },
     Json,
 }
 
@@ -35,6 +39,7 @@ impl Format {
             Format::Folded => profile.to_folded(false).into_bytes(),
             Format::Flamegraph => profile.to_flamegraph()?,
             Format::Speedscope => profile.to_speedscope().into_bytes(),
+            Format::Pprof { wall } => profile.to_pprof(if wall { "wall" } else { "cpu" })?,
             Format::Json => profile.to_json().into_bytes(),
         })
     }
@@ -52,6 +57,67 @@ pub struct Profile {
     pub bpf_ns_per_sample: Option<u64>,
     /// (thread label or "", stack) -> samples.
     stacks: BTreeMap<(String, Vec<Rc<Frame>>), u64>,
+    /// How folded stacks, the flamegraph and speedscope name Python frames.
+    pub view: FrameView,
+}
+
+/// How the stack formats name a Python frame. By default one frame per
+/// function, its file shortened: a request handler spread over four lines
+/// is one block of a flamegraph, not four, and a label cut to fit keeps
+/// the function's name.
+#[derive(Debug, Clone, Default)]
+pub struct FrameView {
+    /// A frame per line running (`--lines`), not per function.
+    pub lines: bool,
+    /// Files as the code object names them (`--full-paths`).
+    pub full_paths: bool,
+    /// The target's working directory: its own files are shown relative to it.
+    pub cwd: Option<String>,
+}
+
+impl FrameView {
+    /// `name (file:line)` with --lines, `name (file)` otherwise; other
+    /// frames as `label` names them.
+    pub fn label(&self, frame: &Frame) -> String {
+        match frame {
+            Frame::Python { name, file, line, .. } => {
+                let file = if self.full_paths { file.clone() } else { short_path(file, self.cwd.as_deref()) };
+                if self.lines {
+                    format!("{name} ({file}:{line})")
+                } else {
+                    format!("{name} ({file})")
+                }
+            }
+            other => label(other),
+        }
+    }
+}
+
+/// A source file as a reader knows it: a library's file from its import
+/// root (`requests/sessions.py`, as after site-packages or dist-packages),
+/// the standard library's from its own (`http/server.py`), the program's
+/// own relative to its working directory; anything else unchanged.
+pub fn short_path(file: &str, cwd: Option<&str>) -> String {
+    for root in ["/site-packages/", "/dist-packages/"] {
+        if let Some(at) = file.rfind(root) {
+            return file[at + root.len()..].to_string();
+        }
+    }
+    // .../lib/python3.11/ or .../lib/python3.13t/: the standard library.
+    if let Some(at) = file.find("/lib/python3.") {
+        let rest = &file[at + "/lib/python3.".len()..];
+        if let Some(slash) = rest.find('/') {
+            if rest[..slash].trim_end_matches('t').chars().all(|c| c.is_ascii_digit()) && slash > 0 {
+                return rest[slash + 1..].to_string();
+            }
+        }
+    }
+    if let Some(cwd) = cwd.filter(|c| c.len() > 1) {
+        if let Some(rest) = file.strip_prefix(cwd).and_then(|r| r.strip_prefix('/')) {
+            return rest.to_string();
+        }
+    }
+    file.to_string()
 }
 
 pub fn label(frame: &Frame) -> String {
@@ -115,7 +181,7 @@ impl Profile {
             *stacks.entry((thread, s.frames.clone())).or_insert(0) += s.count;
         }
         let total = samples.iter().map(|s| s.count).sum();
-        Profile { pid, python, hz, duration_ns, counters, total, bpf_ns_per_sample: None, stacks }
+        Profile { pid, python, hz, duration_ns, counters, total, bpf_ns_per_sample: None, stacks, view: FrameView::default() }
     }
 
     /// Self and total samples per function, most total first.
@@ -185,6 +251,19 @@ mod tests {
         ];
         let info = crate::report::PythonInfo { version: "3.11.2".into(), mode: "sample".into() };
         Profile::new(7, info, 99, 1, Default::default(), &samples, None)
+    }
+
+    #[test]
+    fn paths_are_shortened_to_where_a_reader_knows_them_from() {
+        let cwd = Some("/srv/app");
+        assert_eq!(short_path("/usr/lib/python3/dist-packages/requests/sessions.py", cwd), "requests/sessions.py");
+        assert_eq!(short_path("/venv/lib/python3.12/site-packages/flask/app.py", cwd), "flask/app.py");
+        assert_eq!(short_path("/usr/lib/python3.11/http/server.py", cwd), "http/server.py");
+        assert_eq!(short_path("/opt/py/lib/python3.13t/json/decoder.py", cwd), "json/decoder.py");
+        assert_eq!(short_path("/srv/app/handlers/users.py", cwd), "handlers/users.py");
+        assert_eq!(short_path("/srv/application/x.py", cwd), "/srv/application/x.py", "a prefix, not a directory");
+        assert_eq!(short_path("<frozen importlib._bootstrap>", cwd), "<frozen importlib._bootstrap>");
+        assert_eq!(short_path("/home/u/lib/python3.x/mine.py", None), "/home/u/lib/python3.x/mine.py");
     }
 
     #[test]

@@ -1,7 +1,6 @@
 //! speedscope's JSON file format.
 
 use std::collections::{BTreeMap, HashMap};
-use std::rc::Rc;
 
 use serde_json::json;
 
@@ -12,18 +11,24 @@ impl Profile {
     /// speedscope's file format: one sampled profile per thread (or one).
     pub fn to_speedscope(&self) -> String {
         let mut frames: Vec<serde_json::Value> = Vec::new();
-        let mut index: HashMap<Rc<Frame>, usize> = HashMap::new();
+        // Frames that show the same are one frame: without --lines, every
+        // line of a function.
+        let mut index: HashMap<serde_json::Value, usize> = HashMap::new();
         let mut profiles: BTreeMap<&str, (Vec<Vec<usize>>, Vec<u64>)> = BTreeMap::new();
         for ((thread, stack), &n) in &self.stacks {
             let ids = stack
                 .iter()
                 .map(|f| {
-                    *index.entry(f.clone()).or_insert_with(|| {
-                        frames.push(match f.as_ref() {
-                            Frame::Python { name, file, line, .. } => json!({"name": name, "file": file, "line": line}),
-                            Frame::Native { name, module } => json!({"name": name, "file": module}),
-                            other => json!({"name": label(other)}),
-                        });
+                    let shown = match f.as_ref() {
+                        // speedscope shows the line beside the file.
+                        Frame::Python { name, file, line, first_line } => {
+                            json!({"name": name, "file": file, "line": if self.view.lines { line } else { first_line }})
+                        }
+                        Frame::Native { name, module } => json!({"name": name, "file": module}),
+                        other => json!({"name": label(other)}),
+                    };
+                    *index.entry(shown.clone()).or_insert_with(|| {
+                        frames.push(shown);
                         frames.len() - 1
                     })
                 })

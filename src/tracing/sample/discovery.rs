@@ -186,6 +186,12 @@ impl<'a> Processes<'a> {
         total
     }
 
+    /// Whether every process added has its interpreter located (BPF can
+    /// walk its threads).
+    pub fn all_located(&self) -> bool {
+        self.by_pid.values().all(|p| p.located)
+    }
+
     /// The one target's PID (not --all).
     pub fn only(&self) -> Option<u32> {
         (!self.all).then(|| self.by_pid.keys().next().copied()).flatten()

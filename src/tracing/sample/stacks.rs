@@ -415,6 +415,19 @@ impl Stacks {
         }
     }
 
+    /// The profile so far, one Sample per stack and thread (`pytrace top`
+    /// reads it while sampling goes on).
+    pub fn samples_so_far(&self) -> Vec<Sample> {
+        self.profile
+            .counts
+            .iter()
+            .map(|(&(tid, id), &count)| {
+                let (pid, frames) = &self.profile.stacks[id as usize];
+                Sample { pid: *pid, tid, frames: frames.to_vec(), count }
+            })
+            .collect()
+    }
+
     /// The profile, one Sample per stack and thread.
     pub fn into_samples(self) -> Vec<Sample> {
         let Profile { stacks, counts, .. } = self.profile;

@@ -1,0 +1,104 @@
+//! `pytrace top`: a live view of where the target spends CPU time, like
+//! `py-spy top` and Linux `top`: the sampler runs as for `sample`, and
+//! every second the profile so far is redrawn in the terminal.
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+
+use crate::report::profile::Profile;
+use crate::report::top::{SortBy, TopView};
+use crate::report::PythonInfo;
+use crate::session::{self, Live, Target, TargetSpec};
+use crate::tracing::sample::{self, Options as SampleOptions, Targets};
+
+const REDRAW_EVERY: Duration = Duration::from_secs(1);
+
+pub struct Options {
+    pub target: TargetSpec,
+    pub duration: Option<Duration>,
+    pub hz: u64,
+}
+
+/// The terminal in the view's mode (alternate screen, raw keys) while this
+/// lives; put back when dropped, whatever the exit (ratatui's panic hook
+/// covers panics).
+struct Screen(ratatui::DefaultTerminal);
+
+impl Drop for Screen {
+    fn drop(&mut self) {
+        ratatui::restore();
+    }
+}
+
+pub fn run(opts: Options) -> Result<i32> {
+    if !std::io::stdout().is_terminal() {
+        bail!("pytrace top draws on a terminal and standard output is not one: use `pytrace sample` to write a profile");
+    }
+    let (mut target, python) = Target::prepare(opts.target)?;
+    session::install_signal_handlers();
+    let pid = target.pid;
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok().and_then(|p| p.to_str().map(str::to_string));
+    let title = format!("pytrace top: PID {pid}, Python {}", python.version);
+    let mut view = TopView::new(title, opts.hz, cwd);
+    let live = Live::new(&mut target, opts.duration);
+    // Entered once the target is attached (errors before then print as
+    // usual); both callbacks reach it.
+    let screen: std::cell::RefCell<Option<Screen>> = std::cell::RefCell::new(None);
+    let mut last_update: Option<Instant> = None;
+    let mut quit = false;
+    sample::run_watched(
+        Targets::One(pid, &python),
+        &SampleOptions { hz: opts.hz, kernel: false, idle: false, native: false, threads: false },
+        || {
+            live.attached(&python, "sample", Target::release)?;
+            *screen.borrow_mut() = Some(Screen(ratatui::init()));
+            Ok(())
+        },
+        |session| {
+            let mut redraw = false;
+            while event::poll(Duration::ZERO)? {
+                if let Event::Key(key) = event::read()? {
+                    if key.kind != KeyEventKind::Press {
+                        continue;
+                    }
+                    redraw = true;
+                    match key.code {
+                        KeyCode::Char('q') | KeyCode::Esc => quit = true,
+                        // Raw mode: Ctrl-C is a key, not a signal.
+                        KeyCode::Char('c') if key.modifiers.contains(KeyModifiers::CONTROL) => quit = true,
+                        KeyCode::Char('1') => view.sort_by(SortBy::OwnNow),
+                        KeyCode::Char('2') => view.sort_by(SortBy::TotalNow),
+                        KeyCode::Char('3') => view.sort_by(SortBy::OwnAll),
+                        KeyCode::Char('4') => view.sort_by(SortBy::TotalAll),
+                        _ => redraw = false,
+                    }
+                }
+            }
+            if quit {
+                return Ok(false);
+            }
+            // The interval's shares are read once a second; a key redraws
+            // the same reading.
+            if last_update.is_none_or(|t| t.elapsed() >= REDRAW_EVERY) {
+                let samples = session.samples_so_far();
+                let info = PythonInfo { version: python.version.to_string(), mode: "sample".into() };
+                let profile = Profile::new(pid, info, opts.hz, 0, Default::default(), &samples, None);
+                view.update(&profile.functions(), session.total());
+                view.elapsed = live.elapsed();
+                last_update = Some(Instant::now());
+                redraw = true;
+            }
+            if redraw {
+                if let Some(Screen(terminal)) = screen.borrow_mut().as_mut() {
+                    terminal.draw(|frame| view.draw(frame))?;
+                }
+            }
+            Ok(live.keep_going())
+        },
+    )?;
+    drop(screen);
+    Ok(target.exit_code())
+}

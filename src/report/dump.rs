@@ -1,0 +1,62 @@
+//! The `dump` report: every thread's stack at one instant, innermost frame
+//! first (as a traceback reads upside down, and as py-spy dump prints).
+
+use serde::Serialize;
+use serde_json::json;
+
+use super::profile::label;
+use super::PythonInfo;
+use crate::model::samples::Frame;
+
+#[derive(Serialize)]
+pub struct ThreadStack {
+    pub tid: u32,
+    /// The thread's name as the kernel knows it (/proc/PID/task/TID/comm).
+    pub name: String,
+    /// What the kernel says it was doing when read: running, sleeping, …
+    pub state: String,
+    /// Innermost first.
+    #[serde(serialize_with = "frames_json")]
+    pub frames: Vec<std::rc::Rc<Frame>>,
+}
+
+fn frames_json<S: serde::Serializer>(frames: &[std::rc::Rc<Frame>], to: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    let mut seq = to.serialize_seq(Some(frames.len()))?;
+    for f in frames {
+        seq.serialize_element(&match f.as_ref() {
+            Frame::Python { name, file, line, .. } => json!({"kind": "python", "name": name, "file": file, "line": line}),
+            Frame::Native { name, module } => json!({"kind": "native", "name": name, "module": module}),
+            Frame::Kernel(name) => json!({"kind": "kernel", "name": name}),
+            other => json!({"kind": "marker", "name": label(other)}),
+        })?;
+    }
+    seq.end()
+}
+
+#[derive(Serialize)]
+pub struct DumpReport {
+    pub pid: u32,
+    pub python: PythonInfo,
+    pub threads: Vec<ThreadStack>,
+}
+
+impl DumpReport {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("the report serializes") + "\n"
+    }
+
+    pub fn to_table(&self) -> String {
+        let mut out = format!("pytrace dump: PID {}, Python {}, {}\n", self.pid, self.python.version, super::counted(self.threads.len() as u64, "thread"));
+        for t in &self.threads {
+            out += &format!("\nThread {} ({}, {}):\n", t.tid, t.name, t.state);
+            if t.frames.is_empty() {
+                out += "    [no stack read]\n";
+            }
+            for f in &t.frames {
+                out += &format!("    {}\n", label(f));
+            }
+        }
+        out
+    }
+}

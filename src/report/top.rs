@@ -1,0 +1,149 @@
+//! `pytrace top`'s live view: functions by their share of the samples in
+//! the last interval and since the start, redrawn every second, drawn with
+//! ratatui (a maintained terminal UI library: the alternate screen, raw
+//! keys, and the terminal put back on every exit, panics included).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use ratatui::layout::{Constraint, Layout};
+use ratatui::style::{Modifier, Style};
+use ratatui::text::Line;
+use ratatui::widgets::{Cell, Row, Table};
+use ratatui::Frame;
+
+use super::profile::{short_path, FunctionShare};
+
+/// What the rows are ordered by; keys 1 to 4 choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SortBy {
+    OwnNow,
+    TotalNow,
+    OwnAll,
+    TotalAll,
+}
+
+type Key = (String, String, u32);
+
+/// A function's samples: in the last interval, and since the start.
+#[derive(Debug, Clone, Default)]
+struct Counts {
+    own_now: u64,
+    total_now: u64,
+    own_all: u64,
+    total_all: u64,
+}
+
+/// The state of the view between redraws.
+pub struct TopView {
+    pub title: String,
+    pub hz: u64,
+    pub sort: SortBy,
+    cwd: Option<String>,
+    previous: HashMap<Key, (u64, u64)>,
+    rows: Vec<(Key, Counts)>,
+    samples_all: u64,
+    samples_now: u64,
+    previous_total: u64,
+    pub lost: u64,
+    pub elapsed: Duration,
+}
+
+impl TopView {
+    pub fn new(title: String, hz: u64, cwd: Option<String>) -> Self {
+        TopView {
+            title,
+            hz,
+            sort: SortBy::OwnNow,
+            cwd,
+            previous: HashMap::new(),
+            rows: Vec::new(),
+            samples_all: 0,
+            samples_now: 0,
+            previous_total: 0,
+            lost: 0,
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    /// A new reading of the cumulative shares: the interval's are the
+    /// difference from the last one.
+    pub fn update(&mut self, functions: &[FunctionShare], total: u64) {
+        let mut now = HashMap::new();
+        self.rows = functions
+            .iter()
+            .map(|f| {
+                let key = (f.name.clone(), f.file.clone(), f.line);
+                let (own_before, total_before) = self.previous.get(&key).copied().unwrap_or((0, 0));
+                now.insert(key.clone(), (f.self_samples, f.total_samples));
+                let counts = Counts {
+                    own_now: f.self_samples - own_before.min(f.self_samples),
+                    total_now: f.total_samples - total_before.min(f.total_samples),
+                    own_all: f.self_samples,
+                    total_all: f.total_samples,
+                };
+                (key, counts)
+            })
+            .collect();
+        self.previous = now;
+        self.samples_now = total.saturating_sub(self.previous_total);
+        self.previous_total = total;
+        self.samples_all = total;
+        self.sort_rows();
+    }
+
+    fn sort_rows(&mut self) {
+        let key = |c: &Counts| match self.sort {
+            SortBy::OwnNow => (c.own_now, c.total_now),
+            SortBy::TotalNow => (c.total_now, c.own_now),
+            SortBy::OwnAll => (c.own_all, c.total_all),
+            SortBy::TotalAll => (c.total_all, c.own_all),
+        };
+        self.rows.sort_by(|a, b| key(&b.1).cmp(&key(&a.1)).then_with(|| a.0.cmp(&b.0)));
+    }
+
+    pub fn sort_by(&mut self, sort: SortBy) {
+        self.sort = sort;
+        self.sort_rows();
+    }
+
+    pub fn draw(&self, frame: &mut Frame) {
+        let [header, table, help] = Layout::vertical([Constraint::Length(2), Constraint::Min(1), Constraint::Length(1)]).areas(frame.area());
+        let header_text = vec![
+            Line::from(self.title.clone()),
+            Line::from(format!(
+                "{} Hz, {:.0} s, {} samples ({} in the last interval), {} lost",
+                self.hz,
+                self.elapsed.as_secs_f64(),
+                self.samples_all,
+                self.samples_now,
+                self.lost
+            )),
+        ];
+        frame.render_widget(ratatui::widgets::Paragraph::new(header_text), header);
+        let pct = |n: u64, of: u64| if of == 0 { "0.0%".to_string() } else { format!("{:.1}%", n as f64 * 100.0 / of as f64) };
+        let secs = |n: u64| format!("{:.2}s", n as f64 / self.hz.max(1) as f64);
+        let marked = |title: &str, by: SortBy| if self.sort == by { format!("[{title}]") } else { title.to_string() };
+        let head = Row::new(vec![
+            Cell::from(marked("%Own", SortBy::OwnNow)),
+            Cell::from(marked("%Total", SortBy::TotalNow)),
+            Cell::from(marked("OwnTime", SortBy::OwnAll)),
+            Cell::from(marked("TotalTime", SortBy::TotalAll)),
+            Cell::from("Function (file:line)"),
+        ])
+        .style(Style::default().add_modifier(Modifier::REVERSED));
+        let rows = self.rows.iter().map(|((name, file, line), c)| {
+            let place = if file.is_empty() { String::new() } else { format!(" ({}:{line})", short_path(file, self.cwd.as_deref())) };
+            Row::new(vec![
+                Cell::from(pct(c.own_now, self.samples_now)),
+                Cell::from(pct(c.total_now, self.samples_now)),
+                Cell::from(secs(c.own_all)),
+                Cell::from(secs(c.total_all)),
+                Cell::from(format!("{name}{place}")),
+            ])
+        });
+        let widths = [Constraint::Length(7), Constraint::Length(8), Constraint::Length(9), Constraint::Length(11), Constraint::Min(20)];
+        frame.render_widget(Table::new(rows, widths).header(head), table);
+        frame.render_widget(ratatui::widgets::Paragraph::new("1-4 sort by a column, q quit"), help);
+    }
+}

@@ -1,0 +1,351 @@
+//! Each output format read back by the program a user would read it with:
+//! `--pprof` by Go's pprof (`go tool pprof`, from scripts/test-tools.sh).
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+/// `go tool pprof ARGS FILE`, which must succeed; its standard output.
+fn go_pprof(args: &[&str], file: &Path) -> String {
+    let out = Command::new("go")
+        .args(["tool", "pprof"])
+        .args(args)
+        .arg(file)
+        // pprof keeps a copy of every profile it reads under $PPROF_TMPDIR.
+        .env("PPROF_TMPDIR", file.parent().unwrap())
+        .env("HOME", file.parent().unwrap())
+        .output()
+        .expect("go is installed by scripts/test-tools.sh");
+    assert!(out.status.success(), "go tool pprof {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `-top` rows by function name: (flat, cum) in the chosen sample index.
+fn top_rows(top: &str) -> HashMap<String, (f64, f64)> {
+    let mut rows = HashMap::new();
+    let mut in_table = false;
+    for line in top.lines() {
+        if line.trim_start().starts_with("flat") {
+            in_table = true;
+            continue;
+        }
+        if !in_table {
+            continue;
+        }
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        if cols.len() < 6 {
+            continue;
+        }
+        rows.insert(cols[5..].join(" "), (cols[0].parse().unwrap(), cols[3].parse().unwrap()));
+    }
+    rows
+}
+
+/// The 60/30/10 split, read by `go tool pprof -top` from the pprof file:
+/// within 2 points of the known split, and every function's samples equal
+/// to what the same run's JSON report says (the encoding loses nothing).
+/// Attached by PID and started by pytrace, on every Python of the suite.
+#[test]
+fn pprof_reads_back_in_go_pprof_with_the_known_split() {
+    for (label, python) in pythons() {
+        for by_pid in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let pprof = dir.path().join("profile.pb.gz");
+            let json = dir.path().join("profile.json");
+            let outputs = ["--pprof", pprof.to_str().unwrap(), "--json", json.to_str().unwrap()];
+            if by_pid {
+                let target = start_waiting(&python, "cpu_split.py", &["--cpu-seconds", "4"]);
+                let pid = target.pid().to_string();
+                let mut args = vec!["sample", "-p", &pid, "-r", "999"];
+                args.extend(outputs);
+                let tracer = start_tracer(&args);
+                signal(target.pid(), libc::SIGUSR1);
+                let (code, _, stderr) = tracer.finish();
+                assert_eq!(code, 0, "{label}: {stderr}");
+            } else {
+                let fixture = fixture("cpu_split.py");
+                let mut args = vec!["sample", "-r", "999"];
+                args.extend(outputs);
+                args.extend(["--", python.to_str().unwrap(), &fixture, "--cpu-seconds", "4"]);
+                let out = pytrace(&args);
+                assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            let how = if by_pid { "by PID" } else { "started" };
+            let top = go_pprof(&["-top", "-nodecount=200", "-sample_index=samples"], &pprof);
+            let rows = top_rows(&top);
+            let cum = |name: &str| rows.get(name).map(|r| r.1).unwrap_or_else(|| panic!("{label} {how}: no {name} in\n{top}"));
+            let (a, b, c) = (cum("sixty"), cum("thirty"), cum("ten"));
+            let sum = a + b + c;
+            assert!(sum > 3000.0, "{label} {how}: only {sum} samples");
+            for (got, want, name) in [(a, 60.0, "sixty"), (b, 30.0, "thirty"), (c, 10.0, "ten")] {
+                let share = got / sum * 100.0;
+                assert!((share - want).abs() <= 2.0, "{label} {how}: {name} has {share:.1}% in pprof, expected {want}%");
+            }
+            // (Names only cpu_split.py defines: -top merges same-named
+            // functions of different files, such as every `<module>`.)
+            let report = read_json(&json);
+            for f in report["functions"].as_array().unwrap() {
+                let name = f["name"].as_str().unwrap();
+                if ["sixty", "thirty", "ten", "spin"].contains(&name) {
+                    assert_eq!(cum(name), f["total_samples"].as_f64().unwrap(), "{label} {how}: {name}'s samples");
+                }
+            }
+            // The other views a pprof user reaches for read it too.
+            assert!(go_pprof(&["-traces"], &pprof).contains("spin"), "{label} {how}");
+            assert!(go_pprof(&["-svg"], &pprof).contains("<svg"), "{label} {how}");
+        }
+    }
+}
+
+/// --native and --kernel frames keep their kind in pprof: native frames sit
+/// in the mapping of their module's file, kernel frames in
+/// [kernel.kallsyms], Python frames in [python]; a user tells them apart
+/// with pprof's mapping filters.
+#[test]
+fn pprof_keeps_native_and_kernel_frames_apart() {
+    let (label, python) = pythons().remove(0);
+    let dir = tempfile::tempdir().unwrap();
+    let pprof = dir.path().join("profile.pb.gz");
+    let fixture = fixture("native_split.py");
+    let out = pytrace(&[
+        "sample", "-r", "499", "--native", "--kernel", "--pprof", pprof.to_str().unwrap(), "--", python.to_str().unwrap(), &fixture,
+        "--cpu-seconds", "3",
+    ]);
+    assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+    let raw = go_pprof(&["-raw"], &pprof);
+    let mappings: Vec<&str> = raw.lines().skip_while(|l| !l.starts_with("Mappings")).skip(1).collect();
+    let mapping_id = |needle: &str| -> String {
+        let line = mappings.iter().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("{label}: no mapping {needle} in\n{raw}"));
+        line.split(':').next().unwrap().trim().to_string()
+    };
+    let (python_id, zlib_id) = (mapping_id("[python]"), mapping_id("libz.so"));
+    let location = |name: &str| -> String {
+        raw.lines()
+            .skip_while(|l| !l.starts_with("Locations"))
+            .find(|l| l.contains(&format!(" {name} ")))
+            .unwrap_or_else(|| panic!("{label}: no location for {name} in\n{raw}"))
+            .to_string()
+    };
+    assert!(location("compress_work").contains(&format!("M={python_id} ")), "{label}: {}", location("compress_work"));
+    assert!(location("deflate").contains(&format!("M={zlib_id} ")), "{label}: {}", location("deflate"));
+}
+
+/// `calls --pprof`: one sample per function valued in calls and self
+/// nanoseconds. Read back by `go tool pprof -top -sample_index=calls`,
+/// every function of callgraph.py has cProfile's ncalls (those whose name
+/// another file uses too are left out: -top merges functions by name);
+/// self time, summed by pprof, equals the JSON report's.
+#[test]
+fn calls_pprof_reads_back_with_cprofiles_counts() {
+    for (label, python) in pythons() {
+        let dir = tempfile::tempdir().unwrap();
+        let (pprof, json) = (dir.path().join("calls.pb.gz"), dir.path().join("calls.json"));
+        let fixture = fixture("callgraph.py");
+        let out = pytrace(&[
+            "calls", "--pprof", pprof.to_str().unwrap(), "--json", json.to_str().unwrap(), "--", python.to_str().unwrap(), &fixture, "--rounds", "20",
+        ]);
+        assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+        let report = read_json(&json);
+        let names: Vec<&str> = report["functions"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
+        let unique = |name: &str| names.iter().filter(|n| **n == name).count() == 1;
+        let top = go_pprof(&["-top", "-nodecount=100000", "-nodefraction=0", "-sample_index=calls"], &pprof);
+        let rows = top_rows(&top);
+        let truth = cprofile_calls(&python, "callgraph.py", &["--rounds", "20"]);
+        let rows_of_fixture = rows_for_file(&report, "fixtures/callgraph.py");
+        let mut checked = 0;
+        for (line, name, calls) in &truth {
+            let row = find_row(&rows_of_fixture, *line, name).unwrap_or_else(|| panic!("{label}: no row for {name}:{line}"));
+            let qualname = row["name"].as_str().unwrap();
+            if !unique(qualname) {
+                continue;
+            }
+            let got = rows.get(qualname).unwrap_or_else(|| panic!("{label}: no {qualname} in\n{top}")).0;
+            assert_eq!(got, *calls as f64, "{label}: {qualname}'s calls in pprof");
+            checked += 1;
+        }
+        assert!(checked >= 10, "{label}: only {checked} functions compared");
+        let self_ns: u64 = report["functions"].as_array().unwrap().iter().map(|f| f["self_ns"].as_u64().unwrap()).sum();
+        let raw = go_pprof(&["-raw"], &pprof);
+        let sum: i64 = raw
+            .lines()
+            .skip_while(|l| !l.starts_with("Samples:"))
+            .skip(2)
+            .take_while(|l| !l.starts_with("Locations"))
+            .filter_map(|l| l.split(':').next()?.split_whitespace().nth(1)?.parse::<i64>().ok())
+            .sum();
+        assert_eq!(sum as u64, self_ns, "{label}: self nanoseconds in pprof");
+    }
+}
+
+/// Folded stacks and the flamegraph have one frame per function by
+/// default, its file shortened (the standard library's from its own root,
+/// the program's relative to its working directory): a function spinning
+/// over two lines is one frame whose samples are the JSON report's for it.
+/// `--lines` splits it by line again; `--full-paths` gives the files as
+/// the interpreter names them.
+#[test]
+fn stacks_show_functions_with_short_paths_unless_asked() {
+    let (label, python) = pythons().remove(0);
+    // textwrap is pure Python in the standard library.
+    // cpu_split.py's spin loops over two lines.
+    let script = "import importlib.util, sys, textwrap, time\n\
+                  spec = importlib.util.spec_from_file_location('cpu_split', sys.argv[1])\n\
+                  split = importlib.util.module_from_spec(spec)\n\
+                  spec.loader.exec_module(split)\n\
+                  t = 'word ' * 200\n\
+                  e = time.process_time() + 2\n\
+                  while time.process_time() < e:\n    textwrap.fill(t, 30)\n    split.sixty()\n";
+    let run = |extra: &[&str]| -> (String, serde_json::Value) {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("p.json");
+        let fixture = fixture("cpu_split.py");
+        let mut args = vec!["sample", "-r", "499", "--folded", "-", "--json", json.to_str().unwrap()];
+        args.extend(extra);
+        args.extend(["--", python.to_str().unwrap(), "-c", script, &fixture]);
+        let out = pytrace(&args);
+        assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+        (String::from_utf8(out.stdout).unwrap(), read_json(&json))
+    };
+    let frames_of = |folded: &str, name: &str| -> HashMap<String, u64> {
+        let mut seen = HashMap::new();
+        for line in folded.lines() {
+            let (stack, n) = line.rsplit_once(' ').unwrap();
+            for frame in stack.split(';').filter(|f| f.starts_with(&format!("{name} ("))) {
+                *seen.entry(frame.to_string()).or_default() += n.parse::<u64>().unwrap();
+            }
+        }
+        seen
+    };
+    let (folded, report) = run(&[]);
+    let spin = frames_of(&folded, "spin");
+    assert_eq!(spin.keys().collect::<Vec<_>>(), ["spin (fixtures/cpu_split.py)"], "{label}: {spin:?}");
+    let in_json = report["functions"].as_array().unwrap().iter().find(|f| f["name"] == "spin").unwrap()["total_samples"].as_u64().unwrap();
+    assert_eq!(spin.values().sum::<u64>(), in_json, "{label}: spin's samples");
+    assert!(frames_of(&folded, "TextWrapper.fill").keys().all(|f| f == "TextWrapper.fill (textwrap.py)"), "{label}: {folded}");
+    assert!(!folded.contains("/lib/python3"), "{label}: a long path left");
+
+    let (folded, _) = run(&["--lines", "--full-paths"]);
+    let spin = frames_of(&folded, "spin");
+    let fixture = fixture("cpu_split.py");
+    assert!(spin.len() >= 2 && spin.keys().all(|f| f.starts_with(&format!("spin ({fixture}:"))), "{label}: {spin:?}");
+    let fill = frames_of(&folded, "TextWrapper.fill");
+    assert!(!fill.is_empty() && fill.keys().all(|f| f.contains("/lib/python3.11/textwrap.py:")), "{label}: {fill:?}");
+}
+
+/// `pytrace dump`: each thread of fixtures/dump_threads.py (told apart by
+/// the native thread IDs the fixture wrote) shows the function it waits or
+/// spins in as its innermost Python frame, and the state the kernel gives
+/// it; with --native, the sleeping thread's innermost frames are C code
+/// under sleep_here. The target runs on, its eval-frame hook untouched.
+#[test]
+fn dump_shows_each_threads_stack_where_it_waits() {
+    for (label, python) in pythons() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids_path = dir.path().join("ids.json");
+        let mut target = Proc(Command::new(&python).arg(fixture("dump_threads.py")).arg(&ids_path).spawn().unwrap());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !ids_path.exists() {
+            assert!(std::time::Instant::now() < deadline, "{label}: the fixture never started its threads");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let ids = read_json(&ids_path);
+        let pid = target.pid().to_string();
+        let hook_before = eval_frame_now(target.pid());
+        for native in [false, true] {
+            let mut args = vec!["dump", "-p", &pid, "--json", "-"];
+            if native {
+                args.push("--native");
+            }
+            let out = pytrace(&args);
+            assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+            let dump: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let thread = |name: &str| {
+                let tid = ids[name].as_u64().unwrap();
+                dump["threads"].as_array().unwrap().iter().find(|t| t["tid"] == tid).unwrap_or_else(|| panic!("{label}: no thread {name} ({tid}) in {dump}"))
+            };
+            let python_frames = |name: &str| -> Vec<String> {
+                thread(name)["frames"].as_array().unwrap().iter().filter(|f| f["kind"] == "python").map(|f| f["name"].as_str().unwrap().to_string()).collect()
+            };
+            for (name, function) in [("worker-sleep", "sleep_here"), ("worker-spin", "spin_here"), ("worker-wait", "wait_on_lock")] {
+                assert_eq!(python_frames(name).first().map(String::as_str), Some(function), "{label} (native {native}): {}", thread(name));
+            }
+            assert!(python_frames("main").iter().any(|f| f == "join_all"), "{label}: {}", thread("main"));
+            assert_eq!(thread("worker-sleep")["state"], "sleeping", "{label}");
+            assert_eq!(thread("worker-spin")["state"], "running", "{label}");
+            if native {
+                let frames = thread("worker-sleep")["frames"].as_array().unwrap();
+                assert_eq!(frames[0]["kind"], "native", "{label}: {frames:?}");
+            }
+        }
+        assert!(target.0.try_wait().unwrap().is_none(), "{label}: the target died");
+        assert_eq!(eval_frame_now(target.pid()), hook_before, "{label}: the hook changed");
+    }
+}
+
+/// `pytrace top` in an 80×24 terminal (tmux, as over ssh): the screen shows
+/// the header and the fixture's functions with their times since the start
+/// in the 60/30/10 split (within 5 points at 999 Hz); `q` quits at once,
+/// with status 0, and gives the terminal back (the shell's line is on the
+/// screen again, not the view).
+#[test]
+fn top_shows_the_split_live_and_quits_on_q() {
+    let (label, python) = pythons().remove(0);
+    let target = start_waiting(&python, "cpu_split.py", &["--seconds", "60"]);
+    let session = format!("pytrace-top-{}", std::process::id());
+    let tmux = |args: &[&str]| -> String {
+        let out = Command::new("tmux").args(args).output().expect("tmux is installed by scripts/test-tools.sh");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let command = format!("{PYTRACE} top -r 999 -p {}; echo top exited with $?; sleep 60", target.pid());
+    tmux(&["new-session", "-d", "-s", &session, "-x", "80", "-y", "24", &command]);
+    struct Kill(String);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = Command::new("tmux").args(["kill-session", "-t", &self.0]).status();
+        }
+    }
+    let _kill = Kill(session.clone());
+    signal(target.pid(), libc::SIGUSR1);
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let screen = tmux(&["capture-pane", "-p", "-t", &session]);
+    assert!(screen.contains(&format!("pytrace top: PID {}", target.pid())), "{label}:\n{screen}");
+    assert!(screen.lines().count() <= 24 && screen.lines().all(|l| l.chars().count() <= 80), "{label}: fits 80×24:\n{screen}");
+    let seconds = |name: &str| -> f64 {
+        let line = screen.lines().find(|l| l.contains(&format!(" {name} ("))).unwrap_or_else(|| panic!("{label}: no {name}:\n{screen}"));
+        line.split_whitespace().nth(3).unwrap().trim_end_matches('s').parse().unwrap()
+    };
+    let (a, b, c) = (seconds("sixty"), seconds("thirty"), seconds("ten"));
+    let sum = a + b + c;
+    assert!(sum > 1.0, "{label}: {sum} s sampled:\n{screen}");
+    for (got, want, name) in [(a, 60.0, "sixty"), (b, 30.0, "thirty"), (c, 10.0, "ten")] {
+        assert!((got / sum * 100.0 - want).abs() <= 5.0, "{label}: {name} {got} s of {sum}:\n{screen}");
+    }
+    tmux(&["send-keys", "-t", &session, "q"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let screen = tmux(&["capture-pane", "-p", "-t", &session]);
+        if screen.contains("top exited with 0") {
+            assert!(!screen.contains("%Own"), "{label}: the view stayed on screen:\n{screen}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{label}: q did not quit:\n{screen}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Without a terminal `top` says so in one sentence, before attaching.
+#[test]
+fn top_without_a_terminal_says_so() {
+    let (label, python) = pythons().remove(0);
+    let target = start_waiting(&python, "cpu_split.py", &["--seconds", "5"]);
+    let out = pytrace(&["top", "-p", &target.pid().to_string()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{label}: {stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{label}: {stderr}");
+    assert!(stderr.contains("standard output is not a terminal") || stderr.contains("is not one"), "{label}: {stderr}");
+}

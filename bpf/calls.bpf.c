@@ -9,7 +9,8 @@
  *  - usdt mode: CPython's function__entry / function__return probes.
  * Each thread keeps a shadow stack of its open calls (start time, time spent
  * in callees) so that self time is exact; per-function totals live in a
- * per-CPU hash map that user space reads at the end. User space hears about a
+ * hash map shared by every CPU (updated atomically) that user space reads at
+ * the end. User space hears about a
  * function once, when it is first seen, through a ring buffer. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>

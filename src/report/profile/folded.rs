@@ -6,9 +6,10 @@ use crate::model::samples::Frame;
 
 impl Profile {
     /// Brendan Gregg's collapsed format: `frame;frame;... count`, outermost
-    /// first; with --threads the thread is the first frame.
+    /// first; with --threads the thread is the first frame. Stacks that read
+    /// the same (a function's lines, merged by default) are one line.
     pub fn to_folded(&self, annotate: bool) -> String {
-        let mut out = String::new();
+        let mut lines: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
         for ((thread, stack), n) in &self.stacks {
             let mut parts: Vec<String> = Vec::new();
             if !thread.is_empty() {
@@ -29,8 +30,8 @@ impl Profile {
                 }
                 parts.push(l);
             }
-            out += &format!("{} {n}\n", parts.join(";"));
+            *lines.entry(parts.join(";")).or_default() += n;
         }
-        out
+        lines.into_iter().map(|(stack, n)| format!("{stack} {n}\n")).collect()
     }
 }

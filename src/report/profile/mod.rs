@@ -277,11 +277,16 @@ mod tests {
 
     #[test]
     fn folded_output_is_outermost_first_with_counts() {
+        // By default a frame is a function: lines 5 and 6 of `a` are one.
         let folded = profile().to_folded(false);
-        assert!(folded.contains("main (f.py:1);a (f.py:5) 1\n"), "{folded}");
-        assert!(folded.contains("main (f.py:1) 1\n"), "{folded}");
+        assert!(folded.contains("main (f.py);a (f.py) 2\n"), "{folded}");
+        assert!(folded.contains("main (f.py) 1\n"), "{folded}");
         let annotated = profile().to_folded(true);
-        assert!(annotated.contains("main (f.py:1)_[j];b (f.py:9)_[j] 1"), "{annotated}");
+        assert!(annotated.contains("main (f.py)_[j];b (f.py)_[j] 1"), "{annotated}");
+        let mut by_line = profile();
+        by_line.view.lines = true;
+        let folded = by_line.to_folded(false);
+        assert!(folded.contains("main (f.py:1);a (f.py:5) 1\n") && folded.contains("main (f.py:1);a (f.py:6) 1\n"), "{folded}");
     }
 
     /// The flamegraph tells kinds apart by colour: inferno's java palette
@@ -296,7 +301,7 @@ mod tests {
         ];
         let info = crate::report::PythonInfo { version: "3.11.2".into(), mode: "sample".into() };
         let p = Profile::new(7, info, 99, 1, Default::default(), &[Sample { pid: 7, tid: 1, frames: stack, count: 1 }], None);
-        assert_eq!(p.to_folded(true), "main (f.py:1)_[j];deflate (libz.so.1)_[i];do_syscall_64_[k];[native stack incomplete] 1\n");
+        assert_eq!(p.to_folded(true), "main (f.py)_[j];deflate (libz.so.1)_[i];do_syscall_64_[k];[native stack incomplete] 1\n");
         let f = p.functions();
         assert!(f.iter().any(|x| x.name == "deflate" && x.file == "libz.so.1" && x.self_samples == 0 && x.total_samples == 1));
     }
@@ -308,6 +313,6 @@ mod tests {
         assert_eq!(v["profiles"][0]["type"], "sampled");
         assert_eq!(v["profiles"][0]["weights"].as_array().unwrap().iter().map(|w| w.as_u64().unwrap()).sum::<u64>(), 4);
         let svg = String::from_utf8(p.to_flamegraph().unwrap()).unwrap();
-        assert!(svg.starts_with("<?xml") && svg.contains("<svg") && svg.contains("main (f.py:1)"));
+        assert!(svg.starts_with("<?xml") && svg.contains("<svg") && svg.contains("main (f.py)"));
     }
 }

@@ -6,6 +6,7 @@ pub mod calls;
 pub mod compare;
 pub mod gc;
 pub mod imports;
+mod perf_event;
 pub mod sample;
 pub mod watchpoint;
 

@@ -8,32 +8,10 @@ use std::collections::HashSet;
 use anyhow::{bail, Context, Result};
 use libbpf_rs::{Link, ProgramMut};
 
+use std::os::fd::IntoRawFd;
+
+use super::perf_event::{self, PerfEventAttr, EXCLUDE_HV, EXCLUDE_KERNEL, HW_BREAKPOINT_W, INHERIT, PERF_TYPE_BREAKPOINT};
 use super::privilege_hint;
-
-/// The start of perf_event_attr, up to bp_len (the kernel takes any size
-/// it knows, zero-filling the rest).
-#[repr(C)]
-#[derive(Default)]
-struct BreakpointAttr {
-    kind: u32,
-    size: u32,
-    config: u64,
-    sample_period: u64,
-    sample_type: u64,
-    read_format: u64,
-    flags: u64,
-    wakeup_events: u32,
-    bp_type: u32,
-    bp_addr: u64,
-    bp_len: u64,
-}
-
-const PERF_TYPE_BREAKPOINT: u32 = 5;
-const HW_BREAKPOINT_W: u32 = 2;
-const INHERIT: u64 = 1 << 1;
-const EXCLUDE_KERNEL: u64 = 1 << 5;
-const EXCLUDE_HV: u64 = 1 << 6;
-const PERF_FLAG_FD_CLOEXEC: u64 = 1 << 3;
 
 /// How often the thread list is read again for threads started while the
 /// events were being opened, before giving up on it settling.
@@ -82,9 +60,8 @@ pub fn watch_writes(prog: &ProgramMut, pid: u32, addr: u64, len: u64) -> Result<
 }
 
 fn open_breakpoint(tid: u32, addr: u64, len: u64) -> std::io::Result<i32> {
-    let attr = BreakpointAttr {
+    let attr = PerfEventAttr {
         kind: PERF_TYPE_BREAKPOINT,
-        size: std::mem::size_of::<BreakpointAttr>() as u32,
         sample_period: 1,
         flags: INHERIT | EXCLUDE_KERNEL | EXCLUDE_HV,
         bp_type: HW_BREAKPOINT_W,
@@ -92,12 +69,8 @@ fn open_breakpoint(tid: u32, addr: u64, len: u64) -> std::io::Result<i32> {
         bp_len: len,
         ..Default::default()
     };
-    // SAFETY: perf_event_open with a valid attr; the fd goes to libbpf.
-    let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, &attr, tid as i32, -1i32, -1i32, PERF_FLAG_FD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(fd as i32)
+    // The descriptor goes to libbpf, which closes it with the link.
+    Ok(perf_event::open(attr, tid as i32, -1)?.into_raw_fd())
 }
 
 /// The real reason the kernel refused a watchpoint, in one sentence.

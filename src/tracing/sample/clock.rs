@@ -25,13 +25,15 @@
 //! per tick): each tick is P times a uniform draw from [1/2, 3/2] after
 //! the previous one, for the same reason.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+
+use crate::tracing::perf_event::{self, PerfEventAttr, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE};
 
 /// A window lasts at least this long (k = ceil(WINDOW / P) samples), which
 /// bounds the re-arms to 5 a second per CPU, whatever the rate. Windows of
@@ -49,42 +51,13 @@ const AFTER_LAST: Duration = Duration::from_micros(20);
 /// left some near-commensurate periods with twice the variance.
 const SPREAD: f64 = 0.5;
 
-/// Minimal perf_event_attr (the kernel accepts any size it knows).
-#[repr(C)]
-#[derive(Default)]
-struct PerfEventAttr {
-    kind: u32,
-    size: u32,
-    config: u64,
-    sample_period: u64,
-    sample_type: u64,
-    read_format: u64,
-    flags: u64,
-    rest: [u64; 10],
-}
-
-const PERF_TYPE_SOFTWARE: u32 = 1;
-const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
-const PERF_FLAG_FD_CLOEXEC: u64 = 1 << 3;
 /// _IOW('$', 4, __u64)
 const PERF_EVENT_IOC_PERIOD: libc::c_ulong = 0x4008_2404;
 
 /// Opens a CPU-clock event on `cpu` firing every `period_ns`.
 pub fn open_cpu_clock(cpu: i32, period_ns: u64) -> std::io::Result<OwnedFd> {
-    let attr = PerfEventAttr {
-        kind: PERF_TYPE_SOFTWARE,
-        size: std::mem::size_of::<PerfEventAttr>() as u32,
-        config: PERF_COUNT_SW_CPU_CLOCK,
-        sample_period: period_ns,
-        ..Default::default()
-    };
-    // SAFETY: perf_event_open with a valid attr.
-    let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, &attr, -1i32, cpu, -1i32, PERF_FLAG_FD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    let attr = PerfEventAttr { kind: PERF_TYPE_SOFTWARE, config: PERF_COUNT_SW_CPU_CLOCK, sample_period: period_ns, ..Default::default() };
+    perf_event::open(attr, -1, cpu)
 }
 
 pub fn online_cpus() -> Result<Vec<i32>> {

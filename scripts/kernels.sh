@@ -14,7 +14,8 @@
 #                                      exits with CMD's status
 #   scripts/kernels.sh test [SERIES...] the kernel smoke matrix: pytrace's own
 #                                      integration tests, built here, run in
-#                                      a VM of each kernel (all by default)
+#                                      a VM of each kernel (all by default;
+#                                      PYTRACE_KERNEL_TESTS=REGEX: only those)
 #
 # Why these pieces: KVM fails under nested virtualisation here (QEMU cannot
 # set MSR 0x10a), so the VMs run under TCG, emulated: a kernel boots in
@@ -156,14 +157,25 @@ run() {
 # The integration tests each kernel runs, as "TEST-FILE TEST-NAME": every
 # subcommand against its ground truth on Debian's python3.11 (calls against
 # cProfile, gc against gc.callbacks in both modes, the import tree in both
-# modes, compare) and on bullseye's 3.9 in a chroot (calls in uprobe and
-# usdt mode, gc, imports, the 60/30/10 sampling split within 2 points,
-# compare), plus what `info` says of the kernel.
+# modes, --native's kernel frames above the native frames that entered the
+# kernel, compare) and on bullseye's 3.9 in a chroot (calls in uprobe and
+# usdt mode, gc, imports, the sampling split, compare), plus what `info`
+# says of the kernel.
 #
-# Left out, measured in these VMs on every kernel, for the emulation: the
-# split on Debian's 3.11 (56.6% for 60 on 6.12, where 3.9's holds) and
-# --native's shares (most samples land in the kernel under TCG, where a
-# clock_gettime costs what a deflate call does). The host runs them.
+# Left out, measured in these VMs; the host runs them:
+# - The split on Debian's 3.11 (sample's
+#   cpu_shares_match_the_known_split_within_two_points), though judged by
+#   the CPU time the fixture measured in each function: it held on 5.10 and
+#   6.12, but on 6.1 sixty had 55.8% of the samples for 53.4% of the CPU
+#   time. 3.9's split, the same check, is kept: it missed the same way on
+#   5.10 (53.9% for 56.1%). Under emulation the sampler and the CPU clock
+#   disagree by 2 to 4 points, open.
+# - --native's shares (sample_native's
+#   native_frames_sit_between_the_python_caller_and_the_leaf): pytrace's
+#   user space unwinds too few --native records a second to keep up: on
+#   5.10 at 999 Hz 4361 of about 6240 samples were lost to a full ring
+#   buffer (596 at 399 Hz), and compress_work's share came out at
+#   53.4-54.3% for 50.
 smoke_tests=(
   "info kernel_features_are_those_of_its_release"
   "info sample_idle_needs_5_18_and_says_so"
@@ -173,6 +185,7 @@ smoke_tests=(
   "gc watchpoint_mode_is_exact_on_every_version"
   "imports the_import_tree_is_exact_when_pytrace_starts_the_command"
   "imports the_tree_is_exact_on_every_build_when_attached_by_pid"
+  "sample_native kernel_frames_go_above_the_native_frames_that_entered_the_kernel"
   "compare numbers_are_the_two_reports_combined_when_pytrace_starts_the_command"
   "matrix python_3_9::calls_equal_cprofile"
   "matrix python_3_9::usdt_mode_counts_equal_cprofile"
@@ -181,11 +194,9 @@ smoke_tests=(
   "matrix python_3_9::sample_split_threads_and_depth"
   "matrix python_3_9::compare_sees_the_split_on_both_sides"
 )
-# Only from 5.15 (bpf_task_pt_regs: native frames of samples in system
-# calls) and 5.18 (bpf_copy_from_user_task); on older kernels
+# Only from 5.18 (bpf_copy_from_user_task); on older kernels
 # sample_idle_needs_5_18_and_says_so checks --idle's refusal instead.
 newer_tests=(
-  "sample_native kernel_frames_go_above_the_native_frames_that_entered_the_kernel"
   "sample idle_sees_sleeping_threads_and_on_cpu_does_not"
   "matrix python_3_9::sample_idle_sees_sleepers"
 )
@@ -243,6 +254,12 @@ GUEST
     tests=$(mktemp /tmp/pytrace-kernels-XXXXXX)
     printf '%s\n' "${smoke_tests[@]}" > "$tests"
     case "$want" in 5.10) ;; *) printf '%s\n' "${newer_tests[@]}" >> "$tests" ;; esac
+    # PYTRACE_KERNEL_TESTS=REGEX keeps only the tests it matches (by hand,
+    # while working on some of them).
+    if [ -n "${PYTRACE_KERNEL_TESTS:-}" ]; then
+      grep -E -- "$PYTRACE_KERNEL_TESTS" "$tests" > "$tests.only" || true
+      mv "$tests.only" "$tests"
+    fi
     echo "kernel $want: $(wc -l < "$tests") tests in a VM" >&2
     start=$(date +%s)
     # A VM that stops before its tests end (no summary line: seen once in

@@ -150,6 +150,11 @@ impl Kernel {
         if feature == Feature::UprobeSession && std::env::var_os("PYTRACE_NO_UPROBE_SESSION").is_some() {
             return false;
         }
+        // PYTRACE_NO_TASK_PT_REGS=1 likewise takes sample --native's path of
+        // kernels before 5.15.
+        if feature == Feature::TaskPtRegs && std::env::var_os("PYTRACE_NO_TASK_PT_REGS").is_some() {
+            return false;
+        }
         self.features.iter().any(|&(f, has)| f == feature && has)
     }
 
@@ -184,7 +189,7 @@ impl Kernel {
             out.push("calls in uprobe mode cannot count __getitem__ run inline by CPython 3.11.0 to 3.11.3, nor generator closes that skip the frame (3.13+): those counts are lower bounds (uprobe cookies, bpf_get_attach_cookie, need Linux 5.15)".into());
         }
         if !self.has(Feature::TaskPtRegs) {
-            out.push("sample --native has no native frames for samples that interrupted the kernel (bpf_task_pt_regs needs Linux 5.15): they are counted native_no_user_regs".into());
+            out.push("sample --native reads the user registers of samples that interrupted the kernel from the top of the thread's kernel stack, as the kernel does (bpf_task_pt_regs needs Linux 5.15); where they are not there it counts the sample native_no_user_regs".into());
         }
         out
     }

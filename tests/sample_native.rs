@@ -42,9 +42,11 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// up to 6000 samples, where one share's standard error is 0.65 points; the
 /// bound is 1 point plus four standard errors, at least 3 points (7 on a
 /// machine so busy that only 1000 samples are taken). Of compress_work's
-/// samples, all but its own loop, its calls to time.process_time and zlib's
-/// glue around libz (about 3.5 %, measured) have libz frames above it: at
-/// least 95 %. libz's exported functions (deflate, deflateInit2_,
+/// samples outside its clock reads (time.process_time: libc's and the
+/// vDSO's clock_gettime, a system call for this clock, which emulation in
+/// scripts/kernels.sh's VMs makes as dear as a deflate call), all but its
+/// own loop and zlib's glue around libz (about 3.5 %, measured) have libz
+/// frames above it: at least 95 %. libz's exported functions (deflate, deflateInit2_,
 /// deflateEnd) are in its dynamic symbol table, so the way into libz is
 /// named even though the file is stripped.
 #[test]
@@ -62,13 +64,16 @@ fn native_frames_sit_between_the_python_caller_and_the_leaf() {
         signal(target.pid(), libc::SIGUSR1);
         let (code, _, stderr) = tracer.finish();
         assert_eq!(code, 0, "{label}: {stderr}");
-        let (mut compress, mut spin, mut in_libz, mut named_entry) = (0, 0, 0, 0);
+        let (mut compress, mut spin, mut in_libz, mut named_entry, mut in_clock) = (0, 0, 0, 0, 0);
         for line in std::fs::read_to_string(&folded).unwrap().lines() {
             let (frames, n) = parse(line);
             if let Some(at) = frames.iter().position(|f| f.starts_with("compress_work (")) {
                 compress += n;
                 let above = &frames[at + 1..];
                 let libz = above.iter().position(|f| f.contains(" (libz.so"));
+                if above.iter().any(|f| f.starts_with("clock_gettime (")) {
+                    in_clock += n;
+                }
                 if let Some(z) = libz {
                     assert!(!above[z..].iter().any(|f| is_python(f)), "{label}: a Python frame above libz: {line}");
                     assert!(frames[..at].iter().any(|f| f.starts_with("main (")), "{label}: main below compress_work: {line}");
@@ -85,14 +90,16 @@ fn native_frames_sit_between_the_python_caller_and_the_leaf() {
         let share = compress as f64 / total * 100.0;
         let bound = (1.0 + 4.0 * (0.25 / total).sqrt() * 100.0).max(3.0);
         assert!((share - 50.0).abs() <= bound, "{label}: compress_work has {share:.1}% of {total} samples, expected 50% within {bound:.1}");
-        let in_c = in_libz as f64 / compress as f64 * 100.0;
-        assert!(in_c >= 95.0, "{label}: libz above compress_work in {in_c:.1}% of its samples, expected 95% or more");
+        let in_c = in_libz as f64 / (compress - in_clock) as f64 * 100.0;
+        assert!(in_c >= 95.0, "{label}: libz above compress_work in {in_c:.1}% of its {} samples outside clock reads, expected 95% or more", compress - in_clock);
         assert!(named_entry as f64 >= in_libz as f64 * 0.99, "{label}: the way into libz named in {named_entry} of {in_libz}");
         // Merging failed for almost none (only start-up, before the thread
-        // state exists, or a sample caught entering an eval call).
+        // state exists, or a sample caught entering an eval call), and
+        // almost no record was lost to a full ring buffer (losses, which
+        // come in bursts, would skew the shares above).
         let report = read_json(&json);
         let counters = &report["counters"];
-        let failed: u64 = ["native_unmatched", "native_unwind_lost", "native_stack_cut", "native_unavailable"]
+        let failed: u64 = ["lost", "native_unmatched", "native_unwind_lost", "native_stack_cut", "native_unavailable"]
             .iter()
             .map(|c| counters[*c].as_u64().unwrap_or_else(|| panic!("{label}: no counter {c}")))
             .sum();
@@ -125,31 +132,55 @@ fn without_native_only_python_frames_are_shown() {
 /// --native with --kernel: a system call's kernel frames sit above the
 /// native frame that made it (libc's, the vDSO's, the dynamic loader's),
 /// never above a Python frame; with --threads each stack is rooted at its
-/// thread.
+/// thread. The user registers of a sample that interrupted the kernel come
+/// from bpf_task_pt_regs (5.15), or before it from the top of the thread's
+/// kernel stack: almost no sample goes without (native_no_user_regs: only
+/// a kernel thread's, or the `--` target's before it runs Python).
 #[test]
 fn kernel_frames_go_above_the_native_frames_that_entered_the_kernel() {
+    kernel_frames_above_native_frames(&[]);
+}
+
+/// The same by the kernel stack's top on kernels that have
+/// bpf_task_pt_regs, as 5.10 does (Debian 11's kernel runs it natively in
+/// scripts/kernels.sh's VM).
+#[test]
+fn kernel_frames_go_above_the_native_frames_without_bpf_task_pt_regs() {
+    kernel_frames_above_native_frames(&[("PYTRACE_NO_TASK_PT_REGS", "1")]);
+}
+
+fn kernel_frames_above_native_frames(envs: &[(&str, &str)]) {
     let _serial = serial();
     let (label, python) = pythons().remove(0);
-    let out = pytrace(&[
-        "sample", "-r", "499", "--native", "--kernel", "--threads", "--folded", "-", "--",
-        python.to_str().unwrap(), &fixture("native_split.py"), "--seconds", "1.5",
-    ]);
-    assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("p.json");
+    let out = std::process::Command::new(PYTRACE)
+        .args([
+            "sample", "-r", "499", "--native", "--kernel", "--threads", "--folded", "-", "--json", json.to_str().unwrap(), "--",
+            python.to_str().unwrap(), &fixture("native_split.py"), "--seconds", "1.5",
+        ])
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{label} {envs:?}: {}", String::from_utf8_lossy(&out.stderr));
     let folded = String::from_utf8(out.stdout).unwrap();
-    let mut syscalls = 0;
+    let (mut syscalls, mut total) = (0, 0);
     for line in folded.lines() {
         let (frames, n) = parse(line);
+        total += n;
         let thread = frames[0].rsplit_once(" (").is_some_and(|(_, tid)| tid.trim_end_matches(')').parse::<u32>().is_ok());
-        assert!(thread, "{label}: the thread first: {line}");
+        assert!(thread, "{label} {envs:?}: the thread first: {line}");
         // spin_work's time.process_time() is a real system call, made by
         // the vDSO's clock_gettime for a clock it cannot read itself.
         if let Some(entry) = frames.iter().position(|f| *f == "entry_SYSCALL_64_after_hwframe") {
-            assert!(is_native(frames[entry - 1]), "{label}: {line}");
-            assert!(!frames[entry..].iter().any(|f| is_python(f) || is_native(f)), "{label}: {line}");
+            assert!(is_native(frames[entry - 1]), "{label} {envs:?}: {line}");
+            assert!(!frames[entry..].iter().any(|f| is_python(f) || is_native(f)), "{label} {envs:?}: {line}");
             syscalls += n;
         }
     }
-    assert!(syscalls > 50, "{label}: only {syscalls} samples in system calls");
+    assert!(syscalls > 50, "{label} {envs:?}: only {syscalls} samples in system calls");
+    let without = read_json(&json)["counters"]["native_no_user_regs"].as_u64().unwrap_or_else(|| panic!("{label}: no native_no_user_regs counter"));
+    assert!((without as f64) < total as f64 * 0.01, "{label} {envs:?}: {without} of {total} samples without user registers");
 }
 
 /// --idle --native: a thread blocked in time.sleep shows the libc call it

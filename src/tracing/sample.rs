@@ -103,6 +103,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
         rodata.cfg.kernel_stacks = opts.kernel as u8;
         rodata.cfg.native = opts.native as u8;
         rodata.cfg.per_thread = opts.threads as u8;
+        rodata.cfg.task_pt_regs = crate::kernel::Kernel::get().has(crate::kernel::Feature::TaskPtRegs) as u8;
         if opts.native {
             open.maps.records.set_max_entries(NATIVE_RING_BYTES).context("failed to size the sample ring buffer")?;
         }

@@ -327,3 +327,25 @@ pub fn assert_compare_split(label: &str, cmp: &serde_json::Value, wall_split: &P
         }
     }
 }
+
+/// A sample report of fixtures/cpu_split.py has its functions' samples in
+/// the shares of the CPU time the fixture measured around each
+/// (`--cpu-split FILE`): 60/30/10 on real hardware, less even where every
+/// clock read costs more (an emulated VM). At least `min_samples` in the
+/// three; each share within `points`.
+pub fn assert_sample_split(label: &str, report: &serde_json::Value, cpu_split: &Path, min_samples: u64, points: f64) {
+    let names = ["sixty", "thirty", "ten"];
+    let truth = read_json(cpu_split);
+    let cpu: Vec<f64> = names.iter().map(|n| truth[n].as_f64().unwrap_or_else(|| panic!("{label}: {cpu_split:?} has no {n}"))).collect();
+    let cpu_sum: f64 = cpu.iter().sum();
+    let samples: Vec<u64> = names
+        .iter()
+        .map(|n| report["functions"].as_array().unwrap().iter().find(|f| f["name"] == *n).map_or(0, |f| f["total_samples"].as_u64().unwrap()))
+        .collect();
+    let sum: u64 = samples.iter().sum();
+    assert!(sum >= min_samples, "{label}: only {sum} samples in sixty, thirty and ten");
+    for (i, name) in names.iter().enumerate() {
+        let (share, want) = (samples[i] as f64 * 100.0 / sum as f64, cpu[i] * 100.0 / cpu_sum);
+        assert!((share - want).abs() <= points, "{label}: {name} has {share:.1}% of {sum} samples, its CPU time {want:.1}% (± {points})");
+    }
+}

@@ -740,43 +740,30 @@ int BPF_UPROBE(eval_frame, const void *tstate, const void *frame)
 
 /* Older kernels: a uprobe and a uretprobe. User space detaches the return
  * probe first, so no new return instance keeps the entry probe's
- * unregister waiting. */
-SEC("uprobe")
-int BPF_UPROBE(eval_entry, const void *tstate, const void *frame)
-{
-	if (cfg.empty_probe)
-		return 0;
-	eval_enter(tstate, frame, 1);
-	return 0;
+ * unregister waiting. Each is built twice: with compare-and-swap, and
+ * with `suffix` _no_cas for kernels before 5.12 (no compare-and-swap);
+ * `cas` is a constant, so each program keeps only its own branches. */
+#define EVAL_ENTRY_AND_RETURN(suffix, cas)					\
+SEC("uprobe")								\
+int BPF_UPROBE(eval_entry##suffix, const void *tstate, const void *frame)	\
+{									\
+	if (cfg.empty_probe)						\
+		return 0;						\
+	eval_enter(tstate, frame, cas);					\
+	return 0;							\
+}									\
+									\
+SEC("uretprobe")							\
+int BPF_URETPROBE(eval_return##suffix)					\
+{									\
+	if (cfg.empty_probe)						\
+		return 0;						\
+	on_return(0, cas);						\
+	return 0;							\
 }
 
-SEC("uretprobe")
-int BPF_URETPROBE(eval_return)
-{
-	if (cfg.empty_probe)
-		return 0;
-	on_return(0, 1);
-	return 0;
-}
-
-/* The same, for kernels before 5.12 (no compare-and-swap). */
-SEC("uprobe")
-int BPF_UPROBE(eval_entry_no_cas, const void *tstate, const void *frame)
-{
-	if (cfg.empty_probe)
-		return 0;
-	eval_enter(tstate, frame, 0);
-	return 0;
-}
-
-SEC("uretprobe")
-int BPF_URETPROBE(eval_return_no_cas)
-{
-	if (cfg.empty_probe)
-		return 0;
-	on_return(0, 0);
-	return 0;
-}
+EVAL_ENTRY_AND_RETURN(, 1)
+EVAL_ENTRY_AND_RETURN(_no_cas, 0)
 
 static __always_inline void usdt_entry(const char *file, const char *name, int line, const int cas)
 {
@@ -795,34 +782,25 @@ static __always_inline void usdt_entry(const char *file, const char *name, int l
 	on_call(&key, st, 0, 0, 1, RETURN_ALWAYS, cas);
 }
 
-SEC("usdt")
-int BPF_USDT(usdt_function_entry, const char *file, const char *name, int line)
-{
-	usdt_entry(file, name, line, 1);
-	return 0;
+/* CPython's function__entry and function__return probes, built twice as
+ * EVAL_ENTRY_AND_RETURN is. */
+#define USDT_ENTRY_AND_RETURN(suffix, cas)					\
+SEC("usdt")								\
+int BPF_USDT(usdt_function_entry##suffix, const char *file, const char *name, int line) \
+{									\
+	usdt_entry(file, name, line, cas);				\
+	return 0;							\
+}									\
+									\
+SEC("usdt")								\
+int BPF_USDT(usdt_function_return##suffix)				\
+{									\
+	on_return(0, cas);						\
+	return 0;							\
 }
 
-SEC("usdt")
-int BPF_USDT(usdt_function_return)
-{
-	on_return(0, 1);
-	return 0;
-}
-
-/* The same, for kernels before 5.12 (no compare-and-swap). */
-SEC("usdt")
-int BPF_USDT(usdt_function_entry_no_cas, const char *file, const char *name, int line)
-{
-	usdt_entry(file, name, line, 0);
-	return 0;
-}
-
-SEC("usdt")
-int BPF_USDT(usdt_function_return_no_cas)
-{
-	on_return(0, 0);
-	return 0;
-}
+USDT_ENTRY_AND_RETURN(, 1)
+USDT_ENTRY_AND_RETURN(_no_cas, 0)
 
 /* A fork by the target, or by a child of it already tracked. */
 SEC("tp_btf/sched_process_fork")

@@ -20,24 +20,10 @@ use crate::python::{strings, Python, EVAL_FRAME_SYMBOL};
 /// importlib._bootstrap's co_filename in every version (it is frozen).
 const IMPORTLIB_FILE: &str = "<frozen importlib._bootstrap>";
 
-/// How `imports` sees imports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// CPython's import__find__load__start/done USDT probes.
-    Usdt,
-    /// A uprobe on _PyEval_EvalFrameDefault, keeping the evaluations of
-    /// importlib's _find_and_load that C code starts.
-    Uprobe,
-}
-
-impl Mode {
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Usdt => "usdt",
-            Mode::Uprobe => "uprobe",
-        }
-    }
-}
+// How `imports` sees imports: the import__find__load__start/done USDT
+// probes, or a uprobe on _PyEval_EvalFrameDefault keeping the evaluations
+// of importlib's _find_and_load that C code starts.
+pub use super::Mode;
 
 /// The mode `imports` uses for this interpreter (`requested` by --mode,
 /// else the probes where they exist), and why.

@@ -564,7 +564,7 @@ static __always_inline __u32 eval_enter(const void *tstate, const void *frame, c
 	key.tgid = bpf_get_current_pid_tgid() >> 32;
 	if (fsize > FRAME_HEAD_MAX || fsize < 8 || bpf_probe_read_user(frame_words, fsize, frame))
 		goto bad;
-	code = (const void *)PY_CODE_ADDRESS(FIELD(frame_head, fsize, l->frame_code, __u64));
+	code = (const void *)PY_CODE_ADDRESS(FIELD(frame_head, fsize, l->frame_code, __u64), l);
 	if (code_key(code, &key, &flags))
 		goto bad;
 
@@ -573,7 +573,7 @@ static __always_inline __u32 eval_enter(const void *tstate, const void *frame, c
 	 * cProfile sees no call there, only each resumption, which runs in a
 	 * frame the generator owns. */
 	if (l->frame_owner != PY_NO_FIELD && (flags & PY_CO_GENERATOR_LIKE) &&
-	    FIELD(frame_head, fsize, l->frame_owner, __u8) == PY_FRAME_OWNED_BY_THREAD)
+	    FIELD(frame_head, fsize, l->frame_owner, __u8) == l->frame_owned_by_thread)
 		counted = 0;
 
 	if (counted) {
@@ -602,7 +602,7 @@ SEC("uprobe")
 int BPF_UPROBE(inlined_init, const void *type)
 {
 	const void *init = read_ptr(type, cfg.heaptype_spec_init);
-	const void *code = init ? (const void *)PY_CODE_ADDRESS((__u64)read_ptr(init, cfg.function_code)) : 0;
+	const void *code = init ? (const void *)PY_CODE_ADDRESS((__u64)read_ptr(init, cfg.function_code), &cfg.layout) : 0;
 	struct func_key key = { .tgid = bpf_get_current_pid_tgid() >> 32 };
 	struct func_stats *st;
 	__u32 flags;
@@ -645,7 +645,7 @@ static __always_inline __u64 register_value(const struct pt_regs *regs, __u32 nu
  * at `frame`: its key and statistics, announced if new. */
 static __always_inline struct func_stats *frame_function(const void *frame, struct func_key *key)
 {
-	const void *code = (const void *)PY_CODE_ADDRESS((__u64)read_ptr(frame, cfg.layout.frame_code));
+	const void *code = (const void *)PY_CODE_ADDRESS((__u64)read_ptr(frame, cfg.layout.frame_code), &cfg.layout);
 	struct func_stats *st;
 	__u32 flags;
 	int is_new;

@@ -327,15 +327,15 @@ unsafe impl plain::Plain for new_function {}
 /// What a report in this mode on this interpreter cannot be exact about,
 /// one sentence each, shown with the results.
 pub fn caveats(python: &Python, mode: Mode) -> Vec<String> {
-    let minor = (python.version.major, python.version.minor);
+    let facts = python.layout.facts();
     let mut out = Vec::new();
     let no_cookies = || crate::kernel::Kernel::get().lacks(crate::kernel::Feature::AttachCookie, "counting them");
-    if mode == Mode::Uprobe && minor == (3, 13) && !python.layout.free_threaded {
+    if mode == Mode::Uprobe && facts.init_inlined_past_hook && !python.layout.free_threaded {
         // 3.14 respects the hook there. Without the allocator probe, 1 of
         // 20 such calls was seen on Debian's 3.13.18.
         out.push(match python.inlined_init_probe() {
-            Some(_) => "CPython 3.13 runs a class's __init__ inline at call sites it has specialized (CALL_ALLOC_AND_ENTER_INIT) even with the eval-frame hook set: those calls are counted (at the instance's allocation) but not timed, so __init__'s timed_calls is below its calls and their time is in the caller's self time".into(),
-            None => "CPython 3.13 runs a class's __init__ inline at call sites it has specialized (CALL_ALLOC_AND_ENTER_INIT) even with the eval-frame hook set, and pytrace found no place to count them at: __init__ counts are lower bounds".into(),
+            Some(_) => format!("CPython {} runs a class's __init__ inline at call sites it has specialized (CALL_ALLOC_AND_ENTER_INIT) even with the eval-frame hook set: those calls are counted (at the instance's allocation) but not timed, so __init__'s timed_calls is below its calls and their time is in the caller's self time", python.version),
+            None => format!("CPython {} runs a class's __init__ inline at call sites it has specialized (CALL_ALLOC_AND_ENTER_INIT) even with the eval-frame hook set, and pytrace found no place to count them at: __init__ counts are lower bounds", python.version),
         });
     }
     if mode == Mode::Uprobe && python.inlines_getitem_unhooked() {
@@ -353,7 +353,7 @@ pub fn caveats(python: &Python, mode: Mode) -> Vec<String> {
             CloseProbe::NotNeeded => {}
         }
     }
-    if mode == Mode::Usdt && minor >= (3, 11) {
+    if mode == Mode::Usdt && facts.function_entry_at_generator_creation {
         out.push("function__entry fires when a generator is created as well as when it resumes, so generator rows count one call more per generator".into());
     }
     if mode == Mode::Usdt {

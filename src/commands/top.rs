@@ -44,21 +44,18 @@ pub fn run(opts: Options) -> Result<i32> {
     let title = format!("pytrace top: PID {pid}, Python {}", python.version);
     let mut view = TopView::new(title, opts.hz, cwd);
     let live = Live::new(&mut target, &python, "sample", opts.duration);
-    // Entered once the target is attached (errors before then print as
-    // usual); both callbacks reach it.
-    let screen: std::cell::RefCell<Option<Screen>> = std::cell::RefCell::new(None);
+    // Entered once the target is attached and the line scripts wait for
+    // is out (errors before then print as usual).
+    let mut screen: Option<Screen> = None;
     let mut last_update: Option<Instant> = None;
     let mut quit = false;
     let mut object = MaybeUninit::uninit();
     let session = sample::Session::start(&mut object, Targets::One(pid, &python), &SampleOptions { hz: opts.hz, kernel: false, idle: false, native: false, threads: false })?;
     live.drive(
         session,
-        |_, target| {
-            target.release()?;
-            *screen.borrow_mut() = Some(Screen(ratatui::init()));
-            Ok(())
-        },
+        |_, target| target.release(),
         |session| {
+            let Screen(terminal) = screen.get_or_insert_with(|| Screen(ratatui::init()));
             let mut redraw = false;
             while event::poll(Duration::ZERO)? {
                 if let Event::Key(key) = event::read()? {
@@ -93,9 +90,7 @@ pub fn run(opts: Options) -> Result<i32> {
                 redraw = true;
             }
             if redraw {
-                if let Some(Screen(terminal)) = screen.borrow_mut().as_mut() {
-                    terminal.draw(|frame| view.draw(frame))?;
-                }
+                terminal.draw(|frame| view.draw(frame))?;
             }
             Ok(true)
         },

@@ -103,6 +103,7 @@ fn trace_and_sample(spec: TargetSpec, duration: Option<Duration>, hz: u64) -> Re
     let mut profile =
         Profile::new(pid, PythonInfo { version, mode: "sample".into() }, hz, elapsed, samples.counters.clone(), &samples.samples, None);
     profile.bpf_ns_per_sample = samples.bpf_ns_per_sample;
+    profile.cpu_ns = target.cpu_ns();
     let status = target.exit_code();
     Ok((traced, profile, status))
 }

@@ -59,8 +59,9 @@ pub fn run(mut opts: Options) -> Result<i32> {
             let mut progress = Progress::new(opts.threads.then_some(pid));
             let live = Live::new(&mut target, &python, "sample", opts.duration);
             let data = sample_with(&live, Targets::One(pid, &python), &sample_opts, &mut progress)?;
-            write(&opts, outputs, pid, python.version.to_string(), live.elapsed(), data, progress.finish())?;
+            let elapsed = live.elapsed();
             drop(live);
+            write(&opts, outputs, (pid, target.cpu_ns()), python.version.to_string(), elapsed, data, progress.finish())?;
             Ok(target.exit_code())
         }
         None => {
@@ -69,7 +70,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
             let live = Live::everywhere(opts.duration);
             // Threads are told apart for one target only.
             let data = sample_with(&live, Targets::All, &SampleOptions { threads: false, ..sample_opts }, &mut progress)?;
-            write(&opts, outputs, 0, "any".into(), live.elapsed(), data, progress.finish())?;
+            write(&opts, outputs, (0, None), "any".into(), live.elapsed(), data, progress.finish())?;
             Ok(0)
         }
     }
@@ -88,7 +89,7 @@ fn sample_with(live: &Live, targets: Targets, opts: &SampleOptions, progress: &m
 fn write(
     opts: &Options,
     mut outputs: Vec<(Format, Output)>,
-    pid: u32,
+    (pid, cpu_ns): (u32, Option<u64>),
     version: String,
     elapsed: Duration,
     data: sample::SampleData,
@@ -104,6 +105,7 @@ fn write(
         thread_names.as_ref(),
     );
     profile.bpf_ns_per_sample = data.bpf_ns_per_sample;
+    profile.cpu_ns = cpu_ns;
     profile.view = opts.view.clone();
     let mut table_on_stdout = true;
     for (format, out) in &mut outputs {

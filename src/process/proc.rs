@@ -85,6 +85,22 @@ pub fn start_time(pid: u32) -> Result<u64> {
         .with_context(|| format!("/proc/{pid}/stat has no start time"))
 }
 
+/// The CPU time (user and system, every thread, exited ones included) a
+/// process has used, in ns, from the kernel's own accounting (the clock
+/// `clock_getcpuclockid` names; the same one `time.process_time()` reads
+/// inside the process). None once it has exited or cannot be read.
+pub fn cpu_time_ns(pid: u32) -> Option<u64> {
+    let mut clock: libc::clockid_t = 0;
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: both calls write only into the locals passed.
+    unsafe {
+        if libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) != 0 || libc::clock_gettime(clock, &mut now) != 0 {
+            return None;
+        }
+    }
+    Some(now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64)
+}
+
 const DELETED: &str = " (deleted)";
 
 fn strip_deleted(path: &str) -> &str {

@@ -20,6 +20,8 @@ pub struct Launched {
     /// Still traced and stopped (or running traced): not yet let go.
     held: bool,
     exit_status: Option<i32>,
+    /// The CPU time the child used in all, known once it is reaped.
+    pub cpu_at_exit_ns: Option<u64>,
 }
 
 /// Finds `program` on PATH the way a shell would.
@@ -73,7 +75,7 @@ pub fn launch(argv: &[String]) -> Result<(Launched, Python)> {
         }
     }
     let python = wait_for_python(pid, program)?;
-    Ok((Launched { pid: pid as u32, held: true, exit_status: None }, python))
+    Ok((Launched { pid: pid as u32, held: true, exit_status: None, cpu_at_exit_ns: None }, python))
 }
 
 /// Follows the child through its execs until it is a CPython; kills it and
@@ -169,16 +171,20 @@ impl Launched {
     }
 
     /// The exit status once the child has exited (reaping it), else None.
+    /// Reaping also gives the CPU time it used in all (`cpu_at_exit_ns`).
     pub fn try_wait(&mut self) -> Option<i32> {
         if self.exit_status.is_some() {
             return self.exit_status;
         }
         let mut status = 0;
-        // SAFETY: polling our own child.
-        let r = unsafe { libc::waitpid(self.pid as libc::pid_t, &mut status, libc::WNOHANG | libc::__WALL) };
+        // SAFETY: polling our own child; rusage is written by the kernel.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        let r = unsafe { libc::wait4(self.pid as libc::pid_t, &mut status, libc::WNOHANG | libc::__WALL, &mut usage) };
         if r != self.pid as libc::pid_t {
             return None;
         }
+        let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+        self.cpu_at_exit_ns = Some(ns(usage.ru_utime) + ns(usage.ru_stime));
         self.exit_status = exit_code(status);
         self.exit_status
     }

@@ -99,6 +99,9 @@ pub struct Target {
     started: Instant,
     /// When a stop was asked for while a command we started still ran.
     stop_seen: Option<Instant>,
+    /// The target's CPU time when it was let run (see `cpu_ns`).
+    cpu_at_start_ns: Option<u64>,
+    cpu_at_end_ns: Option<u64>,
 }
 
 impl Target {
@@ -113,7 +116,7 @@ impl Target {
                 (launched.pid, python, Some(launched))
             }
         };
-        Ok((Self { pid, launched, exit_status: None, started: Instant::now(), stop_seen: None }, python))
+        Ok((Self { pid, launched, exit_status: None, started: Instant::now(), stop_seen: None, cpu_at_start_ns: None, cpu_at_end_ns: None }, python))
     }
 
     pub fn started_by_us(&self) -> bool {
@@ -123,6 +126,7 @@ impl Target {
     /// Lets a command we started run, once every probe is attached.
     pub fn release(&mut self) -> Result<()> {
         self.started = Instant::now();
+        self.cpu_at_start_ns = proc::cpu_time_ns(self.pid);
         if let Some(l) = &mut self.launched {
             l.resume()?;
         }
@@ -133,6 +137,7 @@ impl Target {
     /// where the BPF program stops it; runs `at_stop`, then lets it go.
     pub fn release_at_first_eval(&mut self, at_stop: impl FnOnce() -> Result<()>) -> Result<()> {
         self.started = Instant::now();
+        self.cpu_at_start_ns = proc::cpu_time_ns(self.pid);
         match &mut self.launched {
             Some(l) => l.resume_until_stop(at_stop),
             None => at_stop(),
@@ -143,12 +148,33 @@ impl Target {
         self.started.elapsed()
     }
 
+    /// The CPU time the target used from when it was let run to when
+    /// tracing ended, from the kernel's accounting: read then if it ran, or
+    /// from its reaping if we started it. None when that cannot be known (a
+    /// process we did not start exited, and its CPU time went with it):
+    /// callers then estimate.
+    pub fn cpu_ns(&self) -> Option<u64> {
+        Some(self.cpu_at_end_ns?.saturating_sub(self.cpu_at_start_ns?))
+    }
+
     /// False once tracing should end: the target exited, the duration ran
     /// out, or a stop was requested. With a command we started, a stop
     /// (Ctrl-C) waits, still tracing, for the command to exit (the terminal
     /// sent it the signal too), so that pytrace returns its exit status;
     /// for at most COMMAND_EXIT_GRACE, or until a second stop signal.
     pub fn keep_going(&mut self, duration: Option<Duration>) -> bool {
+        let going = self.still_going(duration);
+        if !going && self.cpu_at_end_ns.is_none() {
+            self.cpu_at_end_ns = match &self.launched {
+                Some(l) if self.exit_status.is_some() => l.cpu_at_exit_ns,
+                _ if proc::is_running(self.pid) => proc::cpu_time_ns(self.pid),
+                _ => None,
+            };
+        }
+        going
+    }
+
+    fn still_going(&mut self, duration: Option<Duration>) -> bool {
         if STOP_REQUESTED.load(Ordering::SeqCst) {
             let Some(l) = &mut self.launched else { return false };
             if let Some(status) = l.try_wait() {

@@ -39,6 +39,11 @@ pub struct SampledReport {
     pub duration_ns: u64,
     pub samples: u64,
     pub lost_events: u64,
+    /// The target's CPU time while sampled, measured (reports written
+    /// before pytrace measured it lack it: off-CPU time is then estimated
+    /// from the samples).
+    #[serde(default)]
+    pub cpu_ns: Option<u64>,
     pub functions: Vec<SampledFunction>,
 }
 
@@ -158,6 +163,6 @@ impl From<&Profile> for SampledReport {
             .into_iter()
             .map(|f| SampledFunction { name: f.name, file: f.file, line: Some(f.line), self_samples: f.self_samples, total_samples: f.total_samples })
             .collect();
-        SampledReport { pid: p.pid, python: p.python.clone(), hz: p.hz, duration_ns: p.duration_ns, samples: p.total, lost_events: p.counters.lost(), functions }
+        SampledReport { pid: p.pid, python: p.python.clone(), hz: p.hz, duration_ns: p.duration_ns, samples: p.total, lost_events: p.counters.lost(), cpu_ns: p.cpu_ns, functions }
     }
 }

@@ -61,11 +61,17 @@ pub struct TracedSummary {
     /// Every function's self time added up: the traced shares' denominator.
     pub self_ns: u64,
     pub corrected_self_ns: Option<u64>,
-    /// Traced self time (corrected if it can be) minus the CPU time of the
-    /// samples in Python code outside the probes: when positive, about the
-    /// time spent off CPU (sleeping, waiting for I/O, a lock, the GIL or a
-    /// CPU), which tracing counts and CPU sampling does not.
+    /// Traced self time minus the target's CPU time in Python code: when
+    /// positive, about the time spent off CPU (sleeping, waiting for I/O, a
+    /// lock, the GIL or a CPU), which tracing counts and CPU sampling does
+    /// not.
     pub off_cpu_ns: i64,
+    /// Where that CPU time came from: "cpu_time", the kernel's accounting
+    /// of the target (a live comparison, or a sample report that has
+    /// `cpu_ns`), the share outside Python code taken from the samples;
+    /// or "samples", estimated from the samples outside the probes (then
+    /// against the corrected traced time).
+    pub off_cpu_from: &'static str,
     pub lost_events: u64,
 }
 
@@ -189,10 +195,23 @@ impl Comparison {
 
         let n = compared_samples;
         let not_python: u64 = sampled_rows.iter().filter(|((_, file, _), _)| file.is_empty()).map(|(_, (s, _))| s).sum();
-        let python_cpu_ns = (n.saturating_sub(not_python) as f64 * 1e9 / sampled.hz.max(1) as f64).round() as i64;
         let traced_ns = corrected_self_ns.unwrap_or(self_ns);
-        let off_cpu_ns = traced_ns as i64 - python_cpu_ns;
-        let off_cpu_share = if traced_ns > 0 { off_cpu_ns.max(0) as f64 / traced_ns as f64 } else { 0.0 };
+        let (off_cpu_ns, off_cpu_from) = match sampled.cpu_ns {
+            // Wall time traced minus the CPU time measured, both with the
+            // probes' cost in them, so that the probes' estimate (a
+            // sampled one) plays no part; samples only say which share
+            // of the CPU time was outside Python code.
+            Some(cpu_ns) => {
+                let python = 1.0 - ratio(not_python, sampled.samples);
+                (self_ns as i64 - (cpu_ns as f64 * python).round() as i64, "cpu_time")
+            }
+            None => {
+                let python_cpu_ns = (n.saturating_sub(not_python) as f64 * 1e9 / sampled.hz.max(1) as f64).round() as i64;
+                (traced_ns as i64 - python_cpu_ns, "samples")
+            }
+        };
+        let off_cpu_of = if off_cpu_from == "cpu_time" { self_ns } else { traced_ns };
+        let off_cpu_share = ratio(off_cpu_ns.max(0) as u64, off_cpu_of);
         let mut functions: Vec<Row> = keys
             .into_iter()
             .map(|key| {
@@ -266,6 +285,7 @@ impl Comparison {
                 self_ns,
                 corrected_self_ns,
                 off_cpu_ns,
+                off_cpu_from,
                 lost_events: traced.lost_events,
             },
             sampled: SampledSummary {

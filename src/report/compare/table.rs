@@ -50,10 +50,13 @@ impl Comparison {
             }
             None => out += "corrected (*): not available\n",
         }
-        let traced_ns = t.corrected_self_ns.unwrap_or(t.self_ns);
+        let (traced_ns, how) = match t.off_cpu_from {
+            "cpu_time" => (t.self_ns, "the target's CPU time measured"),
+            _ => (t.corrected_self_ns.unwrap_or(t.self_ns), "CPU time estimated from the samples"),
+        };
         if t.off_cpu_ns > 0 {
             out += &format!(
-                "off CPU: {} of the {} traced time ({:.0}%) was not on a CPU (sleep, I/O, locks, the GIL, a busy machine): sampling does not see it\n",
+                "off CPU: {} of the {} traced time ({:.0}%, against {how}) was not on a CPU (sleep, I/O, locks, the GIL, a busy machine): sampling does not see it\n",
                 human_ns(t.off_cpu_ns as u64),
                 human_ns(traced_ns),
                 ratio(t.off_cpu_ns as u64, traced_ns) * 100.0

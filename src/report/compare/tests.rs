@@ -33,7 +33,7 @@ fn traced(functions: Vec<Function>, evaluations: u64) -> TracedReport {
 
 fn sampled(functions: Vec<SampledFunction>, samples: u64) -> SampledReport {
     let python = PythonInfo { version: "3.11.2".into(), mode: "sample".into() };
-    SampledReport { pid: 7, python, hz: 1000, duration_ns: 1_000_000_000, samples, lost_events: 0, functions }
+    SampledReport { pid: 7, python, hz: 1000, duration_ns: 1_000_000_000, samples, lost_events: 0, cpu_ns: None, functions }
 }
 
 fn row<'a>(c: &'a Comparison, name: &str, line: u32) -> &'a Row {
@@ -111,6 +111,28 @@ fn probe_cost_is_measured_from_the_samples_in_the_probes_and_taken_out() {
     assert_eq!(main.self_diff, Some(main.sampled_self_share - main_self as f64 / all));
     // 850 samples in Python code (not the probes', not [no Python code]) at 1000 Hz.
     assert_eq!(c.traced.off_cpu_ns, (work_self + main_self + work9_self) as i64 - 850_000_000);
+    assert_eq!(c.traced.off_cpu_from, "samples");
+}
+
+/// With the target's CPU time measured, off-CPU time is the traced wall
+/// time minus the CPU time in Python code (the probes' cost in both, so
+/// their estimate plays no part): 50 of the 1000 samples were outside
+/// Python code, so 95 % of the 700 ms measured.
+#[test]
+fn off_cpu_time_comes_from_the_cpu_time_measured_when_there_is_one() {
+    let t = traced(example_functions(), 111);
+    let mut s = sampled(
+        vec![
+            sampled_fn("main", "app.py", Some(1), 300, 850),
+            sampled_fn("work", "app.py", Some(5), 500, 500),
+            sampled_fn("[no Python code]", "", Some(0), 50, 50),
+            sampled_fn(PROBES_ROW, "", Some(0), 150, 150),
+        ],
+        1000,
+    );
+    s.cpu_ns = Some(700_000_000);
+    let c = Comparison::new(&t, &s);
+    assert_eq!((c.traced.off_cpu_ns, c.traced.off_cpu_from), (1_000_000_000 - 665_000_000, "cpu_time"));
 }
 
 #[test]

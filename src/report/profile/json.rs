@@ -20,6 +20,7 @@ impl Profile {
             "duration_ns": self.duration_ns,
             "samples": self.total,
             "bpf_ns_per_sample": self.bpf_ns_per_sample,
+            "cpu_ns": self.cpu_ns,
             "lost_events": self.lost(),
             "counters": self.counters,
             "functions": self.functions(),

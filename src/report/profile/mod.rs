@@ -55,6 +55,9 @@ pub struct Profile {
     pub total: u64,
     /// The BPF program's run time per sample (with kernel.bpf_stats_enabled).
     pub bpf_ns_per_sample: Option<u64>,
+    /// The CPU time the target used while sampled, from the kernel's own
+    /// accounting (src/session): what the samples estimate, known exactly.
+    pub cpu_ns: Option<u64>,
     /// (thread label or "", stack) -> samples.
     stacks: BTreeMap<(String, Vec<Rc<Frame>>), u64>,
     /// How folded stacks, the flamegraph and speedscope name Python frames.
@@ -181,7 +184,7 @@ impl Profile {
             *stacks.entry((thread, s.frames.clone())).or_insert(0) += s.count;
         }
         let total = samples.iter().map(|s| s.count).sum();
-        Profile { pid, python, hz, duration_ns, counters, total, bpf_ns_per_sample: None, stacks, view: FrameView::default() }
+        Profile { pid, python, hz, duration_ns, counters, total, bpf_ns_per_sample: None, cpu_ns: None, stacks, view: FrameView::default() }
     }
 
     /// Self and total samples per function, most total first.

@@ -564,7 +564,7 @@ static __always_inline __u32 eval_enter(const void *tstate, const void *frame, c
 	key.tgid = bpf_get_current_pid_tgid() >> 32;
 	if (fsize > FRAME_HEAD_MAX || fsize < 8 || bpf_probe_read_user(frame_words, fsize, frame))
 		goto bad;
-	code = (const void *)PY_CODE_ADDRESS(FIELD(frame_head, fsize, l->frame_code, __u64));
+	code = (const void *)PY_CODE_ADDRESS(FIELD(frame_head, fsize, l->frame_code, __u64), l);
 	if (code_key(code, &key, &flags))
 		goto bad;
 
@@ -573,7 +573,7 @@ static __always_inline __u32 eval_enter(const void *tstate, const void *frame, c
 	 * cProfile sees no call there, only each resumption, which runs in a
 	 * frame the generator owns. */
 	if (l->frame_owner != PY_NO_FIELD && (flags & PY_CO_GENERATOR_LIKE) &&
-	    FIELD(frame_head, fsize, l->frame_owner, __u8) == PY_FRAME_OWNED_BY_THREAD)
+	    FIELD(frame_head, fsize, l->frame_owner, __u8) == l->frame_owned_by_thread)
 		counted = 0;
 
 	if (counted) {
@@ -602,7 +602,7 @@ SEC("uprobe")
 int BPF_UPROBE(inlined_init, const void *type)
 {
 	const void *init = read_ptr(type, cfg.heaptype_spec_init);
-	const void *code = init ? (const void *)PY_CODE_ADDRESS((__u64)read_ptr(init, cfg.function_code)) : 0;
+	const void *code = init ? (const void *)PY_CODE_ADDRESS((__u64)read_ptr(init, cfg.function_code), &cfg.layout) : 0;
 	struct func_key key = { .tgid = bpf_get_current_pid_tgid() >> 32 };
 	struct func_stats *st;
 	__u32 flags;
@@ -645,7 +645,7 @@ static __always_inline __u64 register_value(const struct pt_regs *regs, __u32 nu
  * at `frame`: its key and statistics, announced if new. */
 static __always_inline struct func_stats *frame_function(const void *frame, struct func_key *key)
 {
-	const void *code = (const void *)PY_CODE_ADDRESS((__u64)read_ptr(frame, cfg.layout.frame_code));
+	const void *code = (const void *)PY_CODE_ADDRESS((__u64)read_ptr(frame, cfg.layout.frame_code), &cfg.layout);
 	struct func_stats *st;
 	__u32 flags;
 	int is_new;
@@ -740,43 +740,30 @@ int BPF_UPROBE(eval_frame, const void *tstate, const void *frame)
 
 /* Older kernels: a uprobe and a uretprobe. User space detaches the return
  * probe first, so no new return instance keeps the entry probe's
- * unregister waiting. */
-SEC("uprobe")
-int BPF_UPROBE(eval_entry, const void *tstate, const void *frame)
-{
-	if (cfg.empty_probe)
-		return 0;
-	eval_enter(tstate, frame, 1);
-	return 0;
+ * unregister waiting. Each is built twice: with compare-and-swap, and
+ * with `suffix` _no_cas for kernels before 5.12 (no compare-and-swap);
+ * `cas` is a constant, so each program keeps only its own branches. */
+#define EVAL_ENTRY_AND_RETURN(suffix, cas)					\
+SEC("uprobe")								\
+int BPF_UPROBE(eval_entry##suffix, const void *tstate, const void *frame)	\
+{									\
+	if (cfg.empty_probe)						\
+		return 0;						\
+	eval_enter(tstate, frame, cas);					\
+	return 0;							\
+}									\
+									\
+SEC("uretprobe")							\
+int BPF_URETPROBE(eval_return##suffix)					\
+{									\
+	if (cfg.empty_probe)						\
+		return 0;						\
+	on_return(0, cas);						\
+	return 0;							\
 }
 
-SEC("uretprobe")
-int BPF_URETPROBE(eval_return)
-{
-	if (cfg.empty_probe)
-		return 0;
-	on_return(0, 1);
-	return 0;
-}
-
-/* The same, for kernels before 5.12 (no compare-and-swap). */
-SEC("uprobe")
-int BPF_UPROBE(eval_entry_no_cas, const void *tstate, const void *frame)
-{
-	if (cfg.empty_probe)
-		return 0;
-	eval_enter(tstate, frame, 0);
-	return 0;
-}
-
-SEC("uretprobe")
-int BPF_URETPROBE(eval_return_no_cas)
-{
-	if (cfg.empty_probe)
-		return 0;
-	on_return(0, 0);
-	return 0;
-}
+EVAL_ENTRY_AND_RETURN(, 1)
+EVAL_ENTRY_AND_RETURN(_no_cas, 0)
 
 static __always_inline void usdt_entry(const char *file, const char *name, int line, const int cas)
 {
@@ -795,34 +782,25 @@ static __always_inline void usdt_entry(const char *file, const char *name, int l
 	on_call(&key, st, 0, 0, 1, RETURN_ALWAYS, cas);
 }
 
-SEC("usdt")
-int BPF_USDT(usdt_function_entry, const char *file, const char *name, int line)
-{
-	usdt_entry(file, name, line, 1);
-	return 0;
+/* CPython's function__entry and function__return probes, built twice as
+ * EVAL_ENTRY_AND_RETURN is. */
+#define USDT_ENTRY_AND_RETURN(suffix, cas)					\
+SEC("usdt")								\
+int BPF_USDT(usdt_function_entry##suffix, const char *file, const char *name, int line) \
+{									\
+	usdt_entry(file, name, line, cas);				\
+	return 0;							\
+}									\
+									\
+SEC("usdt")								\
+int BPF_USDT(usdt_function_return##suffix)				\
+{									\
+	on_return(0, cas);						\
+	return 0;							\
 }
 
-SEC("usdt")
-int BPF_USDT(usdt_function_return)
-{
-	on_return(0, 1);
-	return 0;
-}
-
-/* The same, for kernels before 5.12 (no compare-and-swap). */
-SEC("usdt")
-int BPF_USDT(usdt_function_entry_no_cas, const char *file, const char *name, int line)
-{
-	usdt_entry(file, name, line, 0);
-	return 0;
-}
-
-SEC("usdt")
-int BPF_USDT(usdt_function_return_no_cas)
-{
-	on_return(0, 0);
-	return 0;
-}
+USDT_ENTRY_AND_RETURN(, 1)
+USDT_ENTRY_AND_RETURN(_no_cas, 0)
 
 /* A fork by the target, or by a child of it already tracked. */
 SEC("tp_btf/sched_process_fork")

@@ -177,7 +177,7 @@ static __always_inline const void *import_starting(const void *tstate, const voi
 	const volatile struct py_layout *l = &cfg.layout;
 	const void *code, *caller, *caller_code;
 
-	code = (const void *)PY_CODE_ADDRESS((__u64)read_ptr(frame, l->frame_code));
+	code = (const void *)PY_CODE_ADDRESS((__u64)read_ptr(frame, l->frame_code), l);
 	if (!is_bootstrap_function(code, cfg.find_and_load, 1))
 		return 0;
 	/* importlib.import_module calls _find_and_load from Python, through
@@ -186,12 +186,12 @@ static __always_inline const void *import_starting(const void *tstate, const voi
 	 * set. */
 	caller = calling_frame(tstate);
 	if (caller) {
-		caller_code = (const void *)PY_CODE_ADDRESS((__u64)read_ptr(caller, l->frame_code));
+		caller_code = (const void *)PY_CODE_ADDRESS((__u64)read_ptr(caller, l->frame_code), l);
 		if (is_bootstrap_function(caller_code, cfg.gcd_import, 0))
 			return 0;
 	}
 	/* Its first argument, `name`: a tagged stack reference from 3.14. */
-	return (const void *)PY_CODE_ADDRESS((__u64)read_ptr(frame, cfg.frame_localsplus));
+	return (const void *)PY_CODE_ADDRESS((__u64)read_ptr(frame, cfg.frame_localsplus), &cfg.layout);
 }
 
 extern bool bpf_session_is_return(void) __ksym __weak;

@@ -12,18 +12,9 @@
  * generator instead of running it. */
 #define PY_CO_GENERATOR_LIKE (0x20 | 0x80 | 0x200)
 
-/* _PyInterpreterFrame.owner of a frame run by the calling thread. */
-#define PY_FRAME_OWNED_BY_THREAD 0
-/* Owners from this value on mark frames that run no Python code: the C
- * stack's shim frames (owner 3 in 3.12 and 3.13, 4 in 3.14) and, from 3.14,
- * the interpreter's base frame (3). 3.11 has neither. */
-#define PY_FRAME_OWNED_NOT_CODE 3
-
-/* A frame's code object address: from 3.14 f_executable is a tagged
- * _PyStackRef whose low bits are flags (1 in 3.14, up to 3 in 3.15).
- * Objects are 8-byte aligned, so clearing the low 3 bits is right for every
- * version. */
-#define PY_CODE_ADDRESS(word) ((word) & ~7ULL)
+/* A frame's code object address, from its code reference `word`: from 3.14
+ * f_executable is a tagged _PyStackRef whose low code_tag_bits are flags. */
+#define PY_CODE_ADDRESS(word, layout) ((word) & ~(__u64)(layout)->code_tag_bits)
 
 struct py_layout {
 	/* PyThreadState */
@@ -53,6 +44,13 @@ struct py_layout {
 	/* Where kind:3, compact:1, ascii:1 start in the state word (2, or 8
 	 * in free-threaded builds). */
 	__u32 unicode_kind_shift;
+	/* Values, not offsets (src/python/layouts/facts.rs): the frame owner
+	 * of a frame the calling thread runs, and the first owner of frames
+	 * that run no Python code (the C stack's shims, 3.14's base frame);
+	 * the low bits of a frame's code reference that are flags. */
+	__u32 frame_owned_by_thread;
+	__u32 frame_owned_not_code;
+	__u32 code_tag_bits;
 };
 
 /* How a BPF program captured a string's bytes (decoded by src/python/strings.rs). */

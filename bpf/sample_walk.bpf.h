@@ -120,8 +120,8 @@ static __always_inline __u64 WALK(walk_python)(const struct sample_target *t, st
 					scratch->page_base = addr - off;
 			}
 		}
-		if (t->frame_owner == PY_NO_FIELD || byte_at(words, t->frame_owner) < PY_FRAME_OWNED_NOT_CODE) {
-			__u64 code = PY_CODE_ADDRESS(word_at(words, t->frame_code));
+		if (t->frame_owner == PY_NO_FIELD || byte_at(words, t->frame_owner) < t->layout.frame_owned_not_code) {
+			__u64 code = PY_CODE_ADDRESS(word_at(words, t->frame_code), &t->layout);
 			__u64 instr = word_at(words, t->frame_instr);
 			struct py_frame_ref *slot = frame_slot(rec, n);
 

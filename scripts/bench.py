@@ -221,40 +221,51 @@ def sample_cost_table():
     )
 
 
+SPLIT_NAMES = ("sixty", "thirty", "ten")
+# What fixtures/cpu_split.py gives each of them, in percent of its CPU.
+SPLIT_SHARES = {"sixty": 60.0, "thirty": 30.0, "ten": 10.0}
+
+
+def split_samples(python, sampler, hz, cpu_seconds):
+    """fixtures/cpu_split.py run for `cpu_seconds` of CPU on `python`, with
+    `sampler` (pytrace, py-spy or profiling.sampling) attached by PID at
+    `hz`: the samples each of its three functions got (zeros when the
+    sampler wrote nothing)."""
+    # Spinning from the start (py-spy's ptrace attach would hold a target
+    # that waits for a signal stopped): the few ms before a sampler
+    # attaches do not change the shares.
+    target = start(python.argv("cpu_split.py", "--cpu-seconds", cpu_seconds))
+    time.sleep(0.3)
+    if sampler == "pytrace":
+        out = os.path.join(TMP, "split.json")
+        prof = attach_pytrace(["sample", "-r", str(hz), "--json", out], target.pid)
+    elif sampler == "py-spy":
+        out = os.path.join(TMP, "split.txt")
+        prof = start([PY_SPY, "record", "--pid", str(target.pid), "-r", str(hz), "--format", "raw", "-o", out])
+    else:
+        inside, out = python.out_path("split.folded")
+        prof = start(["chroot", python.root, python.exe, "-m", "profiling.sampling", "attach", "-r", str(hz),
+                      "--mode", "cpu", "--collapsed", "-o", inside, str(target.pid)])
+    target.wait()
+    prof.stderr.close()
+    prof.wait()
+    if sampler == "pytrace":
+        functions = json.load(open(out))["functions"]
+        return {n: next((f["total_samples"] for f in functions if f["name"] == n), 0) for n in SPLIT_NAMES}
+    return folded_samples(out, SPLIT_NAMES)[1] if os.path.exists(out) else {n: 0 for n in SPLIT_NAMES}
+
+
 def accuracy_table():
     """The 60/30/10 fixture, 4 CPU-seconds at 1000 Hz: each sampler's largest
     share error, in percentage points."""
     rows = []
-    names = ("sixty", "thirty", "ten")
-    want = {"sixty": 60.0, "thirty": 30.0, "ten": 10.0}
+    names, want = SPLIT_NAMES, SPLIT_SHARES
     for python, samplers in ((DEBIAN, ["pytrace", "py-spy"]), (SID_315, ["pytrace", "py-spy", "profiling.sampling"])):
         progress(f"accuracy on {python.label}")
         for s in samplers:
             errors, counted = [], []
             for _ in range(REPEATS):
-                # Spinning from the start (py-spy's ptrace attach would hold a
-                # target that waits for a signal stopped): the few ms before
-                # a sampler attaches do not change the shares.
-                target = start(python.argv("cpu_split.py", "--cpu-seconds", 4))
-                time.sleep(0.3)
-                if s == "pytrace":
-                    out = os.path.join(TMP, "split.json")
-                    prof = attach_pytrace(["sample", "-r", "1000", "--json", out], target.pid)
-                elif s == "py-spy":
-                    out = os.path.join(TMP, "split.txt")
-                    prof = start([PY_SPY, "record", "--pid", str(target.pid), "-r", "1000", "--format", "raw", "-o", out])
-                else:
-                    inside, out = python.out_path("split.folded")
-                    prof = start(["chroot", python.root, python.exe, "-m", "profiling.sampling", "attach", "-r", "1000",
-                                  "--mode", "cpu", "--collapsed", "-o", inside, str(target.pid)])
-                target.wait()
-                prof.stderr.close()
-                prof.wait()
-                if s == "pytrace":
-                    functions = json.load(open(out))["functions"]
-                    per = {n: next((f["total_samples"] for f in functions if f["name"] == n), 0) for n in names}
-                else:
-                    per = folded_samples(out, names)[1] if os.path.exists(out) else {n: 0 for n in names}
+                per = split_samples(python, s, 1000, 4)
                 total = sum(per.values())
                 if total == 0:
                     continue
@@ -354,31 +365,13 @@ def aliasing_table():
     each sampler at each rate, the samplers one after the other for each
     rate: the largest share error, and one standard error of it."""
     rows = []
-    names = ("sixty", "thirty", "ten")
-    want = {"sixty": 60.0, "thirty": 30.0, "ten": 10.0}
+    names, want = SPLIT_NAMES, SPLIT_SHARES
     for hz in ALIAS_RATES:
         progress(f"aliasing at {hz} Hz")
         cells = []
         for s in ("pytrace", "py-spy"):
             seconds = alias_seconds(hz)
-            # Spinning from the start: py-spy's ptrace attach would hold a
-            # target that waits for a signal stopped.
-            target = start(DEBIAN.argv("cpu_split.py", "--cpu-seconds", seconds))
-            time.sleep(0.3)
-            if s == "pytrace":
-                out = os.path.join(TMP, "alias.json")
-                prof = attach_pytrace(["sample", "-r", str(hz), "--json", out], target.pid)
-            else:
-                out = os.path.join(TMP, "alias.txt")
-                prof = start([PY_SPY, "record", "--pid", str(target.pid), "-r", str(hz), "--format", "raw", "-o", out])
-            target.wait()
-            prof.stderr.close()
-            prof.wait()
-            if s == "pytrace":
-                functions = json.load(open(out))["functions"]
-                per = {n: next((f["total_samples"] for f in functions if f["name"] == n), 0) for n in names}
-            else:
-                per = folded_samples(out, names)[1] if os.path.exists(out) else {n: 0 for n in names}
+            per = split_samples(DEBIAN, s, hz, seconds)
             total = sum(per.values())
             if total == 0:
                 cells.append("0 | – ")

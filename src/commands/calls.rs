@@ -1,5 +1,6 @@
 //! `pytrace calls`: exact per-function call counts and latencies.
 
+use std::mem::MaybeUninit;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use anyhow::Result;
 use crate::report::calls::{CallsReport, SortKey};
 use crate::report::PythonInfo;
 use crate::report::{self, Output};
-use crate::session::{self, HookedRelease, Live, Target, TargetSpec};
+use crate::session::{HookedRelease, Live, Target, TargetSpec};
 use crate::tracing::calls::{self as tracer, Mode, Plan};
 
 pub struct Options {
@@ -31,22 +32,21 @@ pub fn run(opts: Options) -> Result<i32> {
     let (mode, _why) = tracer::choose_mode(&python, opts.mode)?;
     // 3.11+ inlines calls unless the eval-frame hook is set (eval_hook.rs).
     let hook = HookedRelease::new(&target, &python, mode)?;
-    session::install_signal_handlers();
 
     let pid = target.pid;
     let on_child = |child| hook.watch_child(child);
     let plan =
         Plan { pid, python: &python, mode, stop_at_first_eval: hook.stop_at_first_eval(&target), empty_probe: opts.empty_probe, on_child: &on_child };
-    let live = Live::new(&mut target, opts.duration);
-    let result = tracer::run(
-        &plan,
-        || live.attached(&python, mode.name(), |target| hook.release(target)),
-        || {
+    let live = Live::new(&mut target, &python, mode.name(), opts.duration);
+    let mut object = MaybeUninit::uninit();
+    let result = tracer::Session::start(&mut object, &plan).and_then(|session| {
+        live.drive(session, |_, target| hook.release(target), |_| {
             hook.watch();
-            Ok(live.keep_going())
-        },
-    );
-    let elapsed = target.elapsed();
+            Ok(true)
+        })
+    });
+    let elapsed = live.elapsed();
+    drop(live);
     let outcome = hook.restore(&target);
     let data = result?;
 

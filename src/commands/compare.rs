@@ -1,6 +1,7 @@
 //! `pytrace compare`: `calls` and `sample` on one target at the same time,
 //! or two saved reports, compared per function (src/report/compare.rs).
 
+use std::mem::MaybeUninit;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -10,10 +11,10 @@ use crate::report::calls::{CallsReport, SortKey};
 use crate::report::compare::{Comparison, SampledReport, TracedReport};
 use crate::report::profile::Profile;
 use crate::report::{self, Output, PythonInfo};
-use crate::session::{self, HookedRelease, Live, Target, TargetSpec};
+use crate::session::{HookedRelease, Live, Target, TargetSpec};
 use crate::tracing::calls::{self as tracer, Plan};
-use crate::tracing::compare::{self, set_apart_probe_samples};
-use crate::tracing::sample;
+use crate::tracing::compare::set_apart_probe_samples;
+use crate::tracing::sample::{self, Targets};
 
 pub enum Source {
     /// Trace and sample a target now.
@@ -70,24 +71,24 @@ fn trace_and_sample(spec: TargetSpec, duration: Option<Duration>, hz: u64) -> Re
     let (mut target, python) = Target::prepare(spec)?;
     let (mode, _why) = tracer::choose_mode(&python, None)?;
     let hook = HookedRelease::new(&target, &python, mode)?;
-    session::install_signal_handlers();
 
     let pid = target.pid;
     let on_child = |child| hook.watch_child(child);
     let plan = Plan { pid, python: &python, mode, stop_at_first_eval: hook.stop_at_first_eval(&target), empty_probe: false, on_child: &on_child };
     // Kernel stacks show which samples fell inside the probes.
     let sample_opts = sample::Options { hz, kernel: true, idle: false, native: false, threads: false };
-    let live = Live::new(&mut target, duration);
-    let result = compare::run(
-        &plan,
-        &sample_opts,
-        || live.attached(&python, &format!("{} and sample", mode.name()), |target| hook.release(target)),
-        || {
-            hook.watch();
-            Ok(live.keep_going())
-        },
-    );
-    let elapsed = target.elapsed().as_nanos() as u64;
+    let live = Live::new(&mut target, &python, &format!("{} and sample", mode.name()), duration);
+    let (mut calls_object, mut sample_object) = (MaybeUninit::uninit(), MaybeUninit::uninit());
+    let result = tracer::Session::start(&mut calls_object, &plan)
+        .and_then(|traced| Ok((traced, sample::Session::start(&mut sample_object, Targets::One(pid, &python), &sample_opts)?)))
+        .and_then(|both| {
+            live.drive(both, |_, target| hook.release(target), |_| {
+                hook.watch();
+                Ok(true)
+            })
+        });
+    let elapsed = live.elapsed().as_nanos() as u64;
+    drop(live);
     let outcome = hook.restore(&target);
     let (calls, mut samples) = result?;
 

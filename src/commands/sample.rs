@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::mem::MaybeUninit;
+use std::time::Duration;
 
 use anyhow::Result;
 
@@ -48,53 +49,41 @@ pub fn run(mut opts: Options) -> Result<i32> {
             outputs.push((format, Output::create(path)?));
         }
     }
+    let sample_opts = SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle, native: opts.native, threads: opts.threads };
     match opts.target.take() {
         Some(spec) => {
             let (mut target, python) = Target::prepare(spec)?;
-            session::install_signal_handlers();
             let pid = target.pid;
             // Its own files are shown relative to where it runs.
             opts.view.cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok().and_then(|p| p.to_str().map(str::to_string));
-            let version = python.version.to_string();
-            let duration = opts.duration;
             let mut progress = Progress::new(opts.threads.then_some(pid));
-            let live = Live::new(&mut target, duration);
-            let data = sample::run(
-                Targets::One(pid, &python),
-                &SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle, native: opts.native, threads: opts.threads },
-                || live.attached(&python, "sample", Target::release),
-                |samples| {
-                    progress.tick(samples, live.elapsed());
-                    Ok(live.keep_going())
-                },
-            )?;
-            let elapsed = target.elapsed();
-            let cpu_ns = target.cpu_ns();
-            write(&opts, outputs, (pid, cpu_ns), version, elapsed, data, progress.finish())?;
+            let live = Live::new(&mut target, &python, "sample", opts.duration);
+            let data = sample_with(&live, Targets::One(pid, &python), &sample_opts, &mut progress)?;
+            let elapsed = live.elapsed();
+            drop(live);
+            write(&opts, outputs, (pid, target.cpu_ns()), python.version.to_string(), elapsed, data, progress.finish())?;
             Ok(target.exit_code())
         }
         None => {
             session::preflight()?;
-            session::install_signal_handlers();
-            let started = Instant::now();
             let mut progress = Progress::new(None);
-            let data = sample::run(
-                Targets::All,
-                // Threads are told apart for one target only.
-                &SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle, native: opts.native, threads: false },
-                || {
-                    eprintln!("pytrace: sampling every CPython process");
-                    Ok(())
-                },
-                |samples| {
-                    progress.tick(samples, started.elapsed());
-                    Ok(!session::stop_requested() && opts.duration.is_none_or(|d| started.elapsed() < d))
-                },
-            )?;
-            write(&opts, outputs, (0, None), "any".into(), started.elapsed(), data, progress.finish())?;
+            let live = Live::everywhere(opts.duration);
+            // Threads are told apart for one target only.
+            let data = sample_with(&live, Targets::All, &SampleOptions { threads: false, ..sample_opts }, &mut progress)?;
+            write(&opts, outputs, (0, None), "any".into(), live.elapsed(), data, progress.finish())?;
             Ok(0)
         }
     }
+}
+
+/// Samples `targets` until `live` says stop, the progress line following.
+fn sample_with(live: &Live, targets: Targets, opts: &SampleOptions, progress: &mut Progress) -> Result<sample::SampleData> {
+    let mut object = MaybeUninit::uninit();
+    let session = sample::Session::start(&mut object, targets, opts)?;
+    live.drive(session, |_, target| target.release(), |session| {
+        progress.tick(session.total(), live.elapsed());
+        Ok(true)
+    })
 }
 
 fn write(

@@ -3,6 +3,7 @@
 //! every second the profile so far is redrawn in the terminal.
 
 use std::io::IsTerminal;
+use std::mem::MaybeUninit;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -11,7 +12,7 @@ use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers
 use crate::report::profile::Profile;
 use crate::report::top::{SortBy, TopView};
 use crate::report::PythonInfo;
-use crate::session::{self, Live, Target, TargetSpec};
+use crate::session::{Live, Target, TargetSpec};
 use crate::tracing::sample::{self, Options as SampleOptions, Targets};
 
 const REDRAW_EVERY: Duration = Duration::from_secs(1);
@@ -38,26 +39,23 @@ pub fn run(opts: Options) -> Result<i32> {
         bail!("pytrace top draws on a terminal and standard output is not one: use `pytrace sample` to write a profile");
     }
     let (mut target, python) = Target::prepare(opts.target)?;
-    session::install_signal_handlers();
     let pid = target.pid;
     let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok().and_then(|p| p.to_str().map(str::to_string));
     let title = format!("pytrace top: PID {pid}, Python {}", python.version);
     let mut view = TopView::new(title, opts.hz, cwd);
-    let live = Live::new(&mut target, opts.duration);
-    // Entered once the target is attached (errors before then print as
-    // usual); both callbacks reach it.
-    let screen: std::cell::RefCell<Option<Screen>> = std::cell::RefCell::new(None);
+    let live = Live::new(&mut target, &python, "sample", opts.duration);
+    // Entered once the target is attached and the line scripts wait for
+    // is out (errors before then print as usual).
+    let mut screen: Option<Screen> = None;
     let mut last_update: Option<Instant> = None;
     let mut quit = false;
-    sample::run_watched(
-        Targets::One(pid, &python),
-        &SampleOptions { hz: opts.hz, kernel: false, idle: false, native: false, threads: false },
-        || {
-            live.attached(&python, "sample", Target::release)?;
-            *screen.borrow_mut() = Some(Screen(ratatui::init()));
-            Ok(())
-        },
+    let mut object = MaybeUninit::uninit();
+    let session = sample::Session::start(&mut object, Targets::One(pid, &python), &SampleOptions { hz: opts.hz, kernel: false, idle: false, native: false, threads: false })?;
+    live.drive(
+        session,
+        |_, target| target.release(),
         |session| {
+            let Screen(terminal) = screen.get_or_insert_with(|| Screen(ratatui::init()));
             let mut redraw = false;
             while event::poll(Duration::ZERO)? {
                 if let Event::Key(key) = event::read()? {
@@ -92,13 +90,12 @@ pub fn run(opts: Options) -> Result<i32> {
                 redraw = true;
             }
             if redraw {
-                if let Some(Screen(terminal)) = screen.borrow_mut().as_mut() {
-                    terminal.draw(|frame| view.draw(frame))?;
-                }
+                terminal.draw(|frame| view.draw(frame))?;
             }
-            Ok(live.keep_going())
+            Ok(true)
         },
     )?;
     drop(screen);
+    drop(live);
     Ok(target.exit_code())
 }

@@ -67,7 +67,7 @@ impl Python {
     }
 
     fn find_skipped_close_probe(&self) -> CloseProbe {
-        if (self.version.major, self.version.minor) < (3, 13) || self.layout.gen_frame_state == NO_FIELD {
+        if !self.layout.facts().close_may_skip_frame || self.layout.gen_frame_state == NO_FIELD {
             return CloseProbe::NotNeeded;
         }
         // Exported (PyAPI_FUNC) with the change: a build without it predates it.

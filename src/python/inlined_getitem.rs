@@ -42,9 +42,11 @@ pub struct InlineFrameProbe {
 const HANDLER_WINDOW: usize = 768;
 
 impl Python {
-    /// Whether this build has the bug at all: 3.11 before 3.11.4.
+    /// Whether this build has the bug at all: 3.11 before 3.11.4 (a build
+    /// whose patch release is unknown is taken to have it).
     pub fn inlines_getitem_unhooked(&self) -> bool {
-        (self.version.major, self.version.minor) == (3, 11) && self.version.micro.is_none_or(|micro| micro < 4)
+        let fixed_in = self.layout.facts().getitem_inlined_past_hook_before;
+        fixed_in.is_some_and(|fixed| self.version.micro.is_none_or(|micro| micro < fixed))
     }
 
     pub fn inlined_getitem_probe(&self) -> Option<InlineFrameProbe> {

@@ -36,7 +36,7 @@ impl Python {
         // 3.13's free-threaded build does not specialize at all
         // (ENABLE_SPECIALIZATION is 0 there): every __init__ call enters the
         // eval function.
-        if (self.version.major, self.version.minor) != (3, 13) || self.layout.free_threaded {
+        if !self.layout.facts().init_inlined_past_hook || self.layout.free_threaded {
             return None;
         }
         if let Some(addr) = self.elf.symbol("_PyType_NewManagedObject") {

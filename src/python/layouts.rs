@@ -9,7 +9,10 @@
 //! `resolve` takes every field that has from the target's binary, since
 //! they may change between patch releases.
 
+mod facts;
 mod table;
+
+pub use facts::VersionFacts;
 
 /// How a version's code objects map bytecode offsets to lines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,6 +193,12 @@ pub fn free_threaded_build(runtime: &[u8]) -> Option<bool> {
 }
 
 impl Layout {
+    /// What this version does that no offset says (facts.rs). Every row of
+    /// the table has one (a unit test checks).
+    pub fn facts(&self) -> &'static VersionFacts {
+        facts::for_version(self.version).expect("every layout row has a facts row")
+    }
+
     /// Where the offsets come from, for `pytrace info`.
     pub fn source(&self) -> String {
         match self.debug_offsets {
@@ -298,6 +307,18 @@ pub fn supported_range() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A new version is a row in table.rs and a row in facts.rs: neither
+    /// without the other.
+    #[test]
+    fn every_layout_has_its_facts() {
+        for layout in LAYOUTS {
+            assert_eq!(layout.facts().version, layout.version);
+        }
+        for facts in facts::FACTS {
+            assert!(for_build(facts.version.0, facts.version.1, false).is_some(), "{:?} has facts but no layout", facts.version);
+        }
+    }
 
     #[test]
     fn versions_are_sorted_and_unique() {

@@ -158,7 +158,7 @@ impl Python {
 
     fn new(elf: Rc<ElfFile>, target_path: String, load_bias: Option<u64>) -> Result<Self> {
         let version = detect_version(&elf, &target_path)?;
-        let free_threaded = is_free_threaded(&elf, version);
+        let free_threaded = is_free_threaded(&elf);
         let Some(table) = layouts::for_build(version.major, version.minor, free_threaded) else {
             if free_threaded {
                 bail!(
@@ -197,17 +197,17 @@ impl Python {
         self.elf.is_shared_object && self.elf.symbol("main").is_none()
     }
 
-    /// CPython 3.11 and later inline Python-to-Python calls inside one
-    /// _PyEval_EvalFrameDefault, unless interp->eval_frame is set.
+    /// Whether Python-to-Python calls run inside one
+    /// _PyEval_EvalFrameDefault (3.11+), unless interp->eval_frame is set.
     pub fn inlines_calls(&self) -> bool {
-        (self.version.major, self.version.minor) >= (3, 11)
+        self.layout.facts().inlines_calls
     }
 
     pub fn function_probes(&self) -> FunctionProbes {
         let has = |name| self.elf.has_usdt("python", name);
         if !has("function__entry") || !has("function__return") {
             FunctionProbes::Missing
-        } else if (self.version.major, self.version.minor) == (3, 11) {
+        } else if self.layout.facts().function_entry_misses_inlined {
             FunctionProbes::EntryBroken
         } else {
             FunctionProbes::Working
@@ -229,14 +229,13 @@ pub enum FunctionProbes {
 
 /// Whether the binary is a free-threaded build (`--disable-gil`, 3.13+), as
 /// the `free_threaded` word of its `_Py_DebugOffsets` says: which table its
-/// offsets start from depends on it.
-fn is_free_threaded(elf: &ElfFile, version: Version) -> bool {
-    (version.major, version.minor) >= (3, 13)
-        && elf
-            .symbol(RUNTIME_SYMBOL)
-            .and_then(|runtime| elf.read_static(runtime, 24).ok())
-            .and_then(layouts::free_threaded_build)
-            .unwrap_or(false)
+/// offsets start from depends on it. A build before 3.13 has no
+/// `_Py_DebugOffsets`: its `_PyRuntime` does not start with the cookie.
+fn is_free_threaded(elf: &ElfFile) -> bool {
+    elf.symbol(RUNTIME_SYMBOL)
+        .and_then(|runtime| elf.read_static(runtime, 24).ok())
+        .and_then(layouts::free_threaded_build)
+        .unwrap_or(false)
 }
 
 /// See Python::load_bias_in.

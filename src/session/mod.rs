@@ -1,7 +1,9 @@
 //! What every tracing subcommand does around its BPF program: check that
-//! tracing is possible at all, find or start the target (`launch`), and
-//! decide when to stop (target exit, --duration, Ctrl-C or SIGTERM).
+//! tracing is possible at all, find or start the target (`launch`), run
+//! the session's poll loop (`driver`, through `Live`), and decide when to
+//! stop (target exit, --duration, Ctrl-C or SIGTERM).
 
+pub mod driver;
 mod launch;
 
 use std::cell::{Cell, RefCell};
@@ -17,7 +19,7 @@ use crate::python::hook_owner::HookLock;
 use crate::python::Python;
 use launch::Launched;
 use crate::process::proc;
-use crate::tracing::Mode;
+use crate::tracing::{Mode, Tracing};
 
 pub enum TargetSpec {
     Pid(u32),
@@ -213,46 +215,76 @@ impl Target {
         0
     }
 
-    /// The line a script waits for before it starts the traced work.
-    pub fn say_attached(&self, python: &Python, mode: &str) {
-        eprintln!("pytrace: attached to PID {} (Python {}, {mode} mode)", self.pid, python.version);
-    }
-
     /// Whether the target is still alive (for restoring what we changed).
     pub fn is_running(&self) -> bool {
         self.exit_status.is_none() && proc::is_running(self.pid)
     }
 }
 
-/// The target as every tracing session's callbacks see it: let it run
-/// once the probes are attached (and say so), then whether to keep going.
-/// One per run, so a command only wires its session to these.
+/// One run of a tracing session on its target, through the session driver
+/// (driver.rs): let the target run once the probes are attached (and say
+/// so), then poll until the target exits, the duration runs out or a stop
+/// signal comes. `everywhere` is the run with no one target (`sample
+/// --all`). One per run, so a command only wires its session to this.
 pub struct Live<'t> {
-    target: RefCell<&'t mut Target>,
+    target: Option<RefCell<&'t mut Target>>,
+    /// What the line scripts wait for says after "attached to PID N".
+    attached_as: String,
     duration: Option<Duration>,
+    /// When an `everywhere` run began.
+    started: Instant,
 }
 
 impl<'t> Live<'t> {
-    pub fn new(target: &'t mut Target, duration: Option<Duration>) -> Self {
-        Live { target: RefCell::new(target), duration }
+    /// A run on `target`, whose Python is `python`, seen in `mode`. Ctrl-C
+    /// and SIGTERM end it from here on.
+    pub fn new(target: &'t mut Target, python: &Python, mode: &str, duration: Option<Duration>) -> Self {
+        install_signal_handlers();
+        let attached_as = format!("(Python {}, {mode} mode)", python.version);
+        Live { target: Some(RefCell::new(target)), attached_as, duration, started: Instant::now() }
     }
 
-    /// Lets the target run with `release` (`Target::release`, or the
-    /// eval-frame hook's), then prints the line scripts wait for.
-    pub fn attached(&self, python: &Python, mode: &str, release: impl FnOnce(&mut Target) -> Result<()>) -> Result<()> {
-        let mut target = self.target.borrow_mut();
+    /// A run on every CPython on the machine: it ends at the duration or a
+    /// stop signal.
+    pub fn everywhere(duration: Option<Duration>) -> Self {
+        install_signal_handlers();
+        Live { target: None, attached_as: String::new(), duration, started: Instant::now() }
+    }
+
+    /// Runs `session` (driver.rs): once it is attached, lets the target
+    /// run with `release` (`Target::release`, or what the session needs
+    /// first), says so, then polls while `each` (given the session, between
+    /// polls) and `keep_going` say go on.
+    pub fn drive<T: Tracing>(&self, session: T, release: impl FnOnce(&T, &mut Target) -> Result<()>, mut each: impl FnMut(&T) -> Result<bool>) -> Result<T::Data> {
+        driver::drive(session, |session| self.attached(|target| release(session, target)), |session| Ok(each(session)? && self.keep_going()))
+    }
+
+    fn attached(&self, release: impl FnOnce(&mut Target) -> Result<()>) -> Result<()> {
+        let Some(target) = &self.target else {
+            eprintln!("pytrace: sampling every CPython process");
+            return Ok(());
+        };
+        let mut target = target.borrow_mut();
         release(&mut target)?;
-        target.say_attached(python, mode);
+        // The line a script waits for before it starts the traced work.
+        eprintln!("pytrace: attached to PID {} {}", target.pid, self.attached_as);
         Ok(())
     }
 
     /// See `Target::keep_going`.
     pub fn keep_going(&self) -> bool {
-        self.target.borrow_mut().keep_going(self.duration)
+        match &self.target {
+            Some(target) => target.borrow_mut().keep_going(self.duration),
+            None => !stop_requested() && self.duration.is_none_or(|d| self.started.elapsed() < d),
+        }
     }
 
+    /// How long the target has run since it was let go.
     pub fn elapsed(&self) -> Duration {
-        self.target.borrow().elapsed()
+        match &self.target {
+            Some(target) => target.borrow().elapsed(),
+            None => self.started.elapsed(),
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder, UprobeOpts};
 
-use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, poll_until, read_counters, CounterRow};
+use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, read_counters, CounterRow, Tracing};
 use crate::bpf::calls::types::{calls_counter, func_key, func_stats, new_function, py_layout};
 use crate::bpf::calls::{CallsSkel, CallsSkelBuilder};
 use crate::model::counters::Kind::{Informational, Lost, Refused};
@@ -57,22 +57,21 @@ pub struct Plan<'a> {
 
 type Names = HashMap<(u64, u64, u32), (String, String)>;
 
-/// The calls program loaded and attached to one target. Split into steps
-/// (`start`, `add_to`, `detach`, `finish`) so that another session can run
-/// beside it on the same ring-buffer poll (`pytrace compare`); `run` is the
-/// whole of it for `pytrace calls`.
-pub struct Session<'obj> {
+/// The calls program loaded and attached to one target, in steps that the
+/// session driver (src/session/driver.rs) runs, alone or beside the sampler.
+pub struct Session<'obj, 'a> {
     skel: CallsSkel<'obj>,
     links: RefCell<Vec<Link>>,
     names: RefCell<Names>,
     /// Children of the target already handed to `on_child`.
     children_seen: RefCell<std::collections::HashSet<u32>>,
+    on_child: &'a dyn Fn(u32),
 }
 
-impl<'obj> Session<'obj> {
+impl<'obj, 'a> Session<'obj, 'a> {
     /// Loads the program into `object` and attaches it: from here on every
     /// call of the target is seen.
-    pub fn start(object: &'obj mut MaybeUninit<OpenObject>, plan: &Plan) -> Result<Self> {
+    pub fn start(object: &'obj mut MaybeUninit<OpenObject>, plan: &Plan<'a>) -> Result<Self> {
         let mut open = CallsSkelBuilder::default().open(object).context("failed to open the calls BPF program")?;
         let rodata = open.maps.rodata_data.as_deref_mut().context("the calls BPF program has no rodata")?;
         rodata.cfg.layout = super::py_layout!(py_layout, &plan.python.layout);
@@ -111,16 +110,16 @@ impl<'obj> Session<'obj> {
         open.progs.skipped_close.set_autoload(uprobe_mode && cookies && matches!(plan.python.skipped_close_probe(), CloseProbe::Sites(_)));
         let skel = crate::bpf::load::load("calls", open)?;
         let links = attach(&skel.progs, plan)?;
-        Ok(Session { skel, links: RefCell::new(links), names: RefCell::new(HashMap::new()), children_seen: RefCell::new(Default::default()) })
+        Ok(Session { skel, links: RefCell::new(links), names: RefCell::new(HashMap::new()), children_seen: RefCell::new(Default::default()), on_child: plan.on_child })
     }
 
     /// Between polls: hands the target's new children to `plan.on_child`.
-    pub fn between_polls(&self, plan: &Plan) {
+    pub fn between_polls(&self) {
         for key in self.skel.maps.children.keys() {
             let Ok(bytes) = <[u8; 4]>::try_from(key.as_slice()) else { continue };
             let child = u32::from_ne_bytes(bytes);
             if self.children_seen.borrow_mut().insert(child) {
-                (plan.on_child)(child);
+                (self.on_child)(child);
             }
         }
     }
@@ -147,31 +146,29 @@ impl<'obj> Session<'obj> {
     }
 }
 
-/// Loads and attaches the program, calls `attached` once it is live, polls
-/// until `keep_going` says stop, then detaches and collects.
-pub fn run(
-    plan: &Plan,
-    attached: impl FnOnce() -> Result<()>,
-    keep_going: impl FnMut() -> Result<bool>,
-) -> Result<CallsData> {
-    let mut object = MaybeUninit::uninit();
-    let session = Session::start(&mut object, plan)?;
-    let mut builder = RingBufferBuilder::new();
-    session.add_to(&mut builder)?;
-    let ring = builder.build()?;
+impl Tracing for Session<'_, '_> {
+    type Data = CallsData;
 
-    attached()?;
-    let mut keep_going = keep_going;
-    let polled = poll_until(&ring, "calls", || {
-        session.between_polls(plan);
-        keep_going()
-    });
-    // Detach before reading the maps, and even if polling failed.
-    session.detach();
-    polled?;
-    ring.consume().context("failed to drain the calls ring buffer")?;
-    drop(ring);
-    session.finish()
+    fn what(&self) -> String {
+        "calls".into()
+    }
+
+    fn add_to<'s>(&'s self, builder: &mut RingBufferBuilder<'s, 's>) -> Result<()> {
+        Session::add_to(self, builder)
+    }
+
+    fn between_polls(&self) -> Result<()> {
+        Session::between_polls(self);
+        Ok(())
+    }
+
+    fn detach(&self) {
+        Session::detach(self)
+    }
+
+    fn finish(self) -> Result<CallsData> {
+        Session::finish(self)
+    }
 }
 
 fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link>> {
@@ -330,15 +327,15 @@ unsafe impl plain::Plain for new_function {}
 /// What a report in this mode on this interpreter cannot be exact about,
 /// one sentence each, shown with the results.
 pub fn caveats(python: &Python, mode: Mode) -> Vec<String> {
-    let minor = (python.version.major, python.version.minor);
+    let facts = python.layout.facts();
     let mut out = Vec::new();
     let no_cookies = || crate::kernel::Kernel::get().lacks(crate::kernel::Feature::AttachCookie, "counting them");
-    if mode == Mode::Uprobe && minor == (3, 13) && !python.layout.free_threaded {
+    if mode == Mode::Uprobe && facts.init_inlined_past_hook && !python.layout.free_threaded {
         // 3.14 respects the hook there. Without the allocator probe, 1 of
         // 20 such calls was seen on Debian's 3.13.18.
         out.push(match python.inlined_init_probe() {
-            Some(_) => "CPython 3.13 runs a class's __init__ inline at call sites it has specialized (CALL_ALLOC_AND_ENTER_INIT) even with the eval-frame hook set: those calls are counted (at the instance's allocation) but not timed, so __init__'s timed_calls is below its calls and their time is in the caller's self time".into(),
-            None => "CPython 3.13 runs a class's __init__ inline at call sites it has specialized (CALL_ALLOC_AND_ENTER_INIT) even with the eval-frame hook set, and pytrace found no place to count them at: __init__ counts are lower bounds".into(),
+            Some(_) => format!("CPython {} runs a class's __init__ inline at call sites it has specialized (CALL_ALLOC_AND_ENTER_INIT) even with the eval-frame hook set: those calls are counted (at the instance's allocation) but not timed, so __init__'s timed_calls is below its calls and their time is in the caller's self time", python.version),
+            None => format!("CPython {} runs a class's __init__ inline at call sites it has specialized (CALL_ALLOC_AND_ENTER_INIT) even with the eval-frame hook set, and pytrace found no place to count them at: __init__ counts are lower bounds", python.version),
         });
     }
     if mode == Mode::Uprobe && python.inlines_getitem_unhooked() {
@@ -356,7 +353,7 @@ pub fn caveats(python: &Python, mode: Mode) -> Vec<String> {
             CloseProbe::NotNeeded => {}
         }
     }
-    if mode == Mode::Usdt && minor >= (3, 11) {
+    if mode == Mode::Usdt && facts.function_entry_at_generator_creation {
         out.push("function__entry fires when a generator is created as well as when it resumes, so generator rows count one call more per generator".into());
     }
     if mode == Mode::Usdt {

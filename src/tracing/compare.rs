@@ -2,48 +2,66 @@
 //! programs loaded and attached before the target runs, one poll loop over
 //! both ring buffers, both detached before either is read.
 
-use std::mem::MaybeUninit;
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use libbpf_rs::RingBufferBuilder;
 
-use super::calls::{self, Plan};
-use crate::model::functions::CallsData;
-use super::poll_until;
-use super::sample::{self, SampleData, Targets};
+use super::Tracing;
 use crate::model::samples::{Frame, Sample};
 
-/// Attaches both, calls `attached` once both are live, polls until
-/// `keep_going` says stop, then detaches both and collects.
-pub fn run(
-    plan: &Plan,
-    sample_opts: &sample::Options,
-    attached: impl FnOnce() -> Result<()>,
-    mut keep_going: impl FnMut() -> Result<bool>,
-) -> Result<(CallsData, SampleData)> {
-    let mut calls_object = MaybeUninit::uninit();
-    let mut sample_object = MaybeUninit::uninit();
-    let tracer = calls::Session::start(&mut calls_object, plan)?;
-    let sampler = sample::Session::start(&mut sample_object, Targets::One(plan.pid, plan.python), sample_opts)?;
-    let mut builder = RingBufferBuilder::new();
-    tracer.add_to(&mut builder)?;
-    sampler.add_to(&mut builder)?;
-    let ring = builder.build()?;
+/// Two sessions on one target at once, on one poll (`pytrace compare`):
+/// both stop before either is read, so they cover the same time.
+impl<A: Tracing, B: Tracing> Tracing for (A, B) {
+    type Data = (A::Data, B::Data);
 
-    attached()?;
-    let polled = poll_until(&ring, "calls and sample", || {
-        tracer.between_polls(plan);
-        sampler.between_polls()?;
-        keep_going()
-    });
-    // Both stop before either is read, so they cover the same time.
-    tracer.detach();
-    sampler.detach();
-    polled?;
-    ring.consume().context("failed to drain the calls and sample ring buffers")?;
-    drop(ring);
-    Ok((tracer.finish()?, sampler.finish()?))
+    fn what(&self) -> String {
+        format!("{} and {}", self.0.what(), self.1.what())
+    }
+
+    fn add_to<'s>(&'s self, builder: &mut RingBufferBuilder<'s, 's>) -> Result<()> {
+        self.0.add_to(builder)?;
+        self.1.add_to(builder)
+    }
+
+    fn check_every(&self) -> Duration {
+        self.0.check_every().min(self.1.check_every())
+    }
+
+    fn between_polls(&self) -> Result<()> {
+        self.0.between_polls()?;
+        self.1.between_polls()
+    }
+
+    fn after_poll(&self) {
+        self.0.after_poll();
+        self.1.after_poll();
+    }
+
+    fn next_due(&self) -> Option<Instant> {
+        [self.0.next_due(), self.1.next_due()].into_iter().flatten().min()
+    }
+
+    fn run_due(&self) -> Result<()> {
+        let now = Instant::now();
+        if self.0.next_due().is_some_and(|due| now >= due) {
+            self.0.run_due()?;
+        }
+        if self.1.next_due().is_some_and(|due| now >= due) {
+            self.1.run_due()?;
+        }
+        Ok(())
+    }
+
+    fn detach(&self) {
+        self.0.detach();
+        self.1.detach();
+    }
+
+    fn finish(self) -> Result<Self::Data> {
+        Ok((self.0.finish()?, self.1.finish()?))
+    }
 }
 
 /// Whether a kernel function belongs to the uprobe machinery: the

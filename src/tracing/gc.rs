@@ -2,18 +2,19 @@
 //! from CPython's USDT probes or, without them, a hardware watchpoint on the
 //! collector's `collecting` flag (src/tracing/watchpoint.rs).
 
+use std::cell::RefCell;
 use std::mem::MaybeUninit;
 
 use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::SkelBuilder;
-use libbpf_rs::{Link, RingBufferBuilder};
+use libbpf_rs::{Link, OpenObject, RingBufferBuilder};
 
-use super::{attach_error, ensure_still_running, poll_until, read_counters, watchpoint};
+use super::{attach_error, ensure_still_running, read_counters, watchpoint, Tracing};
 use crate::model::counters::Counters;
 use crate::model::events::Collection;
 use crate::model::counters::Kind::{Informational, Lost, Refused};
-use crate::bpf::gc::types::{gc_counter, gc_event, gc_watch_target};
-use crate::bpf::gc::GcSkelBuilder;
+use crate::bpf::gc::types::{bss, gc_counter, gc_event, gc_watch_target};
+use crate::bpf::gc::{GcSkel, GcSkelBuilder};
 use crate::python::{Python, EVAL_FRAME_SYMBOL, RUNTIME_SYMBOL};
 use crate::process::proc::Memory;
 
@@ -57,97 +58,150 @@ pub struct GcData {
     pub counters: Counters,
 }
 
-/// Loads and attaches, then calls `release` to let the target run: with
-/// `Some(at_first_eval)`, the target (a command pytrace started, in
-/// watchpoint mode) must be let go until its first frame evaluation, where
-/// it stops, and `at_first_eval` run there (it sets the watchpoint, which
-/// needs the interpreter to exist). Hands each collection to
-/// `on_collection` as it arrives, until `keep_going` says stop.
-pub fn run(
+/// The gc program loaded and attached to one target, in steps that the
+/// session driver (src/session/driver.rs) runs. Each collection goes to
+/// `on_collection` as it arrives.
+pub struct Session<'obj, 'a> {
+    skel: GcSkel<'obj>,
+    /// The program's .bss, where the watchpoint's target goes: out of the
+    /// skeleton, so that it can be set while the ring buffer is read.
+    bss: RefCell<Option<&'obj mut bss>>,
+    links: RefCell<Vec<Link>>,
+    /// Watchpoint mode on a command pytrace started: the probe that stops
+    /// it at its first frame evaluation, until `released`.
+    first_eval: RefCell<Option<Link>>,
     pid: u32,
-    python: &Python,
-    mode: Mode,
-    started_by_us: bool,
-    release: impl FnOnce(Option<&mut dyn FnMut() -> Result<()>>) -> Result<()>,
-    keep_going: impl FnMut() -> Result<bool>,
-    mut on_collection: impl FnMut(Collection),
-) -> Result<GcData> {
-    let mut object = MaybeUninit::uninit();
-    let mut open = GcSkelBuilder::default().open(&mut object).context("failed to open the gc BPF program")?;
-    let watch = mode == Mode::Watchpoint;
-    open.progs.usdt_gc_start.set_autoload(mode == Mode::Usdt);
-    open.progs.usdt_gc_done.set_autoload(mode == Mode::Usdt);
-    // Kernels before 5.12 have no compare-and-swap: a twin without it.
-    let cas = crate::kernel::Kernel::get().has(crate::kernel::Feature::AtomicCompareExchange);
-    open.progs.collecting_written.set_autoload(watch && cas);
-    open.progs.collecting_written_no_cas.set_autoload(watch && !cas);
-    open.progs.first_eval.set_autoload(watch && started_by_us);
-    let mut skel = crate::bpf::load::load("gc", open)?;
+    python: &'a Python,
+    cas: bool,
+    on_collection: &'a dyn Fn(Collection),
+}
 
-    let path = &python.elf.path;
-    let what = || format!("failed to attach to the garbage collector of {}", python.target_path);
-    let mut links: Vec<Link> = Vec::new();
-    let mut first_eval = None;
-    match mode {
-        Mode::Usdt => {
-            links.push(skel.progs.usdt_gc_start.attach_usdt(pid as i32, path, "python", "gc__start").map_err(|e| attach_error(pid, e)).with_context(what)?);
-            links.push(skel.progs.usdt_gc_done.attach_usdt(pid as i32, path, "python", "gc__done").map_err(|e| attach_error(pid, e)).with_context(what)?);
-        }
-        Mode::Watchpoint if started_by_us => {
-            let offset = python.elf.file_offset(python.symbol(EVAL_FRAME_SYMBOL)?)? as usize;
-            first_eval = Some(skel.progs.first_eval.attach_uprobe(false, pid as i32, path, offset).map_err(|e| attach_error(pid, e)).with_context(what)?);
-        }
-        Mode::Watchpoint => {
-            let target = watch_target(pid, python)?;
-            skel.maps.bss_data.as_deref_mut().context("the gc BPF program has no .bss")?.target = target;
-            links.extend(watchpoint::watch_writes(if cas { &skel.progs.collecting_written } else { &skel.progs.collecting_written_no_cas }, pid, target.collecting, 4)?);
-        }
-    }
-    ensure_still_running(pid)?;
+impl<'obj, 'a> Session<'obj, 'a> {
+    /// Loads the program into `object` and attaches it. In watchpoint mode
+    /// on a command pytrace started (`started_by_us`) the interpreter does
+    /// not exist yet: the watchpoint is set at its first frame evaluation
+    /// (`waits_for_first_eval`, `watch_at_first_eval`).
+    pub fn start(
+        object: &'obj mut MaybeUninit<OpenObject>,
+        pid: u32,
+        python: &'a Python,
+        mode: Mode,
+        started_by_us: bool,
+        on_collection: &'a dyn Fn(Collection),
+    ) -> Result<Self> {
+        let mut open = GcSkelBuilder::default().open(object).context("failed to open the gc BPF program")?;
+        let watch = mode == Mode::Watchpoint;
+        open.progs.usdt_gc_start.set_autoload(mode == Mode::Usdt);
+        open.progs.usdt_gc_done.set_autoload(mode == Mode::Usdt);
+        // Kernels before 5.12 have no compare-and-swap: a twin without it.
+        let cas = crate::kernel::Kernel::get().has(crate::kernel::Feature::AtomicCompareExchange);
+        open.progs.collecting_written.set_autoload(watch && cas);
+        open.progs.collecting_written_no_cas.set_autoload(watch && !cas);
+        open.progs.first_eval.set_autoload(watch && started_by_us);
+        let mut skel = crate::bpf::load::load("gc", open)?;
+        let bss = skel.maps.bss_data.take();
+        let session = Session {
+            skel,
+            bss: RefCell::new(bss),
+            links: RefCell::new(Vec::new()),
+            first_eval: RefCell::new(None),
+            pid,
+            python,
+            cas,
+            on_collection,
+        };
 
-    let mut builder = RingBufferBuilder::new();
-    builder.add(&skel.maps.events, |bytes: &[u8]| {
-        let mut ev = gc_event::default();
-        if plain::copy_from_bytes(&mut ev, bytes).is_ok() {
-            on_collection(Collection {
-                start_ns: ev.start_ns,
-                duration_ns: ev.duration_ns,
-                collected: ev.collected,
-                generation: ev.generation,
-            });
+        let path = &python.elf.path;
+        let what = || format!("failed to attach to the garbage collector of {}", python.target_path);
+        let progs = &session.skel.progs;
+        match mode {
+            Mode::Usdt => {
+                let mut links = session.links.borrow_mut();
+                links.push(progs.usdt_gc_start.attach_usdt(pid as i32, path, "python", "gc__start").map_err(|e| attach_error(pid, e)).with_context(what)?);
+                links.push(progs.usdt_gc_done.attach_usdt(pid as i32, path, "python", "gc__done").map_err(|e| attach_error(pid, e)).with_context(what)?);
+            }
+            Mode::Watchpoint if started_by_us => {
+                let offset = python.elf.file_offset(python.symbol(EVAL_FRAME_SYMBOL)?)? as usize;
+                let probe = progs.first_eval.attach_uprobe(false, pid as i32, path, offset).map_err(|e| attach_error(pid, e)).with_context(what)?;
+                *session.first_eval.borrow_mut() = Some(probe);
+            }
+            Mode::Watchpoint => session.watch()?,
         }
-        0
-    })?;
-    let ring = builder.build()?;
-    match first_eval {
-        Some(probe) => {
-            let mut at_first_eval = || -> Result<()> {
-                let target = watch_target(pid, python)?;
-                skel.maps.bss_data.as_deref_mut().context("the gc BPF program has no .bss")?.target = target;
-                links.extend(watchpoint::watch_writes(if cas { &skel.progs.collecting_written } else { &skel.progs.collecting_written_no_cas }, pid, target.collecting, 4)?);
-                Ok(())
-            };
-            release(Some(&mut at_first_eval))?;
-            drop(probe);
-        }
-        None => release(None)?,
+        ensure_still_running(pid)?;
+        Ok(session)
     }
-    let polled = poll_until(&ring, "gc", keep_going);
-    drop(links);
-    polled?;
-    ring.consume().context("failed to drain the gc ring buffer")?;
-    drop(ring);
-    let counters = read_counters(
-        &skel.maps.counters,
-        &[
-            ("event_lost", Lost, "collections lost (ring buffer full)", gc_counter::GC_EVENT_LOST.0),
-            ("unmatched_done", Refused, "collection ends without their start (begun before tracing)", gc_counter::GC_UNMATCHED_DONE.0),
-            ("stats_unreadable", Lost, "collections whose totals could not be read", gc_counter::GC_STATS_UNREADABLE.0),
-            ("empty_brackets", Informational, "times `collecting` was set and cleared with no collection", gc_counter::GC_EMPTY_BRACKET.0),
-            ("merged_collections", Informational, "collections inside another's pause", gc_counter::GC_MERGED.0),
-        ],
-    )?;
-    Ok(GcData { counters })
+
+    /// Whether the target must be let go only until its first frame
+    /// evaluation, where it stops, and `watch_at_first_eval` run there.
+    pub fn waits_for_first_eval(&self) -> bool {
+        self.first_eval.borrow().is_some()
+    }
+
+    /// At the target's first frame evaluation: sets the watchpoint, which
+    /// needs the interpreter to exist.
+    pub fn watch_at_first_eval(&self) -> Result<()> {
+        self.watch()
+    }
+
+    /// Once the target runs: the first-evaluation probe goes.
+    pub fn released(&self) {
+        drop(self.first_eval.borrow_mut().take());
+    }
+
+    /// Points the program at the collector and sets the watchpoint on its
+    /// `collecting` flag.
+    fn watch(&self) -> Result<()> {
+        let target = watch_target(self.pid, self.python)?;
+        self.bss.borrow_mut().as_mut().context("the gc BPF program has no .bss")?.target = target;
+        let prog = if self.cas { &self.skel.progs.collecting_written } else { &self.skel.progs.collecting_written_no_cas };
+        self.links.borrow_mut().extend(watchpoint::watch_writes(prog, self.pid, target.collecting, 4)?);
+        Ok(())
+    }
+}
+
+impl Tracing for Session<'_, '_> {
+    type Data = GcData;
+
+    fn what(&self) -> String {
+        "gc".into()
+    }
+
+    /// The ring buffer of collections.
+    fn add_to<'s>(&'s self, builder: &mut RingBufferBuilder<'s, 's>) -> Result<()> {
+        builder.add(&self.skel.maps.events, |bytes: &[u8]| {
+            let mut ev = gc_event::default();
+            if plain::copy_from_bytes(&mut ev, bytes).is_ok() {
+                (self.on_collection)(Collection {
+                    start_ns: ev.start_ns,
+                    duration_ns: ev.duration_ns,
+                    collected: ev.collected,
+                    generation: ev.generation,
+                });
+            }
+            0
+        })?;
+        Ok(())
+    }
+
+    fn detach(&self) {
+        self.first_eval.borrow_mut().take();
+        self.links.borrow_mut().clear();
+    }
+
+    fn finish(self) -> Result<GcData> {
+        self.detach();
+        let counters = read_counters(
+            &self.skel.maps.counters,
+            &[
+                ("event_lost", Lost, "collections lost (ring buffer full)", gc_counter::GC_EVENT_LOST.0),
+                ("unmatched_done", Refused, "collection ends without their start (begun before tracing)", gc_counter::GC_UNMATCHED_DONE.0),
+                ("stats_unreadable", Lost, "collections whose totals could not be read", gc_counter::GC_STATS_UNREADABLE.0),
+                ("empty_brackets", Informational, "times `collecting` was set and cleared with no collection", gc_counter::GC_EMPTY_BRACKET.0),
+                ("merged_collections", Informational, "collections inside another's pause", gc_counter::GC_MERGED.0),
+            ],
+        )?;
+        Ok(GcData { counters })
+    }
 }
 
 /// Where the watchpoint program finds the main interpreter's collector:

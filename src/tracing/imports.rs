@@ -2,42 +2,29 @@
 //! module import, in order, from CPython's USDT probes or, without them, a
 //! uprobe on the eval function (importlib's _find_and_load called from C).
 
+use std::cell::RefCell;
 use std::mem::MaybeUninit;
 
 use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::SkelBuilder;
-use libbpf_rs::RingBufferBuilder;
+use libbpf_rs::{Link, OpenObject, RingBufferBuilder};
 
-use super::{attach_entry_and_return, attach_error, ensure_still_running, entry_probe_offset, has_uprobe_sessions, poll_until, read_counters};
+use super::{attach_entry_and_return, attach_error, ensure_still_running, entry_probe_offset, has_uprobe_sessions, read_counters, Tracing};
 use crate::model::counters::Counters;
 use crate::model::events::ImportEvent;
 use crate::model::counters::Kind::{Informational, Lost};
 use crate::bpf::imports::types::{import_counter, import_event, import_phase, py_layout};
-use crate::bpf::imports::ImportsSkelBuilder;
+use crate::bpf::imports::{ImportsSkel, ImportsSkelBuilder};
 use crate::python::layouts::NO_FIELD;
 use crate::python::{strings, Python, EVAL_FRAME_SYMBOL};
 
 /// importlib._bootstrap's co_filename in every version (it is frozen).
 const IMPORTLIB_FILE: &str = "<frozen importlib._bootstrap>";
 
-/// How `imports` sees imports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// CPython's import__find__load__start/done USDT probes.
-    Usdt,
-    /// A uprobe on _PyEval_EvalFrameDefault, keeping the evaluations of
-    /// importlib's _find_and_load that C code starts.
-    Uprobe,
-}
-
-impl Mode {
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Usdt => "usdt",
-            Mode::Uprobe => "uprobe",
-        }
-    }
-}
+// How `imports` sees imports: the import__find__load__start/done USDT
+// probes, or a uprobe on _PyEval_EvalFrameDefault keeping the evaluations
+// of importlib's _find_and_load that C code starts.
+pub use super::Mode;
 
 /// The mode `imports` uses for this interpreter (`requested` by --mode,
 /// else the probes where they exist), and why.
@@ -60,99 +47,116 @@ pub struct ImportData {
     pub counters: Counters,
 }
 
-pub fn run(
-    pid: u32,
-    python: &Python,
-    mode: Mode,
-    attached: impl FnOnce() -> Result<()>,
-    keep_going: impl FnMut() -> Result<bool>,
-) -> Result<ImportData> {
-    let mut object = MaybeUninit::uninit();
-    let mut open = ImportsSkelBuilder::default().open(&mut object).context("failed to open the imports BPF program")?;
-    let rodata = open.maps.rodata_data.as_deref_mut().context("the imports BPF program has no rodata")?;
-    let l = &python.layout;
-    rodata.cfg.layout = super::py_layout!(py_layout, l);
-    rodata.cfg.code_type = python.code_type_address().unwrap_or(0);
-    // How much of a code object covers every field read.
-    rodata.cfg.code_head = [l.object_type, l.code_qualname, l.code_filename].iter().filter(|&&o| o != NO_FIELD).map(|o| o + 8).max().unwrap_or(8);
-    rodata.cfg.frame_localsplus = l.frame_localsplus;
-    let name = |s: &str| {
-        let mut padded = [0 as std::ffi::c_char; 32];
-        padded.iter_mut().zip(s.bytes()).for_each(|(to, from)| *to = from as std::ffi::c_char);
-        padded
-    };
-    rodata.cfg.bootstrap_file = name(IMPORTLIB_FILE);
-    rodata.cfg.find_and_load = name("_find_and_load");
-    rodata.cfg.gcd_import = name("_gcd_import");
-    let sessions = has_uprobe_sessions();
-    let uprobe = mode == Mode::Uprobe;
-    open.progs.usdt_import_start.set_autoload(!uprobe);
-    open.progs.usdt_import_done.set_autoload(!uprobe);
-    open.progs.eval_frame.set_autoload(uprobe && sessions);
-    open.progs.eval_entry.set_autoload(uprobe && !sessions);
-    open.progs.eval_return.set_autoload(uprobe && !sessions);
-    let skel = crate::bpf::load::load("imports", open)?;
+/// The imports program loaded and attached to one target, in steps that the
+/// session driver (src/session/driver.rs) runs.
+pub struct Session<'obj> {
+    skel: ImportsSkel<'obj>,
+    links: RefCell<Vec<Link>>,
+    events: RefCell<Vec<ImportEvent>>,
+}
 
-    let path = &python.elf.path;
-    let links = match mode {
-        Mode::Usdt => {
-            let what = |probe| format!("failed to attach to the USDT probe python:{probe} in {}", python.target_path);
-            vec![
-                skel.progs
-                    .usdt_import_start
-                    .attach_usdt(pid as i32, path, "python", "import__find__load__start")
-                    .map_err(|e| attach_error(pid, e))
-                    .with_context(|| what("import__find__load__start"))?,
-                skel.progs
-                    .usdt_import_done
-                    .attach_usdt(pid as i32, path, "python", "import__find__load__done")
-                    .map_err(|e| attach_error(pid, e))
-                    .with_context(|| what("import__find__load__done"))?,
-            ]
-        }
-        Mode::Uprobe => {
-            let addr = python.symbol(EVAL_FRAME_SYMBOL)?;
-            let offset = entry_probe_offset(python.elf.read_static(addr, 8)?, python.elf.file_offset(addr)? as usize);
-            let p = &skel.progs;
-            attach_entry_and_return(&p.eval_frame, &p.eval_entry, &p.eval_return, pid, path, offset)
-                .with_context(|| format!("failed to attach to {EVAL_FRAME_SYMBOL} in {}", python.target_path))?
-        }
-    };
-    ensure_still_running(pid)?;
+impl<'obj> Session<'obj> {
+    /// Loads the program into `object` and attaches it: from here on every
+    /// import of the target is seen.
+    pub fn start(object: &'obj mut MaybeUninit<OpenObject>, pid: u32, python: &Python, mode: Mode) -> Result<Self> {
+        let mut open = ImportsSkelBuilder::default().open(object).context("failed to open the imports BPF program")?;
+        let rodata = open.maps.rodata_data.as_deref_mut().context("the imports BPF program has no rodata")?;
+        let l = &python.layout;
+        rodata.cfg.layout = super::py_layout!(py_layout, l);
+        rodata.cfg.code_type = python.code_type_address().unwrap_or(0);
+        // How much of a code object covers every field read.
+        rodata.cfg.code_head = [l.object_type, l.code_qualname, l.code_filename].iter().filter(|&&o| o != NO_FIELD).map(|o| o + 8).max().unwrap_or(8);
+        rodata.cfg.frame_localsplus = l.frame_localsplus;
+        let name = |s: &str| {
+            let mut padded = [0 as std::ffi::c_char; 32];
+            padded.iter_mut().zip(s.bytes()).for_each(|(to, from)| *to = from as std::ffi::c_char);
+            padded
+        };
+        rodata.cfg.bootstrap_file = name(IMPORTLIB_FILE);
+        rodata.cfg.find_and_load = name("_find_and_load");
+        rodata.cfg.gcd_import = name("_gcd_import");
+        let sessions = has_uprobe_sessions();
+        let uprobe = mode == Mode::Uprobe;
+        open.progs.usdt_import_start.set_autoload(!uprobe);
+        open.progs.usdt_import_done.set_autoload(!uprobe);
+        open.progs.eval_frame.set_autoload(uprobe && sessions);
+        open.progs.eval_entry.set_autoload(uprobe && !sessions);
+        open.progs.eval_return.set_autoload(uprobe && !sessions);
+        let skel = crate::bpf::load::load("imports", open)?;
 
-    let mut events = Vec::new();
-    let mut builder = RingBufferBuilder::new();
-    builder.add(&skel.maps.events, |bytes: &[u8]| {
-        let mut ev = import_event::default();
-        if plain::copy_from_bytes(&mut ev, bytes).is_ok() {
-            let bytes: Vec<u8> = ev.name.iter().map(|&c| c as u8).collect();
-            let name = strings::decode(ev.name_kind, ev.name_len, &bytes).unwrap_or_else(|| "[unreadable module name]".into());
-            events.push(ImportEvent {
-                ts_ns: ev.ts_ns,
-                tid: ev.tid,
-                start: ev.phase == import_phase::IMPORT_START.0 as u8,
-                found: ev.found != 0,
-                name,
-            });
-        }
-        0
-    })?;
-    let ring = builder.build()?;
-    attached()?;
-    let polled = poll_until(&ring, "imports", keep_going);
-    drop(links);
-    polled?;
-    ring.consume().context("failed to drain the imports ring buffer")?;
-    drop(ring);
-    let counters = read_counters(
-        &skel.maps.counters,
-        &[
-            ("event_lost", Lost, "import events lost (ring buffer full)", import_counter::IMPORT_EVENT_LOST.0),
-            ("name_unreadable", Informational, "imports whose module name could not be read", import_counter::IMPORT_NAME_UNREADABLE.0),
-            ("too_deep", Lost, "imports nested too deep to time", import_counter::IMPORT_TOO_DEEP.0),
-        ],
-    )?;
-    Ok(ImportData { events, counters })
+        let path = &python.elf.path;
+        let links = match mode {
+            Mode::Usdt => {
+                let what = |probe| format!("failed to attach to the USDT probe python:{probe} in {}", python.target_path);
+                vec![
+                    skel.progs
+                        .usdt_import_start
+                        .attach_usdt(pid as i32, path, "python", "import__find__load__start")
+                        .map_err(|e| attach_error(pid, e))
+                        .with_context(|| what("import__find__load__start"))?,
+                    skel.progs
+                        .usdt_import_done
+                        .attach_usdt(pid as i32, path, "python", "import__find__load__done")
+                        .map_err(|e| attach_error(pid, e))
+                        .with_context(|| what("import__find__load__done"))?,
+                ]
+            }
+            Mode::Uprobe => {
+                let addr = python.symbol(EVAL_FRAME_SYMBOL)?;
+                let offset = entry_probe_offset(python.elf.read_static(addr, 8)?, python.elf.file_offset(addr)? as usize);
+                let p = &skel.progs;
+                attach_entry_and_return(&p.eval_frame, &p.eval_entry, &p.eval_return, pid, path, offset)
+                    .with_context(|| format!("failed to attach to {EVAL_FRAME_SYMBOL} in {}", python.target_path))?
+            }
+        };
+        ensure_still_running(pid)?;
+        Ok(Session { skel, links: RefCell::new(links), events: RefCell::new(Vec::new()) })
+    }
+}
+
+impl Tracing for Session<'_> {
+    type Data = ImportData;
+
+    fn what(&self) -> String {
+        "imports".into()
+    }
+
+    /// The ring buffer of import starts and ends, in order.
+    fn add_to<'s>(&'s self, builder: &mut RingBufferBuilder<'s, 's>) -> Result<()> {
+        builder.add(&self.skel.maps.events, |bytes: &[u8]| {
+            let mut ev = import_event::default();
+            if plain::copy_from_bytes(&mut ev, bytes).is_ok() {
+                let bytes: Vec<u8> = ev.name.iter().map(|&c| c as u8).collect();
+                let name = strings::decode(ev.name_kind, ev.name_len, &bytes).unwrap_or_else(|| "[unreadable module name]".into());
+                self.events.borrow_mut().push(ImportEvent {
+                    ts_ns: ev.ts_ns,
+                    tid: ev.tid,
+                    start: ev.phase == import_phase::IMPORT_START.0 as u8,
+                    found: ev.found != 0,
+                    name,
+                });
+            }
+            0
+        })?;
+        Ok(())
+    }
+
+    fn detach(&self) {
+        self.links.borrow_mut().clear();
+    }
+
+    fn finish(self) -> Result<ImportData> {
+        self.detach();
+        let counters = read_counters(
+            &self.skel.maps.counters,
+            &[
+                ("event_lost", Lost, "import events lost (ring buffer full)", import_counter::IMPORT_EVENT_LOST.0),
+                ("name_unreadable", Informational, "imports whose module name could not be read", import_counter::IMPORT_NAME_UNREADABLE.0),
+                ("too_deep", Lost, "imports nested too deep to time", import_counter::IMPORT_TOO_DEEP.0),
+            ],
+        )?;
+        Ok(ImportData { events: self.events.into_inner(), counters })
+    }
 }
 
 // SAFETY: a plain integer struct generated from bpf/imports.h.

@@ -10,10 +10,10 @@ mod perf_event;
 pub mod sample;
 pub mod watchpoint;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
-use libbpf_rs::{MapCore, MapFlags, RingBuffer};
+use anyhow::Result;
+use libbpf_rs::{MapCore, MapFlags, RingBufferBuilder};
 
 use crate::model::counters::{Counters, Kind};
 use crate::process::proc;
@@ -37,10 +37,11 @@ impl Mode {
 }
 
 /// A skeleton's `py_layout` (each skeleton has its own generated type with
-/// the fields of bpf/python.h) from a version's layout.
+/// the fields of bpf/python.h) from a version's layout and facts.
 macro_rules! py_layout {
     ($ty:path, $l:expr) => {{
         let l: &crate::python::layouts::Layout = $l;
+        let facts = l.facts();
         $ty {
             tstate_interp: l.tstate_interp,
             tstate_current: l.tstate_current,
@@ -59,6 +60,9 @@ macro_rules! py_layout {
             unicode_ascii_data: l.unicode_ascii_data,
             unicode_compact_data: l.unicode_compact_data,
             unicode_kind_shift: l.unicode_kind_shift,
+            frame_owned_by_thread: facts.frame_owned_by_thread,
+            frame_owned_not_code: facts.frame_owned_not_code,
+            code_tag_bits: facts.code_tag_bits as u32,
         }
     }};
 }
@@ -153,21 +157,53 @@ pub fn ensure_still_running(pid: u32) -> Result<()> {
     Ok(())
 }
 
-/// Polls a ring buffer until `keep_going` says stop, then drains it. The
-/// BPF side mostly does not wake us (bpf/ring.bpf.h), so each round also
-/// consumes whatever arrived during the wait.
-pub fn poll_until(ring: &RingBuffer, what: &str, mut keep_going: impl FnMut() -> Result<bool>) -> Result<()> {
-    while keep_going()? {
-        match ring.poll(Duration::from_millis(100)) {
-            Ok(()) => {}
-            // A signal (Ctrl-C) interrupted the wait: keep_going decides.
-            Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e).with_context(|| format!("failed to read the {what} ring buffer")),
-        }
-        ring.consume().with_context(|| format!("failed to read the {what} ring buffer"))?;
+/// A BPF program loaded and attached to its target, in the steps the
+/// session driver (src/session/driver.rs) runs it by. Two side by side
+/// (`pytrace compare`) are one session too (compare.rs).
+pub trait Tracing {
+    /// What `finish` gives back.
+    type Data;
+
+    /// The program, for error messages ("the {what} ring buffer").
+    fn what(&self) -> String;
+
+    /// Adds the session's ring buffers to `builder`.
+    fn add_to<'s>(&'s self, builder: &mut RingBufferBuilder<'s, 's>) -> Result<()>;
+
+    /// How long `between_polls` (and the command's `keep_going`) may wait:
+    /// zero for every round. A signal runs them at once whatever this is.
+    fn check_every(&self) -> Duration {
+        Duration::ZERO
     }
-    ring.consume().with_context(|| format!("failed to drain the {what} ring buffer"))?;
-    Ok(())
+
+    /// Periodic work between two reads of the ring buffers (follow forked
+    /// children, drain counts, locate interpreters).
+    fn between_polls(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// After each read of the ring buffers.
+    fn after_poll(&self) {}
+
+    /// When the session must next run `run_due` (--idle's passes over the
+    /// threads), if it has such work.
+    fn next_due(&self) -> Option<Instant> {
+        None
+    }
+
+    /// Runs the work `next_due` announced.
+    fn run_due(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Stops the probes; the maps stay readable. Once this returns no
+    /// program runs any more, so the ring buffers hold every record there
+    /// will be.
+    fn detach(&self);
+
+    /// Detaches (if not yet done) and reads what the program gathered. The
+    /// ring buffers have been drained and dropped.
+    fn finish(self) -> Result<Self::Data>;
 }
 
 /// One counter of a BPF program's per-CPU counter array: its JSON name,

@@ -21,7 +21,7 @@ use anyhow::{Context, Result};
 use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::{Link, OpenObject, RingBufferBuilder};
 
-use super::{ensure_still_running, privilege_hint, read_counters};
+use super::{ensure_still_running, privilege_hint, read_counters, Tracing};
 use crate::model::counters::Counters;
 use crate::model::counters::Kind::{Informational, Lost};
 use crate::bpf::sample::types::{sample_counter, stack_key};
@@ -38,10 +38,9 @@ use stacks::Stacks;
 /// samples.
 const DRAIN_EVERY: Duration = Duration::from_millis(250);
 
-/// How often `run` looks at the target, the duration and Ctrl-C (a signal
-/// cuts the wait short), and how long it waits for the ring buffer at most.
+/// How often the session driver looks at the target, the duration and
+/// Ctrl-C (a signal cuts the wait short).
 const CHECK_EVERY: Duration = Duration::from_millis(250);
-const POLL_AT_MOST: Duration = Duration::from_millis(100);
 
 /// The ring buffer with --native, where each record carries 32 KiB of
 /// stack: about 900 records, a second at 999 Hz on 2 CPUs even if user
@@ -77,10 +76,8 @@ pub enum Targets<'a> {
     All,
 }
 
-/// The sampler loaded and attached. Split into steps (`start`, `add_to`,
-/// `between_polls`, `detach`, `finish`) so that another session can run
-/// beside it on the same ring-buffer poll (`pytrace compare`); `run` is the
-/// whole of it for `pytrace sample`.
+/// The sampler loaded and attached, in steps that the session driver
+/// (src/session/driver.rs) runs, alone or beside the calls program.
 pub struct Session<'obj, 'a> {
     skel: SampleSkel<'obj>,
     links: RefCell<Vec<Link>>,
@@ -91,6 +88,9 @@ pub struct Session<'obj, 'a> {
     reader: RefCell<CountsReader>,
     drained: RefCell<Vec<(stack_key, u64)>>,
     last_drain: Cell<Instant>,
+    /// --idle: one pass of the iterator over every thread is one round of
+    /// samples, at jittered ticks (clock.rs).
+    ticks: RefCell<Option<clock::IdleTicks>>,
 }
 
 impl<'obj, 'a> Session<'obj, 'a> {
@@ -130,6 +130,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
             reader: RefCell::new(CountsReader::new()),
             drained: RefCell::new(Vec::new()),
             last_drain: Cell::new(Instant::now()),
+            ticks: RefCell::new(opts.idle.then(|| clock::IdleTicks::new(opts.hz))),
         };
         match targets {
             Targets::One(pid, python) => session.processes.borrow_mut().add(&session.skel.maps.processes, pid, PythonRef::Borrowed(python))?,
@@ -188,7 +189,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
     /// After reading the ring buffer: names the new stacks it held, all at
     /// once (each batch checks the cached code objects it uses, in two
     /// system calls). BPF wakes user space for new stacks at most every
-    /// 50 ms, and `run` polls at least every POLL_AT_MOST.
+    /// 50 ms, and the driver polls at least every 100 ms.
     pub fn after_poll(&self) {
         self.stacks.borrow_mut().name_new(&mut self.processes.borrow_mut());
     }
@@ -309,8 +310,6 @@ impl<'obj, 'a> Session<'obj, 'a> {
     }
 }
 
-/// Loads and attaches, calls `attached` once live, samples until
-/// `keep_going` says stop; `progress` sees the sample count as it grows.
 /// How long `snapshot` waits for the target's interpreter to be located
 /// (a process started a moment ago may not have one yet).
 const LOCATE_AT_MOST: Duration = Duration::from_secs(2);
@@ -344,69 +343,48 @@ pub fn snapshot(targets: Targets, opts: &Options) -> Result<SampleData> {
     session.finish()
 }
 
-pub fn run<'a>(
-    targets: Targets<'a>,
-    opts: &Options,
-    attached: impl FnOnce() -> Result<()>,
-    mut keep_going: impl FnMut(u64) -> Result<bool>,
-) -> Result<SampleData> {
-    run_watched(targets, opts, attached, |session| keep_going(session.total()))
-}
+impl Tracing for Session<'_, '_> {
+    type Data = SampleData;
 
-/// `run`, with `keep_going` given the session itself, to read the profile
-/// so far (`pytrace top`).
-pub fn run_watched<'a>(
-    targets: Targets<'a>,
-    opts: &Options,
-    attached: impl FnOnce() -> Result<()>,
-    mut keep_going: impl FnMut(&Session) -> Result<bool>,
-) -> Result<SampleData> {
-    let mut object = MaybeUninit::uninit();
-    let session = Session::start(&mut object, targets, opts)?;
-    let mut builder = RingBufferBuilder::new();
-    session.add_to(&mut builder)?;
-    let ring = builder.build()?;
+    fn what(&self) -> String {
+        "sample".into()
+    }
 
-    attached()?;
-    // --idle: one pass of the iterator over every thread is one round of
-    // samples, at jittered ticks (clock.rs).
-    let mut ticks = opts.idle.then(|| clock::IdleTicks::new(opts.hz));
-    let mut poll = || -> Result<()> {
-        let mut last_check: Option<Instant> = None;
-        let mut interrupted = false;
-        loop {
-            if interrupted || last_check.is_none_or(|t| t.elapsed() >= CHECK_EVERY) {
-                last_check = Some(Instant::now());
-                session.between_polls()?;
-                if !keep_going(&session)? {
-                    break;
-                }
-            }
-            let mut timeout = POLL_AT_MOST;
-            if let Some(ticks) = &mut ticks {
-                let now = Instant::now();
-                if now >= ticks.next() {
-                    session.sample_every_thread()?;
-                    ticks.advance(now);
-                }
-                timeout = timeout.min(ticks.next().saturating_duration_since(Instant::now()));
-            }
-            interrupted = false;
-            match ring.poll(timeout) {
-                // A signal (Ctrl-C): keep_going decides, now.
-                Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => interrupted = true,
-                Err(e) => return Err(e).context("failed to read the sample ring buffer"),
-                Ok(()) => {}
-            }
-            ring.consume().context("failed to read the sample ring buffer")?;
-            session.after_poll();
+    fn add_to<'s>(&'s self, builder: &mut RingBufferBuilder<'s, 's>) -> Result<()> {
+        Session::add_to(self, builder)
+    }
+
+    fn check_every(&self) -> Duration {
+        CHECK_EVERY
+    }
+
+    fn between_polls(&self) -> Result<()> {
+        Session::between_polls(self).map(drop)
+    }
+
+    fn after_poll(&self) {
+        Session::after_poll(self)
+    }
+
+    fn next_due(&self) -> Option<Instant> {
+        self.ticks.borrow().as_ref().map(clock::IdleTicks::next)
+    }
+
+    /// --idle: a pass over every thread, at each tick.
+    fn run_due(&self) -> Result<()> {
+        let now = Instant::now();
+        self.sample_every_thread()?;
+        if let Some(ticks) = self.ticks.borrow_mut().as_mut() {
+            ticks.advance(now);
         }
         Ok(())
-    };
-    let polled = poll();
-    session.detach();
-    polled?;
-    ring.consume().context("failed to drain the sample ring buffer")?;
-    drop(ring);
-    session.finish()
+    }
+
+    fn detach(&self) {
+        Session::detach(self)
+    }
+
+    fn finish(self) -> Result<SampleData> {
+        Session::finish(self)
+    }
 }

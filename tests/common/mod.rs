@@ -2,6 +2,8 @@
 //! processes (killed on drop), and cProfile as ground truth.
 #![allow(dead_code)]
 
+pub mod matrix;
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

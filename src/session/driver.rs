@@ -1,0 +1,66 @@
+//! The one poll loop every subcommand's BPF session runs in: read the ring
+//! buffers, give the session its periodic work, ask the command whether to
+//! keep going, then stop the probes before anything is read, drain, and
+//! collect. A session (src/tracing/) says only what it does at each step.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use libbpf_rs::{RingBuffer, RingBufferBuilder};
+
+use crate::tracing::Tracing;
+
+/// The longest one wait for records lasts: a stop (target exit, duration,
+/// Ctrl-C) is seen within this.
+const POLL_AT_MOST: Duration = Duration::from_millis(100);
+
+/// Runs `session`: calls `attached` once its ring buffers are read (the
+/// command lets the target run there), then polls until `keep_going`
+/// (asked with the session, to read the profile so far) says stop;
+/// detaches, drains and collects, detaching even if polling failed.
+pub fn drive<T: Tracing>(session: T, attached: impl FnOnce(&T) -> Result<()>, mut keep_going: impl FnMut(&T) -> Result<bool>) -> Result<T::Data> {
+    let what = session.what();
+    let mut builder = RingBufferBuilder::new();
+    session.add_to(&mut builder)?;
+    let ring = builder.build()?;
+    let polled = attached(&session).and_then(|()| poll(&session, &ring, &what, &mut keep_going));
+    session.detach();
+    polled?;
+    ring.consume().with_context(|| format!("failed to drain the {what} ring buffer"))?;
+    drop(ring);
+    session.finish()
+}
+
+/// The loop. The BPF side mostly does not wake us (bpf/ring.bpf.h), so each
+/// round also consumes whatever arrived during the wait.
+fn poll<T: Tracing>(session: &T, ring: &RingBuffer, what: &str, keep_going: &mut impl FnMut(&T) -> Result<bool>) -> Result<()> {
+    let mut last_check: Option<Instant> = None;
+    let mut interrupted = false;
+    loop {
+        if interrupted || last_check.is_none_or(|t| t.elapsed() >= session.check_every()) {
+            last_check = Some(Instant::now());
+            session.between_polls()?;
+            if !keep_going(session)? {
+                return Ok(());
+            }
+        }
+        let mut timeout = POLL_AT_MOST;
+        if let Some(due) = session.next_due() {
+            if Instant::now() >= due {
+                session.run_due()?;
+            }
+            if let Some(due) = session.next_due() {
+                timeout = timeout.min(due.saturating_duration_since(Instant::now()));
+            }
+        }
+        interrupted = false;
+        match ring.poll(timeout) {
+            Ok(()) => {}
+            // A signal (Ctrl-C) interrupted the wait: keep_going decides, now.
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => interrupted = true,
+            Err(e) => return Err(e).with_context(|| format!("failed to read the {what} ring buffer")),
+        }
+        ring.consume().with_context(|| format!("failed to read the {what} ring buffer"))?;
+        session.after_poll();
+    }
+}

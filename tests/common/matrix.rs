@@ -1,0 +1,485 @@
+//! The version matrix's test bodies, shared by tests/matrix.rs (Debian's
+//! CPythons, each in a chroot of its own root) and tests/matrix_pyenv.rs
+//! (pyenv's, on this machine). Each body takes an `Interpreter`, which knows
+//! how to run a fixture there and what that build has (USDT probes, a shared
+//! libpython); what differs between versions is asked of it, never of the
+//! file the test sits in.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use super::*;
+
+/// One CPython of the matrix, and where its fixtures run.
+pub struct Interpreter {
+    pub version: &'static str,
+    place: Place,
+}
+
+enum Place {
+    /// A Debian root made by scripts/pythons.sh, run by chroot with this
+    /// run's fixtures copied to `inside`: the target sees other paths than
+    /// pytrace does, as a Python in a container would, so pytrace must find
+    /// its files through /proc/PID/root. Debian builds with USDT probes and
+    /// libpython in the executable.
+    Root { root: PathBuf, inside: String },
+    /// pyenv's build on this machine (scripts/pythons.sh pyenv-3.X): shared
+    /// libpython, symbol tables, no USDT probes. `dir` holds what the
+    /// fixtures write.
+    Host { python: PathBuf, dir: tempfile::TempDir },
+}
+
+impl Interpreter {
+    /// Debian's python`version`: bullseye's 3.9, sid's 3.13 to 3.15.
+    pub fn debian(version: &'static str) -> Self {
+        let (env, which) = if version == "3.9" { ("PYTRACE_ROOT_39", "root-3.9") } else { ("PYTRACE_ROOT_SID", "root-sid") };
+        let root = std::env::var_os(env).map(PathBuf::from).or_else(|| {
+            let out = Command::new(format!("{}/scripts/pythons.sh", env!("CARGO_MANIFEST_DIR"))).arg(which).output().ok()?;
+            Some(PathBuf::from(String::from_utf8(out.stdout).ok()?.trim()))
+        });
+        let python = format!("usr/bin/python{version}");
+        let root = root
+            .filter(|r| r.join(&python).exists())
+            .unwrap_or_else(|| panic!("no root with {python}: run scripts/pythons.sh {which}"));
+        // One directory per test: tests run in parallel and each removes its own.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let inside = format!("/pytrace-tests-{}-{n}", std::process::id());
+        std::fs::create_dir_all(root.join(&inside[1..])).unwrap();
+        for entry in std::fs::read_dir(fixture("")).unwrap().flatten() {
+            std::fs::copy(entry.path(), root.join(&inside[1..]).join(entry.file_name())).unwrap();
+        }
+        Interpreter { version, place: Place::Root { root, inside } }
+    }
+
+    /// pyenv's python`version` (3.10, 3.12: Debian packages neither).
+    pub fn pyenv(version: &'static str) -> Self {
+        let out = Command::new(format!("{}/scripts/pythons.sh", env!("CARGO_MANIFEST_DIR"))).arg(format!("pyenv-{version}")).output().unwrap();
+        assert!(out.status.success(), "scripts/pythons.sh pyenv-{version}: {}", String::from_utf8_lossy(&out.stderr));
+        let python = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+        assert!(python.exists(), "{}", python.display());
+        Interpreter { version, place: Place::Host { python, dir: tempfile::tempdir().unwrap() } }
+    }
+
+    /// The command that runs a fixture, with `flags` for the interpreter.
+    pub fn argv_with(&self, flags: &[&str], script: &str, args: &[&str]) -> Vec<String> {
+        let mut v: Vec<String> = match &self.place {
+            Place::Root { root, .. } => vec!["chroot".into(), root.to_string_lossy().into_owned(), format!("/usr/bin/python{}", self.version)],
+            Place::Host { python, .. } => vec![python.to_string_lossy().into_owned()],
+        };
+        v.extend(flags.iter().map(|f| f.to_string()));
+        v.push(match &self.place {
+            Place::Root { inside, .. } => format!("{inside}/{script}"),
+            Place::Host { .. } => fixture(script),
+        });
+        v.extend(args.iter().map(|a| a.to_string()));
+        v
+    }
+
+    pub fn argv(&self, script: &str, args: &[&str]) -> Vec<String> {
+        self.argv_with(&[], script, args)
+    }
+
+    /// A file the target writes, named as the target and as the host see it.
+    pub fn output(&self, name: &str) -> (String, PathBuf) {
+        match &self.place {
+            Place::Root { root, inside } => {
+                let inside = format!("{inside}/{name}");
+                let host = root.join(&inside[1..]);
+                (inside, host)
+            }
+            Place::Host { dir, .. } => {
+                let path = dir.path().join(name);
+                (path.to_string_lossy().into_owned(), path)
+            }
+        }
+    }
+
+    pub fn run(&self, script: &str, args: &[&str]) {
+        let argv = self.argv(script, args);
+        assert!(Command::new(&argv[0]).args(&argv[1..]).status().unwrap().success(), "{argv:?}");
+    }
+
+    /// Starts a fixture with --wait; returns once it is ready. `chroot` execs
+    /// the Python in place, so the child's PID is the target's.
+    pub fn start_waiting(&self, script: &str, args: &[&str]) -> Proc {
+        let argv = self.argv(script, &[args, &["--wait"]].concat());
+        let mut target = Proc(Command::new(&argv[0]).args(&argv[1..]).stdout(Stdio::piped()).spawn().unwrap());
+        wait_for_line(&mut target, "ready");
+        target
+    }
+
+    /// `pytrace SUB… -- PYTHON fixture ARGS…`, which must succeed.
+    pub fn pytrace(&self, sub: &[&str], script: &str, args: &[&str]) -> std::process::Output {
+        let argv = self.argv(script, args);
+        let mut all: Vec<&str> = sub.to_vec();
+        all.push("--");
+        all.extend(argv.iter().map(String::as_str));
+        let out = pytrace(&all);
+        assert!(out.status.success(), "{}: pytrace {all:?}: {}", self.version, String::from_utf8_lossy(&out.stderr));
+        out
+    }
+
+    pub fn json(&self, sub: &[&str], script: &str, args: &[&str]) -> serde_json::Value {
+        let out = self.pytrace(&[sub, &["--json", "-"]].concat(), script, args);
+        serde_json::from_slice(&out.stdout).expect("a JSON report on stdout")
+    }
+
+    /// (first line, name, calls) from a truth file the fixture wrote
+    /// (fixtures/ground_truth.py: `--cprofile` or `--count-calls`).
+    pub fn truth(&self, script: &str, args: &[&str], flag: &str) -> Vec<(u32, String, u64)> {
+        let (inside, host) = self.output(&format!("truth-{script}.json"));
+        self.run(script, &[args, &[flag, &inside]].concat());
+        read_json(&host)
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r["line"].as_u64().unwrap() as u32, r["name"].as_str().unwrap().to_string(), r["calls"].as_u64().unwrap()))
+            .collect()
+    }
+
+    pub fn minor(&self) -> u32 {
+        self.version[2..].parse().unwrap()
+    }
+
+    /// Whether the build has CPython's USDT probes (Debian's do).
+    pub fn has_usdt(&self) -> bool {
+        matches!(self.place, Place::Root { .. })
+    }
+
+    /// Whether the interpreter is a shared libpython (pyenv's) rather than
+    /// in the executable (Debian's).
+    pub fn shared_library(&self) -> bool {
+        matches!(self.place, Place::Host { .. })
+    }
+
+    /// Whether this build's function__entry/function__return USDT probes
+    /// fire on every call: 3.9 and 3.10, then 3.15 again.
+    pub fn has_function_probes(&self) -> bool {
+        self.has_usdt() && (self.minor() <= 10 || self.minor() >= 15)
+    }
+
+    /// Whether the kernel emulates the first instruction of the eval
+    /// function, where calls' entry probe sits: Debian builds 3.13+ with
+    /// endbr64 first, and only its 3.13 has no push after it; pyenv's
+    /// builds have no endbr64.
+    pub fn entry_probe_emulated(&self) -> bool {
+        !(self.has_usdt() && self.version == "3.13")
+    }
+}
+
+impl Drop for Interpreter {
+    fn drop(&mut self) {
+        if let Place::Root { root, inside } = &self.place {
+            let _ = std::fs::remove_dir_all(root.join(&inside[1..]));
+        }
+    }
+}
+
+/// 3.13 runs `__init__` inline when a class is called at a specialized
+/// site (CALL_ALLOC_AND_ENTER_INIT) even with interp->eval_frame set, which
+/// every other inlined call respects (3.14 does here too). pytrace counts
+/// those calls at the instance's allocation, untimed; the report says so.
+fn check_inlined_init(py: &Interpreter, label: &str, report: &serde_json::Value) {
+    let caveats = report["caveats"].to_string();
+    let uprobe = report["python"]["mode"] == "uprobe";
+    let counted = report["counters"]["inlined_init_calls"].as_u64().unwrap_or(0);
+    if py.version == "3.13" && uprobe {
+        assert!(caveats.contains("counted (at the instance's allocation) but not timed"), "{label}: {caveats}");
+        assert!(counted > 0, "{label}: no inlined __init__ counted");
+    } else {
+        assert!(!caveats.contains("__init__"), "{label}: {caveats}");
+        assert_eq!(counted, 0, "{label}");
+    }
+}
+
+fn assert_counts(py: &Interpreter, how: &str, report: &serde_json::Value, truth: &[(u32, String, u64)], skip: impl Fn(&str, u32) -> bool) {
+    let label = format!("{} {how}", py.version);
+    let reported = report["python"]["version"].as_str().unwrap();
+    // The patch level too (3.10 keeps it only as the tail of other strings).
+    assert!(reported.starts_with(&format!("{}.", py.version)) && reported.len() > py.version.len() + 1, "{label}: {reported}");
+    let rows = rows_for_file(report, "/callgraph.py");
+    for (line, name, calls) in truth {
+        if skip(name, *line) {
+            continue;
+        }
+        let row = find_row(&rows, *line, name).unwrap_or_else(|| panic!("{label}: no row for {name} (line {line})"));
+        assert_eq!(row["calls"].as_u64().unwrap(), *calls, "{label}: calls of {name} (line {line})");
+    }
+    assert_eq!(report["lost_events"], 0, "{label}");
+    check_inlined_init(py, &label, report);
+    // Before 3.13 no call escapes the eval-frame hook or the eval
+    // function's probe (3.11's specialized __getitem__ is not in the matrix):
+    // uprobe mode has nothing to be inexact about.
+    if report["python"]["mode"] == "uprobe" && py.minor() < 13 {
+        assert!(report.get("caveats").is_none(), "{label}: {}", report["caveats"]);
+    }
+}
+
+pub fn calls_equal_cprofile(py: &Interpreter) {
+    let truth = py.truth("callgraph.py", &["--rounds", "20"], "--cprofile");
+
+    let by_command = py.json(&["calls"], "callgraph.py", &["--rounds", "20"]);
+    assert_eq!(by_command["python"]["mode"], "uprobe");
+    assert_counts(py, "calls --", &by_command, &truth, |_, _| false);
+
+    let target = py.start_waiting("callgraph.py", &["--rounds", "20"]);
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("calls.json");
+    let tracer = start_tracer(&["calls", "-p", &target.pid().to_string(), "--json", json.to_str().unwrap()]);
+    assert!(tracer.stderr_head.contains(&format!("(Python {}.", py.version)), "{}", tracer.stderr_head);
+    signal(target.pid(), libc::SIGUSR1);
+    let (code, _, stderr) = tracer.finish();
+    assert_eq!(code, 0, "{stderr}");
+    let report = read_json(&json);
+    assert_eq!(report["python"]["mode"], "uprobe");
+    assert_counts(py, "calls -p", &report, &truth, |_, _| false);
+}
+
+/// Where the function probes work (3.9, 3.15), `--mode usdt` counts every
+/// call too, inlined and specialized ones included on 3.15. The probes pass
+/// the line being run, not the function's first line, so a generator's
+/// resumptions are rows of their own lines (and on 3.15 its creation runs
+/// its frame and fires function__entry): generators are left out here.
+pub fn usdt_mode_counts_equal_cprofile(py: &Interpreter) {
+    assert!(py.has_function_probes());
+    let truth = py.truth("callgraph.py", &["--rounds", "20"], "--cprofile");
+    let report = py.json(&["calls", "--mode", "usdt"], "callgraph.py", &["--rounds", "20"]);
+    assert_eq!(report["python"]["mode"], "usdt");
+    assert_counts(py, "calls --mode usdt", &report, &truth, |name, _| name == "countdown");
+}
+
+/// Four threads against CPython's profiling hook on every thread, and 300
+/// functions made from one code object's template, each its own row.
+pub fn calls_threads_and_reused_code_objects(py: &Interpreter) {
+    let version = py.version;
+    let args = ["--threads", "4", "--iterations", "300"];
+    let truth = py.truth("threads.py", &args, "--count-calls");
+    let report = py.json(&["calls"], "threads.py", &args);
+    let rows = rows_for_file(&report, "/threads.py");
+    for (line, name, calls) in truth.iter().filter(|t| t.1 != "<lambda>") {
+        let row = find_row(&rows, *line, name).unwrap_or_else(|| panic!("{version}: no row for {name}"));
+        assert_eq!(row["calls"].as_u64().unwrap(), *calls, "{version}: calls of {name} on 4 threads");
+    }
+    assert_eq!(report["counters"]["unmatched_return"], 0, "{version}");
+
+    let report = py.json(&["calls"], "code_reuse.py", &["--functions", "300"]);
+    let generated: HashMap<&str, u64> = report["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["file"] == "<generated>" && f["name"].as_str().unwrap().starts_with("f_"))
+        .map(|f| (f["name"].as_str().unwrap(), f["calls"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(generated.len(), 300, "{version}: one row per generated function");
+    for (name, calls) in generated {
+        let i: u64 = name[2..].parse().unwrap();
+        assert_eq!(calls, i % 3 + 1, "{version}: {name}");
+    }
+}
+
+/// Each way the build allows: the mode pytrace picks by itself (the gc
+/// USDT probes where they exist, else the watchpoint on the collector's
+/// state; on stripped builds too; 3.15 keeps its totals in rings), then
+/// the watchpoint asked for where the probes were picked.
+pub fn gc_equals_gc_callbacks(py: &Interpreter) {
+    let version = py.version;
+    let modes: &[(Option<&str>, &str)] = if py.has_usdt() { &[(None, "usdt"), (Some("watchpoint"), "watchpoint")] } else { &[(None, "watchpoint")] };
+    for &(asked, mode) in modes {
+        let (inside, host) = py.output("gc-truth.json");
+        let mut target = py.start_waiting("gc_cycles.py", &["--rounds", "60000", "--truth", &inside]);
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("gc.json");
+        let pid = target.pid().to_string();
+        let mut args = vec!["gc", "-p", &pid, "--json", json.to_str().unwrap()];
+        if let Some(asked) = asked {
+            args.extend(["--mode", asked]);
+        }
+        let tracer = start_tracer(&args);
+        assert!(tracer.stderr_head.contains(&format!("{mode} mode")), "{version}: {}", tracer.stderr_head);
+        signal(target.pid(), libc::SIGUSR1);
+        wait_for_line(&mut target, "done");
+        signal(tracer.child.pid(), libc::SIGINT);
+        let (code, _, stderr) = tracer.finish();
+        assert_eq!(code, 0, "{stderr}");
+        let key = |v: &serde_json::Value| {
+            v.as_array().unwrap().iter().map(|g| (g["generation"].as_u64(), g["collections"].as_u64(), g["collected"].as_i64())).collect::<Vec<_>>()
+        };
+        let want = key(&read_json(&host));
+        assert_eq!(want.len(), 3, "{version}: the fixture collects all three generations");
+        assert_eq!(key(&read_json(&json)["generations"]), want, "{version} {mode}: (generation, collections, collected)");
+    }
+}
+
+/// Each way the build allows (the import USDT probes, and the eval-function
+/// uprobe that builds without them get): the whole tree equals -X
+/// importtime's for the same program.
+pub fn imports_tree(py: &Interpreter) {
+    let version = py.version;
+    let (modules, host) = py.output("modules");
+    std::fs::create_dir_all(&host).unwrap();
+    let argv = py.argv_with(&["-X", "importtime"], "imports_tree.py", &[&modules]);
+    let truth = Command::new(&argv[0]).args(&argv[1..]).output().unwrap();
+    assert!(truth.status.success(), "{version}: {}", String::from_utf8_lossy(&truth.stderr));
+    let want = importtime_paths(&String::from_utf8_lossy(&truth.stderr));
+    let modes: &[&str] = if py.has_usdt() { &["usdt", "uprobe"] } else { &["uprobe"] };
+    for &mode in modes {
+        std::fs::remove_dir_all(&host).unwrap();
+        std::fs::create_dir_all(&host).unwrap();
+        let report = py.json(&["imports", "--mode", mode], "imports_tree.py", &[&modules]);
+        assert_eq!(report["python"]["mode"], mode);
+        let top = report["imports"].as_array().unwrap().iter().find(|n| n["name"] == "pt_top").expect("pt_top imported");
+        let mut children: Vec<&str> = top["children"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+        children.sort();
+        assert_eq!(children, ["pt_a", "pt_b"], "{version} {mode}");
+        let (own, total) = (top["self_ns"].as_u64().unwrap(), top["cumulative_ns"].as_u64().unwrap());
+        assert!(0 < own && own <= total, "{version} {mode}: {top}");
+        assert_eq!(report_import_paths(&report["imports"]), want, "{version} {mode}: the tree -X importtime prints");
+    }
+}
+
+/// The CPU split within 2 points; one function per thread; deep stacks
+/// marked truncated. The split's truth is what the fixture measured of its
+/// own CPU time around each call (60/30/10 on real hardware; in an
+/// emulated VM, where every call and clock read costs far more, not quite).
+pub fn sample_split_threads_and_depth(py: &Interpreter) {
+    let version = py.version;
+    let (cpu, cpu_host) = py.output("cpu-split.json");
+    let report = py.json(&["sample", "-r", "999"], "cpu_split.py", &["--cpu-seconds", &longer(4.0), "--cpu-split", &cpu]);
+    let truth = read_json(&cpu_host);
+    let total = |name: &str| {
+        report["functions"].as_array().unwrap().iter().find(|f| f["name"] == name).map(|f| f["total_samples"].as_u64().unwrap()).unwrap_or(0)
+    };
+    let names = ["sixty", "thirty", "ten"];
+    let sum: u64 = names.iter().map(|f| total(f)).sum();
+    let cpu_sum: f64 = names.iter().map(|f| truth[f].as_f64().unwrap()).sum();
+    assert!(sum > 3000, "{version}: only {sum} samples");
+    for name in names {
+        let (share, want) = (total(name) as f64 * 100.0 / sum as f64, truth[name].as_f64().unwrap() * 100.0 / cpu_sum);
+        assert!((share - want).abs() <= 2.0, "{version}: {name} has {share:.1}% of samples, its CPU time {want:.1}%");
+    }
+
+    let folded = String::from_utf8(py.pytrace(&["sample", "-r", "499", "--threads", "--folded", "-"], "threads_spin.py", &["1"]).stdout).unwrap();
+    for f in ["spin_a", "spin_b", "spin_c"] {
+        let threads: std::collections::HashSet<&str> = folded
+            .lines()
+            .filter(|l| l.contains(&format!(";{f} (")))
+            .map(|l| l.split(';').next().unwrap())
+            .collect();
+        assert_eq!(threads.len(), 1, "{version}: {f} on threads {threads:?}");
+    }
+
+    let folded = String::from_utf8(py.pytrace(&["sample", "-r", "499", "--folded", "-"], "deep_recursion.py", &["1.5"]).stdout).unwrap();
+    let bottom: Vec<&str> = folded.lines().filter(|l| l.contains("spin_at_bottom (")).collect();
+    assert!(!bottom.is_empty(), "{version}: no sample at the bottom");
+    for line in bottom {
+        let frames: Vec<&str> = line.rsplit_once(' ').unwrap().0.split(';').collect();
+        assert_eq!((frames[0], frames.len()), ("[truncated]", 257), "{version}: 256 frames and the marker");
+    }
+}
+
+/// Periodic work sampled at rates commensurate with its period: 100 Hz
+/// (its period, started by pytrace) and 50 Hz (twice it, by PID), where a
+/// strictly periodic clock gives one function every sample. The bound is
+/// that of tests/sample.rs's sweep: 4 standard errors of each share, or 2
+/// points when that is more.
+pub fn sample_periodic_work_at_exact_rates(py: &Interpreter) {
+    let version = py.version;
+    let check = |how: &str, report: &serde_json::Value| {
+        let total = |name: &str| {
+            report["functions"].as_array().unwrap().iter().find(|f| f["name"] == name).map(|f| f["total_samples"].as_u64().unwrap()).unwrap_or(0)
+        };
+        let split = [("sixty", 60.0), ("thirty", 30.0), ("ten", 10.0)];
+        let n: u64 = split.iter().map(|(f, _)| total(f)).sum();
+        assert!(n > 200, "{version} {how}: only {n} samples");
+        for (name, want) in split {
+            let share = total(name) as f64 * 100.0 / n as f64;
+            let p = want / 100.0;
+            let bound = (400.0 * (p * (1.0 - p) / n as f64).sqrt()).max(2.0);
+            assert!((share - want).abs() <= bound, "{version} {how}: {name} has {share:.1} % of {n} samples, expected {want} ± {bound:.1}");
+        }
+    };
+    check("100 Hz", &py.json(&["sample", "-r", "100"], "cpu_split.py", &["--cpu-seconds", "5"]));
+    let target = py.start_waiting("cpu_split.py", &["--cpu-seconds", "8"]);
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("p.json");
+    let tracer = start_tracer(&["sample", "-r", "50", "-p", &target.pid().to_string(), "--json", json.to_str().unwrap()]);
+    signal(target.pid(), libc::SIGUSR1);
+    let (code, _, stderr) = tracer.finish();
+    assert_eq!(code, 0, "{version}: {stderr}");
+    check("50 Hz by PID", &read_json(&json));
+}
+
+pub fn sample_idle_sees_sleepers(py: &Interpreter) {
+    let version = py.version;
+    let report = py.json(&["sample", "-r", "199", "--idle"], "sleep_and_spin.py", &["2"]);
+    let share = |name: &str| {
+        report["functions"].as_array().unwrap().iter().find(|f| f["name"] == name).map(|f| f["total_share"].as_f64().unwrap()).unwrap_or(0.0)
+    };
+    // Half each of the two threads' samples (start-up is neither's).
+    let (sleeper, spinner) = (share("sleeper"), share("spinner"));
+    let of_both = sleeper / (sleeper + spinner);
+    assert!((of_both - 0.5).abs() < 0.08 && sleeper + spinner > 0.5, "{version}: sleeper {sleeper:.2}, spinner {spinner:.2}");
+}
+
+/// --native: in each sample of compress_work, libz's frames sit above it
+/// (between it and the leaf) with no Python frame above them; half the
+/// samples are there (the fixture splits its CPU evenly), and every eval
+/// frame was paired with its Python frames. 3 CPU-seconds at 499 Hz: about
+/// 1,500 samples however busy the machine (fewer than 800 only if the host
+/// takes away half the CPU time the guest counts).
+pub fn sample_native_puts_c_frames_under_their_python_caller(py: &Interpreter) {
+    let version = py.version;
+    let out = py.pytrace(&["sample", "--native", "-r", "499", "--folded", "-"], "native_split.py", &["--cpu-seconds", &longer(3.0)]);
+    let (mut total, mut in_libz) = (0u64, 0u64);
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap();
+        let n: u64 = n.parse().unwrap();
+        let frames: Vec<&str> = stack.split(';').collect();
+        total += n;
+        let Some(caller) = frames.iter().rposition(|f| f.starts_with("compress_work (")) else { continue };
+        let above = &frames[caller + 1..];
+        if above.iter().any(|f| f.contains("(libz.so")) && !above.iter().any(|f| f.contains(".py)") || f.contains(".py:")) {
+            in_libz += n;
+        }
+        assert!(!stack.contains("[native stack unmatched]") || n < 5, "{version}: {line}");
+    }
+    let share = in_libz as f64 / total as f64;
+    assert!(total > 800 && (share - 0.5).abs() < 0.06, "{version}: libz under compress_work in {in_libz} of {total} samples");
+}
+
+/// compare runs calls and sample at once: both sides show the 60/30/10
+/// split (the traced side as the fixture's own wall-time split), and every
+/// round calls each function once.
+pub fn compare_sees_the_split_on_both_sides(py: &Interpreter) {
+    let (wall, wall_host) = py.output("wall-split.json");
+    let cmp = py.json(&["compare", "-r", "999"], "cpu_split.py", &["--cpu-seconds", &longer(3.0), "--wall-split", &wall]);
+    assert!(cmp["python"]["version"].as_str().unwrap().starts_with(&format!("{}.", py.version)), "{}", cmp["python"]);
+    assert_compare_split(py.version, &cmp, &wall_host, 3.0);
+}
+
+pub fn info_names_each_mode(py: &Interpreter) {
+    let version = py.version;
+    let target = py.start_waiting("callgraph.py", &["--rounds", "1"]);
+    let out = pytrace(&["info", "-p", &target.pid().to_string(), "--json", "-"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(info["version"].as_str().unwrap().starts_with(&format!("{version}.")), "{info}");
+    // In a root, found through /proc/PID/root: the target sees another path.
+    let interpreter = if py.shared_library() { format!("/libpython{version}.so.1.0") } else { format!("/usr/bin/python{version}") };
+    assert!(info["interpreter"].as_str().unwrap().ends_with(&interpreter), "{info}");
+    assert_eq!(info["shared_library"], py.shared_library(), "{info}");
+    assert_eq!(info["calls_mode"], "uprobe");
+    assert_eq!(info["eval_frame_hook"], py.minor() >= 11);
+    let want = if py.has_function_probes() { "working" } else { "missing" };
+    assert_eq!(info["function_probes"], want, "{info}");
+    let (gc, imports) = if py.has_usdt() { ("usdt", "usdt") } else { ("watchpoint", "uprobe") };
+    assert!(info["gc_mode"].as_str().unwrap().starts_with(gc), "{info}");
+    assert!(info["imports_mode"].as_str().unwrap().starts_with(imports), "{info}");
+    let emulated = info["calls_probe"] == "emulated by the kernel";
+    assert_eq!(emulated, py.entry_probe_emulated(), "{version}: {}", info["calls_probe"]);
+    let layout = info["layout"].as_str().unwrap();
+    let want = if py.minor() >= 13 { "_Py_DebugOffsets" } else { "built-in table" };
+    assert!(layout.contains(want), "{version}: layout from {layout}");
+}

@@ -31,6 +31,9 @@ struct gil_thread {
 	__u64 switches;     /* acquisitions after another thread held the GIL */
 	__u64 drops;        /* drop_gil calls */
 	__u64 pending_wait_ns; /* waited since it last held the GIL: the next acquisition's wait */
+	__u64 tstate;       /* the PyThreadState it last asked for the GIL with */
+	__u64 wait_code;    /* the code object it was running when it asked (0: none known) */
+	__u64 take_since_ns; /* when it asked */
 	__u32 state;        /* enum gil_state */
 	__u32 pad;
 	char comm[16];      /* its name (/proc/PID/task/TID/comm) when last seen */
@@ -48,9 +51,36 @@ struct gil_window {
 	__u64 stop_ns;
 };
 
+/* The last hand-overs: who held the GIL from when to when, and the code
+ * object it was running when it let go. Written by the holder, read by the
+ * next taker (holding the GIL too): the GIL orders every access. */
+#define GIL_HOLDER_RING 64
+
+struct gil_holder_period {
+	__u64 start_ns;
+	__u64 end_ns;
+	__u64 code;
+};
+
+/* Per Python function (its code object): the waits of the calls that asked
+ * for the GIL in it, and the holding periods that ended in it. */
+struct gil_function {
+	__u64 wait_ns;
+	__u64 held_ns;
+};
+
+/* A waiting function and a function that held the GIL while it waited. */
+struct gil_blame_key {
+	__u64 waiter_code;
+	__u64 holder_code;
+};
+
 enum gil_counter {
 	GIL_THREADS_FULL,     /* a thread not tracked: the thread map was full */
 	GIL_HISTOGRAM_FULL,   /* a wait timed but not put in the distribution: its map was full */
+	GIL_FUNCTIONS_FULL,   /* a function's wait or hold not counted: its map was full */
+	GIL_BLAME_FULL,       /* a holder's share of a wait not counted: the blame map was full */
+	GIL_BLAME_TRUNCATED,  /* a wait longer than the last GIL_HOLDER_RING hand-overs: its oldest holders not blamed */
 	GIL_COUNTER_COUNT,
 };
 

@@ -113,6 +113,44 @@ fn assert_matches_the_threads_own_measures(version: &str, python: &std::path::Pa
             other => panic!("{label}: unexpected thread {other}"),
         }
     }
+    assert_functions_and_blame(&label, &report, &truth, &threads);
+}
+
+/// Each spinner's function is where its thread waited and held, and the
+/// other spinner's function is what it mostly waited for.
+fn assert_functions_and_blame(label: &str, report: &serde_json::Value, truth: &HashMap<u32, serde_json::Value>, threads: &HashMap<u32, &serde_json::Value>) {
+    let functions = report["functions"].as_array().unwrap();
+    let function = |name: &str| {
+        functions
+            .iter()
+            .find(|f| f["name"] == name && f["file"].as_str().unwrap().ends_with("gil_threads.py"))
+            .unwrap_or_else(|| panic!("{label}: no function {name} in {report}"))
+    };
+    let thread_of = |name: &str| {
+        let tid = truth.iter().find(|(_, own)| own["function"] == name).unwrap().0;
+        threads[tid]
+    };
+    let blamed = |f: &serde_json::Value, holder: &str| f["blocked_by"].as_array().unwrap().iter().filter(|b| b["name"] == holder).map(|b| b["ns"].as_u64().unwrap()).sum::<u64>() as f64;
+    for f in functions {
+        let blocked: f64 = f["blocked_by"].as_array().unwrap().iter().map(|b| ns(b, "ns")).sum();
+        assert!((blocked - ns(f, "wait_ns")).abs() <= 1.0, "{label}: the blame of {f} adds up to its wait");
+    }
+    for (me, other) in [("spin_a", "spin_b"), ("spin_b", "spin_a")] {
+        let (f, t) = (function(me), thread_of(me));
+        let who = format!("{label}: function {me}: {f} of thread {t}");
+        // Only its own thread runs it; most of that thread's life is in it.
+        assert!(ns(f, "wait_ns") <= ns(t, "wait_ns") + 1.0 && ns(f, "wait_ns") >= 0.6 * ns(t, "wait_ns"), "{who}: wait");
+        assert!(ns(f, "held_ns") <= ns(t, "held_ns") + 1.0 && ns(f, "held_ns") >= 0.5 * ns(t, "held_ns"), "{who}: held");
+        // The other spinner blocked it most, and for no longer than it held.
+        let top = &f["blocked_by"][0];
+        assert!(top["name"] == other || (top["name"] == "(no holder: hand-over)" && f["blocked_by"][1]["name"] == other), "{who}: blocked by");
+        assert!(blamed(f, other) <= ns(function(other), "held_ns") + 1.0, "{who}: blamed {other} for more than it held");
+        assert!(blamed(f, other) >= 0.3 * ns(f, "wait_ns"), "{who}: {other}'s share");
+    }
+    // The hasher waits for the spinners, between hashes.
+    let hasher = function("hasher");
+    assert!(ns(hasher, "wait_ns") <= ns(thread_of("hasher"), "wait_ns") + 1.0, "{label}: {hasher}");
+    assert!(blamed(hasher, "spin_a") + blamed(hasher, "spin_b") >= 0.3 * ns(hasher, "wait_ns"), "{label}: {hasher}");
 }
 
 macro_rules! matrix {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::report::gil::{GilReport, ThreadRow};
+use crate::report::gil::{function_rows, GilReport, ThreadRow};
 use crate::report::{self, Output, PythonInfo, ReportKind};
 use crate::session::{self, Live, Target, TargetSpec};
 use crate::tracing::gil;
@@ -40,6 +40,7 @@ pub fn run(opts: Options) -> Result<i32> {
         lost_events: data.counters.lost(),
         counters: data.counters,
         threads,
+        functions: function_rows(data.functions),
     };
     report::emit(json.as_mut(), || report.to_json(), || report.to_table())?;
     Ok(target.exit_code())

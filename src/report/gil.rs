@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use super::{human_ns, thousands};
 use crate::model::counters::Counters;
-use crate::tracing::gil::{ThreadGil, WaitBucket};
+use crate::tracing::gil::{FunctionGil, Place, ThreadGil, WaitBucket};
 
 #[derive(Serialize)]
 pub struct WaitDistribution {
@@ -33,6 +33,72 @@ pub struct ThreadRow {
     pub wait: WaitDistribution,
 }
 
+/// A function that held the GIL while another waited, and for how long.
+#[derive(Serialize)]
+pub struct Blocker {
+    pub name: String,
+    pub file: String,
+    pub line: u32,
+    pub ns: u64,
+}
+
+#[derive(Serialize)]
+pub struct FunctionRow {
+    pub name: String,
+    pub file: String,
+    pub line: u32,
+    /// The GIL waits of calls that asked for it in this function.
+    pub wait_ns: u64,
+    /// The holding periods that ended (the GIL let go) in this function.
+    pub held_ns: u64,
+    /// Who held the GIL during those waits, most first.
+    pub blocked_by: Vec<Blocker>,
+}
+
+/// How a place is named in the report: (name, file, line).
+fn named(place: &Place) -> (String, String, u32) {
+    match place {
+        Place::Function(f) => (f.name.clone(), f.file.clone(), f.line),
+        Place::NoFrame => ("(no Python frame)".into(), String::new(), 0),
+        Place::Unreadable => ("(unreadable code object)".into(), String::new(), 0),
+    }
+}
+
+/// The share of a wait with no holder to blame.
+pub const NO_HOLDER: &str = "(no holder: hand-over)";
+
+/// The functions, most waited in first, then most held.
+pub fn function_rows(functions: std::collections::HashMap<Place, FunctionGil>) -> Vec<FunctionRow> {
+    let mut rows: Vec<FunctionRow> = functions
+        .into_iter()
+        .map(|(place, f)| {
+            let (name, file, line) = named(&place);
+            let mut blocked_by: Vec<Blocker> = f
+                .blocked_by
+                .iter()
+                .map(|(holder, &ns)| {
+                    let (name, file, line) = named(holder);
+                    Blocker { name, file, line, ns }
+                })
+                .collect();
+            // The rest of the wait nobody held the GIL: a forced switch's
+            // hand-over in drop_gil, or the GIL free and the waiter not yet
+            // on a CPU.
+            let blamed: u64 = blocked_by.iter().map(|b| b.ns).sum();
+            if f.wait_ns > blamed {
+                blocked_by.push(Blocker { name: NO_HOLDER.into(), file: String::new(), line: 0, ns: f.wait_ns - blamed });
+            }
+            blocked_by.sort_by(|a, b| b.ns.cmp(&a.ns).then_with(|| a.name.cmp(&b.name)));
+            FunctionRow { name, file, line, wait_ns: f.wait_ns, held_ns: f.held_ns, blocked_by }
+        })
+        .collect();
+    rows.sort_by(|a, b| (b.wait_ns, b.held_ns).cmp(&(a.wait_ns, a.held_ns)).then_with(|| (&a.name, &a.file, a.line).cmp(&(&b.name, &b.file, b.line))));
+    rows
+}
+
+/// Rows of the functions table in the terminal.
+const FUNCTION_ROWS: usize = 15;
+
 #[derive(Serialize)]
 pub struct GilReport {
     pub kind: super::ReportKind,
@@ -44,6 +110,7 @@ pub struct GilReport {
     pub lost_events: u64,
     pub counters: Counters,
     pub threads: Vec<ThreadRow>,
+    pub functions: Vec<FunctionRow>,
 }
 
 /// The value below which `fraction` of the waits fall, from the buckets
@@ -132,6 +199,20 @@ impl GilReport {
             ));
         }
         out.push_str("% of each thread's time in the session; WAITED includes a forced switch's hand-over in drop_gil\n");
+        if !self.functions.is_empty() {
+            out.push_str(&format!("\n{:<44} {:>9} {:>9}  BLOCKED BY (share of the wait; the holder's function when it let go)\n", "FUNCTION (where the wait began)", "WAITED", "HELD"));
+            for f in self.functions.iter().take(FUNCTION_ROWS) {
+                let place = match f.file.rsplit('/').next() {
+                    Some(file) if !file.is_empty() => format!("{} ({file}:{})", f.name, f.line),
+                    _ => f.name.clone(),
+                };
+                let blockers: Vec<String> = f.blocked_by.iter().take(3).map(|b| format!("{} {:.0}%", b.name, share(b.ns, f.wait_ns))).collect();
+                out.push_str(&format!("{:<44} {:>9} {:>9}  {}\n", place, human_ns(f.wait_ns), human_ns(f.held_ns), blockers.join(", ")));
+            }
+            if self.functions.len() > FUNCTION_ROWS {
+                out.push_str(&format!("({} more in --json)\n", self.functions.len() - FUNCTION_ROWS));
+            }
+        }
         out.push_str(&super::dropped_line(&self.counters));
         out
     }

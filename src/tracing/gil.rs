@@ -9,10 +9,12 @@ use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::{Link, MapCore, MapFlags};
 
 use super::{attach_error, ensure_still_running, entry_probe_offset, monotonic_ns, read_counters};
-use crate::bpf::gil::types::{gil_counter, gil_state, gil_thread, gil_wait_key, gil_window};
+use crate::bpf::gil::types::{gil_blame_key, gil_counter, gil_function, gil_state, gil_thread, gil_wait_key, gil_window, py_layout};
 use crate::bpf::gil::GilSkelBuilder;
 use crate::model::counters::Counters;
-use crate::model::counters::Kind::Lost;
+use crate::model::counters::Kind::{Lost, Refused};
+use crate::process::proc::Memory;
+use crate::python::code::Code;
 use crate::python::Python;
 
 /// The static functions of Python/ceval_gil.c every GIL hand-over goes
@@ -72,8 +74,40 @@ pub struct ThreadGil {
     pub wait_buckets: Vec<WaitBucket>,
 }
 
+/// A Python function, as its code object names it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FunctionName {
+    pub name: String,
+    pub file: String,
+    pub line: u32,
+}
+
+/// Where a thread was when it asked for the GIL, or let it go: a
+/// function, or why none is named.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Place {
+    Function(FunctionName),
+    /// No Python frame was running (a thread starting, C code with no
+    /// Python caller) or the thread's first event came before it could be
+    /// read.
+    NoFrame,
+    /// The frame pointed at something that is not (or no longer) a code
+    /// object when pytrace read it.
+    Unreadable,
+}
+
+/// Per function: the GIL waits of calls that asked for it there, the
+/// holding periods that ended there, and who held the GIL meanwhile.
+#[derive(Debug, Clone, Default)]
+pub struct FunctionGil {
+    pub wait_ns: u64,
+    pub held_ns: u64,
+    pub blocked_by: HashMap<Place, u64>,
+}
+
 pub struct GilData {
     pub threads: Vec<ThreadGil>,
+    pub functions: HashMap<Place, FunctionGil>,
     pub counters: Counters,
     /// The session's window, CLOCK_MONOTONIC.
     pub window_ns: u64,
@@ -84,7 +118,9 @@ pub struct GilData {
 pub fn run(pid: u32, python: &Python, probes: GilProbes, attached: impl FnOnce() -> Result<()>, mut keep_going: impl FnMut() -> Result<bool>) -> Result<GilData> {
     let mut object = MaybeUninit::uninit();
     let mut open = GilSkelBuilder::default().open(&mut object).context("failed to open the gil BPF program")?;
-    open.maps.rodata_data.as_deref_mut().context("the gil BPF program has no rodata")?.target_tgid = pid;
+    let rodata = open.maps.rodata_data.as_deref_mut().context("the gil BPF program has no rodata")?;
+    rodata.target_tgid = pid;
+    rodata.layout = super::py_layout!(py_layout, &python.layout);
     let mut skel = crate::bpf::load::load("gil", open)?;
 
     let path = &python.elf.path;
@@ -107,9 +143,12 @@ pub fn run(pid: u32, python: &Python, probes: GilProbes, attached: impl FnOnce()
     let start_ns = monotonic_ns();
     skel.maps.bss_data.as_deref_mut().context("the gil BPF program has no .bss")?.window = gil_window { start_ns, stop_ns: 0 };
     attached()?;
+    // Code objects are named while the target lives (it may exit first).
+    let mut names = CodeNames::new(pid, python);
     let waited = (|| -> Result<()> {
         while keep_going()? {
             std::thread::sleep(std::time::Duration::from_millis(100));
+            names.name_new(&skel.maps.functions);
         }
         Ok(())
     })();
@@ -126,14 +165,19 @@ pub fn run(pid: u32, python: &Python, probes: GilProbes, attached: impl FnOnce()
             t.wait_buckets = b.clone();
         }
     }
+    names.name_new(&skel.maps.functions);
+    let functions = read_functions(&skel.maps.functions, &skel.maps.blame, &names)?;
     let counters = read_counters(
         &skel.maps.counters,
         &[
             ("threads_untracked", Lost, "threads not measured (thread map full)", gil_counter::GIL_THREADS_FULL.0),
             ("waits_unbucketed", Lost, "waits left out of the distribution (its map full)", gil_counter::GIL_HISTOGRAM_FULL.0),
+            ("functions_untracked", Lost, "waits or holds not counted per function (function map full)", gil_counter::GIL_FUNCTIONS_FULL.0),
+            ("blame_untracked", Lost, "holders' shares of a wait not counted (blame map full)", gil_counter::GIL_BLAME_FULL.0),
+            ("blame_truncated", Refused, "waits longer than the last 64 hand-overs (their oldest holders not blamed)", gil_counter::GIL_BLAME_TRUNCATED.0),
         ],
     )?;
-    Ok(GilData { threads, counters, window_ns: stop_ns - start_ns })
+    Ok(GilData { threads, functions, counters, window_ns: stop_ns - start_ns })
 }
 
 /// Each thread's sums, its open state closed at `stop_ns`.
@@ -174,6 +218,88 @@ fn read_threads(map: &dyn MapCore, stop_ns: u64) -> Result<Vec<ThreadGil>> {
     Ok(threads)
 }
 
+/// Names of the code objects the probes saw, read from the target's memory
+/// when first seen (only a real code object, by its type, is named).
+struct CodeNames<'p> {
+    pid: u32,
+    python: &'p Python,
+    layout: crate::python::Layout,
+    code_type: Option<u64>,
+    mem: Option<Memory>,
+    names: HashMap<u64, Place>,
+}
+
+impl<'p> CodeNames<'p> {
+    fn new(pid: u32, python: &'p Python) -> Self {
+        CodeNames { pid, python, layout: python.layout.clone(), code_type: None, mem: None, names: HashMap::new() }
+    }
+
+    /// Names every code object in `functions` not named yet.
+    fn name_new(&mut self, functions: &dyn MapCore) {
+        if self.mem.is_none() {
+            self.mem = Memory::open(self.pid).ok();
+        }
+        // A command pytrace started maps its libpython only once it runs.
+        if self.code_type.is_none() {
+            self.code_type = self.python.elf.symbol("PyCode_Type").and_then(|t| Some(t.wrapping_add(self.python.load_bias_in(self.pid).ok()?)));
+        }
+        for key in functions.keys() {
+            let Ok(addr) = <[u8; 8]>::try_from(&key[..]).map(u64::from_ne_bytes) else { continue };
+            if self.names.contains_key(&addr) {
+                continue;
+            }
+            let place = self.read(addr);
+            // A process gone leaves later codes to be called unreadable at the end.
+            if place != Place::Unreadable || !crate::process::proc::is_running(self.pid) {
+                self.names.insert(addr, place);
+            }
+        }
+    }
+
+    fn read(&self, addr: u64) -> Place {
+        if addr == 0 {
+            return Place::NoFrame;
+        }
+        let Some(mem) = &self.mem else { return Place::Unreadable };
+        let is_code = self.code_type.is_some_and(|t| mem.read_u64(addr + self.layout.object_type as u64).ok() == Some(t));
+        match Code::read(mem, &self.layout, addr) {
+            Ok(code) if is_code => Place::Function(FunctionName { name: code.qualname, file: code.filename, line: code.firstlineno }),
+            _ => Place::Unreadable,
+        }
+    }
+
+    fn place(&self, addr: u64) -> Place {
+        self.names.get(&addr).cloned().unwrap_or(if addr == 0 { Place::NoFrame } else { Place::Unreadable })
+    }
+}
+
+/// The functions' sums and blame, merged by name (several code objects
+/// can name one function, and unreadable ones are one row).
+fn read_functions(functions: &dyn MapCore, blame: &dyn MapCore, names: &CodeNames) -> Result<HashMap<Place, FunctionGil>> {
+    let mut by_place: HashMap<Place, FunctionGil> = HashMap::new();
+    for key in functions.keys() {
+        let Ok(addr) = <[u8; 8]>::try_from(&key[..]).map(u64::from_ne_bytes) else { continue };
+        let Some(value) = functions.lookup(&key, MapFlags::ANY)? else { continue };
+        let mut f = gil_function::default();
+        if plain::copy_from_bytes(&mut f, &value).is_err() {
+            continue;
+        }
+        let row = by_place.entry(names.place(addr)).or_default();
+        row.wait_ns += f.wait_ns;
+        row.held_ns += f.held_ns;
+    }
+    for key in blame.keys() {
+        let mut k = gil_blame_key::default();
+        if plain::copy_from_bytes(&mut k, &key).is_err() {
+            continue;
+        }
+        let Some(value) = blame.lookup(&key, MapFlags::ANY)? else { continue };
+        let Ok(ns) = <[u8; 8]>::try_from(&value[..]).map(u64::from_ne_bytes) else { continue };
+        *by_place.entry(names.place(k.waiter_code)).or_default().blocked_by.entry(names.place(k.holder_code)).or_default() += ns;
+    }
+    Ok(by_place)
+}
+
 /// The wait distribution of every thread, by TID.
 fn read_wait_buckets(map: &dyn MapCore) -> Result<HashMap<u32, Vec<WaitBucket>>> {
     let mut by_thread: HashMap<u32, Vec<WaitBucket>> = HashMap::new();
@@ -209,6 +335,8 @@ pub fn bucket_range(bucket: u32) -> (u64, u64) {
 // SAFETY: plain integer structs generated from bpf/gil.h.
 unsafe impl plain::Plain for gil_thread {}
 unsafe impl plain::Plain for gil_wait_key {}
+unsafe impl plain::Plain for gil_function {}
+unsafe impl plain::Plain for gil_blame_key {}
 
 #[cfg(test)]
 mod tests {

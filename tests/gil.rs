@@ -205,3 +205,45 @@ fn a_build_without_the_symbols_says_what_is_missing() {
     assert!(err.contains("no symbol table naming take_gil and drop_gil"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "one sentence: {err}");
 }
+
+/// Attached by PID to threads already running: each one's state before its
+/// first event in the session is inferred from that event, so every thread
+/// alive throughout has the whole session as its life, split exactly; and
+/// the target runs on to its normal end.
+#[test]
+fn attached_by_pid_threads_already_running_are_split_over_the_whole_session() {
+    let python = pyenv("3.12");
+    let dir = tempfile::tempdir().unwrap();
+    let truth_path = dir.path().join("truth.json");
+    let mut target = Proc(Command::new(&python).arg(fixture("gil_threads.py")).arg(&truth_path).arg(longer(2.0)).spawn().unwrap());
+    // The threads are running once the fixture has four more tasks.
+    let tasks = || std::fs::read_dir(format!("/proc/{}/task", target.pid())).map(|d| d.count()).unwrap_or(0);
+    let started = std::time::Instant::now();
+    while tasks() < 5 {
+        assert!(started.elapsed().as_secs() < 30, "the fixture's threads did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let out = pytrace(&["gil", "-p", &target.pid().to_string(), "-d", "1", "--json", "-"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let status = target.0.wait().unwrap();
+    assert!(status.success(), "the target did not run on to its end: {status}");
+    let truth: HashMap<String, serde_json::Value> = serde_json::from_slice(&std::fs::read(&truth_path).unwrap()).unwrap();
+    let window = ns(&report, "duration_ns");
+    assert!(window >= 1e9, "{report}");
+    let held_sum: f64 = report["threads"].as_array().unwrap().iter().map(|t| ns(t, "held_ns")).sum();
+    assert!(held_sum <= window * 1.001 + MS, "{report}");
+    for (tid, own) in &truth {
+        let function = own["function"].as_str().unwrap();
+        if !function.starts_with("spin") {
+            continue;
+        }
+        let t = report["threads"].as_array().unwrap().iter().find(|t| t["tid"].as_u64().map(|n| n.to_string()).as_deref() == Some(tid.as_str())).unwrap_or_else(|| panic!("no {function} in {report}"));
+        let (held, wait, released, life) = (ns(t, "held_ns"), ns(t, "wait_ns"), ns(t, "released_ns"), ns(t, "lifetime_ns"));
+        assert!((life - window).abs() <= 1.0, "{function}: alive throughout: {t}, session {window}");
+        assert!((held + wait + released - life).abs() <= 0.001 * life, "{function}: {t}");
+        assert!(released <= 0.05 * life + 20.0 * MS, "{function}: a spinner never lets go but to hand over: {t}");
+        assert!(t["exited"] == false, "{t}");
+    }
+}

@@ -129,8 +129,8 @@ pub fn run(pid: u32, python: &Python, probes: GilProbes, attached: impl FnOnce()
     let drop_ = offset_of(probes.drop_gil)?;
     let what = |f: &str| format!("failed to attach to {f} in {}", python.target_path);
     let p = &skel.progs;
-    // Return probes first: an entry without its return would leave a
-    // thread waiting forever in the sums.
+    // Nothing is counted until the window opens below, once all of them
+    // are attached: no thread is cut at an entry whose return was missed.
     let mut links: Vec<Link> = vec![
         p.take_gil_return.attach_uprobe(true, pid as i32, path, take).map_err(|e| attach_error(pid, e)).with_context(|| what(TAKE_GIL))?,
         p.drop_gil_return.attach_uprobe(true, pid as i32, path, drop_).map_err(|e| attach_error(pid, e)).with_context(|| what(DROP_GIL))?,

@@ -224,7 +224,27 @@ fn share(part: u64, whole: u64) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::percentile;
+    use super::{function_rows, percentile, NO_HOLDER};
+    use crate::tracing::gil::{FunctionGil, FunctionName, Place};
+
+    fn place(name: &str) -> Place {
+        Place::Function(FunctionName { name: name.into(), file: "app.py".into(), line: 1 })
+    }
+
+    #[test]
+    fn blame_adds_up_to_the_wait_with_the_hand_over_as_the_rest() {
+        let mut functions = std::collections::HashMap::new();
+        let mut waiter = FunctionGil { wait_ns: 1000, held_ns: 5, ..Default::default() };
+        waiter.blocked_by.insert(place("holder"), 700);
+        waiter.blocked_by.insert(Place::NoFrame, 100);
+        functions.insert(place("waiter"), waiter);
+        functions.insert(place("holder"), FunctionGil { wait_ns: 0, held_ns: 900, ..Default::default() });
+        let rows = function_rows(functions);
+        assert_eq!(rows.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["waiter", "holder"]);
+        let blame: Vec<(&str, u64)> = rows[0].blocked_by.iter().map(|b| (b.name.as_str(), b.ns)).collect();
+        assert_eq!(blame, [("holder", 700), (NO_HOLDER, 200), ("(no Python frame)", 100)]);
+        assert!(rows[1].blocked_by.is_empty());
+    }
 
     #[test]
     fn percentiles_come_from_the_bucket_that_holds_the_rank() {

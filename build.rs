@@ -8,7 +8,7 @@ use std::process::Command;
 
 use libbpf_cargo::SkeletonBuilder;
 
-const PROGRAMS: &[&str] = &["calls", "gc", "imports", "sample"];
+const PROGRAMS: &[&str] = &["calls", "gc", "gil", "imports", "sample"];
 
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"));
@@ -43,7 +43,7 @@ fn main() {
             .unwrap_or_else(|e| panic!("building {source}: {e:#}"));
         println!("cargo:rerun-if-changed={source}");
     }
-    for header in ["bpf/calls.h", "bpf/gc.h", "bpf/imports.h", "bpf/sample.h", "bpf/sample_walk.bpf.h", "bpf/python.h", "bpf/python_read.bpf.h", "bpf/ring.bpf.h", "bpf/counters.bpf.h"] {
+    for header in ["bpf/calls.h", "bpf/gc.h", "bpf/gil.h", "bpf/imports.h", "bpf/sample.h", "bpf/sample_walk.bpf.h", "bpf/python.h", "bpf/python_read.bpf.h", "bpf/ring.bpf.h", "bpf/counters.bpf.h"] {
         println!("cargo:rerun-if-changed={header}");
     }
 }

@@ -20,6 +20,7 @@ Examples:
   pytrace sample -p 1234 -d 30 --flamegraph out.svg
   pytrace compare -p 1234 -d 10 -r 999     exact and sampled shares side by side
   pytrace gc -p 1234 --events             a line per garbage collection, then a summary
+  pytrace gil -p 1234 -d 10               per thread: time holding, waiting for and without the GIL
   pytrace imports -- python3 app.py       which imports make start-up slow
   pytrace info -p 1234                    what pytrace finds in the process
   pytrace info                            what this kernel lets pytrace do
@@ -40,6 +41,8 @@ enum Command {
     Calls(CallsArgs),
     /// Every garbage collection: pauses and objects collected per generation
     Gc(GcArgs),
+    /// Per thread: time holding the GIL, waiting for it and running without it; waits' distribution
+    Gil(GilArgs),
     /// Every module import as a tree with self and cumulative time
     Imports(ImportsArgs),
     /// A statistical profile of where the target spends CPU time: table, flamegraph, folded, speedscope
@@ -129,6 +132,15 @@ struct GcArgs {
     #[arg(long, value_enum, default_value = "auto")]
     mode: GcModeArg,
     /// Also write the summary as JSON to FILE ("-" for standard output)
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct GilArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Also write the report as JSON to FILE ("-" for standard output)
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
 }
@@ -323,6 +335,10 @@ impl Cli {
                     GcModeArg::Watchpoint => Some(crate::tracing::gc::Mode::Watchpoint),
                 };
                 commands::gc::run(commands::gc::Options { target, duration, events: args.events, json: args.json, mode })
+            }
+            Command::Gil(args) => {
+                let (target, duration) = args.target.into_parts()?;
+                commands::gil::run(commands::gil::Options { target, duration, json: args.json })
             }
             Command::Imports(args) => {
                 let (target, duration) = args.target.into_parts()?;

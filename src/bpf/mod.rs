@@ -22,3 +22,8 @@ pub mod imports {
 pub mod sample {
     include!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/bpf/sample.skel.rs"));
 }
+
+#[allow(clippy::all, dead_code, non_camel_case_types, unused_imports)]
+pub mod gil {
+    include!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/bpf/gil.skel.rs"));
+}

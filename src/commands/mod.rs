@@ -4,6 +4,7 @@ pub mod calls;
 pub mod compare;
 pub mod dump;
 pub mod gc;
+pub mod gil;
 pub mod imports;
 pub mod sample;
 pub mod info;

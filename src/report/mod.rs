@@ -5,6 +5,7 @@ pub mod calls;
 pub mod compare;
 pub mod dump;
 pub mod gc;
+pub mod gil;
 pub mod imports;
 pub mod output;
 pub mod pprof;
@@ -24,6 +25,7 @@ use crate::model::counters::{Counters, Kind};
 pub enum ReportKind {
     Calls,
     Gc,
+    Gil,
     Imports,
     Sample,
     Compare,
@@ -35,6 +37,7 @@ impl ReportKind {
         match self {
             ReportKind::Calls => "`pytrace calls --json`",
             ReportKind::Gc => "`pytrace gc --json`",
+            ReportKind::Gil => "`pytrace gil --json`",
             ReportKind::Imports => "`pytrace imports --json`",
             ReportKind::Sample => "`pytrace sample --json`",
             ReportKind::Compare => "`pytrace compare --json`",

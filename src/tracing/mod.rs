@@ -5,6 +5,7 @@
 pub mod calls;
 pub mod compare;
 pub mod gc;
+pub mod gil;
 pub mod imports;
 mod perf_event;
 pub mod sample;

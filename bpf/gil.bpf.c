@@ -1,0 +1,351 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/* `pytrace gil`: how long each thread of the target held the GIL, waited
+ * for it and ran without it, from uprobes on CPython's take_gil and drop_gil
+ * (Python/ceval_gil.c), the only two functions through which any thread
+ * gets or gives up the GIL. Everything is summed here, per thread; user
+ * space reads the maps once, at the end. Nothing is sent per event.
+ *
+ * A thread's time is cut at four points: take_gil's entry (it starts
+ * waiting) and return (it holds the GIL), drop_gil's entry (it stops
+ * holding; a forced switch then waits inside drop_gil until the thread
+ * that asked has the GIL, which is waiting too) and return (released). */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "gil.h"
+#include "counters.bpf.h"
+#include "python_read.bpf.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* The target's process ID, for the exit tracepoint (the uprobes are
+ * attached to it alone). */
+const volatile __u32 target_tgid = 0;
+
+/* The version's offsets, to read a thread's running code object. */
+const volatile struct py_layout layout = {};
+
+struct gil_window window = {};
+
+struct gil_holder_period periods[GIL_HOLDER_RING] = {};
+__u32 next_period = 0;
+
+/* The thread that last took the GIL: the GIL is held by one thread at a
+ * time, and only the taker writes this, so no atomics are needed. */
+__u32 last_holder = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct gil_thread);
+} threads SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct gil_wait_key);
+	__type(value, __u64);
+} waits SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct gil_function);
+} functions SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct gil_blame_key);
+	__type(value, __u64);
+} blame SEC(".maps");
+
+DEFINE_COUNTERS(GIL_COUNTER_COUNT);
+
+struct gil_thread _gil_thread = {};
+struct gil_wait_key _gil_wait_key = {};
+enum gil_counter _gil_counter = 0;
+enum gil_state _gil_state = 0;
+struct gil_blame_key _gil_blame_key = {};
+struct gil_function _gil_function = {};
+
+/* The time of an event inside the session's window, or 0 outside it. */
+static __always_inline __u64 now_in_window(void)
+{
+	__u64 now = bpf_ktime_get_ns(), start = window.start_ns, stop = window.stop_ns;
+
+	if (!start || (stop && now >= stop))
+		return 0;
+	return now < start ? start : now;
+}
+
+/* This thread's record; on its first event, made with the state it must
+ * have been in before (`before`), from the session's start or from its
+ * creation if that came later. */
+static __always_inline struct gil_thread *thread_record(__u32 tid, __u64 now, __u32 before)
+{
+	struct gil_thread *t = bpf_map_lookup_elem(&threads, &tid);
+	struct gil_thread fresh = {};
+	struct task_struct *task;
+	__u64 created;
+
+	if (t)
+		return t;
+	task = (struct task_struct *)bpf_get_current_task();
+	created = BPF_CORE_READ(task, start_time);
+	fresh.first_ns = created > window.start_ns ? created : window.start_ns;
+	if (fresh.first_ns > now)
+		fresh.first_ns = now;
+	fresh.since_ns = fresh.first_ns;
+	fresh.take_since_ns = fresh.first_ns;
+	fresh.state = before;
+	if (bpf_map_update_elem(&threads, &tid, &fresh, BPF_NOEXIST) && bpf_map_lookup_elem(&threads, &tid) == NULL) {
+		count(GIL_THREADS_FULL);
+		return NULL;
+	}
+	return bpf_map_lookup_elem(&threads, &tid);
+}
+
+/* Ends the thread's current state at `now`, adding its length to its sum. */
+static __always_inline void enter(struct gil_thread *t, __u32 state, __u64 now)
+{
+	__u64 spent = now > t->since_ns ? now - t->since_ns : 0;
+
+	switch (t->state) {
+	case GIL_HELD:
+		t->held_ns += spent;
+		break;
+	case GIL_WAITING:
+		t->wait_ns += spent;
+		t->pending_wait_ns += spent;
+		break;
+	case GIL_RELEASED:
+		t->released_ns += spent;
+		break;
+	}
+	t->state = state;
+	t->since_ns = now;
+}
+
+static __always_inline __u32 msb(__u64 v)
+{
+	__u32 r = 0;
+
+	if (v >> 32) { v >>= 32; r += 32; }
+	if (v >> 16) { v >>= 16; r += 16; }
+	if (v >> 8) { v >>= 8; r += 8; }
+	if (v >> 4) { v >>= 4; r += 4; }
+	if (v >> 2) { v >>= 2; r += 2; }
+	if (v >> 1) r += 1;
+	return r;
+}
+
+/* See GIL_SUB_BUCKET_BITS. */
+static __always_inline __u32 wait_bucket(__u64 ns)
+{
+	__u32 top;
+
+	if (ns < (1 << GIL_SUB_BUCKET_BITS))
+		return ns;
+	top = msb(ns);
+	return ((top - GIL_SUB_BUCKET_BITS + 1) << GIL_SUB_BUCKET_BITS) +
+	       ((ns >> (top - GIL_SUB_BUCKET_BITS)) & ((1 << GIL_SUB_BUCKET_BITS) - 1));
+}
+
+static __always_inline void record_wait(__u32 tid, __u64 ns)
+{
+	struct gil_wait_key key = { .tid = tid, .bucket = wait_bucket(ns) };
+	__u64 one = 1, *n = bpf_map_lookup_elem(&waits, &key);
+
+	if (n) {
+		__sync_fetch_and_add(n, 1);
+		return;
+	}
+	if (bpf_map_update_elem(&waits, &key, &one, BPF_NOEXIST)) {
+		n = bpf_map_lookup_elem(&waits, &key);
+		if (n)
+			__sync_fetch_and_add(n, 1);
+		else
+			count(GIL_HISTOGRAM_FULL);
+	}
+}
+
+/* The code object a thread state is running (its innermost Python frame;
+ * a C function called from Python leaves its caller's frame current), or 0
+ * when none can be read. The address is only read here: user space reads
+ * the object, checking that it is one. */
+static __always_inline __u64 running_code(__u64 tstate)
+{
+	const void *frame;
+	__u8 owner = 0;
+
+	if (!tstate)
+		return 0;
+	frame = read_ptr((const void *)tstate, layout.tstate_current);
+	if (frame && layout.cframe_current_frame != PY_NO_FIELD)
+		frame = read_ptr(frame, layout.cframe_current_frame);
+	if (!frame)
+		return 0;
+	if (layout.frame_owner != PY_NO_FIELD) {
+		if (bpf_probe_read_user(&owner, sizeof(owner), (const char *)frame + layout.frame_owner) ||
+		    owner >= PY_FRAME_OWNED_NOT_CODE)
+			return 0;
+	}
+	return PY_CODE_ADDRESS((__u64)read_ptr(frame, layout.frame_code));
+}
+
+static __always_inline void add_to_function(__u64 code, __u64 wait_ns, __u64 held_ns)
+{
+	struct gil_function fresh = { .wait_ns = wait_ns, .held_ns = held_ns }, *f;
+
+	f = bpf_map_lookup_elem(&functions, &code);
+	if (!f) {
+		if (!bpf_map_update_elem(&functions, &code, &fresh, BPF_NOEXIST))
+			return;
+		f = bpf_map_lookup_elem(&functions, &code);
+		if (!f) {
+			count(GIL_FUNCTIONS_FULL);
+			return;
+		}
+	}
+	__sync_fetch_and_add(&f->wait_ns, wait_ns);
+	__sync_fetch_and_add(&f->held_ns, held_ns);
+}
+
+static __always_inline void add_blame(__u64 waiter_code, __u64 holder_code, __u64 ns)
+{
+	struct gil_blame_key key = { .waiter_code = waiter_code, .holder_code = holder_code };
+	__u64 *sum = bpf_map_lookup_elem(&blame, &key);
+
+	if (!sum) {
+		if (!bpf_map_update_elem(&blame, &key, &ns, BPF_NOEXIST))
+			return;
+		sum = bpf_map_lookup_elem(&blame, &key);
+		if (!sum) {
+			count(GIL_BLAME_FULL);
+			return;
+		}
+	}
+	__sync_fetch_and_add(sum, ns);
+}
+
+/* A wait from `from` to `to` in `waiter_code`: each holding period that
+ * overlaps it blames its holder's code for the overlap. The newest periods
+ * first, back to the first that ended before the wait began. */
+static __always_inline void blame_holders(__u64 waiter_code, __u64 from, __u64 to)
+{
+	__u32 newest = next_period, i;
+
+	for (i = 0; i < GIL_HOLDER_RING; i++) {
+		struct gil_holder_period *p = &periods[(newest - 1 - i) & (GIL_HOLDER_RING - 1)];
+		__u64 lo, hi;
+
+		if (p->end_ns <= from)
+			return;
+		lo = p->start_ns > from ? p->start_ns : from;
+		hi = p->end_ns < to ? p->end_ns : to;
+		if (hi > lo)
+			add_blame(waiter_code, p->code, hi - lo);
+	}
+	count(GIL_BLAME_TRUNCATED);
+}
+
+SEC("uprobe")
+int BPF_UPROBE(take_gil_entry, void *tstate)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 now = now_in_window();
+	struct gil_thread *t;
+
+	if (!now || !(t = thread_record(tid, now, GIL_RELEASED)))
+		return 0;
+	enter(t, GIL_WAITING, now);
+	t->tstate = (__u64)tstate;
+	t->wait_code = running_code((__u64)tstate);
+	t->take_since_ns = now;
+	return 0;
+}
+
+SEC("uretprobe")
+int take_gil_return(void *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 now = now_in_window(), waited;
+	struct gil_thread *t;
+
+	if (!now || !(t = thread_record(tid, now, GIL_WAITING)))
+		return 0;
+	enter(t, GIL_HELD, now);
+	waited = t->pending_wait_ns;
+	t->pending_wait_ns = 0;
+	if (waited > t->max_wait_ns)
+		t->max_wait_ns = waited;
+	t->acquisitions++;
+	if (last_holder != tid)
+		t->switches++;
+	last_holder = tid;
+	record_wait(tid, waited);
+	add_to_function(t->wait_code, waited, 0);
+	blame_holders(t->wait_code, t->take_since_ns, now);
+	return 0;
+}
+
+SEC("uprobe")
+int drop_gil_entry(void *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 now = now_in_window();
+	struct gil_thread *t;
+
+	if (!now || !(t = thread_record(tid, now, GIL_HELD)))
+		return 0;
+	if (t->state == GIL_HELD) {
+		__u32 slot = next_period;
+		struct gil_holder_period *p = &periods[slot & (GIL_HOLDER_RING - 1)];
+
+		p->start_ns = t->since_ns;
+		p->end_ns = now;
+		p->code = running_code(t->tstate);
+		next_period = slot + 1;
+		add_to_function(p->code, 0, now > t->since_ns ? now - t->since_ns : 0);
+	}
+	enter(t, GIL_WAITING, now);
+	t->drops++;
+	bpf_get_current_comm(t->comm, sizeof(t->comm));
+	return 0;
+}
+
+SEC("uretprobe")
+int drop_gil_return(void *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 now = now_in_window();
+	struct gil_thread *t;
+
+	if (!now || !(t = thread_record(tid, now, GIL_WAITING)))
+		return 0;
+	enter(t, GIL_RELEASED, now);
+	return 0;
+}
+
+/* A thread of the target ends: its time stops there. */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(thread_exited, struct task_struct *task)
+{
+	__u32 tid = task->pid;
+	__u64 now;
+	struct gil_thread *t;
+
+	if (task->tgid != target_tgid || !(now = now_in_window()))
+		return 0;
+	t = bpf_map_lookup_elem(&threads, &tid);
+	if (!t)
+		return 0;
+	bpf_get_current_comm(t->comm, sizeof(t->comm));
+	enter(t, GIL_EXITED, now);
+	t->exit_ns = now;
+	return 0;
+}

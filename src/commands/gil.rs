@@ -1,0 +1,47 @@
+//! `pytrace gil`: per thread, the time it held the GIL, waited for it and
+//! ran without it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::report::gil::{function_rows, GilReport, ThreadRow};
+use crate::report::{self, Output, PythonInfo, ReportKind};
+use crate::session::{self, Live, Target, TargetSpec};
+use crate::tracing::gil;
+
+pub struct Options {
+    pub target: TargetSpec,
+    pub duration: Option<Duration>,
+    pub json: Option<PathBuf>,
+}
+
+/// How the report names the way it saw the GIL.
+const MODE: &str = "uprobes on take_gil and drop_gil";
+
+pub fn run(opts: Options) -> Result<i32> {
+    let mut json = opts.json.as_deref().map(Output::create).transpose()?;
+    let (mut target, python) = Target::prepare(opts.target)?;
+    // A command pytrace started and cannot measure never runs.
+    let probes = gil::probe_points(&python)?;
+    session::install_signal_handlers();
+
+    let pid = target.pid;
+    let live = Live::new(&mut target, opts.duration);
+    let data = gil::run(pid, &python, probes, || live.attached(&python, "uprobe", Target::release), || Ok(live.keep_going()))?;
+    let threads: Vec<ThreadRow> = data.threads.into_iter().map(ThreadRow::from_thread).collect();
+    let report = GilReport {
+        kind: ReportKind::Gil,
+        pid,
+        python: PythonInfo { version: python.version.to_string(), mode: MODE.into() },
+        duration_ns: data.window_ns,
+        held_ns: threads.iter().map(|t| t.held_ns).sum(),
+        lost_events: data.counters.lost(),
+        counters: data.counters,
+        threads,
+        functions: function_rows(data.functions),
+    };
+    report::emit(json.as_mut(), || report.to_json(), || report.to_table())?;
+    Ok(target.exit_code())
+}

@@ -1,0 +1,363 @@
+//! The `gil` BPF session (bpf/gil.bpf.c): uprobes where CPython takes and
+//! drops the GIL, per-thread sums in BPF maps, read once at the end.
+
+use std::collections::HashMap;
+use std::mem::MaybeUninit;
+
+use anyhow::{bail, Context, Result};
+use libbpf_rs::skel::SkelBuilder;
+use libbpf_rs::{Link, MapCore, MapFlags};
+
+use super::{attach_error, ensure_still_running, entry_probe_offset, monotonic_ns, read_counters};
+use crate::bpf::gil::types::{gil_blame_key, gil_counter, gil_function, gil_state, gil_thread, gil_wait_key, gil_window, py_layout};
+use crate::bpf::gil::GilSkelBuilder;
+use crate::model::counters::Counters;
+use crate::model::counters::Kind::{Lost, Refused};
+use crate::process::proc::Memory;
+use crate::python::code::Code;
+use crate::python::Python;
+
+/// The static functions of Python/ceval_gil.c every GIL hand-over goes
+/// through, in every supported version: the only caller of
+/// pthread_cond_timedwait (take_gil) and the one that unlocks (drop_gil).
+const TAKE_GIL: &str = "take_gil";
+const DROP_GIL: &str = "drop_gil";
+
+/// Where the probes go (link-time addresses in the interpreter's file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GilProbes {
+    pub take_gil: u64,
+    pub drop_gil: u64,
+}
+
+/// The probe points in this interpreter, or the one sentence saying why
+/// `gil` cannot measure it.
+pub fn probe_points(python: &Python) -> Result<GilProbes> {
+    if python.free_threaded {
+        bail!(
+            "Python {} ({}) is a free-threaded build: it has no GIL, so there is nothing for `pytrace gil` to measure",
+            python.version,
+            python.target_path
+        );
+    }
+    match (python.elf.symbol(TAKE_GIL), python.elf.symbol(DROP_GIL)) {
+        (Some(take_gil), Some(drop_gil)) => Ok(GilProbes { take_gil, drop_gil }),
+        _ => bail!(
+            "{} (Python {}) has no symbol table naming {TAKE_GIL} and {DROP_GIL}, the static functions where CPython takes and drops the GIL, so `pytrace gil` cannot find where to probe; a build that keeps its symbol table (pyenv's, python.org's, a source build) works",
+            python.target_path,
+            python.version
+        ),
+    }
+}
+
+/// A bucket of the wait distribution: (lowest value, width, count) in ns.
+pub type WaitBucket = (u64, u64, u64);
+
+/// One thread's time with the GIL inside the session.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ThreadGil {
+    pub tid: u32,
+    pub name: String,
+    pub held_ns: u64,
+    pub wait_ns: u64,
+    pub released_ns: u64,
+    /// From its first moment in the session (the start, or its creation) to
+    /// its exit or the end: held + wait + released.
+    pub lifetime_ns: u64,
+    pub exited: bool,
+    pub acquisitions: u64,
+    pub switches: u64,
+    pub drops: u64,
+    pub max_wait_ns: u64,
+    /// The waits before each acquisition, by lowest value (see
+    /// GIL_SUB_BUCKET_BITS in bpf/gil.h).
+    pub wait_buckets: Vec<WaitBucket>,
+}
+
+/// A Python function, as its code object names it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FunctionName {
+    pub name: String,
+    pub file: String,
+    pub line: u32,
+}
+
+/// Where a thread was when it asked for the GIL, or let it go: a
+/// function, or why none is named.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Place {
+    Function(FunctionName),
+    /// No Python frame was running (a thread starting, C code with no
+    /// Python caller) or the thread's first event came before it could be
+    /// read.
+    NoFrame,
+    /// The frame pointed at something that is not (or no longer) a code
+    /// object when pytrace read it.
+    Unreadable,
+}
+
+/// Per function: the GIL waits of calls that asked for it there, the
+/// holding periods that ended there, and who held the GIL meanwhile.
+#[derive(Debug, Clone, Default)]
+pub struct FunctionGil {
+    pub wait_ns: u64,
+    pub held_ns: u64,
+    pub blocked_by: HashMap<Place, u64>,
+}
+
+pub struct GilData {
+    pub threads: Vec<ThreadGil>,
+    pub functions: HashMap<Place, FunctionGil>,
+    pub counters: Counters,
+    /// The session's window, CLOCK_MONOTONIC.
+    pub window_ns: u64,
+}
+
+/// Loads and attaches, calls `attached` to let the target run, then waits
+/// until `keep_going` says stop and reads what the probes summed.
+pub fn run(pid: u32, python: &Python, probes: GilProbes, attached: impl FnOnce() -> Result<()>, mut keep_going: impl FnMut() -> Result<bool>) -> Result<GilData> {
+    let mut object = MaybeUninit::uninit();
+    let mut open = GilSkelBuilder::default().open(&mut object).context("failed to open the gil BPF program")?;
+    let rodata = open.maps.rodata_data.as_deref_mut().context("the gil BPF program has no rodata")?;
+    rodata.target_tgid = pid;
+    rodata.layout = super::py_layout!(py_layout, &python.layout);
+    let mut skel = crate::bpf::load::load("gil", open)?;
+
+    let path = &python.elf.path;
+    let offset_of = |addr: u64| -> Result<usize> { Ok(entry_probe_offset(python.elf.read_static(addr, 8)?, python.elf.file_offset(addr)? as usize)) };
+    let take = offset_of(probes.take_gil)?;
+    let drop_ = offset_of(probes.drop_gil)?;
+    let what = |f: &str| format!("failed to attach to {f} in {}", python.target_path);
+    let p = &skel.progs;
+    // Nothing is counted until the window opens below, once all of them
+    // are attached: no thread is cut at an entry whose return was missed.
+    let mut links: Vec<Link> = vec![
+        p.take_gil_return.attach_uprobe(true, pid as i32, path, take).map_err(|e| attach_error(pid, e)).with_context(|| what(TAKE_GIL))?,
+        p.drop_gil_return.attach_uprobe(true, pid as i32, path, drop_).map_err(|e| attach_error(pid, e)).with_context(|| what(DROP_GIL))?,
+        p.take_gil_entry.attach_uprobe(false, pid as i32, path, take).map_err(|e| attach_error(pid, e)).with_context(|| what(TAKE_GIL))?,
+        p.drop_gil_entry.attach_uprobe(false, pid as i32, path, drop_).map_err(|e| attach_error(pid, e)).with_context(|| what(DROP_GIL))?,
+    ];
+    links.push(p.thread_exited.attach().map_err(|e| attach_error(pid, e)).context("failed to attach to the sched_process_exit tracepoint")?);
+    ensure_still_running(pid)?;
+
+    let start_ns = monotonic_ns();
+    skel.maps.bss_data.as_deref_mut().context("the gil BPF program has no .bss")?.window = gil_window { start_ns, stop_ns: 0 };
+    attached()?;
+    // Code objects are named while the target lives (it may exit first).
+    let mut names = CodeNames::new(pid, python);
+    let waited = (|| -> Result<()> {
+        while keep_going()? {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            names.name_new(&skel.maps.functions);
+        }
+        Ok(())
+    })();
+    // Every sum stops here; the maps are read after.
+    let stop_ns = monotonic_ns();
+    skel.maps.bss_data.as_deref_mut().context("the gil BPF program has no .bss")?.window.stop_ns = stop_ns;
+    drop(links);
+    waited?;
+
+    let mut threads = read_threads(&skel.maps.threads, stop_ns)?;
+    let buckets = read_wait_buckets(&skel.maps.waits)?;
+    for t in &mut threads {
+        if let Some(b) = buckets.get(&t.tid) {
+            t.wait_buckets = b.clone();
+        }
+    }
+    names.name_new(&skel.maps.functions);
+    let functions = read_functions(&skel.maps.functions, &skel.maps.blame, &names)?;
+    let counters = read_counters(
+        &skel.maps.counters,
+        &[
+            ("threads_untracked", Lost, "threads not measured (thread map full)", gil_counter::GIL_THREADS_FULL.0),
+            ("waits_unbucketed", Lost, "waits left out of the distribution (its map full)", gil_counter::GIL_HISTOGRAM_FULL.0),
+            ("functions_untracked", Lost, "waits or holds not counted per function (function map full)", gil_counter::GIL_FUNCTIONS_FULL.0),
+            ("blame_untracked", Lost, "holders' shares of a wait not counted (blame map full)", gil_counter::GIL_BLAME_FULL.0),
+            ("blame_truncated", Refused, "waits longer than the last 64 hand-overs (their oldest holders not blamed)", gil_counter::GIL_BLAME_TRUNCATED.0),
+        ],
+    )?;
+    Ok(GilData { threads, functions, counters, window_ns: stop_ns - start_ns })
+}
+
+/// Each thread's sums, its open state closed at `stop_ns`.
+fn read_threads(map: &dyn MapCore, stop_ns: u64) -> Result<Vec<ThreadGil>> {
+    let mut threads = Vec::new();
+    for key in map.keys() {
+        let Some(value) = map.lookup(&key, MapFlags::ANY)? else { continue };
+        let mut t = gil_thread::default();
+        if plain::copy_from_bytes(&mut t, &value).is_err() || key.len() != 4 {
+            continue;
+        }
+        let tid = u32::from_ne_bytes(key[..4].try_into().unwrap());
+        let open = stop_ns.saturating_sub(t.since_ns);
+        match t.state {
+            s if s == gil_state::GIL_HELD.0 => t.held_ns += open,
+            s if s == gil_state::GIL_WAITING.0 => t.wait_ns += open,
+            s if s == gil_state::GIL_RELEASED.0 => t.released_ns += open,
+            _ => {}
+        }
+        let end = if t.exit_ns != 0 { t.exit_ns } else { stop_ns };
+        let name_bytes: Vec<u8> = t.comm.iter().map(|&c| c as u8).take_while(|&c| c != 0).collect();
+        threads.push(ThreadGil {
+            tid,
+            name: String::from_utf8_lossy(&name_bytes).into_owned(),
+            held_ns: t.held_ns,
+            wait_ns: t.wait_ns,
+            released_ns: t.released_ns,
+            lifetime_ns: end.saturating_sub(t.first_ns),
+            exited: t.exit_ns != 0,
+            acquisitions: t.acquisitions,
+            switches: t.switches,
+            drops: t.drops,
+            max_wait_ns: t.max_wait_ns,
+            wait_buckets: Vec::new(),
+        });
+    }
+    threads.sort_by_key(|t| t.tid);
+    Ok(threads)
+}
+
+/// Names of the code objects the probes saw, read from the target's memory
+/// when first seen (only a real code object, by its type, is named).
+struct CodeNames<'p> {
+    pid: u32,
+    python: &'p Python,
+    layout: crate::python::Layout,
+    code_type: Option<u64>,
+    mem: Option<Memory>,
+    names: HashMap<u64, Place>,
+}
+
+impl<'p> CodeNames<'p> {
+    fn new(pid: u32, python: &'p Python) -> Self {
+        CodeNames { pid, python, layout: python.layout.clone(), code_type: None, mem: None, names: HashMap::new() }
+    }
+
+    /// Names every code object in `functions` not named yet.
+    fn name_new(&mut self, functions: &dyn MapCore) {
+        if self.mem.is_none() {
+            self.mem = Memory::open(self.pid).ok();
+        }
+        // A command pytrace started maps its libpython only once it runs.
+        if self.code_type.is_none() {
+            self.code_type = self.python.elf.symbol("PyCode_Type").and_then(|t| Some(t.wrapping_add(self.python.load_bias_in(self.pid).ok()?)));
+        }
+        for key in functions.keys() {
+            let Ok(addr) = <[u8; 8]>::try_from(&key[..]).map(u64::from_ne_bytes) else { continue };
+            if self.names.contains_key(&addr) {
+                continue;
+            }
+            let place = self.read(addr);
+            // A process gone leaves later codes to be called unreadable at the end.
+            if place != Place::Unreadable || !crate::process::proc::is_running(self.pid) {
+                self.names.insert(addr, place);
+            }
+        }
+    }
+
+    fn read(&self, addr: u64) -> Place {
+        if addr == 0 {
+            return Place::NoFrame;
+        }
+        let Some(mem) = &self.mem else { return Place::Unreadable };
+        let is_code = self.code_type.is_some_and(|t| mem.read_u64(addr + self.layout.object_type as u64).ok() == Some(t));
+        match Code::read(mem, &self.layout, addr) {
+            Ok(code) if is_code => Place::Function(FunctionName { name: code.qualname, file: code.filename, line: code.firstlineno }),
+            _ => Place::Unreadable,
+        }
+    }
+
+    fn place(&self, addr: u64) -> Place {
+        self.names.get(&addr).cloned().unwrap_or(if addr == 0 { Place::NoFrame } else { Place::Unreadable })
+    }
+}
+
+/// The functions' sums and blame, merged by name (several code objects
+/// can name one function, and unreadable ones are one row).
+fn read_functions(functions: &dyn MapCore, blame: &dyn MapCore, names: &CodeNames) -> Result<HashMap<Place, FunctionGil>> {
+    let mut by_place: HashMap<Place, FunctionGil> = HashMap::new();
+    for key in functions.keys() {
+        let Ok(addr) = <[u8; 8]>::try_from(&key[..]).map(u64::from_ne_bytes) else { continue };
+        let Some(value) = functions.lookup(&key, MapFlags::ANY)? else { continue };
+        let mut f = gil_function::default();
+        if plain::copy_from_bytes(&mut f, &value).is_err() {
+            continue;
+        }
+        let row = by_place.entry(names.place(addr)).or_default();
+        row.wait_ns += f.wait_ns;
+        row.held_ns += f.held_ns;
+    }
+    for key in blame.keys() {
+        let mut k = gil_blame_key::default();
+        if plain::copy_from_bytes(&mut k, &key).is_err() {
+            continue;
+        }
+        let Some(value) = blame.lookup(&key, MapFlags::ANY)? else { continue };
+        let Ok(ns) = <[u8; 8]>::try_from(&value[..]).map(u64::from_ne_bytes) else { continue };
+        *by_place.entry(names.place(k.waiter_code)).or_default().blocked_by.entry(names.place(k.holder_code)).or_default() += ns;
+    }
+    Ok(by_place)
+}
+
+/// The wait distribution of every thread, by TID.
+fn read_wait_buckets(map: &dyn MapCore) -> Result<HashMap<u32, Vec<WaitBucket>>> {
+    let mut by_thread: HashMap<u32, Vec<WaitBucket>> = HashMap::new();
+    for key in map.keys() {
+        let mut k = gil_wait_key::default();
+        if plain::copy_from_bytes(&mut k, &key).is_err() {
+            continue;
+        }
+        let Some(value) = map.lookup(&key, MapFlags::ANY)? else { continue };
+        let Ok(count) = <[u8; 8]>::try_from(&value[..]) else { continue };
+        let (low, width) = bucket_range(k.bucket);
+        by_thread.entry(k.tid).or_default().push((low, width, u64::from_ne_bytes(count)));
+    }
+    for buckets in by_thread.values_mut() {
+        buckets.sort_unstable();
+    }
+    Ok(by_thread)
+}
+
+/// A wait bucket's lowest value and width (the inverse of wait_bucket in
+/// bpf/gil.bpf.c).
+pub fn bucket_range(bucket: u32) -> (u64, u64) {
+    const SUB: u32 = 3;
+    if bucket < 1 << SUB {
+        return (bucket as u64, 1);
+    }
+    let top = (bucket >> SUB) + SUB - 1;
+    let shift = (top - SUB).min(63);
+    let sub = (bucket & ((1 << SUB) - 1)) as u64;
+    (((1u64 << SUB) + sub).checked_shl(shift).unwrap_or(u64::MAX), 1u64 << shift)
+}
+
+// SAFETY: plain integer structs generated from bpf/gil.h.
+unsafe impl plain::Plain for gil_thread {}
+unsafe impl plain::Plain for gil_wait_key {}
+unsafe impl plain::Plain for gil_function {}
+unsafe impl plain::Plain for gil_blame_key {}
+
+#[cfg(test)]
+mod tests {
+    use super::bucket_range;
+
+    /// The buckets as bpf/gil.bpf.c computes them, here for the test.
+    fn wait_bucket(ns: u64) -> u32 {
+        if ns < 8 {
+            return ns as u32;
+        }
+        let top = 63 - ns.leading_zeros();
+        ((top - 3 + 1) << 3) + ((ns >> (top - 3)) & 7) as u32
+    }
+
+    #[test]
+    fn every_wait_falls_in_the_bucket_its_range_says() {
+        for ns in (0..5000u64).chain([1 << 20, 123_456_789, u64::MAX / 3, u64::MAX]) {
+            let (low, width) = bucket_range(wait_bucket(ns));
+            assert!(low <= ns && ns - low < width, "{ns}: [{low}, +{width})");
+            assert!(width == 1 || width <= low / 8, "{ns}: width {width} of {low}");
+        }
+        assert!(wait_bucket(u64::MAX) < 512);
+    }
+}

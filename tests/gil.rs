@@ -1,0 +1,249 @@
+//! `pytrace gil` against what each thread of fixtures/gil_threads.py
+//! measures of itself: its CPU time (time.thread_time), its wall time, its
+//! sleeps, and the kernel's schedstat (time on CPU, time runnable waiting
+//! for a CPU). On every build with take_gil and drop_gil in its symbol
+//! table that the tests have (pyenv's 3.10, 3.12, 3.13 and the 3.11 without
+//! probes); Debian's stripped 3.11 and the free-threaded 3.13t get their
+//! one sentence and a non-zero exit.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::*;
+
+const MS: f64 = 1e6;
+
+fn pyenv(version: &str) -> PathBuf {
+    let out = Command::new(format!("{}/scripts/pythons.sh", env!("CARGO_MANIFEST_DIR"))).arg(format!("pyenv-{version}")).output().unwrap();
+    assert!(out.status.success(), "scripts/pythons.sh pyenv-{version}: {}", String::from_utf8_lossy(&out.stderr));
+    let path = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    assert!(path.exists(), "{}", path.display());
+    path
+}
+
+fn nodtrace_311() -> PathBuf {
+    pythons().into_iter().find(|(label, _)| *label == "nodtrace").expect("the 3.11 without probes").1
+}
+
+/// Runs the fixture under `pytrace gil -- ...`; returns the report and
+/// the fixture's own measurements, by TID.
+fn traced_fixture(python: &std::path::Path, spin_seconds: &str) -> (serde_json::Value, HashMap<u32, serde_json::Value>) {
+    let dir = tempfile::tempdir().unwrap();
+    let truth_path = dir.path().join("truth.json");
+    let report_path = dir.path().join("gil.json");
+    let out = pytrace(&[
+        "gil",
+        "--json",
+        report_path.to_str().unwrap(),
+        "--",
+        python.to_str().unwrap(),
+        &fixture("gil_threads.py"),
+        truth_path.to_str().unwrap(),
+        spin_seconds,
+    ]);
+    assert!(out.status.success(), "pytrace gil: {}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("dropped: nothing"), "{table}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&report_path).unwrap()).unwrap();
+    let truth: HashMap<String, serde_json::Value> = serde_json::from_slice(&std::fs::read(&truth_path).unwrap()).unwrap();
+    (report, truth.into_iter().map(|(tid, v)| (tid.parse().unwrap(), v)).collect())
+}
+
+fn ns(v: &serde_json::Value, key: &str) -> f64 {
+    v[key].as_u64().unwrap_or_else(|| panic!("no {key} in {v}")) as f64
+}
+
+/// Every bound below holds on a loaded machine: a thread descheduled while
+/// it holds the GIL holds it longer than its CPU time, and a thread woken
+/// to take the GIL may wait for a CPU too, so each truth is an interval.
+fn assert_matches_the_threads_own_measures(version: &str, python: &std::path::Path) {
+    let (report, truth) = traced_fixture(python, &longer(0.4));
+    let label = format!("Python {version}");
+    assert_eq!(report["kind"], "gil", "{label}");
+    assert_eq!(report["lost_events"], 0, "{label}");
+    let threads: HashMap<u32, &serde_json::Value> = report["threads"].as_array().unwrap().iter().map(|t| (t["tid"].as_u64().unwrap() as u32, t)).collect();
+    // One GIL: no two threads hold it at once.
+    let window = ns(&report, "duration_ns");
+    let held_sum: f64 = threads.values().map(|t| ns(t, "held_ns")).sum();
+    assert!(held_sum <= window * 1.001 + MS, "{label}: threads held the GIL {held_sum} ns in all, over a {window} ns session");
+    assert_eq!(truth.len(), 4, "{label}: {truth:?}");
+    for (tid, own) in &truth {
+        let function = own["function"].as_str().unwrap();
+        let t = threads.get(tid).unwrap_or_else(|| panic!("{label}: no row for thread {tid} ({function}): {report}"));
+        let who = format!("{label}, {function} (TID {tid}): {t} against its own {own}");
+        let (held, wait, released, life) = (ns(t, "held_ns"), ns(t, "wait_ns"), ns(t, "released_ns"), ns(t, "lifetime_ns"));
+        let (wall, cpu, on_cpu, runnable) = (ns(own, "wall_ns"), ns(own, "cpu_ns"), ns(own, "on_cpu_ns"), ns(own, "runnable_ns"));
+        // Every nanosecond of the thread's life is in exactly one state...
+        assert!((held + wait + released - life).abs() <= 0.001 * life + 0.1 * MS, "{who}: the states do not add up to its life");
+        // ...and its life covers what it measured, plus at most its start and end.
+        assert!(life >= wall && life <= wall + 100.0 * MS + 0.05 * wall, "{who}: lifetime");
+        assert!(t["exited"] == true, "{who}");
+        assert!(t["acquisitions"].as_u64().unwrap() >= 1, "{who}");
+        let max = ns(&t["wait"], "max_ns");
+        assert!(ns(&t["wait"], "p50_ns") <= ns(&t["wait"], "p99_ns") && ns(&t["wait"], "p99_ns") <= max && max <= wait, "{who}: wait distribution");
+        match function {
+            "spin_a" | "spin_b" => {
+                // Pure Python runs only with the GIL.
+                assert!(held >= 0.98 * cpu - 5.0 * MS, "{who}: held less than its CPU time");
+                // It never lets go but to hand the GIL over, and asks again at once.
+                assert!(released <= 0.05 * life + 20.0 * MS, "{who}: released");
+                // Off CPU and not runnable, a spinner sleeps only on the GIL;
+                // off CPU at all, it waits or is descheduled.
+                let sleeping = wall - on_cpu - runnable;
+                assert!(wait >= sleeping - 0.05 * wall - 10.0 * MS, "{who}: waited less than it slept on the GIL ({sleeping} ns)");
+                assert!(wait <= life - on_cpu + 10.0 * MS, "{who}: waited more than its time off CPU");
+                assert!(t["switches"].as_u64().unwrap() >= 2, "{who}: two spinners hand the GIL over");
+            }
+            "sleeper" => {
+                let slept = ns(own, "slept_ns");
+                // Ten sleeps of 50 ms release the GIL for at least 500 ms; the
+                // sleeps it timed are that and taking the GIL back.
+                assert!(released >= 500.0 * MS, "{who}: released");
+                assert!(released + wait >= slept - 5.0 * MS, "{who}: its sleeps ({slept} ns) are released time or the wait to take the GIL back");
+                assert!(t["acquisitions"].as_u64().unwrap() >= 10, "{who}: one acquisition per sleep at least");
+            }
+            "hasher" => {
+                // CPU time not spent holding the GIL was spent released.
+                assert!(released >= cpu - held - 5.0 * MS, "{who}: hashing released the GIL");
+                assert!(released >= 0.3 * cpu, "{who}: most of its CPU time is hashing, without the GIL");
+            }
+            other => panic!("{label}: unexpected thread {other}"),
+        }
+    }
+    assert_functions_and_blame(&label, &report, &truth, &threads);
+}
+
+/// Each spinner's function is where its thread waited and held, and the
+/// other spinner's function is what it mostly waited for.
+fn assert_functions_and_blame(label: &str, report: &serde_json::Value, truth: &HashMap<u32, serde_json::Value>, threads: &HashMap<u32, &serde_json::Value>) {
+    let functions = report["functions"].as_array().unwrap();
+    let function = |name: &str| {
+        functions
+            .iter()
+            .find(|f| f["name"] == name && f["file"].as_str().unwrap().ends_with("gil_threads.py"))
+            .unwrap_or_else(|| panic!("{label}: no function {name} in {report}"))
+    };
+    let thread_of = |name: &str| {
+        let tid = truth.iter().find(|(_, own)| own["function"] == name).unwrap().0;
+        threads[tid]
+    };
+    let blamed = |f: &serde_json::Value, holder: &str| f["blocked_by"].as_array().unwrap().iter().filter(|b| b["name"] == holder).map(|b| b["ns"].as_u64().unwrap()).sum::<u64>() as f64;
+    for f in functions {
+        let blocked: f64 = f["blocked_by"].as_array().unwrap().iter().map(|b| ns(b, "ns")).sum();
+        assert!((blocked - ns(f, "wait_ns")).abs() <= 1.0, "{label}: the blame of {f} adds up to its wait");
+    }
+    for (me, other) in [("spin_a", "spin_b"), ("spin_b", "spin_a")] {
+        let (f, t) = (function(me), thread_of(me));
+        let who = format!("{label}: function {me}: {f} of thread {t}");
+        // Only its own thread runs it; most of that thread's life is in it.
+        assert!(ns(f, "wait_ns") <= ns(t, "wait_ns") + 1.0 && ns(f, "wait_ns") >= 0.6 * ns(t, "wait_ns"), "{who}: wait");
+        assert!(ns(f, "held_ns") <= ns(t, "held_ns") + 1.0 && ns(f, "held_ns") >= 0.5 * ns(t, "held_ns"), "{who}: held");
+        // The other spinner blocked it most, and for no longer than it held.
+        let top = &f["blocked_by"][0];
+        assert!(top["name"] == other || (top["name"] == "(no holder: hand-over)" && f["blocked_by"][1]["name"] == other), "{who}: blocked by");
+        assert!(blamed(f, other) <= ns(function(other), "held_ns") + 1.0, "{who}: blamed {other} for more than it held");
+        assert!(blamed(f, other) >= 0.3 * ns(f, "wait_ns"), "{who}: {other}'s share");
+    }
+    // The hasher waits for the spinners, between hashes.
+    let hasher = function("hasher");
+    assert!(ns(hasher, "wait_ns") <= ns(thread_of("hasher"), "wait_ns") + 1.0, "{label}: {hasher}");
+    assert!(blamed(hasher, "spin_a") + blamed(hasher, "spin_b") >= 0.3 * ns(hasher, "wait_ns"), "{label}: {hasher}");
+}
+
+macro_rules! matrix {
+    ($($name:ident => $python:expr, $version:literal;)*) => {$(
+        #[test]
+        fn $name() {
+            assert_matches_the_threads_own_measures($version, &$python);
+        }
+    )*};
+}
+
+matrix! {
+    threads_own_measures_3_10 => pyenv("3.10"), "3.10";
+    threads_own_measures_3_11 => nodtrace_311(), "3.11";
+    threads_own_measures_3_12 => pyenv("3.12"), "3.12";
+    threads_own_measures_3_13 => pyenv("3.13"), "3.13";
+}
+
+fn refused(args: &[&str]) -> String {
+    let out = pytrace(args);
+    assert!(!out.status.success(), "pytrace {args:?} succeeded: {}", String::from_utf8_lossy(&out.stdout));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+#[test]
+fn a_free_threaded_build_has_no_gil_to_measure() {
+    let python = std::env::var_os("PYTRACE_FREETHREADED_PYTHON")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let out = Command::new(format!("{}/scripts/pythons.sh", env!("CARGO_MANIFEST_DIR"))).arg("freethreaded").output().ok()?;
+            Some(PathBuf::from(String::from_utf8(out.stdout).ok()?.trim()))
+        })
+        .filter(|p| p.exists())
+        .expect("no free-threaded CPython: run scripts/pythons.sh freethreaded");
+    let err = refused(&["gil", "--", python.to_str().unwrap(), "-c", "pass"]);
+    assert!(err.contains("free-threaded build: it has no GIL"), "{err}");
+    // By PID too, and the target keeps running.
+    let target = start_waiting(&python, "callgraph.py", &["--rounds", "1"]);
+    let err = refused(&["gil", "-p", &target.pid().to_string()]);
+    assert!(err.contains("free-threaded build: it has no GIL"), "{err}");
+    assert!(std::path::Path::new(&format!("/proc/{}", target.pid())).exists());
+}
+
+#[test]
+fn a_build_without_the_symbols_says_what_is_missing() {
+    // Debian's 3.11: stripped, take_gil and drop_gil unnamed (and drop_gil
+    // inlined into PyEval_SaveThread).
+    let target = start_waiting(std::path::Path::new("/usr/bin/python3.11"), "callgraph.py", &["--rounds", "1"]);
+    let err = refused(&["gil", "-p", &target.pid().to_string()]);
+    assert!(err.contains("no symbol table naming take_gil and drop_gil"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one sentence: {err}");
+}
+
+/// Attached by PID to threads already running: each one's state before its
+/// first event in the session is inferred from that event, so every thread
+/// alive throughout has the whole session as its life, split exactly; and
+/// the target runs on to its normal end.
+#[test]
+fn attached_by_pid_threads_already_running_are_split_over_the_whole_session() {
+    let python = pyenv("3.12");
+    let dir = tempfile::tempdir().unwrap();
+    let truth_path = dir.path().join("truth.json");
+    let mut target = Proc(Command::new(&python).arg(fixture("gil_threads.py")).arg(&truth_path).arg(longer(2.0)).spawn().unwrap());
+    // The threads are running once the fixture has four more tasks.
+    let tasks = || std::fs::read_dir(format!("/proc/{}/task", target.pid())).map(|d| d.count()).unwrap_or(0);
+    let started = std::time::Instant::now();
+    while tasks() < 5 {
+        assert!(started.elapsed().as_secs() < 30, "the fixture's threads did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let out = pytrace(&["gil", "-p", &target.pid().to_string(), "-d", "1", "--json", "-"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let status = target.0.wait().unwrap();
+    assert!(status.success(), "the target did not run on to its end: {status}");
+    let truth: HashMap<String, serde_json::Value> = serde_json::from_slice(&std::fs::read(&truth_path).unwrap()).unwrap();
+    let window = ns(&report, "duration_ns");
+    assert!(window >= 1e9, "{report}");
+    let held_sum: f64 = report["threads"].as_array().unwrap().iter().map(|t| ns(t, "held_ns")).sum();
+    assert!(held_sum <= window * 1.001 + MS, "{report}");
+    for (tid, own) in &truth {
+        let function = own["function"].as_str().unwrap();
+        if !function.starts_with("spin") {
+            continue;
+        }
+        let t = report["threads"].as_array().unwrap().iter().find(|t| t["tid"].as_u64().map(|n| n.to_string()).as_deref() == Some(tid.as_str())).unwrap_or_else(|| panic!("no {function} in {report}"));
+        let (held, wait, released, life) = (ns(t, "held_ns"), ns(t, "wait_ns"), ns(t, "released_ns"), ns(t, "lifetime_ns"));
+        assert!((life - window).abs() <= 1.0, "{function}: alive throughout: {t}, session {window}");
+        assert!((held + wait + released - life).abs() <= 0.001 * life, "{function}: {t}");
+        assert!(released <= 0.05 * life + 20.0 * MS, "{function}: a spinner never lets go but to hand over: {t}");
+        assert!(t["exited"] == false, "{t}");
+    }
+}

@@ -191,10 +191,10 @@ static __always_inline __u64 running_code(__u64 tstate)
 		return 0;
 	if (layout.frame_owner != PY_NO_FIELD) {
 		if (bpf_probe_read_user(&owner, sizeof(owner), (const char *)frame + layout.frame_owner) ||
-		    owner >= PY_FRAME_OWNED_NOT_CODE)
+		    owner >= layout.frame_owned_not_code)
 			return 0;
 	}
-	return PY_CODE_ADDRESS((__u64)read_ptr(frame, layout.frame_code));
+	return PY_CODE_ADDRESS((__u64)read_ptr(frame, layout.frame_code), &layout);
 }
 
 static __always_inline void add_to_function(__u64 code, __u64 wait_ns, __u64 held_ns)

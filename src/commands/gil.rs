@@ -1,6 +1,7 @@
 //! `pytrace gil`: per thread, the time it held the GIL, waited for it and
 //! ran without it.
 
+use std::mem::MaybeUninit;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use anyhow::Result;
 
 use crate::report::gil::{function_rows, GilReport, ThreadRow};
 use crate::report::{self, Output, PythonInfo, ReportKind};
-use crate::session::{self, Live, Target, TargetSpec};
+use crate::session::{Live, Target, TargetSpec};
 use crate::tracing::gil;
 
 pub struct Options {
@@ -25,11 +26,17 @@ pub fn run(opts: Options) -> Result<i32> {
     let (mut target, python) = Target::prepare(opts.target)?;
     // A command pytrace started and cannot measure never runs.
     let probes = gil::probe_points(&python)?;
-    session::install_signal_handlers();
 
     let pid = target.pid;
-    let live = Live::new(&mut target, opts.duration);
-    let data = gil::run(pid, &python, probes, || live.attached(&python, "uprobe", Target::release), || Ok(live.keep_going()))?;
+    let live = Live::new(&mut target, &python, "uprobe", opts.duration);
+    let mut object = MaybeUninit::uninit();
+    let session = gil::Session::start(&mut object, pid, &python, probes)?;
+    let release = |session: &gil::Session, target: &mut Target| {
+        session.open()?;
+        target.release()
+    };
+    let data = live.drive(session, release, |_| Ok(true))?;
+    drop(live);
     let threads: Vec<ThreadRow> = data.threads.into_iter().map(ThreadRow::from_thread).collect();
     let report = GilReport {
         kind: ReportKind::Gil,

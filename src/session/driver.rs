@@ -20,20 +20,27 @@ const POLL_AT_MOST: Duration = Duration::from_millis(100);
 /// detaches, drains and collects, detaching even if polling failed.
 pub fn drive<T: Tracing>(session: T, attached: impl FnOnce(&T) -> Result<()>, mut keep_going: impl FnMut(&T) -> Result<bool>) -> Result<T::Data> {
     let what = session.what();
-    let mut builder = RingBufferBuilder::new();
-    session.add_to(&mut builder)?;
-    let ring = builder.build()?;
-    let polled = attached(&session).and_then(|()| poll(&session, &ring, &what, &mut keep_going));
+    let ring = match session.has_records() {
+        true => {
+            let mut builder = RingBufferBuilder::new();
+            session.add_to(&mut builder)?;
+            Some(builder.build()?)
+        }
+        false => None,
+    };
+    let polled = attached(&session).and_then(|()| poll(&session, ring.as_ref(), &what, &mut keep_going));
     session.detach();
     polled?;
-    ring.consume().with_context(|| format!("failed to drain the {what} ring buffer"))?;
+    if let Some(ring) = &ring {
+        ring.consume().with_context(|| format!("failed to drain the {what} ring buffer"))?;
+    }
     drop(ring);
     session.finish()
 }
 
 /// The loop. The BPF side mostly does not wake us (bpf/ring.bpf.h), so each
 /// round also consumes whatever arrived during the wait.
-fn poll<T: Tracing>(session: &T, ring: &RingBuffer, what: &str, keep_going: &mut impl FnMut(&T) -> Result<bool>) -> Result<()> {
+fn poll<T: Tracing>(session: &T, ring: Option<&RingBuffer>, what: &str, keep_going: &mut impl FnMut(&T) -> Result<bool>) -> Result<()> {
     let mut last_check: Option<Instant> = None;
     let mut interrupted = false;
     loop {
@@ -54,6 +61,11 @@ fn poll<T: Tracing>(session: &T, ring: &RingBuffer, what: &str, keep_going: &mut
             }
         }
         interrupted = false;
+        let Some(ring) = ring else {
+            // Nothing to read: a stop signal is seen within the wait.
+            std::thread::sleep(timeout);
+            continue;
+        };
         match ring.poll(timeout) {
             Ok(()) => {}
             // A signal (Ctrl-C) interrupted the wait: keep_going decides, now.

@@ -1,16 +1,18 @@
 //! The `gil` BPF session (bpf/gil.bpf.c): uprobes where CPython takes and
 //! drops the GIL, per-thread sums in BPF maps, read once at the end.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::SkelBuilder;
-use libbpf_rs::{Link, MapCore, MapFlags};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 
-use super::{attach_error, ensure_still_running, entry_probe_offset, monotonic_ns, read_counters};
-use crate::bpf::gil::types::{gil_blame_key, gil_counter, gil_function, gil_state, gil_thread, gil_wait_key, gil_window, py_layout};
-use crate::bpf::gil::GilSkelBuilder;
+use super::{attach_error, ensure_still_running, entry_probe_offset, monotonic_ns, read_counters, Tracing};
+use crate::bpf::gil::types::{bss, gil_blame_key, gil_counter, gil_function, gil_state, gil_thread, gil_wait_key, gil_window, py_layout};
+use crate::bpf::gil::{GilSkel, GilSkelBuilder};
 use crate::model::counters::Counters;
 use crate::model::counters::Kind::{Lost, Refused};
 use crate::process::proc::Memory;
@@ -113,71 +115,114 @@ pub struct GilData {
     pub window_ns: u64,
 }
 
-/// Loads and attaches, calls `attached` to let the target run, then waits
-/// until `keep_going` says stop and reads what the probes summed.
-pub fn run(pid: u32, python: &Python, probes: GilProbes, attached: impl FnOnce() -> Result<()>, mut keep_going: impl FnMut() -> Result<bool>) -> Result<GilData> {
-    let mut object = MaybeUninit::uninit();
-    let mut open = GilSkelBuilder::default().open(&mut object).context("failed to open the gil BPF program")?;
-    let rodata = open.maps.rodata_data.as_deref_mut().context("the gil BPF program has no rodata")?;
-    rodata.target_tgid = pid;
-    rodata.layout = super::py_layout!(py_layout, &python.layout);
-    let mut skel = crate::bpf::load::load("gil", open)?;
+/// A loaded and attached gil program. Nothing is counted until `open`
+/// (called as the target is let run) opens the window, once every probe is
+/// attached: no thread is cut at an entry whose return was missed.
+pub struct Session<'obj, 'p> {
+    skel: GilSkel<'obj>,
+    /// The program's .bss, where the window goes: out of the skeleton, so
+    /// that it can be set while the session is driven.
+    bss: RefCell<Option<&'obj mut bss>>,
+    links: RefCell<Vec<Link>>,
+    /// Code objects are named while the target lives (it may exit first).
+    names: RefCell<CodeNames<'p>>,
+}
 
-    let path = &python.elf.path;
-    let offset_of = |addr: u64| -> Result<usize> { Ok(entry_probe_offset(python.elf.read_static(addr, 8)?, python.elf.file_offset(addr)? as usize)) };
-    let take = offset_of(probes.take_gil)?;
-    let drop_ = offset_of(probes.drop_gil)?;
-    let what = |f: &str| format!("failed to attach to {f} in {}", python.target_path);
-    let p = &skel.progs;
-    // Nothing is counted until the window opens below, once all of them
-    // are attached: no thread is cut at an entry whose return was missed.
-    let mut links: Vec<Link> = vec![
-        p.take_gil_return.attach_uprobe(true, pid as i32, path, take).map_err(|e| attach_error(pid, e)).with_context(|| what(TAKE_GIL))?,
-        p.drop_gil_return.attach_uprobe(true, pid as i32, path, drop_).map_err(|e| attach_error(pid, e)).with_context(|| what(DROP_GIL))?,
-        p.take_gil_entry.attach_uprobe(false, pid as i32, path, take).map_err(|e| attach_error(pid, e)).with_context(|| what(TAKE_GIL))?,
-        p.drop_gil_entry.attach_uprobe(false, pid as i32, path, drop_).map_err(|e| attach_error(pid, e)).with_context(|| what(DROP_GIL))?,
-    ];
-    links.push(p.thread_exited.attach().map_err(|e| attach_error(pid, e)).context("failed to attach to the sched_process_exit tracepoint")?);
-    ensure_still_running(pid)?;
+impl<'obj, 'p> Session<'obj, 'p> {
+    pub fn start(object: &'obj mut MaybeUninit<OpenObject>, pid: u32, python: &'p Python, probes: GilProbes) -> Result<Self> {
+        let mut open = GilSkelBuilder::default().open(object).context("failed to open the gil BPF program")?;
+        let rodata = open.maps.rodata_data.as_deref_mut().context("the gil BPF program has no rodata")?;
+        rodata.target_tgid = pid;
+        rodata.layout = super::py_layout!(py_layout, &python.layout);
+        let mut skel = crate::bpf::load::load("gil", open)?;
 
-    let start_ns = monotonic_ns();
-    skel.maps.bss_data.as_deref_mut().context("the gil BPF program has no .bss")?.window = gil_window { start_ns, stop_ns: 0 };
-    attached()?;
-    // Code objects are named while the target lives (it may exit first).
-    let mut names = CodeNames::new(pid, python);
-    let waited = (|| -> Result<()> {
-        while keep_going()? {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            names.name_new(&skel.maps.functions);
-        }
-        Ok(())
-    })();
-    // Every sum stops here; the maps are read after.
-    let stop_ns = monotonic_ns();
-    skel.maps.bss_data.as_deref_mut().context("the gil BPF program has no .bss")?.window.stop_ns = stop_ns;
-    drop(links);
-    waited?;
-
-    let mut threads = read_threads(&skel.maps.threads, stop_ns)?;
-    let buckets = read_wait_buckets(&skel.maps.waits)?;
-    for t in &mut threads {
-        if let Some(b) = buckets.get(&t.tid) {
-            t.wait_buckets = b.clone();
-        }
+        let path = &python.elf.path;
+        let offset_of = |addr: u64| -> Result<usize> { Ok(entry_probe_offset(python.elf.read_static(addr, 8)?, python.elf.file_offset(addr)? as usize)) };
+        let take = offset_of(probes.take_gil)?;
+        let drop_ = offset_of(probes.drop_gil)?;
+        let what = |f: &str| format!("failed to attach to {f} in {}", python.target_path);
+        let p = &skel.progs;
+        let mut links: Vec<Link> = vec![
+            p.take_gil_return.attach_uprobe(true, pid as i32, path, take).map_err(|e| attach_error(pid, e)).with_context(|| what(TAKE_GIL))?,
+            p.drop_gil_return.attach_uprobe(true, pid as i32, path, drop_).map_err(|e| attach_error(pid, e)).with_context(|| what(DROP_GIL))?,
+            p.take_gil_entry.attach_uprobe(false, pid as i32, path, take).map_err(|e| attach_error(pid, e)).with_context(|| what(TAKE_GIL))?,
+            p.drop_gil_entry.attach_uprobe(false, pid as i32, path, drop_).map_err(|e| attach_error(pid, e)).with_context(|| what(DROP_GIL))?,
+        ];
+        links.push(p.thread_exited.attach().map_err(|e| attach_error(pid, e)).context("failed to attach to the sched_process_exit tracepoint")?);
+        ensure_still_running(pid)?;
+        let bss = skel.maps.bss_data.take();
+        Ok(Session { skel, bss: RefCell::new(bss), links: RefCell::new(links), names: RefCell::new(CodeNames::new(pid, python)) })
     }
-    names.name_new(&skel.maps.functions);
-    let functions = read_functions(&skel.maps.functions, &skel.maps.blame, &names)?;
-    let counters = read_counters(
-        &skel.maps.counters,
-        &[
-            ("threads_untracked", Lost, "threads not measured (thread map full)", gil_counter::GIL_THREADS_FULL.0),
-            ("waits_unbucketed", Lost, "waits left out of the distribution (its map full)", gil_counter::GIL_HISTOGRAM_FULL.0),
-            ("functions_untracked", Lost, "waits or holds not counted per function (function map full)", gil_counter::GIL_FUNCTIONS_FULL.0),
-            ("blame_untracked", Lost, "holders' shares of a wait not counted (blame map full)", gil_counter::GIL_BLAME_FULL.0),
-            ("blame_truncated", Refused, "waits longer than the last 64 hand-overs (their oldest holders not blamed)", gil_counter::GIL_BLAME_TRUNCATED.0),
-        ],
-    )?;
-    Ok(GilData { threads, functions, counters, window_ns: stop_ns - start_ns })
+
+    /// Opens the window: every sum starts now.
+    pub fn open(&self) -> Result<()> {
+        self.bss.borrow_mut().as_mut().context("the gil BPF program has no .bss")?.window = gil_window { start_ns: monotonic_ns(), stop_ns: 0 };
+        Ok(())
+    }
+}
+
+impl Tracing for Session<'_, '_> {
+    type Data = GilData;
+
+    fn what(&self) -> String {
+        "gil".into()
+    }
+
+    /// Nothing is sent per event: the sums stay in maps until the end.
+    fn add_to<'s>(&'s self, _builder: &mut RingBufferBuilder<'s, 's>) -> Result<()> {
+        Ok(())
+    }
+
+    fn has_records(&self) -> bool {
+        false
+    }
+
+    fn check_every(&self) -> Duration {
+        Duration::from_millis(100)
+    }
+
+    fn between_polls(&self) -> Result<()> {
+        self.names.borrow_mut().name_new(&self.skel.maps.functions);
+        Ok(())
+    }
+
+    /// Closes the window (every sum stops here; the maps are read after),
+    /// then detaches.
+    fn detach(&self) {
+        if let Some(bss) = self.bss.borrow_mut().as_mut() {
+            if bss.window.stop_ns == 0 {
+                bss.window.stop_ns = monotonic_ns();
+            }
+        }
+        self.links.borrow_mut().clear();
+    }
+
+    fn finish(self) -> Result<GilData> {
+        self.detach();
+        let window = self.bss.borrow().as_ref().context("the gil BPF program has no .bss")?.window;
+        let (start_ns, stop_ns) = (window.start_ns, window.stop_ns);
+        let mut threads = read_threads(&self.skel.maps.threads, stop_ns)?;
+        let buckets = read_wait_buckets(&self.skel.maps.waits)?;
+        for t in &mut threads {
+            if let Some(b) = buckets.get(&t.tid) {
+                t.wait_buckets = b.clone();
+            }
+        }
+        let mut names = self.names.into_inner();
+        names.name_new(&self.skel.maps.functions);
+        let functions = read_functions(&self.skel.maps.functions, &self.skel.maps.blame, &names)?;
+        let counters = read_counters(
+            &self.skel.maps.counters,
+            &[
+                ("threads_untracked", Lost, "threads not measured (thread map full)", gil_counter::GIL_THREADS_FULL.0),
+                ("waits_unbucketed", Lost, "waits left out of the distribution (its map full)", gil_counter::GIL_HISTOGRAM_FULL.0),
+                ("functions_untracked", Lost, "waits or holds not counted per function (function map full)", gil_counter::GIL_FUNCTIONS_FULL.0),
+                ("blame_untracked", Lost, "holders' shares of a wait not counted (blame map full)", gil_counter::GIL_BLAME_FULL.0),
+                ("blame_truncated", Refused, "waits longer than the last 64 hand-overs (their oldest holders not blamed)", gil_counter::GIL_BLAME_TRUNCATED.0),
+            ],
+        )?;
+        Ok(GilData { threads, functions, counters, window_ns: stop_ns.saturating_sub(start_ns) })
+    }
 }
 
 /// Each thread's sums, its open state closed at `stop_ns`.

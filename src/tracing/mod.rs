@@ -171,6 +171,12 @@ pub trait Tracing {
     /// Adds the session's ring buffers to `builder`.
     fn add_to<'s>(&'s self, builder: &mut RingBufferBuilder<'s, 's>) -> Result<()>;
 
+    /// Whether the program sends records at all; one that only sums in
+    /// maps (gil) has no ring buffer to read, and the driver just waits.
+    fn has_records(&self) -> bool {
+        true
+    }
+
     /// How long `between_polls` (and the command's `keep_going`) may wait:
     /// zero for every round. A signal runs them at once whatever this is.
     fn check_every(&self) -> Duration {

@@ -67,6 +67,16 @@ struct {
 	.values = { &counts_a },
 };
 
+/* Each CPU's clock period now, as a sample's weight (SAMPLE_WEIGHT: the
+ * mean period); written by the thread that re-arms that CPU's clock, 0
+ * until its first re-arm (the clock then runs at the mean period). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MAX_WEIGHTED_CPUS);
+	__type(key, __u32);
+	__type(value, __u32);
+} sample_weights SEC(".maps");
+
 /* (pid, stack hash) of the stacks whose frames user space was sent. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -264,20 +274,20 @@ static __always_inline bool send_stack(struct sample_stack *rec, struct stack_ke
 	return true;
 }
 
-static __always_inline void count_stack(void *counts_map, struct stack_key *key)
+static __always_inline void count_stack(void *counts_map, struct stack_key *key, __u64 weight)
 {
-	__u64 one = 1, *n = bpf_map_lookup_elem(counts_map, key);
+	__u64 *n = bpf_map_lookup_elem(counts_map, key);
 
 	if (n) {
-		__sync_fetch_and_add(n, 1);
+		__sync_fetch_and_add(n, weight);
 		return;
 	}
-	if (!bpf_map_update_elem(counts_map, key, &one, BPF_NOEXIST))
+	if (!bpf_map_update_elem(counts_map, key, &weight, BPF_NOEXIST))
 		return;
 	/* Another CPU added it first, or the map is full. */
 	n = bpf_map_lookup_elem(counts_map, key);
 	if (n)
-		__sync_fetch_and_add(n, 1);
+		__sync_fetch_and_add(n, weight);
 	else
 		count(SAMPLE_COUNTS_FULL);
 }
@@ -374,8 +384,12 @@ int sample_thread(struct bpf_perf_event_data *ctx)
 		return 0;
 	}
 	counts_map = bpf_map_lookup_elem(&counts, &zero);
-	if (counts_map)
-		count_stack(counts_map, &key);
+	if (counts_map) {
+		__u32 cpu = bpf_get_smp_processor_id();
+		__u32 *weight = bpf_map_lookup_elem(&sample_weights, &cpu);
+
+		count_stack(counts_map, &key, weight && *weight ? *weight : SAMPLE_WEIGHT);
+	}
 	return 0;
 }
 
@@ -429,6 +443,7 @@ int sample_all_threads(struct bpf_iter__task *ctx)
 		bpf_ringbuf_submit(r, ring_submit_flags(&records));
 		return 0;
 	}
-	count_stack(&counts_a, &key);
+	/* Every thread once per tick: each sample is one mean period. */
+	count_stack(&counts_a, &key, SAMPLE_WEIGHT);
 	return 0;
 }

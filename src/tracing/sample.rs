@@ -159,7 +159,8 @@ impl<'obj, 'a> Session<'obj, 'a> {
             let link = self.skel.progs.sample_thread.attach_perf_event(event.into_raw_fd());
             links.push(link.map_err(privilege_hint).context("failed to attach the sampler")?);
         }
-        *self.clock.borrow_mut() = Some(clock::Rearming::start(rearmed, self.opts.hz)?);
+        let weights = std::os::fd::AsFd::as_fd(&self.skel.maps.sample_weights).try_clone_to_owned().context("failed to duplicate a map descriptor")?;
+        *self.clock.borrow_mut() = Some(clock::Rearming::start(rearmed, self.opts.hz, weights)?);
         Ok(())
     }
 
@@ -288,8 +289,8 @@ impl<'obj, 'a> Session<'obj, 'a> {
         let stacks = self.stacks.into_inner();
         let processes = self.processes.into_inner();
         let c = stacks.counts;
-        counters.push("unresolved_stacks", Lost, "samples lost (their frames never reached pytrace)", c.unresolved);
-        counters.push("profile_full", Lost, "samples lost (new stacks past the profile's memory cap)", c.profile_full);
+        counters.push("unresolved_stacks", Lost, "samples lost (their frames never reached pytrace)", counts::samples_of(c.unresolved));
+        counters.push("profile_full", Lost, "samples lost (new stacks past the profile's memory cap)", counts::samples_of(c.profile_full));
         counters.push("stacks_forgotten", Informational, "stacks forgotten to bound memory, sent again when seen", c.forgotten);
         counters.push("stacks_renamed", Informational, "stacks named again (a code object freed and another made at its address)", c.renamed);
         let cache = processes.cache_counts();

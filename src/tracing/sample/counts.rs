@@ -3,7 +3,8 @@
 //! drain swaps them (the kernel returns from the swap only once no program
 //! can still be counting into the old one) and then reads and empties the
 //! old one in batches. --idle's iterator, which user space runs itself,
-//! counts into one map read the same way between passes.
+//! counts into one map read the same way between passes. Counts are
+//! weights: SAMPLE_WEIGHT per mean period sampled.
 
 use std::os::fd::AsRawFd;
 
@@ -14,6 +15,26 @@ use crate::bpf::sample::types::stack_key;
 
 /// Entries read per batch call.
 const BATCH: usize = 4096;
+
+/// What BPF adds to a stack's count per sample taken at the mean period
+/// (bpf/sample.h's SAMPLE_WEIGHT): a sample counts for its clock's period,
+/// which clock.rs draws at random per window.
+pub const SAMPLE_WEIGHT: u64 = 1024;
+
+/// The samples a weight stands for, rounded, at least one for a stack
+/// sampled at all (so that no stack seen disappears from the profile).
+pub fn samples_of(weight: u64) -> u64 {
+    if weight == 0 {
+        0
+    } else {
+        ((weight + SAMPLE_WEIGHT / 2) / SAMPLE_WEIGHT).max(1)
+    }
+}
+
+/// A sample's weight at `period` ns when the mean period is `mean` ns.
+pub fn weight_of(period: u64, mean: u64) -> u32 {
+    ((period as u128 * SAMPLE_WEIGHT as u128 + mean as u128 / 2) / mean.max(1) as u128).min(u32::MAX as u128) as u32
+}
 
 pub struct CountsReader {
     /// Whether the program counts into counts_a now.

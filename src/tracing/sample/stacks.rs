@@ -13,6 +13,7 @@ use std::rc::Rc;
 
 use libbpf_rs::MapCore;
 
+use super::counts::{samples_of, SAMPLE_WEIGHT};
 use super::discovery::Processes;
 use super::kernel_symbols::KernelFrames;
 use crate::bpf::sample::types::{native_record, py_frame_ref, sample_stack, stack_key};
@@ -65,7 +66,9 @@ impl RawStack {
 
 type StackId = u32;
 
-/// Interned stacks and their sample counts.
+/// Interned stacks and their sample counts, as weights (counts.rs:
+/// SAMPLE_WEIGHT per sample at the mean period), turned into samples when
+/// the profile is read.
 #[derive(Default)]
 struct Profile {
     /// By StackId: the process and the frames, outermost first.
@@ -129,9 +132,9 @@ fn frame_bytes(f: &Frame) -> usize {
 /// What could not be named or kept, for the report's counters.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct StackCounts {
-    /// Samples of a stack whose frames never reached user space.
+    /// Samples (as weights) of a stack whose frames never reached user space.
     pub unresolved: u64,
-    /// Samples of new stacks once the profile held PROFILE_BYTES.
+    /// Samples (as weights) of new stacks once the profile held PROFILE_BYTES.
     pub profile_full: u64,
     /// Reported stacks forgotten to stay under RAW_BYTES.
     pub forgotten: u64,
@@ -188,7 +191,7 @@ impl Stacks {
 
     /// Samples in the profile so far.
     pub fn total(&self) -> u64 {
-        self.profile.total
+        samples_of(self.profile.total)
     }
 
     /// A ring-buffer record: a stack seen for the first time, or a --native
@@ -287,8 +290,9 @@ impl Stacks {
         let Some(process) = processes.by_pid.get_mut(&r.pid) else { return };
         let label = process.label.clone();
         let drain = self.drain;
+        // --native samples come one record each, at the mean weight.
         let Some(raw) = self.raw.get_mut(&(r.pid, r.hash)) else {
-            self.counts.unresolved += 1;
+            self.counts.unresolved += SAMPLE_WEIGHT;
             return;
         };
         raw.used = drain;
@@ -321,8 +325,8 @@ impl Stacks {
         }
         frames.reverse();
         match self.profile.intern(r.pid, frames) {
-            Some(id) => self.profile.add(r.tid, id, 1),
-            None => self.counts.profile_full += 1,
+            Some(id) => self.profile.add(r.tid, id, SAMPLE_WEIGHT),
+            None => self.counts.profile_full += SAMPLE_WEIGHT,
         }
     }
 
@@ -423,7 +427,7 @@ impl Stacks {
             .iter()
             .map(|(&(tid, id), &count)| {
                 let (pid, frames) = &self.profile.stacks[id as usize];
-                Sample { pid: *pid, tid, frames: frames.to_vec(), count }
+                Sample { pid: *pid, tid, frames: frames.to_vec(), count: samples_of(count) }
             })
             .collect()
     }
@@ -435,7 +439,7 @@ impl Stacks {
             .into_iter()
             .map(|((tid, id), count)| {
                 let (pid, frames) = &stacks[id as usize];
-                Sample { pid: *pid, tid, frames: frames.to_vec(), count }
+                Sample { pid: *pid, tid, frames: frames.to_vec(), count: samples_of(count) }
             })
             .collect()
     }

@@ -33,6 +33,8 @@ __u32 first_eval_seen = 0;
 #define SLOT_COUNTED 1   /* a call cProfile would count; else a generator's creation */
 #define SLOT_OUTERMOST 2 /* not a recursive call: its time counts in total_ns */
 #define SLOT_RETURNS 4   /* its return will be seen (within URETPROBE_DEPTH) */
+#define SLOT_EDGE 8      /* its caller->callee edge was counted: time it too */
+#define SLOT_EDGE_OUTERMOST 16 /* no call of the same edge was open: its time counts in total_ns */
 
 struct frame_slot {
 	struct func_key key;
@@ -86,11 +88,21 @@ struct {
 	__type(value, __u32);
 } children SEC(".maps");
 
+/* Caller->callee pairs (`calls --pstats` only: user space shrinks the map
+ * to one entry otherwise). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_EDGES);
+	__type(key, struct edge_key);
+	__type(value, struct edge_stats);
+} edges SEC(".maps");
+
 DEFINE_COUNTERS(CALLS_COUNTER_COUNT);
 
 /* Zeroed templates: the values are too large for the 512-byte BPF stack. */
 struct zeroes {
 	struct func_stats stats;
+	struct edge_stats edge;
 	struct thread_stack stack;
 };
 
@@ -103,6 +115,8 @@ struct {
 
 /* The skeleton emits these types for Rust only if something uses them. */
 struct new_function _new_function = {};
+struct edge_key _edge_key = {};
+struct edge_stats _edge_stats = {};
 enum calls_counter _calls_counter = 0;
 enum str_kind _str_kind = 0;
 
@@ -197,6 +211,117 @@ static __always_inline int on_stack(struct thread_stack *stack, const struct fun
 	return 0;
 }
 
+/* Whether a call of the function (callee_id, callee_aux, callee_line) in
+ * slot `depth` repeats a caller->callee pair already open below it on the
+ * stack: cProfile counts such a call of the edge as recursive, not
+ * primitive. A global function with only scalar arguments, checked once
+ * (like unwind_step below) wherever it is called. */
+__noinline long edge_open_below(__u32 tid, __u32 depth, __u64 callee_id, __u64 callee_aux, __u32 callee_line)
+{
+	struct thread_stack *stack = bpf_map_lookup_elem(&stacks, &tid);
+	struct func_key caller, callee = { .id = callee_id, .aux = callee_aux, .line = callee_line };
+	__u32 below = (depth - 1) & (MAX_DEPTH - 1);
+
+	barrier_var(below); /* keeps the mask (see time_edge) */
+	if (!stack || depth == 0 || depth > MAX_DEPTH)
+		return 0;
+	caller = stack->slots[below].key;
+	for (__u32 i = 0; i + 1 < MAX_DEPTH; i++) {
+		if (i + 1 >= depth)
+			break;
+		if (same_key(&stack->slots[i].key, &caller) && same_key(&stack->slots[i + 1].key, &callee))
+			return 1;
+	}
+	return 0;
+}
+
+/* Counts a call of `callee` at stack depth `depth` on its caller->callee
+ * edge, `caller` being the call in the slot below (0: none, the call is a
+ * root or its caller is past MAX_DEPTH). `slot` (0 for a call that gets
+ * none) is marked so that its return times the edge. `recursive`: a call
+ * of the callee is open below. */
+static __always_inline void count_edge(__u32 tid, __u32 depth, const struct func_key *caller, const struct func_key *callee,
+				       struct frame_slot *slot, int recursive)
+{
+	struct edge_key key;
+	struct edge_stats *es;
+	__u32 zero_key = 0;
+	struct zeroes *z;
+
+	if (depth == 0)
+		return; /* a root: its caller is older than tracing, as in cProfile */
+	if (!caller) {
+		count(CALLS_EDGE_NO_CALLER);
+		return;
+	}
+	key.caller = *caller;
+	key.callee = *callee;
+	es = bpf_map_lookup_elem(&edges, &key);
+	if (!es) {
+		z = bpf_map_lookup_elem(&zero, &zero_key);
+		if (!z)
+			return;
+		bpf_map_update_elem(&edges, &key, &z->edge, BPF_NOEXIST);
+		es = bpf_map_lookup_elem(&edges, &key);
+		if (!es) {
+			count(CALLS_EDGE_MAP_FULL);
+			return;
+		}
+	}
+	__sync_fetch_and_add(&es->calls, 1);
+	if (slot)
+		slot->flags |= SLOT_EDGE;
+	/* Only a recursive call of the callee can repeat an open pair. */
+	if (recursive && edge_open_below(tid, depth, callee->id, callee->aux, callee->line))
+		return;
+	__sync_fetch_and_add(&es->primitive_calls, 1);
+	if (slot)
+		slot->flags |= SLOT_EDGE_OUTERMOST;
+}
+
+/* The slot below stack depth `depth`: the caller of a call made there. */
+static __always_inline struct frame_slot *caller_slot(struct thread_stack *stack, __u32 depth)
+{
+	__u32 parent = depth - 1;
+
+	barrier_var(parent); /* so the verifier sees the check below */
+	if (depth == 0 || parent >= MAX_DEPTH)
+		return 0;
+	return &stack->slots[parent];
+}
+
+/* A call run inline, with no slot (inlined_init, skipped_close): counted
+ * like any other call, on its function and its edge, untimed. */
+static __always_inline void count_untimed_call(const struct func_key *key, struct func_stats *st)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct thread_stack *stack = thread_stack(tid, 0);
+	int recursive = stack && on_stack(stack, key, stack->depth);
+	struct frame_slot *caller;
+
+	__sync_fetch_and_add(&st->calls, 1);
+	if (!recursive)
+		__sync_fetch_and_add(&st->primitive_calls, 1);
+	if (!stack || !cfg.count_edges)
+		return;
+	caller = caller_slot(stack, stack->depth);
+	count_edge(tid, stack->depth, caller ? &caller->key : 0, key, 0, recursive);
+}
+
+/* Adds a closing call's times to its edge. */
+static __always_inline void time_edge(const struct frame_slot *caller, const struct frame_slot *callee, __u64 elapsed,
+				      __u64 self)
+{
+	struct edge_key key = { .caller = caller->key, .callee = callee->key };
+	struct edge_stats *es = bpf_map_lookup_elem(&edges, &key);
+
+	if (!es)
+		return;
+	__sync_fetch_and_add(&es->self_ns, self);
+	if (callee->flags & SLOT_EDGE_OUTERMOST)
+		__sync_fetch_and_add(&es->total_ns, elapsed);
+}
+
 /* Closes the top call of a thread's stack at `now`. `cas`: the kernel has
  * BPF's compare-and-swap (Linux 5.12+); a program that contains one does
  * not even load before that, so every caller passes a constant and each
@@ -230,8 +355,11 @@ static __always_inline void close_top(struct thread_stack *stack, __u64 now, con
 		__u32 parent = depth - 1;
 
 		barrier_var(parent); /* so the verifier sees the check below */
-		if (parent < MAX_DEPTH)
+		if (parent < MAX_DEPTH) {
 			stack->slots[parent].child_ns += elapsed;
+			if (slot->flags & SLOT_EDGE)
+				time_edge(&stack->slots[parent], slot, elapsed, self);
+		}
 	}
 
 	st = bpf_map_lookup_elem(&stats, &slot->key);
@@ -344,8 +472,9 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	__u64 now = bpf_ktime_get_ns();
 	struct thread_stack *stack;
-	struct frame_slot *slot;
+	struct frame_slot *slot, *caller = 0;
 	__u32 depth;
+	int recursive;
 
 	if (counted && st)
 		__sync_fetch_and_add(&st->calls, 1);
@@ -369,17 +498,27 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 			unwind(tid, now, caller, 0, cas);
 	}
 	depth = stack->depth;
+	/* Like cProfile, a recursive call's inclusive time is counted only at the
+	 * outermost call, so a function's total never exceeds the wall time;
+	 * and only the outermost calls are primitive. */
+	recursive = counted && on_stack(stack, key, depth);
+	if (counted && st && !recursive)
+		__sync_fetch_and_add(&st->primitive_calls, 1);
 	stack->depth = depth + 1;
 	stack->entries++;
 	if (depth > 0) {
 		__u32 parent = depth - 1;
 
 		barrier_var(parent);
-		if (parent < MAX_DEPTH)
-			stack->slots[parent].children++;
+		if (parent < MAX_DEPTH) {
+			caller = &stack->slots[parent];
+			caller->children++;
+		}
 	}
 	if (depth >= MAX_DEPTH) {
 		count(CALLS_DEEP_UNTIMED);
+		if (counted && cfg.count_edges)
+			count_edge(tid, depth, caller ? &caller->key : 0, key, 0, recursive);
 		return depth + 1;
 	}
 	slot = &stack->slots[depth];
@@ -392,9 +531,9 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 	slot->flags = returns == RETURN_ALWAYS || (returns == RETURN_IF_SHALLOW && depth < URETPROBE_DEPTH) ? SLOT_RETURNS : 0;
 	if (!counted)
 		return depth + 1;
-	/* Like cProfile, a recursive call's inclusive time is counted only at the
-	 * outermost call, so a function's total never exceeds the wall time. */
-	slot->flags |= SLOT_COUNTED | (on_stack(stack, key, depth) ? 0 : SLOT_OUTERMOST);
+	slot->flags |= SLOT_COUNTED | (recursive ? 0 : SLOT_OUTERMOST);
+	if (cfg.count_edges)
+		count_edge(tid, depth, caller ? &caller->key : 0, key, slot, recursive);
 	return depth + 1;
 }
 
@@ -619,7 +758,7 @@ int BPF_UPROBE(inlined_init, const void *type)
 		return 0;
 	if (is_new)
 		announce(&key, code, 0, 0);
-	__sync_fetch_and_add(&st->calls, 1);
+	count_untimed_call(&key, st);
 	count(CALLS_INLINED_INIT);
 	return 0;
 }
@@ -706,7 +845,7 @@ int skipped_close(struct pt_regs *ctx)
 	st = frame_function(gen + cfg.gen_iframe, &key);
 	if (!st)
 		return 0;
-	__sync_fetch_and_add(&st->calls, 1);
+	count_untimed_call(&key, st);
 	count(CALLS_SKIPPED_CLOSE);
 	return 0;
 }

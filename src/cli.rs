@@ -111,6 +111,10 @@ struct CallsArgs {
     /// valued in calls and self nanoseconds (go tool pprof -top reads it)
     #[arg(long, value_name = "FILE.pb.gz")]
     pprof: Option<PathBuf>,
+    /// Also write cProfile's stats file, with every caller->callee edge
+    /// (pstats.Stats, python -m pstats, snakeviz and gprof2dot read it)
+    #[arg(long, value_name = "FILE.prof")]
+    pstats: Option<PathBuf>,
     /// For scripts/bench.sh: attach probes that do nothing (uprobe mode, -p),
     /// to measure the kernel's own cost of a probe hit
     #[arg(long, hide = true)]
@@ -312,6 +316,7 @@ impl Cli {
                     },
                     json: args.json,
                     pprof: args.pprof,
+                    pstats: args.pstats,
                     empty_probe: args.empty_probe,
                 })
             }

@@ -282,12 +282,15 @@ static __always_inline void count_edge(__u32 tid, __u32 depth, const struct func
 /* The slot below stack depth `depth`: the caller of a call made there. */
 static __always_inline struct frame_slot *caller_slot(struct thread_stack *stack, __u32 depth)
 {
-	__u32 parent = depth - 1;
+	__u32 parent;
 
-	barrier_var(parent); /* so the verifier sees the check below */
-	if (depth == 0 || parent >= MAX_DEPTH)
+	if (depth == 0 || depth > MAX_DEPTH)
 		return 0;
-	return &stack->slots[parent];
+	parent = depth - 1;
+	/* Hides the check above from clang, so the mask below stays: the
+	 * verifier cannot follow a check made on a copy. */
+	barrier_var(parent);
+	return &stack->slots[parent & (MAX_DEPTH - 1)];
 }
 
 /* A call run inline, with no slot (inlined_init, skipped_close): counted

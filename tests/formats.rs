@@ -349,3 +349,168 @@ fn top_without_a_terminal_says_so() {
     assert_eq!(stderr.trim().lines().count(), 1, "{label}: {stderr}");
     assert!(stderr.contains("standard output is not a terminal") || stderr.contains("is not one"), "{label}: {stderr}");
 }
+
+/// A CPython that runs the fixtures, and a directory it and pytrace both
+/// see: on this machine, or in a Debian root by chroot as tests/matrix.rs
+/// runs them (the target then names its files by paths inside the root).
+struct Interpreter {
+    label: String,
+    /// The command that runs a Python file, up to the file.
+    python: Vec<String>,
+    /// The shared directory, as pytrace and as the target see it.
+    host_dir: std::path::PathBuf,
+    inside_dir: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Interpreter {
+    fn host(label: &str, python: &Path) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let inside_dir = dir.path().to_str().unwrap().to_string();
+        Interpreter { label: label.into(), python: vec![python.to_str().unwrap().into()], host_dir: dir.path().into(), inside_dir, _dir: dir }
+    }
+
+    /// Debian's python`version` in the root scripts/pythons.sh makes.
+    fn rooted(version: &str) -> Self {
+        let (env, which) = if version == "3.9" { ("PYTRACE_ROOT_39", "root-3.9") } else { ("PYTRACE_ROOT_SID", "root-sid") };
+        let root = std::env::var_os(env).map(std::path::PathBuf::from).unwrap_or_else(|| scripts_pythons(which));
+        assert!(root.join(format!("usr/bin/python{version}")).exists(), "no python{version} in {}: run scripts/pythons.sh {which}", root.display());
+        let dir = tempfile::tempdir_in(root.join("tmp")).unwrap();
+        let inside_dir = format!("/tmp/{}", dir.path().file_name().unwrap().to_str().unwrap());
+        Interpreter {
+            label: format!("Debian {version}"),
+            python: vec!["chroot".into(), root.to_str().unwrap().into(), format!("/usr/bin/python{version}")],
+            host_dir: dir.path().into(),
+            inside_dir,
+            _dir: dir,
+        }
+    }
+
+    /// pyenv's 3.`minor`, as scripts/pythons.sh provides it.
+    fn pyenv(version: &str) -> Self {
+        Self::host(&format!("pyenv {version}"), &scripts_pythons(&format!("pyenv-{version}")))
+    }
+
+    /// The argv that runs `script` (copied into the shared directory).
+    fn argv(&self, script: &str, args: &[&str]) -> Vec<String> {
+        std::fs::copy(fixture(script), self.host_dir.join(script)).unwrap();
+        let mut v = self.python.clone();
+        v.push(format!("{}/{script}", self.inside_dir));
+        v.extend(args.iter().map(|a| a.to_string()));
+        v
+    }
+
+    fn run(&self, script: &str, args: &[&str]) -> String {
+        let argv = self.argv(script, args);
+        let out = Command::new(&argv[0]).args(&argv[1..]).output().unwrap();
+        assert!(out.status.success(), "{}: {argv:?}: {}", self.label, String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+fn scripts_pythons(what: &str) -> std::path::PathBuf {
+    let out = Command::new(format!("{}/scripts/pythons.sh", env!("CARGO_MANIFEST_DIR"))).arg(what).output().unwrap();
+    assert!(out.status.success(), "scripts/pythons.sh {what}: {}", String::from_utf8_lossy(&out.stderr));
+    std::path::PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// Functions fixtures/callers.py runs outside main(), which cProfile (run
+/// around main only) does not see; pytrace sees each once.
+const CALLERS_OUTSIDE_MAIN: [&str; 3] = ["<module>", "Base", "Derived"];
+
+/// `calls --pstats` on fixtures/callers.py, read back by pstats.Stats in
+/// the target's own Python, against cProfile's stats file from a run of
+/// its own (builtins=False: pytrace sees no C functions): every function's
+/// calls and primitive calls, and every caller edge's, are equal. Times
+/// cannot be (the two cost differently), so they are checked as sums: a
+/// function's self time is its edges' self times added up, and so is the
+/// total of a function that does not recurse.
+fn pstats_equal_cprofile(py: Interpreter) {
+    let label = &py.label;
+    let rounds = "100";
+    py.run("callers.py", &["--rounds", rounds, "--cprofile-pstats", &format!("{}/cprofile.prof", py.inside_dir)]);
+    let mut argv = vec!["calls".to_string(), "--pstats".into(), py.host_dir.join("pytrace.prof").to_str().unwrap().into(), "--".into()];
+    argv.extend(py.argv("callers.py", &["--rounds", rounds]));
+    let out = pytrace(&argv.iter().map(String::as_str).collect::<Vec<_>>());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{label}: {stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("dropped: nothing"), "{label}: {}", String::from_utf8_lossy(&out.stdout));
+    let read = |file: &str| -> serde_json::Value { serde_json::from_str(&py.run("callers.py", &["--read-pstats", &format!("{}/{file}", py.inside_dir)])).unwrap() };
+    let (truth, ours) = (read("cprofile.prof"), read("pytrace.prof"));
+    let (all_truth, ours) = (truth.as_object().unwrap(), ours.as_object().unwrap());
+    let counts = |v: &serde_json::Value| (v["calls"].as_u64().unwrap(), v["primitive_calls"].as_u64().unwrap());
+    // pytrace sees no C function: a call cProfile shows made from one is,
+    // for pytrace, made from the Python function that called the C one.
+    let is_c = |f: &str| f.starts_with("~:");
+    let truth: serde_json::Map<String, serde_json::Value> = all_truth.iter().filter(|(f, _)| !is_c(f)).map(|(f, v)| (f.clone(), v.clone())).collect();
+    assert!(truth.len() >= 10, "{label}: cProfile saw only {:?}", truth.keys());
+    for (function, want) in &truth {
+        let got = ours.get(function).unwrap_or_else(|| panic!("{label}: no {function} in pytrace's stats: {:?}", ours.keys()));
+        assert_eq!(counts(got), counts(want), "{label}: (calls, primitive calls) of {function}");
+        let mut want_callers: HashMap<String, (u64, u64)> = HashMap::new();
+        for (caller, edge) in want["callers"].as_object().unwrap() {
+            let caller = if is_c(caller) {
+                let above = all_truth[caller]["callers"].as_object().unwrap();
+                assert_eq!(above.len(), 1, "{label}: {caller} has one Python caller");
+                above.keys().next().unwrap().clone()
+            } else {
+                caller.clone()
+            };
+            let sum = want_callers.entry(caller).or_default();
+            sum.0 += counts(edge).0;
+            sum.1 += counts(edge).1;
+        }
+        let got_callers = got["callers"].as_object().unwrap();
+        for (caller, edge) in &want_callers {
+            let got_edge = got_callers.get(caller).unwrap_or_else(|| panic!("{label}: no edge {caller} -> {function}: {got_callers:?}"));
+            assert_eq!(counts(got_edge), *edge, "{label}: (calls, primitive calls) of {caller} -> {function}");
+        }
+        // Callers cProfile did not see at all are the module's body (main's).
+        for caller in got_callers.keys().filter(|c| !want_callers.contains_key(*c)) {
+            assert!(!truth.contains_key(caller) && caller.ends_with(":<module>"), "{label}: extra edge {caller} -> {function}");
+        }
+    }
+    for (function, got) in ours.iter().filter(|(f, _)| !truth.contains_key(*f)) {
+        assert!(CALLERS_OUTSIDE_MAIN.iter().any(|n| function.ends_with(&format!(":{n}"))), "{label}: unexpected {function}");
+        assert_eq!(counts(got), (1, 1), "{label}: {function} runs once");
+    }
+    let recursive = ["recurse", "is_even", "is_odd"];
+    for (function, got) in ours {
+        let callers = got["callers"].as_object().unwrap();
+        if callers.is_empty() {
+            continue;
+        }
+        let sum = |field: &str| callers.values().map(|e| e[field].as_f64().unwrap()).sum::<f64>();
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 + 1e-6 * b;
+        assert!(close(sum("self_s"), got["self_s"].as_f64().unwrap()), "{label}: {function}'s edges' self times {} != {}", sum("self_s"), got["self_s"]);
+        if !recursive.iter().any(|r| function.ends_with(&format!(":{r}"))) {
+            assert!(close(sum("total_s"), got["total_s"].as_f64().unwrap()), "{label}: {function}'s edges' totals {} != {}", sum("total_s"), got["total_s"]);
+        }
+        assert!(got["self_s"].as_f64().unwrap() <= got["total_s"].as_f64().unwrap() + 1e-9, "{label}: {function} self > total");
+    }
+}
+
+#[test]
+fn pstats_equal_cprofile_on_this_machines_3_11_builds() {
+    for (label, python) in pythons() {
+        pstats_equal_cprofile(Interpreter::host(label, &python));
+    }
+}
+
+macro_rules! pstats_matrix {
+    ($($name:ident => $how:ident($version:literal);)*) => {$(
+        #[test]
+        fn $name() {
+            pstats_equal_cprofile(Interpreter::$how($version));
+        }
+    )*};
+}
+
+pstats_matrix! {
+    pstats_equal_cprofile_on_debian_3_9 => rooted("3.9");
+    pstats_equal_cprofile_on_pyenv_3_10 => pyenv("3.10");
+    pstats_equal_cprofile_on_pyenv_3_12 => pyenv("3.12");
+    pstats_equal_cprofile_on_debian_3_13 => rooted("3.13");
+    pstats_equal_cprofile_on_debian_3_14 => rooted("3.14");
+    pstats_equal_cprofile_on_debian_3_15 => rooted("3.15");
+}

@@ -400,6 +400,15 @@ impl Interpreter {
         v
     }
 
+    /// Starts `script` with --wait; returns once it waits for SIGUSR1.
+    /// (`chroot` execs the Python in place: the child's PID is the target's.)
+    fn start_waiting(&self, script: &str, args: &[&str]) -> Proc {
+        let argv = self.argv(script, &[args, &["--wait"]].concat());
+        let mut target = Proc(Command::new(&argv[0]).args(&argv[1..]).stdout(std::process::Stdio::piped()).spawn().unwrap());
+        wait_for_line(&mut target, "ready");
+        target
+    }
+
     fn run(&self, script: &str, args: &[&str]) -> String {
         let argv = self.argv(script, args);
         let out = Command::new(&argv[0]).args(&argv[1..]).output().unwrap();
@@ -424,17 +433,29 @@ const CALLERS_OUTSIDE_MAIN: [&str; 3] = ["<module>", "Base", "Derived"];
 /// calls and primitive calls, and every caller edge's, are equal. Times
 /// cannot be (the two cost differently), so they are checked as sums: a
 /// function's self time is its edges' self times added up, and so is the
-/// total of a function that does not recurse.
-fn pstats_equal_cprofile(py: Interpreter) {
-    let label = &py.label;
+/// total of a function that does not recurse. `by_pid`: attach to the
+/// waiting fixture with -p (its module body, already running, is then no
+/// one's caller) instead of starting it.
+fn pstats_equal_cprofile(py: Interpreter, by_pid: bool) {
+    let label = &format!("{} {}", py.label, if by_pid { "-p" } else { "--" });
     let rounds = "100";
     py.run("callers.py", &["--rounds", rounds, "--cprofile-pstats", &format!("{}/cprofile.prof", py.inside_dir)]);
-    let mut argv = vec!["calls".to_string(), "--pstats".into(), py.host_dir.join("pytrace.prof").to_str().unwrap().into(), "--".into()];
-    argv.extend(py.argv("callers.py", &["--rounds", rounds]));
-    let out = pytrace(&argv.iter().map(String::as_str).collect::<Vec<_>>());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{label}: {stderr}");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("dropped: nothing"), "{label}: {}", String::from_utf8_lossy(&out.stdout));
+    let ours = py.host_dir.join("pytrace.prof");
+    let stdout = if by_pid {
+        let target = py.start_waiting("callers.py", &["--rounds", rounds]);
+        let tracer = start_tracer(&["calls", "-p", &target.pid().to_string(), "--pstats", ours.to_str().unwrap()]);
+        signal(target.pid(), libc::SIGUSR1);
+        let (code, stdout, stderr) = tracer.finish();
+        assert_eq!(code, 0, "{label}: {stderr}");
+        stdout
+    } else {
+        let mut argv = vec!["calls".to_string(), "--pstats".into(), ours.to_str().unwrap().into(), "--".into()];
+        argv.extend(py.argv("callers.py", &["--rounds", rounds]));
+        let out = pytrace(&argv.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(stdout.contains("dropped: nothing"), "{label}: {stdout}");
     let read = |file: &str| -> serde_json::Value { serde_json::from_str(&py.run("callers.py", &["--read-pstats", &format!("{}/{file}", py.inside_dir)])).unwrap() };
     let (truth, ours) = (read("cprofile.prof"), read("pytrace.prof"));
     let (all_truth, ours) = (truth.as_object().unwrap(), ours.as_object().unwrap());
@@ -465,12 +486,14 @@ fn pstats_equal_cprofile(py: Interpreter) {
             let got_edge = got_callers.get(caller).unwrap_or_else(|| panic!("{label}: no edge {caller} -> {function}: {got_callers:?}"));
             assert_eq!(counts(got_edge), *edge, "{label}: (calls, primitive calls) of {caller} -> {function}");
         }
-        // Callers cProfile did not see at all are the module's body (main's).
+        // Callers cProfile did not see at all are the module's body
+        // (main's), which with -p was running before tracing began.
         for caller in got_callers.keys().filter(|c| !want_callers.contains_key(*c)) {
-            assert!(!truth.contains_key(caller) && caller.ends_with(":<module>"), "{label}: extra edge {caller} -> {function}");
+            assert!(!by_pid && !truth.contains_key(caller) && caller.ends_with(":<module>"), "{label}: extra edge {caller} -> {function}");
         }
     }
     for (function, got) in ours.iter().filter(|(f, _)| !truth.contains_key(*f)) {
+        assert!(!by_pid, "{label}: {function} ran before tracing began");
         assert!(CALLERS_OUTSIDE_MAIN.iter().any(|n| function.ends_with(&format!(":{n}"))), "{label}: unexpected {function}");
         assert_eq!(counts(got), (1, 1), "{label}: {function} runs once");
     }
@@ -493,7 +516,8 @@ fn pstats_equal_cprofile(py: Interpreter) {
 #[test]
 fn pstats_equal_cprofile_on_this_machines_3_11_builds() {
     for (label, python) in pythons() {
-        pstats_equal_cprofile(Interpreter::host(label, &python));
+        pstats_equal_cprofile(Interpreter::host(label, &python), false);
+        pstats_equal_cprofile(Interpreter::host(label, &python), true);
     }
 }
 
@@ -501,7 +525,8 @@ macro_rules! pstats_matrix {
     ($($name:ident => $how:ident($version:literal);)*) => {$(
         #[test]
         fn $name() {
-            pstats_equal_cprofile(Interpreter::$how($version));
+            pstats_equal_cprofile(Interpreter::$how($version), false);
+            pstats_equal_cprofile(Interpreter::$how($version), true);
         }
     )*};
 }

@@ -255,6 +255,10 @@ struct TopArgs {
     /// Samples per second per CPU
     #[arg(short = 'r', long = "rate", value_name = "HZ", default_value_t = 99)]
     rate: u64,
+    /// Exact calls per second, self time and latency percentiles from
+    /// tracing every call (as `pytrace calls` does) instead of sampling
+    #[arg(long, conflicts_with = "rate")]
+    calls: bool,
 }
 
 #[derive(Args)]
@@ -395,7 +399,7 @@ impl Cli {
                 if !(1..=10_000).contains(&args.rate) {
                     bail!("--rate must be between 1 and 10000 samples per second");
                 }
-                commands::top::run(commands::top::Options { target, duration, hz: args.rate })
+                commands::top::run(commands::top::Options { target, duration, hz: args.rate, calls: args.calls })
             }
             Command::Dump(args) => commands::dump::run(commands::dump::Options { pid: args.pid, native: args.native, json: args.json }),
             Command::Restore(args) => commands::restore::run(args.pid),

@@ -539,3 +539,63 @@ pstats_matrix! {
     pstats_equal_cprofile_on_debian_3_14 => rooted("3.14");
     pstats_equal_cprofile_on_debian_3_15 => rooted("3.15");
 }
+
+/// `pytrace top --calls -p PID` in an 80×24 terminal: once the fixture's
+/// rounds are done (it then sleeps), the Calls column, sorted by key 2,
+/// shows exactly cProfile's counts for the same rounds; `q` quits with
+/// status 0 and gives the terminal back.
+#[test]
+fn top_calls_shows_cprofiles_counts_live_and_quits_on_q() {
+    let (label, python) = pythons().remove(0);
+    let py = Interpreter::host(label, &python);
+    let rounds = "2000";
+    py.run("callers.py", &["--rounds", rounds, "--cprofile-pstats", &format!("{}/cprofile.prof", py.inside_dir)]);
+    let truth: serde_json::Value = serde_json::from_str(&py.run("callers.py", &["--read-pstats", &format!("{}/cprofile.prof", py.inside_dir)])).unwrap();
+    let target = py.start_waiting("callers.py", &["--rounds", rounds, "--linger", "60"]);
+    let session = format!("pytrace-top-calls-{}", std::process::id());
+    let tmux = |args: &[&str]| -> String {
+        let out = Command::new("tmux").args(args).output().expect("tmux is installed by scripts/test-tools.sh");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let command = format!("{PYTRACE} top --calls -p {}; echo top exited with $?; sleep 60", target.pid());
+    tmux(&["new-session", "-d", "-s", &session, "-x", "80", "-y", "24", &command]);
+    struct Kill(String);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = Command::new("tmux").args(["kill-session", "-t", &self.0]).status();
+        }
+    }
+    let _kill = Kill(session.clone());
+    // The view is up once pytrace has attached: only then may the rounds run.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !tmux(&["capture-pane", "-p", "-t", &session]).contains("exact calls") {
+        assert!(std::time::Instant::now() < deadline, "{label}: no view:\n{}", tmux(&["capture-pane", "-p", "-t", &session]));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    signal(target.pid(), libc::SIGUSR1);
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    tmux(&["send-keys", "-t", &session, "2"]);
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let screen = tmux(&["capture-pane", "-p", "-t", &session]);
+    assert!(screen.contains(&format!("pytrace top --calls: PID {}", target.pid())), "{label}:\n{screen}");
+    assert!(screen.contains("[Calls]"), "{label}: key 2 sorts by calls:\n{screen}");
+    assert!(screen.lines().count() <= 24 && screen.lines().all(|l| l.chars().count() <= 80), "{label}: fits 80×24:\n{screen}");
+    for name in ["recurse", "shared", "is_even", "is_odd", "first", "second"] {
+        let want = truth.as_object().unwrap().iter().find(|(k, _)| k.ends_with(&format!(":{name}"))).unwrap().1["calls"].as_u64().unwrap();
+        let line = screen.lines().find(|l| l.contains(&format!(" {name} ("))).unwrap_or_else(|| panic!("{label}: no {name}:\n{screen}"));
+        let got: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert_eq!(got, want, "{label}: calls of {name}:\n{screen}");
+    }
+    tmux(&["send-keys", "-t", &session, "q"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let screen = tmux(&["capture-pane", "-p", "-t", &session]);
+        if screen.contains("top exited with 0") {
+            assert!(!screen.contains("Calls/s"), "{label}: the view stayed on screen:\n{screen}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{label}: q did not quit:\n{screen}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(eval_frame_now(target.pid()), "not set", "{label}: the eval-frame hook is put back");
+}

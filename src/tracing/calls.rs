@@ -149,6 +149,16 @@ impl<'obj> Session<'obj> {
         self.links.borrow_mut().clear();
     }
 
+    /// The totals so far, while the probes run (`pytrace top --calls`).
+    pub fn functions_so_far(&self) -> Result<Vec<Function>> {
+        functions(&self.skel, &self.names.borrow())
+    }
+
+    /// Events lost or refused so far.
+    pub fn lost_so_far(&self) -> Result<u64> {
+        Ok(read_counters(&self.skel.maps.counters, &COUNTERS)?.lost())
+    }
+
     /// Detaches (if not yet done) and reads the totals. The ring buffer
     /// built with `add_to` must have been drained and dropped.
     pub fn finish(self) -> Result<CallsData> {
@@ -164,6 +174,17 @@ pub fn run(
     attached: impl FnOnce() -> Result<()>,
     keep_going: impl FnMut() -> Result<bool>,
 ) -> Result<CallsData> {
+    let mut keep_going = keep_going;
+    run_watched(plan, attached, |_| keep_going())
+}
+
+/// `run`, with the session handed to `keep_going` between polls, so a live
+/// view can read the totals as they grow.
+pub fn run_watched(
+    plan: &Plan,
+    attached: impl FnOnce() -> Result<()>,
+    mut keep_going: impl FnMut(&Session) -> Result<bool>,
+) -> Result<CallsData> {
     let mut object = MaybeUninit::uninit();
     let session = Session::start(&mut object, plan)?;
     let mut builder = RingBufferBuilder::new();
@@ -171,10 +192,9 @@ pub fn run(
     let ring = builder.build()?;
 
     attached()?;
-    let mut keep_going = keep_going;
     let polled = poll_until(&ring, "calls", || {
         session.between_polls(plan);
-        keep_going()
+        keep_going(&session)
     });
     // Detach before reading the maps, and even if polling failed.
     session.detach();
@@ -296,17 +316,7 @@ fn record_name(names: &mut Names, bytes: &[u8]) {
 }
 
 fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsData> {
-    let mut functions = Vec::new();
-    for key_bytes in skel.maps.stats.keys() {
-        let Some(value) = skel.maps.stats.lookup(&key_bytes, MapFlags::ANY)? else { continue };
-        let mut key = func_key::default();
-        plain::copy_from_bytes(&mut key, &key_bytes).map_err(|_| anyhow::anyhow!("bad key size"))?;
-        let FunctionId { name, file, line } = function_id(names, &key);
-        let mut stats = func_stats::default();
-        plain::copy_from_bytes(&mut stats, &value).map_err(|_| anyhow::anyhow!("bad value size"))?;
-        functions.push(Function { name, file, line, stats: FunctionStats::from(&stats) });
-    }
-
+    let functions = functions(skel, names)?;
     let mut edges = Vec::new();
     for key_bytes in skel.maps.edges.keys() {
         let Some(value) = skel.maps.edges.lookup(&key_bytes, MapFlags::ANY)? else { continue };
@@ -323,6 +333,21 @@ fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsDa
 
     let counters = read_counters(&skel.maps.counters, &COUNTERS)?;
     Ok(CallsData { functions, edges, counters })
+}
+
+/// One record per code object the stats map holds.
+fn functions(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<Vec<Function>> {
+    let mut functions = Vec::new();
+    for key_bytes in skel.maps.stats.keys() {
+        let Some(value) = skel.maps.stats.lookup(&key_bytes, MapFlags::ANY)? else { continue };
+        let mut key = func_key::default();
+        plain::copy_from_bytes(&mut key, &key_bytes).map_err(|_| anyhow::anyhow!("bad key size"))?;
+        let FunctionId { name, file, line } = function_id(names, &key);
+        let mut stats = func_stats::default();
+        plain::copy_from_bytes(&mut stats, &value).map_err(|_| anyhow::anyhow!("bad value size"))?;
+        functions.push(Function { name, file, line, stats: FunctionStats::from(&stats) });
+    }
+    Ok(functions)
 }
 
 /// A function's name, file and first line, as its new_function event said.

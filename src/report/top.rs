@@ -281,3 +281,27 @@ impl CallsTopView {
         frame.render_widget(ratatui::widgets::Paragraph::new("1-4 sort by a column, q quit"), help);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn function(name: &str, calls: u64, self_ns: u64) -> Function {
+        Function { name: name.into(), file: "app.py".into(), line: 1, stats: FunctionStats { calls, self_ns, ..Default::default() } }
+    }
+
+    #[test]
+    fn calls_view_merges_code_objects_and_takes_the_interval_as_a_difference() {
+        let mut view = CallsTopView::new("t".into(), None);
+        view.update(vec![function("f", 10, 100), function("f", 5, 50), function("g", 1, 1)], Duration::from_secs(1));
+        let f = view.rows.iter().find(|r| r.key.0 == "f").unwrap();
+        assert_eq!((f.all.calls, f.calls_now, f.self_ns_now), (15, 15, 150));
+        view.update(vec![function("f", 30, 400), function("g", 1, 1)], Duration::from_secs(3));
+        let f = view.rows.iter().find(|r| r.key.0 == "f").unwrap();
+        assert_eq!((f.all.calls, f.calls_now, f.self_ns_now), (30, 15, 250));
+        assert_eq!(view.interval, Duration::from_secs(2));
+        assert_eq!(view.rows[0].key.0, "f", "most calls in the interval first");
+        view.sort_by(CallsSortBy::CallsAll);
+        assert_eq!(view.rows.iter().map(|r| r.key.0.as_str()).collect::<Vec<_>>(), ["f", "g"]);
+    }
+}

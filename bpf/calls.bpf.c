@@ -38,6 +38,11 @@ __u32 first_eval_seen = 0;
 
 struct frame_slot {
 	struct func_key key;
+	/* The caller's key, when edges are counted: with `key` before it, the
+	 * call's struct edge_key in place. Looked up from here, the 48-byte key
+	 * never sits on the BPF stack, which Linux 5.10 caps at 512 bytes for a
+	 * program and the global functions it calls together. */
+	struct func_key caller;
 	__u64 frame; /* the interpreter frame's address, 0 in USDT mode */
 	__u64 start_ns;
 	__u64 child_ns;
@@ -45,6 +50,10 @@ struct frame_slot {
 	__u32 flags;
 	__u32 children; /* evaluations entered directly from this call */
 };
+
+_Static_assert(__builtin_offsetof(struct frame_slot, caller) == sizeof(struct func_key) &&
+		       __builtin_offsetof(struct edge_key, caller) == sizeof(struct func_key),
+	       "a slot's key and caller are its edge_key");
 
 struct thread_stack {
 	/* Open calls, including those past MAX_DEPTH that have no slot. */
@@ -211,6 +220,16 @@ static __always_inline int on_stack(struct thread_stack *stack, const struct fun
 	return 0;
 }
 
+/* on_stack for the thread `tid`, as a global function with only scalar
+ * arguments, verified once: for calls with no slot of their own. */
+__noinline long function_open_below(__u32 tid, __u32 depth, __u64 id, __u64 aux, __u32 line)
+{
+	struct thread_stack *stack = bpf_map_lookup_elem(&stacks, &tid);
+	struct func_key key = { .id = id, .aux = aux, .line = line };
+
+	return stack ? on_stack(stack, &key, depth) : 0;
+}
+
 /* Whether a call of the function (callee_id, callee_aux, callee_line) in
  * slot `depth` repeats a caller->callee pair already open below it on the
  * stack: cProfile counts such a call of the edge as recursive, not
@@ -235,48 +254,44 @@ __noinline long edge_open_below(__u32 tid, __u32 depth, __u64 callee_id, __u64 c
 	return 0;
 }
 
-/* Counts a call of `callee` at stack depth `depth` on its caller->callee
- * edge, `caller` being the call in the slot below (0: none, the call is a
- * root or its caller is past MAX_DEPTH). `slot` (0 for a call that gets
- * none) is marked so that its return times the edge. `recursive`: a call
- * of the callee is open below. */
-static __always_inline void count_edge(__u32 tid, __u32 depth, const struct func_key *caller, const struct func_key *callee,
-				       struct frame_slot *slot, int recursive)
+/* The statistics of an edge, created if new (0 if the map is full). */
+static __always_inline struct edge_stats *edge_entry(const struct edge_key *key)
 {
-	struct edge_key key;
-	struct edge_stats *es;
+	struct edge_stats *es = bpf_map_lookup_elem(&edges, key);
 	__u32 zero_key = 0;
 	struct zeroes *z;
 
-	if (depth == 0)
-		return; /* a root: its caller is older than tracing, as in cProfile */
-	if (!caller) {
-		count(CALLS_EDGE_NO_CALLER);
+	if (es)
+		return es;
+	z = bpf_map_lookup_elem(&zero, &zero_key);
+	if (!z)
+		return 0;
+	bpf_map_update_elem(&edges, key, &z->edge, BPF_NOEXIST);
+	es = bpf_map_lookup_elem(&edges, key);
+	if (!es)
+		count(CALLS_EDGE_MAP_FULL);
+	return es;
+}
+
+/* Counts the call in `slot`, at stack depth `depth` (> 0), on its
+ * caller->callee edge, and marks the slot so that its return times the
+ * edge. `recursive`: a call of the callee is open below. */
+static __always_inline void count_edge(__u32 tid, __u32 depth, const struct func_key *caller, struct frame_slot *slot,
+				       int recursive)
+{
+	struct edge_stats *es;
+
+	slot->caller = *caller;
+	es = edge_entry((const struct edge_key *)&slot->key);
+	if (!es)
 		return;
-	}
-	key.caller = *caller;
-	key.callee = *callee;
-	es = bpf_map_lookup_elem(&edges, &key);
-	if (!es) {
-		z = bpf_map_lookup_elem(&zero, &zero_key);
-		if (!z)
-			return;
-		bpf_map_update_elem(&edges, &key, &z->edge, BPF_NOEXIST);
-		es = bpf_map_lookup_elem(&edges, &key);
-		if (!es) {
-			count(CALLS_EDGE_MAP_FULL);
-			return;
-		}
-	}
 	__sync_fetch_and_add(&es->calls, 1);
-	if (slot)
-		slot->flags |= SLOT_EDGE;
+	slot->flags |= SLOT_EDGE;
 	/* Only a recursive call of the callee can repeat an open pair. */
-	if (recursive && edge_open_below(tid, depth, callee->id, callee->aux, callee->line))
+	if (recursive && edge_open_below(tid, depth, slot->key.id, slot->key.aux, slot->key.line))
 		return;
 	__sync_fetch_and_add(&es->primitive_calls, 1);
-	if (slot)
-		slot->flags |= SLOT_EDGE_OUTERMOST;
+	slot->flags |= SLOT_EDGE_OUTERMOST;
 }
 
 /* The slot below stack depth `depth`: the caller of a call made there. */
@@ -299,29 +314,41 @@ static __always_inline void count_untimed_call(const struct func_key *key, struc
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct thread_stack *stack = thread_stack(tid, 0);
-	int recursive = stack && on_stack(stack, key, stack->depth);
+	int recursive = stack && function_open_below(tid, stack->depth, key->id, key->aux, key->line);
 	struct frame_slot *caller;
+
+	struct edge_key edge;
+	struct edge_stats *es;
 
 	__sync_fetch_and_add(&st->calls, 1);
 	if (!recursive)
 		__sync_fetch_and_add(&st->primitive_calls, 1);
-	if (!stack || !cfg.count_edges)
+	if (!stack || !cfg.count_edges || stack->depth == 0)
 		return;
 	caller = caller_slot(stack, stack->depth);
-	count_edge(tid, stack->depth, caller ? &caller->key : 0, key, 0, recursive);
+	if (!caller) {
+		count(CALLS_EDGE_NO_CALLER);
+		return;
+	}
+	edge.callee = *key;
+	edge.caller = caller->key;
+	es = edge_entry(&edge);
+	if (!es)
+		return;
+	__sync_fetch_and_add(&es->calls, 1);
+	if (!recursive || !edge_open_below(tid, stack->depth, key->id, key->aux, key->line))
+		__sync_fetch_and_add(&es->primitive_calls, 1);
 }
 
 /* Adds a closing call's times to its edge. */
-static __always_inline void time_edge(const struct frame_slot *caller, const struct frame_slot *callee, __u64 elapsed,
-				      __u64 self)
+static __always_inline void time_edge(const struct frame_slot *slot, __u64 elapsed, __u64 self)
 {
-	struct edge_key key = { .caller = caller->key, .callee = callee->key };
-	struct edge_stats *es = bpf_map_lookup_elem(&edges, &key);
+	struct edge_stats *es = bpf_map_lookup_elem(&edges, (const struct edge_key *)&slot->key);
 
 	if (!es)
 		return;
 	__sync_fetch_and_add(&es->self_ns, self);
-	if (callee->flags & SLOT_EDGE_OUTERMOST)
+	if (slot->flags & SLOT_EDGE_OUTERMOST)
 		__sync_fetch_and_add(&es->total_ns, elapsed);
 }
 
@@ -361,7 +388,7 @@ static __always_inline void close_top(struct thread_stack *stack, __u64 now, con
 		if (parent < MAX_DEPTH) {
 			stack->slots[parent].child_ns += elapsed;
 			if (slot->flags & SLOT_EDGE)
-				time_edge(&stack->slots[parent], slot, elapsed, self);
+				time_edge(slot, elapsed, self);
 		}
 	}
 
@@ -501,12 +528,6 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 			unwind(tid, now, caller, 0, cas);
 	}
 	depth = stack->depth;
-	/* Like cProfile, a recursive call's inclusive time is counted only at the
-	 * outermost call, so a function's total never exceeds the wall time;
-	 * and only the outermost calls are primitive. */
-	recursive = counted && on_stack(stack, key, depth);
-	if (counted && st && !recursive)
-		__sync_fetch_and_add(&st->primitive_calls, 1);
 	stack->depth = depth + 1;
 	stack->entries++;
 	if (depth > 0) {
@@ -520,8 +541,14 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 	}
 	if (depth >= MAX_DEPTH) {
 		count(CALLS_DEEP_UNTIMED);
-		if (counted && cfg.count_edges)
-			count_edge(tid, depth, caller ? &caller->key : 0, key, 0, recursive);
+		if (!counted)
+			return depth + 1;
+		recursive = function_open_below(tid, MAX_DEPTH, key->id, key->aux, key->line);
+		if (st && !recursive)
+			__sync_fetch_and_add(&st->primitive_calls, 1);
+		/* Its caller may be slot-less too: in no edge, said. */
+		if (cfg.count_edges)
+			count(CALLS_EDGE_NO_CALLER);
 		return depth + 1;
 	}
 	slot = &stack->slots[depth];
@@ -534,9 +561,18 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 	slot->flags = returns == RETURN_ALWAYS || (returns == RETURN_IF_SHALLOW && depth < URETPROBE_DEPTH) ? SLOT_RETURNS : 0;
 	if (!counted)
 		return depth + 1;
+	/* Like cProfile, a recursive call's inclusive time is counted only at the
+	 * outermost call, so a function's total never exceeds the wall time;
+	 * and only the outermost calls are primitive. (Checked here, after the
+	 * slot's setup: checked before it, the loop's exits gave Linux 5.10's
+	 * verifier bounds on `depth` it then contradicted, and it refused the
+	 * slot's address.) */
+	recursive = on_stack(stack, key, depth);
+	if (st && !recursive)
+		__sync_fetch_and_add(&st->primitive_calls, 1);
 	slot->flags |= SLOT_COUNTED | (recursive ? 0 : SLOT_OUTERMOST);
-	if (cfg.count_edges)
-		count_edge(tid, depth, caller ? &caller->key : 0, key, slot, recursive);
+	if (cfg.count_edges && caller)
+		count_edge(tid, depth, &caller->key, slot, recursive);
 	return depth + 1;
 }
 

@@ -95,10 +95,11 @@ struct func_stats {
 
 /* One caller->callee pair, what cProfile keeps per edge for pstats' callers
  * map. The caller is the function whose call is just below on the thread's
- * shadow stack. */
+ * shadow stack. Callee first: a shadow-stack slot holds the two in this
+ * order, so the key is looked up where it lies (see frame_slot). */
 struct edge_key {
-	struct func_key caller;
 	struct func_key callee;
+	struct func_key caller;
 };
 
 struct edge_stats {

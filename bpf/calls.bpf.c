@@ -33,9 +33,16 @@ __u32 first_eval_seen = 0;
 #define SLOT_COUNTED 1   /* a call cProfile would count; else a generator's creation */
 #define SLOT_OUTERMOST 2 /* not a recursive call: its time counts in total_ns */
 #define SLOT_RETURNS 4   /* its return will be seen (within URETPROBE_DEPTH) */
+#define SLOT_EDGE 8      /* its caller->callee edge was counted: time it too */
+#define SLOT_EDGE_OUTERMOST 16 /* no call of the same edge was open: its time counts in total_ns */
 
 struct frame_slot {
 	struct func_key key;
+	/* The caller's key, when edges are counted: with `key` before it, the
+	 * call's struct edge_key in place. Looked up from here, the 48-byte key
+	 * never sits on the BPF stack, which Linux 5.10 caps at 512 bytes for a
+	 * program and the global functions it calls together. */
+	struct func_key caller;
 	__u64 frame; /* the interpreter frame's address, 0 in USDT mode */
 	__u64 start_ns;
 	__u64 child_ns;
@@ -43,6 +50,10 @@ struct frame_slot {
 	__u32 flags;
 	__u32 children; /* evaluations entered directly from this call */
 };
+
+_Static_assert(__builtin_offsetof(struct frame_slot, caller) == sizeof(struct func_key) &&
+		       __builtin_offsetof(struct edge_key, caller) == sizeof(struct func_key),
+	       "a slot's key and caller are its edge_key");
 
 struct thread_stack {
 	/* Open calls, including those past MAX_DEPTH that have no slot. */
@@ -86,11 +97,21 @@ struct {
 	__type(value, __u32);
 } children SEC(".maps");
 
+/* Caller->callee pairs (`calls --pstats` only: user space shrinks the map
+ * to one entry otherwise). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_EDGES);
+	__type(key, struct edge_key);
+	__type(value, struct edge_stats);
+} edges SEC(".maps");
+
 DEFINE_COUNTERS(CALLS_COUNTER_COUNT);
 
 /* Zeroed templates: the values are too large for the 512-byte BPF stack. */
 struct zeroes {
 	struct func_stats stats;
+	struct edge_stats edge;
 	struct thread_stack stack;
 };
 
@@ -103,6 +124,8 @@ struct {
 
 /* The skeleton emits these types for Rust only if something uses them. */
 struct new_function _new_function = {};
+struct edge_key _edge_key = {};
+struct edge_stats _edge_stats = {};
 enum calls_counter _calls_counter = 0;
 enum str_kind _str_kind = 0;
 
@@ -197,6 +220,138 @@ static __always_inline int on_stack(struct thread_stack *stack, const struct fun
 	return 0;
 }
 
+/* on_stack for the thread `tid`, as a global function with only scalar
+ * arguments, verified once: for calls with no slot of their own. */
+__noinline long function_open_below(__u32 tid, __u32 depth, __u64 id, __u64 aux, __u32 line)
+{
+	struct thread_stack *stack = bpf_map_lookup_elem(&stacks, &tid);
+	struct func_key key = { .id = id, .aux = aux, .line = line };
+
+	return stack ? on_stack(stack, &key, depth) : 0;
+}
+
+/* Whether a call of the function (callee_id, callee_aux, callee_line) in
+ * slot `depth` repeats a caller->callee pair already open below it on the
+ * stack: cProfile counts such a call of the edge as recursive, not
+ * primitive. A global function with only scalar arguments, checked once
+ * (like unwind_step below) wherever it is called. */
+__noinline long edge_open_below(__u32 tid, __u32 depth, __u64 callee_id, __u64 callee_aux, __u32 callee_line)
+{
+	struct thread_stack *stack = bpf_map_lookup_elem(&stacks, &tid);
+	struct func_key caller, callee = { .id = callee_id, .aux = callee_aux, .line = callee_line };
+	__u32 below = (depth - 1) & (MAX_DEPTH - 1);
+
+	barrier_var(below); /* keeps the mask (see time_edge) */
+	if (!stack || depth == 0 || depth > MAX_DEPTH)
+		return 0;
+	caller = stack->slots[below].key;
+	for (__u32 i = 0; i + 1 < MAX_DEPTH; i++) {
+		if (i + 1 >= depth)
+			break;
+		if (same_key(&stack->slots[i].key, &caller) && same_key(&stack->slots[i + 1].key, &callee))
+			return 1;
+	}
+	return 0;
+}
+
+/* The statistics of an edge, created if new (0 if the map is full). */
+static __always_inline struct edge_stats *edge_entry(const struct edge_key *key)
+{
+	struct edge_stats *es = bpf_map_lookup_elem(&edges, key);
+	__u32 zero_key = 0;
+	struct zeroes *z;
+
+	if (es)
+		return es;
+	z = bpf_map_lookup_elem(&zero, &zero_key);
+	if (!z)
+		return 0;
+	bpf_map_update_elem(&edges, key, &z->edge, BPF_NOEXIST);
+	es = bpf_map_lookup_elem(&edges, key);
+	if (!es)
+		count(CALLS_EDGE_MAP_FULL);
+	return es;
+}
+
+/* Counts the call in `slot`, at stack depth `depth` (> 0), on its
+ * caller->callee edge, and marks the slot so that its return times the
+ * edge. `recursive`: a call of the callee is open below. */
+static __always_inline void count_edge(__u32 tid, __u32 depth, const struct func_key *caller, struct frame_slot *slot,
+				       int recursive)
+{
+	struct edge_stats *es;
+
+	slot->caller = *caller;
+	es = edge_entry((const struct edge_key *)&slot->key);
+	if (!es)
+		return;
+	__sync_fetch_and_add(&es->calls, 1);
+	slot->flags |= SLOT_EDGE;
+	/* Only a recursive call of the callee can repeat an open pair. */
+	if (recursive && edge_open_below(tid, depth, slot->key.id, slot->key.aux, slot->key.line))
+		return;
+	__sync_fetch_and_add(&es->primitive_calls, 1);
+	slot->flags |= SLOT_EDGE_OUTERMOST;
+}
+
+/* The slot below stack depth `depth`: the caller of a call made there. */
+static __always_inline struct frame_slot *caller_slot(struct thread_stack *stack, __u32 depth)
+{
+	__u32 parent;
+
+	if (depth == 0 || depth > MAX_DEPTH)
+		return 0;
+	parent = depth - 1;
+	/* Hides the check above from clang, so the mask below stays: the
+	 * verifier cannot follow a check made on a copy. */
+	barrier_var(parent);
+	return &stack->slots[parent & (MAX_DEPTH - 1)];
+}
+
+/* A call run inline, with no slot (inlined_init, skipped_close): counted
+ * like any other call, on its function and its edge, untimed. */
+static __always_inline void count_untimed_call(const struct func_key *key, struct func_stats *st)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct thread_stack *stack = thread_stack(tid, 0);
+	int recursive = stack && function_open_below(tid, stack->depth, key->id, key->aux, key->line);
+	struct frame_slot *caller;
+
+	struct edge_key edge;
+	struct edge_stats *es;
+
+	__sync_fetch_and_add(&st->calls, 1);
+	if (!recursive)
+		__sync_fetch_and_add(&st->primitive_calls, 1);
+	if (!stack || !cfg.count_edges || stack->depth == 0)
+		return;
+	caller = caller_slot(stack, stack->depth);
+	if (!caller) {
+		count(CALLS_EDGE_NO_CALLER);
+		return;
+	}
+	edge.callee = *key;
+	edge.caller = caller->key;
+	es = edge_entry(&edge);
+	if (!es)
+		return;
+	__sync_fetch_and_add(&es->calls, 1);
+	if (!recursive || !edge_open_below(tid, stack->depth, key->id, key->aux, key->line))
+		__sync_fetch_and_add(&es->primitive_calls, 1);
+}
+
+/* Adds a closing call's times to its edge. */
+static __always_inline void time_edge(const struct frame_slot *slot, __u64 elapsed, __u64 self)
+{
+	struct edge_stats *es = bpf_map_lookup_elem(&edges, (const struct edge_key *)&slot->key);
+
+	if (!es)
+		return;
+	__sync_fetch_and_add(&es->self_ns, self);
+	if (slot->flags & SLOT_EDGE_OUTERMOST)
+		__sync_fetch_and_add(&es->total_ns, elapsed);
+}
+
 /* Closes the top call of a thread's stack at `now`. `cas`: the kernel has
  * BPF's compare-and-swap (Linux 5.12+); a program that contains one does
  * not even load before that, so every caller passes a constant and each
@@ -230,8 +385,11 @@ static __always_inline void close_top(struct thread_stack *stack, __u64 now, con
 		__u32 parent = depth - 1;
 
 		barrier_var(parent); /* so the verifier sees the check below */
-		if (parent < MAX_DEPTH)
+		if (parent < MAX_DEPTH) {
 			stack->slots[parent].child_ns += elapsed;
+			if (slot->flags & SLOT_EDGE)
+				time_edge(slot, elapsed, self);
+		}
 	}
 
 	st = bpf_map_lookup_elem(&stats, &slot->key);
@@ -344,8 +502,9 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	__u64 now = bpf_ktime_get_ns();
 	struct thread_stack *stack;
-	struct frame_slot *slot;
+	struct frame_slot *slot, *caller = 0;
 	__u32 depth;
+	int recursive;
 
 	if (counted && st)
 		__sync_fetch_and_add(&st->calls, 1);
@@ -375,11 +534,21 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 		__u32 parent = depth - 1;
 
 		barrier_var(parent);
-		if (parent < MAX_DEPTH)
-			stack->slots[parent].children++;
+		if (parent < MAX_DEPTH) {
+			caller = &stack->slots[parent];
+			caller->children++;
+		}
 	}
 	if (depth >= MAX_DEPTH) {
 		count(CALLS_DEEP_UNTIMED);
+		if (!counted)
+			return depth + 1;
+		recursive = function_open_below(tid, MAX_DEPTH, key->id, key->aux, key->line);
+		if (st && !recursive)
+			__sync_fetch_and_add(&st->primitive_calls, 1);
+		/* Its caller may be slot-less too: in no edge, said. */
+		if (cfg.count_edges)
+			count(CALLS_EDGE_NO_CALLER);
 		return depth + 1;
 	}
 	slot = &stack->slots[depth];
@@ -393,8 +562,17 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 	if (!counted)
 		return depth + 1;
 	/* Like cProfile, a recursive call's inclusive time is counted only at the
-	 * outermost call, so a function's total never exceeds the wall time. */
-	slot->flags |= SLOT_COUNTED | (on_stack(stack, key, depth) ? 0 : SLOT_OUTERMOST);
+	 * outermost call, so a function's total never exceeds the wall time;
+	 * and only the outermost calls are primitive. (Checked here, after the
+	 * slot's setup: checked before it, the loop's exits gave Linux 5.10's
+	 * verifier bounds on `depth` it then contradicted, and it refused the
+	 * slot's address.) */
+	recursive = on_stack(stack, key, depth);
+	if (st && !recursive)
+		__sync_fetch_and_add(&st->primitive_calls, 1);
+	slot->flags |= SLOT_COUNTED | (recursive ? 0 : SLOT_OUTERMOST);
+	if (cfg.count_edges && caller)
+		count_edge(tid, depth, &caller->key, slot, recursive);
 	return depth + 1;
 }
 
@@ -619,7 +797,7 @@ int BPF_UPROBE(inlined_init, const void *type)
 		return 0;
 	if (is_new)
 		announce(&key, code, 0, 0);
-	__sync_fetch_and_add(&st->calls, 1);
+	count_untimed_call(&key, st);
 	count(CALLS_INLINED_INIT);
 	return 0;
 }
@@ -706,7 +884,7 @@ int skipped_close(struct pt_regs *ctx)
 	st = frame_function(gen + cfg.gen_iframe, &key);
 	if (!st)
 		return 0;
-	__sync_fetch_and_add(&st->calls, 1);
+	count_untimed_call(&key, st);
 	count(CALLS_SKIPPED_CLOSE);
 	return 0;
 }

@@ -21,6 +21,9 @@
 /* Processes the target forks while traced (and their forks), alive at once:
  * they inherit the eval-frame hook, and user space restores it in them. */
 #define MAX_CHILDREN 4096
+/* Distinct caller->callee pairs, counted only for `calls --pstats` (the map
+ * has one entry otherwise). Preallocated: about 200 bytes each. */
+#define MAX_EDGES 65536
 
 /* Latency histogram: values below HIST_LINEAR ns get a bucket each; above,
  * every power of two is split into HIST_SUB buckets (12.5% wide). User space
@@ -53,6 +56,8 @@ enum calls_counter {
 	CALLS_THREAD_EXITS,        /* threads whose entry was deleted when they exited */
 	CALLS_INLINED_CALL,        /* 3.11.0-3.11.3: __getitem__ run inline, timed to the next event */
 	CALLS_SKIPPED_CLOSE,       /* 3.13+: close() skipped a generator's frame, counted untimed */
+	CALLS_EDGE_MAP_FULL,       /* calls of a caller->callee pair past MAX_EDGES, in no edge */
+	CALLS_EDGE_NO_CALLER,      /* calls deeper than MAX_DEPTH: caller unknown, in no edge */
 	CALLS_COUNTER_COUNT,
 };
 
@@ -72,6 +77,9 @@ struct func_key {
 
 struct func_stats {
 	__u64 calls;
+	/* Calls made while no call of the same function was open: cProfile's
+	 * primitive calls (the 20 of `ncalls 21/1` that are recursive are not). */
+	__u64 primitive_calls;
 	__u64 timed_calls;
 	__u64 total_ns;   /* outermost calls only, so recursion is not counted twice */
 	__u64 self_ns;
@@ -83,6 +91,24 @@ struct func_stats {
 	__u64 outermost_calls; /* timed calls whose time counts in total_ns */
 	__u64 nested_calls;    /* evaluations entered during those outermost calls */
 	__u64 hist[HIST_BUCKETS];
+};
+
+/* One caller->callee pair, what cProfile keeps per edge for pstats' callers
+ * map. The caller is the function whose call is just below on the thread's
+ * shadow stack. Callee first: a shadow-stack slot holds the two in this
+ * order, so the key is looked up where it lies (see frame_slot). */
+struct edge_key {
+	struct func_key callee;
+	struct func_key caller;
+};
+
+struct edge_stats {
+	__u64 calls;
+	/* Calls made while no call of the same pair was open (cProfile's rule
+	 * for an edge's primitive calls). */
+	__u64 primitive_calls;
+	__u64 self_ns;  /* the callee's self time in these calls */
+	__u64 total_ns; /* their inclusive time, outermost calls of the pair only */
 };
 
 /* Sent once per function, the first time it is called, while its code object
@@ -124,7 +150,8 @@ struct calls_config {
 	__u32 function_code;
 	/* Where a generator embeds its frame (skipped_close in calls.bpf.c). */
 	__u32 gen_iframe;
-	__u32 pad;
+	/* Non-zero (`calls --pstats`): count caller->callee edges too. */
+	__u32 count_edges;
 };
 
 #endif

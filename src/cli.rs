@@ -114,6 +114,10 @@ struct CallsArgs {
     /// valued in calls and self nanoseconds (go tool pprof -top reads it)
     #[arg(long, value_name = "FILE.pb.gz")]
     pprof: Option<PathBuf>,
+    /// Also write cProfile's stats file, with every caller->callee edge
+    /// (pstats.Stats, python -m pstats, snakeviz and gprof2dot read it)
+    #[arg(long, value_name = "FILE.prof")]
+    pstats: Option<PathBuf>,
     /// For scripts/bench.sh: attach probes that do nothing (uprobe mode, -p),
     /// to measure the kernel's own cost of a probe hit
     #[arg(long, hide = true)]
@@ -263,6 +267,10 @@ struct TopArgs {
     /// Samples per second per CPU
     #[arg(short = 'r', long = "rate", value_name = "HZ", default_value_t = 99)]
     rate: u64,
+    /// Exact calls per second, self time and latency percentiles from
+    /// tracing every call (as `pytrace calls` does) instead of sampling
+    #[arg(long, conflicts_with = "rate")]
+    calls: bool,
 }
 
 #[derive(Args)]
@@ -324,6 +332,7 @@ impl Cli {
                     },
                     json: args.json,
                     pprof: args.pprof,
+                    pstats: args.pstats,
                     empty_probe: args.empty_probe,
                 })
             }
@@ -406,7 +415,7 @@ impl Cli {
                 if !(1..=10_000).contains(&args.rate) {
                     bail!("--rate must be between 1 and 10000 samples per second");
                 }
-                commands::top::run(commands::top::Options { target, duration, hz: args.rate })
+                commands::top::run(commands::top::Options { target, duration, hz: args.rate, calls: args.calls })
             }
             Command::Dump(args) => commands::dump::run(commands::dump::Options { pid: args.pid, native: args.native, json: args.json }),
             Command::Restore(args) => commands::restore::run(args.pid),

@@ -349,3 +349,253 @@ fn top_without_a_terminal_says_so() {
     assert_eq!(stderr.trim().lines().count(), 1, "{label}: {stderr}");
     assert!(stderr.contains("standard output is not a terminal") || stderr.contains("is not one"), "{label}: {stderr}");
 }
+
+/// A CPython that runs the fixtures, and a directory it and pytrace both
+/// see: on this machine, or in a Debian root by chroot as tests/matrix.rs
+/// runs them (the target then names its files by paths inside the root).
+struct Interpreter {
+    label: String,
+    /// The command that runs a Python file, up to the file.
+    python: Vec<String>,
+    /// The shared directory, as pytrace and as the target see it.
+    host_dir: std::path::PathBuf,
+    inside_dir: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Interpreter {
+    fn host(label: &str, python: &Path) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let inside_dir = dir.path().to_str().unwrap().to_string();
+        Interpreter { label: label.into(), python: vec![python.to_str().unwrap().into()], host_dir: dir.path().into(), inside_dir, _dir: dir }
+    }
+
+    /// Debian's python`version` in the root scripts/pythons.sh makes.
+    fn rooted(version: &str) -> Self {
+        let (env, which) = if version == "3.9" { ("PYTRACE_ROOT_39", "root-3.9") } else { ("PYTRACE_ROOT_SID", "root-sid") };
+        let root = std::env::var_os(env).map(std::path::PathBuf::from).unwrap_or_else(|| scripts_pythons(which));
+        assert!(root.join(format!("usr/bin/python{version}")).exists(), "no python{version} in {}: run scripts/pythons.sh {which}", root.display());
+        let dir = tempfile::tempdir_in(root.join("tmp")).unwrap();
+        let inside_dir = format!("/tmp/{}", dir.path().file_name().unwrap().to_str().unwrap());
+        Interpreter {
+            label: format!("Debian {version}"),
+            python: vec!["chroot".into(), root.to_str().unwrap().into(), format!("/usr/bin/python{version}")],
+            host_dir: dir.path().into(),
+            inside_dir,
+            _dir: dir,
+        }
+    }
+
+    /// pyenv's 3.`minor`, as scripts/pythons.sh provides it.
+    fn pyenv(version: &str) -> Self {
+        Self::host(&format!("pyenv {version}"), &scripts_pythons(&format!("pyenv-{version}")))
+    }
+
+    /// The argv that runs `script` (copied into the shared directory).
+    fn argv(&self, script: &str, args: &[&str]) -> Vec<String> {
+        std::fs::copy(fixture(script), self.host_dir.join(script)).unwrap();
+        let mut v = self.python.clone();
+        v.push(format!("{}/{script}", self.inside_dir));
+        v.extend(args.iter().map(|a| a.to_string()));
+        v
+    }
+
+    /// Starts `script` with --wait; returns once it waits for SIGUSR1.
+    /// (`chroot` execs the Python in place: the child's PID is the target's.)
+    fn start_waiting(&self, script: &str, args: &[&str]) -> Proc {
+        let argv = self.argv(script, &[args, &["--wait"]].concat());
+        let mut target = Proc(Command::new(&argv[0]).args(&argv[1..]).stdout(std::process::Stdio::piped()).spawn().unwrap());
+        wait_for_line(&mut target, "ready");
+        target
+    }
+
+    fn run(&self, script: &str, args: &[&str]) -> String {
+        let argv = self.argv(script, args);
+        let out = Command::new(&argv[0]).args(&argv[1..]).output().unwrap();
+        assert!(out.status.success(), "{}: {argv:?}: {}", self.label, String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+fn scripts_pythons(what: &str) -> std::path::PathBuf {
+    let out = Command::new(format!("{}/scripts/pythons.sh", env!("CARGO_MANIFEST_DIR"))).arg(what).output().unwrap();
+    assert!(out.status.success(), "scripts/pythons.sh {what}: {}", String::from_utf8_lossy(&out.stderr));
+    std::path::PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// Functions fixtures/callers.py runs outside main(), which cProfile (run
+/// around main only) does not see; pytrace sees each once.
+const CALLERS_OUTSIDE_MAIN: [&str; 3] = ["<module>", "Base", "Derived"];
+
+/// `calls --pstats` on fixtures/callers.py, read back by pstats.Stats in
+/// the target's own Python, against cProfile's stats file from a run of
+/// its own (builtins=False: pytrace sees no C functions): every function's
+/// calls and primitive calls, and every caller edge's, are equal. Times
+/// cannot be (the two cost differently), so they are checked as sums: a
+/// function's self time is its edges' self times added up, and so is the
+/// total of a function that does not recurse. `by_pid`: attach to the
+/// waiting fixture with -p (its module body, already running, is then no
+/// one's caller) instead of starting it.
+fn pstats_equal_cprofile(py: Interpreter, by_pid: bool) {
+    let label = &format!("{} {}", py.label, if by_pid { "-p" } else { "--" });
+    let rounds = "100";
+    py.run("callers.py", &["--rounds", rounds, "--cprofile-pstats", &format!("{}/cprofile.prof", py.inside_dir)]);
+    let ours = py.host_dir.join("pytrace.prof");
+    let stdout = if by_pid {
+        let target = py.start_waiting("callers.py", &["--rounds", rounds]);
+        let tracer = start_tracer(&["calls", "-p", &target.pid().to_string(), "--pstats", ours.to_str().unwrap()]);
+        signal(target.pid(), libc::SIGUSR1);
+        let (code, stdout, stderr) = tracer.finish();
+        assert_eq!(code, 0, "{label}: {stderr}");
+        stdout
+    } else {
+        let mut argv = vec!["calls".to_string(), "--pstats".into(), ours.to_str().unwrap().into(), "--".into()];
+        argv.extend(py.argv("callers.py", &["--rounds", rounds]));
+        let out = pytrace(&argv.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(stdout.contains("dropped: nothing"), "{label}: {stdout}");
+    let read = |file: &str| -> serde_json::Value { serde_json::from_str(&py.run("callers.py", &["--read-pstats", &format!("{}/{file}", py.inside_dir)])).unwrap() };
+    let (truth, ours) = (read("cprofile.prof"), read("pytrace.prof"));
+    let (all_truth, ours) = (truth.as_object().unwrap(), ours.as_object().unwrap());
+    let counts = |v: &serde_json::Value| (v["calls"].as_u64().unwrap(), v["primitive_calls"].as_u64().unwrap());
+    // pytrace sees no C function: a call cProfile shows made from one is,
+    // for pytrace, made from the Python function that called the C one.
+    let is_c = |f: &str| f.starts_with("~:");
+    let truth: serde_json::Map<String, serde_json::Value> = all_truth.iter().filter(|(f, _)| !is_c(f)).map(|(f, v)| (f.clone(), v.clone())).collect();
+    assert!(truth.len() >= 10, "{label}: cProfile saw only {:?}", truth.keys());
+    for (function, want) in &truth {
+        let got = ours.get(function).unwrap_or_else(|| panic!("{label}: no {function} in pytrace's stats: {:?}", ours.keys()));
+        assert_eq!(counts(got), counts(want), "{label}: (calls, primitive calls) of {function}");
+        let mut want_callers: HashMap<String, (u64, u64)> = HashMap::new();
+        for (caller, edge) in want["callers"].as_object().unwrap() {
+            let caller = if is_c(caller) {
+                let above = all_truth[caller]["callers"].as_object().unwrap();
+                assert_eq!(above.len(), 1, "{label}: {caller} has one Python caller");
+                above.keys().next().unwrap().clone()
+            } else {
+                caller.clone()
+            };
+            let sum = want_callers.entry(caller).or_default();
+            sum.0 += counts(edge).0;
+            sum.1 += counts(edge).1;
+        }
+        let got_callers = got["callers"].as_object().unwrap();
+        for (caller, edge) in &want_callers {
+            let got_edge = got_callers.get(caller).unwrap_or_else(|| panic!("{label}: no edge {caller} -> {function}: {got_callers:?}"));
+            assert_eq!(counts(got_edge), *edge, "{label}: (calls, primitive calls) of {caller} -> {function}");
+        }
+        // Callers cProfile did not see at all are the module's body
+        // (main's), which with -p was running before tracing began.
+        for caller in got_callers.keys().filter(|c| !want_callers.contains_key(*c)) {
+            assert!(!by_pid && !truth.contains_key(caller) && caller.ends_with(":<module>"), "{label}: extra edge {caller} -> {function}");
+        }
+    }
+    for (function, got) in ours.iter().filter(|(f, _)| !truth.contains_key(*f)) {
+        assert!(!by_pid, "{label}: {function} ran before tracing began");
+        assert!(CALLERS_OUTSIDE_MAIN.iter().any(|n| function.ends_with(&format!(":{n}"))), "{label}: unexpected {function}");
+        assert_eq!(counts(got), (1, 1), "{label}: {function} runs once");
+    }
+    let recursive = ["recurse", "is_even", "is_odd"];
+    for (function, got) in ours {
+        let callers = got["callers"].as_object().unwrap();
+        if callers.is_empty() {
+            continue;
+        }
+        let sum = |field: &str| callers.values().map(|e| e[field].as_f64().unwrap()).sum::<f64>();
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 + 1e-6 * b;
+        assert!(close(sum("self_s"), got["self_s"].as_f64().unwrap()), "{label}: {function}'s edges' self times {} != {}", sum("self_s"), got["self_s"]);
+        if !recursive.iter().any(|r| function.ends_with(&format!(":{r}"))) {
+            assert!(close(sum("total_s"), got["total_s"].as_f64().unwrap()), "{label}: {function}'s edges' totals {} != {}", sum("total_s"), got["total_s"]);
+        }
+        assert!(got["self_s"].as_f64().unwrap() <= got["total_s"].as_f64().unwrap() + 1e-9, "{label}: {function} self > total");
+    }
+}
+
+#[test]
+fn pstats_equal_cprofile_on_this_machines_3_11_builds() {
+    for (label, python) in pythons() {
+        pstats_equal_cprofile(Interpreter::host(label, &python), false);
+        pstats_equal_cprofile(Interpreter::host(label, &python), true);
+    }
+}
+
+macro_rules! pstats_matrix {
+    ($($name:ident => $how:ident($version:literal);)*) => {$(
+        #[test]
+        fn $name() {
+            pstats_equal_cprofile(Interpreter::$how($version), false);
+            pstats_equal_cprofile(Interpreter::$how($version), true);
+        }
+    )*};
+}
+
+pstats_matrix! {
+    pstats_equal_cprofile_on_debian_3_9 => rooted("3.9");
+    pstats_equal_cprofile_on_pyenv_3_10 => pyenv("3.10");
+    pstats_equal_cprofile_on_pyenv_3_12 => pyenv("3.12");
+    pstats_equal_cprofile_on_debian_3_13 => rooted("3.13");
+    pstats_equal_cprofile_on_debian_3_14 => rooted("3.14");
+    pstats_equal_cprofile_on_debian_3_15 => rooted("3.15");
+}
+
+/// `pytrace top --calls -p PID` in an 80×24 terminal: once the fixture's
+/// rounds are done (it then sleeps), the Calls column, sorted by key 2,
+/// shows exactly cProfile's counts for the same rounds; `q` quits with
+/// status 0 and gives the terminal back.
+#[test]
+fn top_calls_shows_cprofiles_counts_live_and_quits_on_q() {
+    let (label, python) = pythons().remove(0);
+    let py = Interpreter::host(label, &python);
+    let rounds = "2000";
+    py.run("callers.py", &["--rounds", rounds, "--cprofile-pstats", &format!("{}/cprofile.prof", py.inside_dir)]);
+    let truth: serde_json::Value = serde_json::from_str(&py.run("callers.py", &["--read-pstats", &format!("{}/cprofile.prof", py.inside_dir)])).unwrap();
+    let target = py.start_waiting("callers.py", &["--rounds", rounds, "--linger", "60"]);
+    let session = format!("pytrace-top-calls-{}", std::process::id());
+    let tmux = |args: &[&str]| -> String {
+        let out = Command::new("tmux").args(args).output().expect("tmux is installed by scripts/test-tools.sh");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let command = format!("{PYTRACE} top --calls -p {}; echo top exited with $?; sleep 60", target.pid());
+    tmux(&["new-session", "-d", "-s", &session, "-x", "80", "-y", "24", &command]);
+    struct Kill(String);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = Command::new("tmux").args(["kill-session", "-t", &self.0]).status();
+        }
+    }
+    let _kill = Kill(session.clone());
+    // The view is up once pytrace has attached: only then may the rounds run.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !tmux(&["capture-pane", "-p", "-t", &session]).contains("exact calls") {
+        assert!(std::time::Instant::now() < deadline, "{label}: no view:\n{}", tmux(&["capture-pane", "-p", "-t", &session]));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    signal(target.pid(), libc::SIGUSR1);
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    tmux(&["send-keys", "-t", &session, "2"]);
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let screen = tmux(&["capture-pane", "-p", "-t", &session]);
+    assert!(screen.contains(&format!("pytrace top --calls: PID {}", target.pid())), "{label}:\n{screen}");
+    assert!(screen.contains("[Calls]"), "{label}: key 2 sorts by calls:\n{screen}");
+    assert!(screen.lines().count() <= 24 && screen.lines().all(|l| l.chars().count() <= 80), "{label}: fits 80×24:\n{screen}");
+    for name in ["recurse", "shared", "is_even", "is_odd", "first", "second"] {
+        let want = truth.as_object().unwrap().iter().find(|(k, _)| k.ends_with(&format!(":{name}"))).unwrap().1["calls"].as_u64().unwrap();
+        let line = screen.lines().find(|l| l.contains(&format!(" {name} ("))).unwrap_or_else(|| panic!("{label}: no {name}:\n{screen}"));
+        let got: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert_eq!(got, want, "{label}: calls of {name}:\n{screen}");
+    }
+    tmux(&["send-keys", "-t", &session, "q"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let screen = tmux(&["capture-pane", "-p", "-t", &session]);
+        if screen.contains("top exited with 0") {
+            assert!(!screen.contains("Calls/s"), "{label}: the view stayed on screen:\n{screen}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{label}: q did not quit:\n{screen}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(eval_frame_now(target.pid()), "not set", "{label}: the eval-frame hook is put back");
+}

@@ -20,14 +20,16 @@ pub struct Options {
     pub sort: SortKey,
     pub json: Option<PathBuf>,
     pub pprof: Option<PathBuf>,
+    pub pstats: Option<PathBuf>,
     pub empty_probe: bool,
 }
 
 pub fn run(opts: Options) -> Result<i32> {
-    let outputs: Vec<&std::path::Path> = [&opts.json, &opts.pprof].into_iter().flatten().map(|p| p.as_path()).collect();
+    let outputs: Vec<&std::path::Path> = [&opts.json, &opts.pprof, &opts.pstats].into_iter().flatten().map(|p| p.as_path()).collect();
     report::output::check_distinct(&[], &outputs)?;
     let mut json = opts.json.as_deref().map(Output::create).transpose()?;
     let mut pprof = opts.pprof.as_deref().map(Output::create).transpose()?;
+    let mut pstats = opts.pstats.as_deref().map(Output::create).transpose()?;
     let (mut target, python) = Target::prepare(opts.target)?;
     let (mode, _why) = tracer::choose_mode(&python, opts.mode)?;
     // 3.11+ inlines calls unless the eval-frame hook is set (eval_hook.rs).
@@ -36,7 +38,7 @@ pub fn run(opts: Options) -> Result<i32> {
     let pid = target.pid;
     let on_child = |child| hook.watch_child(child);
     let plan =
-        Plan { pid, python: &python, mode, stop_at_first_eval: hook.stop_at_first_eval(&target), empty_probe: opts.empty_probe, on_child: &on_child };
+        Plan { pid, python: &python, mode, stop_at_first_eval: hook.stop_at_first_eval(&target), empty_probe: opts.empty_probe, count_edges: pstats.is_some(), on_child: &on_child };
     let live = Live::new(&mut target, &python, mode.name(), opts.duration);
     let mut object = MaybeUninit::uninit();
     let result = tracer::Session::start(&mut object, &plan).and_then(|session| {
@@ -62,6 +64,9 @@ pub fn run(opts: Options) -> Result<i32> {
     report.incomplete = outcome.incomplete;
     if let Some(out) = pprof.as_mut() {
         out.write_all(&report.to_pprof()?)?;
+    }
+    if let Some(out) = pstats.as_mut() {
+        out.write_all(&report.to_pstats())?;
     }
     report::emit(json.as_mut(), || report.to_json(), || report.to_table(opts.top))?;
     Ok(target.exit_code())

@@ -10,3 +10,4 @@ pub mod sample;
 pub mod info;
 pub mod restore;
 pub mod top;
+pub mod top_calls;

@@ -21,12 +21,14 @@ pub struct Options {
     pub target: TargetSpec,
     pub duration: Option<Duration>,
     pub hz: u64,
+    /// Exact counts from the calls session instead of samples.
+    pub calls: bool,
 }
 
 /// The terminal in the view's mode (alternate screen, raw keys) while this
 /// lives; put back when dropped, whatever the exit (ratatui's panic hook
 /// covers panics).
-struct Screen(ratatui::DefaultTerminal);
+pub(super) struct Screen(pub(super) ratatui::DefaultTerminal);
 
 impl Drop for Screen {
     fn drop(&mut self) {
@@ -35,6 +37,9 @@ impl Drop for Screen {
 }
 
 pub fn run(opts: Options) -> Result<i32> {
+    if opts.calls {
+        return super::top_calls::run(opts);
+    }
     if !std::io::stdout().is_terminal() {
         bail!("pytrace top draws on a terminal and standard output is not one: use `pytrace sample` to write a profile");
     }

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::{counted, human_ns, thousands, PythonInfo, ReportKind};
 use crate::model::counters::Counters;
-use crate::model::functions::{CallsData, Function, FunctionStats};
+use crate::model::functions::{CallEdge, CallsData, Function, FunctionId, FunctionStats};
 use crate::model::samples::Frame;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +42,9 @@ pub struct CallsReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub incomplete: Option<String>,
     pub functions: Vec<FunctionRow>,
+    /// Caller->callee edges, when counted (`--pstats`; not in the JSON).
+    #[serde(skip)]
+    pub edges: Vec<CallEdge>,
 }
 
 impl CallsReport {
@@ -85,7 +88,17 @@ impl CallsReport {
             caveats: Vec::new(),
             incomplete: None,
             functions,
+            edges: data.edges,
         }
+    }
+
+    /// cProfile's stats file (src/report/pstats.rs).
+    pub fn to_pstats(&self) -> Vec<u8> {
+        let functions = self.functions.iter().map(|r| {
+            let f = &r.function;
+            (FunctionId { name: f.name.clone(), file: f.file.clone(), line: f.line }, &f.stats)
+        });
+        super::pstats::encode(functions, &self.edges)
     }
 
     /// pprof's gzipped profile.proto: calls has no stacks, so each

@@ -10,6 +10,7 @@ pub mod imports;
 pub mod output;
 pub mod pprof;
 pub mod profile;
+pub mod pstats;
 pub mod top;
 
 use anyhow::Result;

@@ -1,5 +1,6 @@
 //! `pytrace top`'s live view: functions by their share of the samples in
-//! the last interval and since the start, redrawn every second, drawn with
+//! the last interval and since the start (or, with `--calls`, by their
+//! exact calls, self time and latencies), redrawn every second, drawn with
 //! ratatui (a maintained terminal UI library: the alternate screen, raw
 //! keys, and the terminal put back on every exit, panics included).
 
@@ -13,6 +14,7 @@ use ratatui::widgets::{Cell, Row, Table};
 use ratatui::Frame;
 
 use super::profile::{short_path, FunctionShare};
+use crate::model::functions::{Function, FunctionStats};
 
 /// What the rows are ordered by; keys 1 to 4 choose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,5 +147,161 @@ impl TopView {
         let widths = [Constraint::Length(7), Constraint::Length(8), Constraint::Length(9), Constraint::Length(11), Constraint::Min(20)];
         frame.render_widget(Table::new(rows, widths).header(head), table);
         frame.render_widget(ratatui::widgets::Paragraph::new("1-4 sort by a column, q quit"), help);
+    }
+}
+
+/// What `top --calls` rows are ordered by; keys 1 to 4 choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallsSortBy {
+    RateNow,
+    CallsAll,
+    SelfNow,
+    P99,
+}
+
+/// A function's exact counts: the totals since the start, and its calls
+/// and self time in the last interval.
+struct CallsRow {
+    key: Key,
+    all: FunctionStats,
+    calls_now: u64,
+    self_ns_now: u64,
+}
+
+/// `top --calls`: the calls session's exact counts, self time and latency
+/// percentiles, read from the kernel's map every second.
+pub struct CallsTopView {
+    pub title: String,
+    pub sort: CallsSortBy,
+    cwd: Option<String>,
+    previous: HashMap<Key, (u64, u64)>,
+    rows: Vec<CallsRow>,
+    interval: Duration,
+    last_elapsed: Duration,
+    pub lost: u64,
+    pub elapsed: Duration,
+}
+
+impl CallsTopView {
+    pub fn new(title: String, cwd: Option<String>) -> Self {
+        CallsTopView {
+            title,
+            sort: CallsSortBy::RateNow,
+            cwd,
+            previous: HashMap::new(),
+            rows: Vec::new(),
+            interval: Duration::ZERO,
+            last_elapsed: Duration::ZERO,
+            lost: 0,
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    /// A new reading of the totals at `elapsed`, one record per code object
+    /// (merged by name, file and line as the calls report does).
+    pub fn update(&mut self, functions: Vec<Function>, elapsed: Duration) {
+        let mut merged: HashMap<Key, FunctionStats> = HashMap::new();
+        for f in functions {
+            merged.entry((f.name, f.file, f.line)).or_default().merge(&f.stats);
+        }
+        let mut now = HashMap::new();
+        self.rows = merged
+            .into_iter()
+            .map(|(key, all)| {
+                let (calls_before, self_before) = self.previous.get(&key).copied().unwrap_or((0, 0));
+                now.insert(key.clone(), (all.calls, all.self_ns));
+                CallsRow { calls_now: all.calls.saturating_sub(calls_before), self_ns_now: all.self_ns.saturating_sub(self_before), key, all }
+            })
+            .collect();
+        self.previous = now;
+        self.interval = elapsed.saturating_sub(self.last_elapsed);
+        self.last_elapsed = elapsed;
+        self.elapsed = elapsed;
+        self.sort_rows();
+    }
+
+    fn sort_rows(&mut self) {
+        let key = |r: &CallsRow| match self.sort {
+            CallsSortBy::RateNow => (r.calls_now, r.all.calls),
+            CallsSortBy::CallsAll => (r.all.calls, r.calls_now),
+            CallsSortBy::SelfNow => (r.self_ns_now, r.all.self_ns),
+            CallsSortBy::P99 => (r.all.latency_at(0.99), r.all.calls),
+        };
+        self.rows.sort_by(|a, b| key(b).cmp(&key(a)).then_with(|| a.key.cmp(&b.key)));
+    }
+
+    pub fn sort_by(&mut self, sort: CallsSortBy) {
+        self.sort = sort;
+        self.sort_rows();
+    }
+
+    pub fn draw(&self, frame: &mut Frame) {
+        let [header, table, help] = Layout::vertical([Constraint::Length(2), Constraint::Min(1), Constraint::Length(1)]).areas(frame.area());
+        let seconds = self.interval.as_secs_f64();
+        let calls: u64 = self.rows.iter().map(|r| r.all.calls).sum();
+        let calls_now: u64 = self.rows.iter().map(|r| r.calls_now).sum();
+        let rate = |n: u64| if seconds > 0.0 { format!("{:.0}", n as f64 / seconds) } else { "-".into() };
+        let header_text = vec![
+            Line::from(self.title.clone()),
+            Line::from(format!(
+                "exact calls, {:.0} s, {} functions, {} calls ({}/s now), {} lost",
+                self.elapsed.as_secs_f64(),
+                self.rows.len(),
+                calls,
+                rate(calls_now),
+                self.lost
+            )),
+        ];
+        frame.render_widget(ratatui::widgets::Paragraph::new(header_text), header);
+        let marked = |title: &str, by: CallsSortBy| if self.sort == by { format!("[{title}]") } else { title.to_string() };
+        let head = Row::new(vec![
+            Cell::from(marked("Calls/s", CallsSortBy::RateNow)),
+            Cell::from(marked("Calls", CallsSortBy::CallsAll)),
+            Cell::from(marked("%Self", CallsSortBy::SelfNow)),
+            Cell::from("p50"),
+            Cell::from(marked("p99", CallsSortBy::P99)),
+            Cell::from("Function (file:line)"),
+        ])
+        .style(Style::default().add_modifier(Modifier::REVERSED));
+        let self_share = |ns: u64| if seconds > 0.0 { format!("{:.1}%", ns as f64 / 1e7 / seconds) } else { "-".into() };
+        let rows = self.rows.iter().map(|r| {
+            let (name, file, line) = &r.key;
+            let place = if file.is_empty() { String::new() } else { format!(" ({}:{line})", short_path(file, self.cwd.as_deref())) };
+            Row::new(vec![
+                Cell::from(rate(r.calls_now)),
+                Cell::from(r.all.calls.to_string()),
+                Cell::from(self_share(r.self_ns_now)),
+                Cell::from(super::human_ns(r.all.latency_at(0.5))),
+                Cell::from(super::human_ns(r.all.latency_at(0.99))),
+                Cell::from(format!("{name}{place}")),
+            ])
+        });
+        let widths = [Constraint::Length(9), Constraint::Length(10), Constraint::Length(7), Constraint::Length(8), Constraint::Length(8), Constraint::Min(20)];
+        frame.render_widget(Table::new(rows, widths).header(head), table);
+        frame.render_widget(ratatui::widgets::Paragraph::new("1-4 sort by a column, q quit"), help);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn function(name: &str, calls: u64, self_ns: u64) -> Function {
+        Function { name: name.into(), file: "app.py".into(), line: 1, stats: FunctionStats { calls, self_ns, ..Default::default() } }
+    }
+
+    #[test]
+    fn calls_view_merges_code_objects_and_takes_the_interval_as_a_difference() {
+        let mut view = CallsTopView::new("t".into(), None);
+        view.update(vec![function("f", 10, 100), function("f", 5, 50), function("g", 1, 1)], Duration::from_secs(1));
+        let f = view.rows.iter().find(|r| r.key.0 == "f").unwrap();
+        assert_eq!((f.all.calls, f.calls_now, f.self_ns_now), (15, 15, 150));
+        view.update(vec![function("f", 30, 400), function("g", 1, 1)], Duration::from_secs(3));
+        let f = view.rows.iter().find(|r| r.key.0 == "f").unwrap();
+        assert_eq!((f.all.calls, f.calls_now, f.self_ns_now), (30, 15, 250));
+        assert_eq!(view.interval, Duration::from_secs(2));
+        assert_eq!(view.rows[0].key.0, "f", "most calls in the interval first");
+        view.sort_by(CallsSortBy::CallsAll);
+        assert_eq!(view.rows.iter().map(|r| r.key.0.as_str()).collect::<Vec<_>>(), ["f", "g"]);
     }
 }

@@ -10,10 +10,10 @@ use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder, UprobeOpts};
 
 use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, read_counters, CounterRow, Tracing};
-use crate::bpf::calls::types::{calls_counter, func_key, func_stats, new_function, py_layout};
+use crate::bpf::calls::types::{calls_counter, edge_key, edge_stats, func_key, func_stats, new_function, py_layout};
 use crate::bpf::calls::{CallsSkel, CallsSkelBuilder};
 use crate::model::counters::Kind::{Informational, Lost, Refused};
-use crate::model::functions::{CallsData, Function, FunctionStats};
+use crate::model::functions::{CallEdge, CallsData, EdgeStats, Function, FunctionId, FunctionStats};
 use crate::model::latency::Latency;
 use crate::python::layouts::NO_FIELD;
 use crate::python::generator_close::CloseProbe;
@@ -23,7 +23,7 @@ use crate::python::{strings, Python, EVAL_FRAME_SYMBOL};
 pub use super::Mode;
 
 /// Counters from bpf/calls.h's enum calls_counter: name, kind, meaning.
-const COUNTERS: [CounterRow; 15] = [
+const COUNTERS: [CounterRow; 17] = [
     ("new_function_lost", Lost, "functions' names lost (ring buffer full)", calls_counter::CALLS_NEW_FUNCTION_LOST.0),
     ("function_map_full", Lost, "calls of functions past the function map's size, not counted", calls_counter::CALLS_FUNCTION_MAP_FULL.0),
     ("thread_map_full", Lost, "calls on threads past the thread map's size, not timed", calls_counter::CALLS_THREAD_MAP_FULL.0),
@@ -39,6 +39,8 @@ const COUNTERS: [CounterRow; 15] = [
     ("evaluations", Informational, "frame evaluations", calls_counter::CALLS_EVALUATIONS.0),
     ("child_map_full", Refused, "forked children not followed (child map full)", calls_counter::CALLS_CHILD_MAP_FULL.0),
     ("thread_exits", Informational, "threads that exited", calls_counter::CALLS_THREAD_EXITS.0),
+    ("edge_map_full", Lost, "calls in no caller edge (edge map full)", calls_counter::CALLS_EDGE_MAP_FULL.0),
+    ("edge_no_caller", Lost, "calls in no caller edge (caller deeper than the timed stack)", calls_counter::CALLS_EDGE_NO_CALLER.0),
 ];
 
 pub struct Plan<'a> {
@@ -50,6 +52,9 @@ pub struct Plan<'a> {
     pub stop_at_first_eval: bool,
     /// Attach programs that return at once (scripts/bench.sh's floor).
     pub empty_probe: bool,
+    /// Count caller->callee edges too (`calls --pstats`): a hash lookup
+    /// more at each call and return.
+    pub count_edges: bool,
     /// Told each process the target forks while traced (it inherits the
     /// eval-frame hook), as the poll loop finds it.
     pub on_child: &'a dyn Fn(u32),
@@ -87,6 +92,11 @@ impl<'obj, 'a> Session<'obj, 'a> {
         rodata.cfg.heaptype_spec_init = l.heaptype_spec_init;
         rodata.cfg.function_code = l.function_code;
         rodata.cfg.gen_iframe = l.gen_iframe;
+        rodata.cfg.count_edges = plan.count_edges as u32;
+        if !plan.count_edges {
+            // Preallocated: 13 MB for nothing.
+            open.maps.edges.set_max_entries(1).context("failed to size the calls edge map")?;
+        }
         // Load only the programs this kernel and mode can run: a session
         // program does not load where the kernel has no uprobe sessions,
         // nor one with a compare-and-swap before Linux 5.12 (those kernels
@@ -136,6 +146,16 @@ impl<'obj, 'a> Session<'obj, 'a> {
     /// Removes the probes; the maps stay readable.
     pub fn detach(&self) {
         self.links.borrow_mut().clear();
+    }
+
+    /// The totals so far, while the probes run (`pytrace top --calls`).
+    pub fn functions_so_far(&self) -> Result<Vec<Function>> {
+        functions(&self.skel, &self.names.borrow())
+    }
+
+    /// Events lost or refused so far.
+    pub fn lost_so_far(&self) -> Result<u64> {
+        Ok(read_counters(&self.skel.maps.counters, &COUNTERS)?.lost())
     }
 
     /// Detaches (if not yet done) and reads the totals. The ring buffer
@@ -283,23 +303,48 @@ fn record_name(names: &mut Names, bytes: &[u8]) {
 }
 
 fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsData> {
+    let functions = functions(skel, names)?;
+    let mut edges = Vec::new();
+    for key_bytes in skel.maps.edges.keys() {
+        let Some(value) = skel.maps.edges.lookup(&key_bytes, MapFlags::ANY)? else { continue };
+        let mut key = edge_key::default();
+        plain::copy_from_bytes(&mut key, &key_bytes).map_err(|_| anyhow::anyhow!("bad edge key size"))?;
+        let mut stats = edge_stats::default();
+        plain::copy_from_bytes(&mut stats, &value).map_err(|_| anyhow::anyhow!("bad edge value size"))?;
+        edges.push(CallEdge {
+            caller: function_id(names, &key.caller),
+            callee: function_id(names, &key.callee),
+            stats: EdgeStats { calls: stats.calls, primitive_calls: stats.primitive_calls, self_ns: stats.self_ns, total_ns: stats.total_ns },
+        });
+    }
+
+    let counters = read_counters(&skel.maps.counters, &COUNTERS)?;
+    Ok(CallsData { functions, edges, counters })
+}
+
+/// One record per code object the stats map holds.
+fn functions(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<Vec<Function>> {
     let mut functions = Vec::new();
     for key_bytes in skel.maps.stats.keys() {
         let Some(value) = skel.maps.stats.lookup(&key_bytes, MapFlags::ANY)? else { continue };
         let mut key = func_key::default();
         plain::copy_from_bytes(&mut key, &key_bytes).map_err(|_| anyhow::anyhow!("bad key size"))?;
-        let (name, file) = match names.get(&(key.id, key.aux, key.line)) {
-            Some(n) => n.clone(),
-            None if key.id == 0 => ("<unreadable code object>".into(), String::new()),
-            None => (format!("<function at {:#x}, name lost>", key.id), String::new()),
-        };
+        let FunctionId { name, file, line } = function_id(names, &key);
         let mut stats = func_stats::default();
         plain::copy_from_bytes(&mut stats, &value).map_err(|_| anyhow::anyhow!("bad value size"))?;
-        functions.push(Function { name, file, line: key.line, stats: FunctionStats::from(&stats) });
+        functions.push(Function { name, file, line, stats: FunctionStats::from(&stats) });
     }
+    Ok(functions)
+}
 
-    let counters = read_counters(&skel.maps.counters, &COUNTERS)?;
-    Ok(CallsData { functions, counters })
+/// A function's name, file and first line, as its new_function event said.
+fn function_id(names: &Names, key: &func_key) -> FunctionId {
+    let (name, file) = match names.get(&(key.id, key.aux, key.line)) {
+        Some(n) => n.clone(),
+        None if key.id == 0 => ("<unreadable code object>".into(), String::new()),
+        None => (format!("<function at {:#x}, name lost>", key.id), String::new()),
+    };
+    FunctionId { name, file, line: key.line }
 }
 
 /// The BPF edge: the kernel's record (bpf/calls.h) into the model's.
@@ -307,6 +352,7 @@ impl From<&func_stats> for FunctionStats {
     fn from(s: &func_stats) -> Self {
         FunctionStats {
             calls: s.calls,
+            primitive_calls: s.primitive_calls,
             timed_calls: s.timed_calls,
             total_ns: s.total_ns,
             self_ns: s.self_ns,
@@ -322,6 +368,8 @@ impl From<&func_stats> for FunctionStats {
 // SAFETY: plain integer structs generated from bpf/calls.h; any bytes are valid.
 unsafe impl plain::Plain for func_key {}
 unsafe impl plain::Plain for func_stats {}
+unsafe impl plain::Plain for edge_key {}
+unsafe impl plain::Plain for edge_stats {}
 unsafe impl plain::Plain for new_function {}
 
 /// What a report in this mode on this interpreter cannot be exact about,

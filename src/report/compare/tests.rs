@@ -14,7 +14,7 @@ use crate::report::calls::CallsReport;
 use crate::report::profile::Profile;
 
 fn traced_fn(name: &str, line: u32, calls: u64, total_ns: u64, self_ns: u64, child_calls: u64, nested: u64) -> Function {
-    let stats = FunctionStats { calls, timed_calls: calls, total_ns, self_ns, max_ns: 0, child_calls, outermost_calls: calls, nested_calls: nested, latency: Default::default() };
+    let stats = FunctionStats { calls, primitive_calls: calls, timed_calls: calls, total_ns, self_ns, max_ns: 0, child_calls, outermost_calls: calls, nested_calls: nested, latency: Default::default() };
     Function { name: name.into(), file: "app.py".into(), line, stats }
 }
 
@@ -273,7 +273,7 @@ fn live_inputs_equal_the_saved_reports_read_back() {
     counters.push("function_map_full", Kind::Lost, "calls not counted", 2);
     let mut functions = example_functions();
     functions[0].stats.latency = Latency::from_kernel(&[0, 3, 1]);
-    let data = crate::model::functions::CallsData { functions, counters: counters.clone() };
+    let data = crate::model::functions::CallsData { functions, edges: Vec::new(), counters: counters.clone() };
     let calls = CallsReport::new(7, python(), 1_000_000_000, data, crate::report::calls::SortKey::Total);
     let live = TracedReport::from(&calls);
     assert_eq!(live, TracedReport::parse(&calls.to_json(), "calls.json").unwrap());

@@ -158,7 +158,8 @@ run() {
 # subcommand against its ground truth on Debian's python3.11 (calls against
 # cProfile, gc against gc.callbacks in both modes, the import tree in both
 # modes, --native's kernel frames above the native frames that entered the
-# kernel, compare) and on bullseye's 3.9 in a chroot (calls in uprobe and
+# kernel, compare, --pstats's call edges; gil on pyenv's 3.11, Debian's
+# being stripped) and on bullseye's 3.9 in a chroot (calls in uprobe and
 # usdt mode, gc, imports, the sampling split, compare), plus what `info`
 # says of the kernel.
 #
@@ -187,6 +188,8 @@ smoke_tests=(
   "imports the_tree_is_exact_on_every_build_when_attached_by_pid"
   "sample_native kernel_frames_go_above_the_native_frames_that_entered_the_kernel"
   "compare numbers_are_the_two_reports_combined_when_pytrace_starts_the_command"
+  "formats pstats_equal_cprofile_on_this_machines_3_11_builds"
+  "gil threads_own_measures_3_11"
   "matrix python_3_9::calls_equal_cprofile"
   "matrix python_3_9::usdt_mode_counts_equal_cprofile"
   "matrix python_3_9::gc_equals_gc_callbacks"

@@ -99,8 +99,9 @@ fn assert_matches_the_threads_own_measures(version: &str, python: &std::path::Pa
             }
             "sleeper" => {
                 let slept = ns(own, "slept_ns");
-                // Ten sleeps of 50 ms release the GIL for at least 500 ms; the
-                // sleeps it timed are that and taking the GIL back.
+                // Ten waits of 50 ms, each timed from when the GIL was let go,
+                // release it for at least 500 ms; the waits it timed are that,
+                // the hand-overs inside drop_gil before them and taking the GIL back.
                 assert!(released >= 500.0 * MS, "{who}: released");
                 assert!(released + wait >= slept - 5.0 * MS, "{who}: its sleeps ({slept} ns) are released time or the wait to take the GIL back");
                 assert!(t["acquisitions"].as_u64().unwrap() >= 10, "{who}: one acquisition per sleep at least");

@@ -24,8 +24,19 @@ fn pyenv(version: &str) -> PathBuf {
     path
 }
 
+/// The 3.11 without probes (pyenv's): taken whatever PYTRACE_TEST_PYTHONS
+/// keeps, since Debian's stripped 3.11 names no take_gil for gil to probe.
 fn nodtrace_311() -> PathBuf {
-    pythons().into_iter().find(|(label, _)| *label == "nodtrace").expect("the 3.11 without probes").1
+    let path = match std::env::var_os("PYTRACE_NODTRACE_PYTHON") {
+        Some(path) => PathBuf::from(path),
+        None => {
+            let out = Command::new(format!("{}/scripts/pythons.sh", env!("CARGO_MANIFEST_DIR"))).arg("nodtrace-3.11").output().unwrap();
+            assert!(out.status.success(), "scripts/pythons.sh nodtrace-3.11: {}", String::from_utf8_lossy(&out.stderr));
+            PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+        }
+    };
+    assert!(path.exists(), "{}", path.display());
+    path
 }
 
 /// Runs the fixture under `pytrace gil -- ...`; returns the report and

@@ -211,8 +211,12 @@ static __always_inline void add_to_function(__u64 code, __u64 wait_ns, __u64 hel
 			return;
 		}
 	}
-	__sync_fetch_and_add(&f->wait_ns, wait_ns);
-	__sync_fetch_and_add(&f->held_ns, held_ns);
+	/* Only what is not zero: clang turns an atomic add of a constant 0
+	 * into an atomic OR, which kernels before 5.12 refuse. */
+	if (wait_ns)
+		__sync_fetch_and_add(&f->wait_ns, wait_ns);
+	if (held_ns)
+		__sync_fetch_and_add(&f->held_ns, held_ns);
 }
 
 static __always_inline void add_blame(__u64 waiter_code, __u64 holder_code, __u64 ns)

@@ -97,15 +97,20 @@ fn assert_matches_the_threads_own_measures(version: &str, python: &std::path::Pa
         assert!(ns(&t["wait"], "p50_ns") <= ns(&t["wait"], "p99_ns") && ns(&t["wait"], "p99_ns") <= max && max <= wait, "{who}: wait distribution");
         match function {
             "spin_a" | "spin_b" => {
-                // Pure Python runs only with the GIL.
-                assert!(held >= 0.98 * cpu - 5.0 * MS, "{who}: held less than its CPU time");
+                // Pure Python runs only with the GIL; what it runs on CPU
+                // without it is inside take_gil and drop_gil, the probes'
+                // handling included (counted as waiting): about 11 µs a
+                // hand-over on this machine, up to 0.5 ms measured under a
+                // kernel VM's emulation.
+                let hand_overs = t["acquisitions"].as_f64().unwrap() * 250e3 * slowdown();
+                assert!(held >= 0.98 * cpu - 5.0 * MS - hand_overs, "{who}: held less than its CPU time");
                 // It never lets go but to hand the GIL over, and asks again at once.
                 assert!(released <= 0.05 * life + 20.0 * MS, "{who}: released");
                 // Off CPU and not runnable, a spinner sleeps only on the GIL;
                 // off CPU at all, it waits or is descheduled.
                 let sleeping = wall - on_cpu - runnable;
                 assert!(wait >= sleeping - 0.05 * wall - 10.0 * MS, "{who}: waited less than it slept on the GIL ({sleeping} ns)");
-                assert!(wait <= life - on_cpu + 10.0 * MS, "{who}: waited more than its time off CPU");
+                assert!(wait <= life - on_cpu + 10.0 * MS + hand_overs, "{who}: waited more than its time off CPU and in hand-overs");
                 assert!(t["switches"].as_u64().unwrap() >= 2, "{who}: two spinners hand the GIL over");
             }
             "sleeper" => {

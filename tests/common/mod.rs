@@ -53,8 +53,13 @@ pub fn wanted(label: &str) -> bool {
 /// it in its emulated VMs, whose late timers give the sampler about half the
 /// samples it asks for; the sampler tests need as many samples as here.
 pub fn longer(seconds: f64) -> String {
-    let factor: f64 = std::env::var("PYTRACE_TEST_SLOWDOWN").ok().and_then(|f| f.parse().ok()).unwrap_or(1.0);
-    format!("{}", seconds * factor)
+    format!("{}", seconds * slowdown())
+}
+
+/// PYTRACE_TEST_SLOWDOWN (default 1): how much slower than this machine
+/// code runs where the tests run (a kernel VM under emulation).
+pub fn slowdown() -> f64 {
+    std::env::var("PYTRACE_TEST_SLOWDOWN").ok().and_then(|f| f.parse().ok()).unwrap_or(1.0)
 }
 
 /// A child process killed (and reaped) when dropped, whatever the test did.

@@ -53,7 +53,6 @@ pub fn run(opts: Options) -> Result<i32> {
     // is out (errors before then print as usual).
     let mut screen: Option<Screen> = None;
     let mut last_update: Option<Instant> = None;
-    let mut quit = false;
     let mut object = MaybeUninit::uninit();
     let session = sample::Session::start(&mut object, Targets::One(pid, &python), &SampleOptions { hz: opts.hz, kernel: false, idle: false, native: false, threads: false })?;
     live.drive(
@@ -61,28 +60,14 @@ pub fn run(opts: Options) -> Result<i32> {
         |_, target| target.release(),
         |session| {
             let Screen(terminal) = screen.get_or_insert_with(|| Screen(ratatui::init()));
-            let mut redraw = false;
-            while event::poll(Duration::ZERO)? {
-                if let Event::Key(key) = event::read()? {
-                    if key.kind != KeyEventKind::Press {
-                        continue;
-                    }
-                    redraw = true;
-                    match key.code {
-                        KeyCode::Char('q') | KeyCode::Esc => quit = true,
-                        // Raw mode: Ctrl-C is a key, not a signal.
-                        KeyCode::Char('c') if key.modifiers.contains(KeyModifiers::CONTROL) => quit = true,
-                        KeyCode::Char('1') => view.sort_by(SortBy::OwnNow),
-                        KeyCode::Char('2') => view.sort_by(SortBy::TotalNow),
-                        KeyCode::Char('3') => view.sort_by(SortBy::OwnAll),
-                        KeyCode::Char('4') => view.sort_by(SortBy::TotalAll),
-                        _ => redraw = false,
-                    }
+            let mut redraw = match read_keys()? {
+                Keys::Quit => return Ok(false),
+                Keys::Sort(column) => {
+                    view.sort_by([SortBy::OwnNow, SortBy::TotalNow, SortBy::OwnAll, SortBy::TotalAll][column]);
+                    true
                 }
-            }
-            if quit {
-                return Ok(false);
-            }
+                Keys::None => false,
+            };
             // The interval's shares are read once a second; a key redraws
             // the same reading.
             if last_update.is_none_or(|t| t.elapsed() >= REDRAW_EVERY) {
@@ -103,4 +88,31 @@ pub fn run(opts: Options) -> Result<i32> {
     drop(screen);
     drop(live);
     Ok(target.exit_code())
+}
+
+/// What the keys pressed since the last look ask for.
+pub(super) enum Keys {
+    /// `q`, Esc, or Ctrl-C (a key in raw mode, not a signal).
+    Quit,
+    /// The last of the keys 1 to 4: sort by that column (0 to 3).
+    Sort(usize),
+    None,
+}
+
+/// Reads every key waiting, without blocking.
+pub(super) fn read_keys() -> Result<Keys> {
+    let mut keys = Keys::None;
+    while event::poll(Duration::ZERO)? {
+        let Event::Key(key) = event::read()? else { continue };
+        if key.kind != KeyEventKind::Press {
+            continue;
+        }
+        match key.code {
+            KeyCode::Char('q') | KeyCode::Esc => return Ok(Keys::Quit),
+            KeyCode::Char('c') if key.modifiers.contains(KeyModifiers::CONTROL) => return Ok(Keys::Quit),
+            KeyCode::Char(c @ '1'..='4') => keys = Keys::Sort(c as usize - '1' as usize),
+            _ => {}
+        }
+    }
+    Ok(keys)
 }

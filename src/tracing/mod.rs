@@ -38,11 +38,10 @@ impl Mode {
 }
 
 /// A skeleton's `py_layout` (each skeleton has its own generated type with
-/// the fields of bpf/python.h) from a version's layout and facts.
+/// the fields of bpf/python.h) from a version's layout.
 macro_rules! py_layout {
     ($ty:path, $l:expr) => {{
         let l: &crate::python::layouts::Layout = $l;
-        let facts = l.facts();
         $ty {
             tstate_interp: l.tstate_interp,
             tstate_current: l.tstate_current,
@@ -61,9 +60,9 @@ macro_rules! py_layout {
             unicode_ascii_data: l.unicode_ascii_data,
             unicode_compact_data: l.unicode_compact_data,
             unicode_kind_shift: l.unicode_kind_shift,
-            frame_owned_by_thread: facts.frame_owned_by_thread,
-            frame_owned_not_code: facts.frame_owned_not_code,
-            code_tag_bits: facts.code_tag_bits as u32,
+            frame_owned_by_thread: l.frame_owned_by_thread,
+            frame_owned_not_code: l.frame_owned_not_code,
+            code_tag_bits: l.code_tag_bits,
         }
     }};
 }

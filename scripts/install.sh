@@ -10,10 +10,12 @@ cd "$(dirname "$0")/.."
 
 # clang builds the BPF programs; bpftool dumps the kernel's BTF into
 # vmlinux.h; libelf and zlib are linked by the vendored libbpf; python3.11 is
-# Debian's CPython with USDT probes; util-linux gives setpriv and debootstrap
-# the other Pythons' roots (scripts/pythons.sh) to the tests; GNU time
-# measures pytrace's peak memory in tests/safety.rs.
-packages=(clang llvm bpftool libelf-dev zlib1g-dev pkg-config make gcc python3.11 util-linux debootstrap time)
+# Debian's CPython with USDT probes (python3.11-dev its headers, which
+# scripts/layout-check.sh checks the layout table's 3.11 row against);
+# util-linux gives setpriv and debootstrap the other Pythons' roots
+# (scripts/pythons.sh) to the tests; GNU time measures pytrace's peak memory
+# in tests/safety.rs.
+packages=(clang llvm bpftool libelf-dev zlib1g-dev pkg-config make gcc python3.11 python3.11-dev util-linux debootstrap time)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

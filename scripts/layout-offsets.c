@@ -1,7 +1,8 @@
 /* Prints the CPython struct offsets pytrace needs, for the Python whose
  * headers it is compiled against. scripts/layout-offsets.sh runs it for each
- * installed CPython and its output is pasted into src/python/layouts.rs, so
- * every number there comes from the real headers, never from a hand count.
+ * installed CPython and its output is pasted into src/python/layouts/table.rs,
+ * so every number there comes from the real headers, never from a hand
+ * count; scripts/layout-check.sh checks that the table still says so.
  *
  * Build: cc -DPy_BUILD_CORE -I$PREFIX/include/python3.X layout-offsets.c
  */
@@ -18,6 +19,10 @@
 #include <internal/pycore_interp.h>
 #include <opcode.h>
 #include <internal/pycore_runtime.h>
+#if PY_VERSION_HEX >= 0x030E0000
+#include <internal/pycore_interpframe_structs.h>
+#include <internal/pycore_stackref.h>
+#endif
 
 #define FIELD(name, value) printf("    %s: %zu,\n", name, (size_t)(value))
 
@@ -83,9 +88,38 @@ int main(void)
     FIELD("bytes_data", offsetof(PyBytesObject, ob_sval));
 #if PY_VERSION_HEX >= 0x030B0000
     FIELD("frame_owner", offsetof(_PyInterpreterFrame, owner));
+    /* Which owners mean what: the calling thread's own frame, and the first
+     * owner of the frames that run no Python code (every owner from there
+     * on is one, every owner before it runs code). */
+    FIELD("frame_owned_by_thread", FRAME_OWNED_BY_THREAD);
+#if PY_VERSION_HEX >= 0x030E0000
+    /* 3.14's shims (FRAME_OWNED_BY_CSTACK) come after it; 3.15 has none. */
+    _Static_assert(FRAME_OWNED_BY_FRAME_OBJECT < FRAME_OWNED_BY_INTERPRETER && FRAME_OWNED_BY_GENERATOR < FRAME_OWNED_BY_INTERPRETER,
+                   "the interpreter's own frames' owner comes last");
+#if PY_VERSION_HEX < 0x030F0000
+    _Static_assert(FRAME_OWNED_BY_CSTACK > FRAME_OWNED_BY_INTERPRETER, "the C stack's shims come after the interpreter's frames");
+#endif
+    FIELD("frame_owned_not_code", FRAME_OWNED_BY_INTERPRETER);
+#elif PY_VERSION_HEX >= 0x030C0000
+    _Static_assert(FRAME_OWNED_BY_FRAME_OBJECT < FRAME_OWNED_BY_CSTACK && FRAME_OWNED_BY_GENERATOR < FRAME_OWNED_BY_CSTACK,
+                   "the C stack's shim frames' owner comes last");
+    FIELD("frame_owned_not_code", FRAME_OWNED_BY_CSTACK);
+#else
+    _Static_assert(FRAME_OWNED_BY_GENERATOR < FRAME_OWNED_BY_FRAME_OBJECT, "the frame object's owner comes last");
+    FIELD("frame_owned_not_code", FRAME_OWNED_BY_FRAME_OBJECT + 1);
+#endif
 #else
     /* Before 3.11 a generator's creation never enters the eval loop. */
     printf("    frame_owner: NO_FIELD,\n");
+    printf("    frame_owned_by_thread: NO_FIELD,\n");
+    printf("    frame_owned_not_code: NO_FIELD,\n");
+#endif
+    /* A frame's code reference: a tagged _PyStackRef from 3.14, whose low
+     * Py_TAG_BITS are flags; a plain pointer before. */
+#if PY_VERSION_HEX >= 0x030E0000
+    FIELD("code_tag_bits", Py_TAG_BITS);
+#else
+    FIELD("code_tag_bits", 0);
 #endif
     /* Which frames began a C-level _PyEval_EvalFrameDefault call (for
      * `sample --native`): 3.11 flags them with is_entry. Before 3.11 every

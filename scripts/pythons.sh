@@ -21,6 +21,9 @@
 #   scripts/pythons.sh pyenv-3.10      pyenv's CPython 3.10, 3.12 and 3.13
 #   scripts/pythons.sh pyenv-3.12      (shared libpython, symbol tables, no
 #   scripts/pythons.sh pyenv-3.13      probes), which every machine here has
+#   scripts/pythons.sh headers         the include prefixes of every CPython
+#                                      src/python/layouts/table.rs has a row
+#                                      for, one a line (scripts/layout-check.sh)
 #   scripts/pythons.sh freethreaded    a free-threaded CPython (3.13t,
 #                                      ./configure --disable-gil) built from
 #                                      Debian trixie's python3.13 source
@@ -140,6 +143,54 @@ freethreaded() {
   echo "$prefix/bin/python3.13t"
 }
 
+# The C headers of each CPython the layout table has a row for, as include
+# prefixes (PREFIX/include/python3.X), one a line: pyenv's 3.9, 3.10 and
+# 3.12, the machine's own python3.11-dev, the free-threaded build's, and
+# sid's libpython3.13/3.14/3.15-dev at the versions installed in the sid
+# root (the Pythons the tests run), unpacked from their packages into the
+# cache, never installed. The packages come through an apt configuration of
+# its own, as freethreaded's source does.
+headers() {
+  local v
+  for v in 3.9 3.10 3.12; do
+    dirname "$(dirname "$(pyenv_version "$v")")"
+  done
+  [ -f /usr/include/python3.11/Python.h ] || { echo "no /usr/include/python3.11: install python3.11-dev (scripts/install.sh does)" >&2; exit 1; }
+  echo /usr
+  dirname "$(dirname "$(freethreaded)")"
+  local root out=$cache/headers-sid
+  root=$(debian_root sid python3.13 python3.14 python3.15)
+  local wanted=()
+  for v in 3.13 3.14 3.15; do
+    local version
+    version=$(sed -n "/^Package: libpython$v-stdlib$/,/^$/s/^Version: //p" "$root/var/lib/dpkg/status")
+    [ -n "$version" ] || { echo "the sid root has no libpython$v-stdlib" >&2; exit 1; }
+    [ "$(cat "$out/$v.version" 2>/dev/null)" = "$version" ] || wanted+=("libpython$v-dev=$version")
+  done
+  if [ ${#wanted[@]} -gt 0 ]; then
+    local apt_dir=$cache/apt-sid work started=$SECONDS
+    mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$out"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian sid main" > "$apt_dir/sources.list"
+    # sid's Release file is past its Valid-Until on the mirror.
+    local apt_opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
+      -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache" -o APT::Sandbox::User=root
+      -o Acquire::Check-Valid-Until=false)
+    apt-get "${apt_opts[@]}" update -qq >&2
+    work=$(mktemp -d)
+    (cd "$work" && apt-get "${apt_opts[@]}" download -qq "${wanted[@]}" >&2) \
+      || { rm -rf "$work"; echo "could not download ${wanted[*]} (the sid root's versions) from the mirror: remake the sid root (scripts/pythons.sh root-sid) to match the mirror" >&2; exit 1; }
+    local deb
+    for deb in "$work"/*.deb; do
+      dpkg-deb -x "$deb" "$out"
+      v=$(basename "$deb" | sed -E 's/^libpython([0-9.]+)-dev_.*/\1/')
+      dpkg-deb -f "$deb" Version > "$out/$v.version"
+    done
+    rm -rf "$work"
+    echo "unpacked ${wanted[*]} in $((SECONDS - started)) s" >&2
+  fi
+  echo "$out/usr"
+}
+
 case "${1:-}" in
   nodtrace-3.11) nodtrace_311 ;;
   root-3.9) debian_root bullseye python3.9 ;;
@@ -152,5 +203,6 @@ case "${1:-}" in
   pyenv-3.12) pyenv_version 3.12 ;;
   pyenv-3.13) pyenv_version 3.13 ;;
   freethreaded) freethreaded ;;
-  *) echo "usage: $0 nodtrace-3.11|root-3.9|root-sid|root-trixie|pyenv-3.10|pyenv-3.12|pyenv-3.13|freethreaded" >&2; exit 2 ;;
+  headers) headers ;;
+  *) echo "usage: $0 nodtrace-3.11|root-3.9|root-sid|root-trixie|pyenv-3.10|pyenv-3.12|pyenv-3.13|freethreaded|headers" >&2; exit 2 ;;
 esac

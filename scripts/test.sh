@@ -33,9 +33,12 @@ PYTRACE_ROOT_TRIXIE=$(stage root-trixie scripts/pythons.sh root-trixie)
 PYTRACE_FREETHREADED_PYTHON=$(stage freethreaded scripts/pythons.sh freethreaded)
 export PYTRACE_NODTRACE_PYTHON PYTRACE_ROOT_39 PYTRACE_ROOT_SID PYTRACE_ROOT_TRIXIE PYTRACE_FREETHREADED_PYTHON
 
-# Both test stages run whatever the other gives, so one run shows every
-# failure; the script fails if either did.
+# Each test stage runs whatever the others give, so one run shows every
+# failure; the script fails if any did.
 failed=()
+# Every row of the layout table regenerated from its CPython's own headers
+# (fetched and cached once) and compared: the table says what they say.
+stage layout-check scripts/layout-check.sh || failed+=(layout-check)
 stage cargo-test cargo test --release --locked --no-fail-fast || failed+=(cargo-test)
 # Debian's 5.10, 6.1 and 6.12 kernels (fetched and cached once), each
 # running the smoke tests in a VM; it prints the time per kernel.

@@ -369,21 +369,21 @@ impl Cli {
                 if !(1..=10_000).contains(&args.rate) {
                     bail!("--rate must be between 1 and 10000 samples per second");
                 }
+                use crate::report::profile::Format;
+                let formats = [
+                    (Format::Flamegraph, args.flamegraph),
+                    (Format::Folded, args.folded),
+                    (Format::Speedscope, args.speedscope),
+                    (Format::Pprof { wall: args.idle }, args.pprof),
+                    (Format::Json, args.json),
+                ];
                 commands::sample::run(commands::sample::Options {
                     target,
                     duration,
-                    hz: args.rate,
-                    kernel: args.kernel,
-                    native: args.native,
-                    idle: args.idle,
-                    threads: args.threads,
+                    sampling: crate::tracing::sample::Options { hz: args.rate, kernel: args.kernel, idle: args.idle, native: args.native, threads: args.threads },
                     view: crate::report::profile::FrameView { lines: args.lines, full_paths: args.full_paths, cwd: None },
                     top: args.top,
-                    flamegraph: args.flamegraph,
-                    folded: args.folded,
-                    speedscope: args.speedscope,
-                    pprof: args.pprof,
-                    json: args.json,
+                    outputs: formats.into_iter().filter_map(|(format, path)| Some((format, path?))).collect(),
                 })
             }
             Command::Compare(args) => {

@@ -56,6 +56,19 @@ pub struct Layout {
     pub bytes_data: u32,
     /// _PyInterpreterFrame.owner (3.11+), else NO_FIELD.
     pub frame_owner: u32,
+    /// The owner value of a frame the calling thread runs
+    /// (FRAME_OWNED_BY_THREAD), and the first owner value of frames that
+    /// run no Python code: the C stack's shim frames (FRAME_OWNED_BY_CSTACK,
+    /// 3.12 and 3.13) and from 3.14 the interpreter's base frame
+    /// (FRAME_OWNED_BY_INTERPRETER; 3.14's shims come after it, 3.15 has
+    /// none). 3.11 has neither: one past its last owner. NO_FIELD where
+    /// frames have no owner. scripts/layout-offsets.c checks that order.
+    pub frame_owned_by_thread: u32,
+    pub frame_owned_not_code: u32,
+    /// The low bits of a frame's code reference that are flags, not
+    /// address (Py_TAG_BITS): 3.14 makes `f_executable` a tagged
+    /// _PyStackRef; before, a plain pointer (0).
+    pub code_tag_bits: u32,
     /// _PyInterpreterFrame.is_entry (3.11 only): the frame began a C-level
     /// _PyEval_EvalFrameDefault call. Before 3.11 every frame does; from
     /// 3.12 a shim frame with a non-code owner marks where a call began.

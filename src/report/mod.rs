@@ -7,10 +7,12 @@ pub mod dump;
 pub mod gc;
 pub mod gil;
 pub mod imports;
+pub mod info;
 pub mod output;
 pub mod pprof;
 pub mod profile;
 pub mod pstats;
+pub mod terminal;
 pub mod top;
 
 use anyhow::Result;

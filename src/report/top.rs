@@ -13,7 +13,10 @@ use ratatui::text::Line;
 use ratatui::widgets::{Cell, Row, Table};
 use ratatui::Frame;
 
-use super::profile::{short_path, FunctionShare};
+use super::profile::{short_path, FunctionShare, Profile};
+use super::terminal::LiveView;
+use super::PythonInfo;
+use crate::model::samples::Sample;
 use crate::model::functions::{Function, FunctionStats};
 
 /// What the rows are ordered by; keys 1 to 4 choose.
@@ -102,6 +105,14 @@ impl TopView {
             SortBy::TotalAll => (c.total_all, c.own_all),
         };
         self.rows.sort_by(|a, b| key(&b.1).cmp(&key(&a.1)).then_with(|| a.0.cmp(&b.0)));
+    }
+
+    /// A new reading from the samples so far (`total` taken by `elapsed`).
+    pub fn update_from(&mut self, samples: &[Sample], total: u64, elapsed: Duration) {
+        let python = PythonInfo { version: String::new(), mode: "sample".into() };
+        let profile = Profile::new(0, python, self.hz, 0, Default::default(), samples, None);
+        self.update(&profile.functions(), total);
+        self.elapsed = elapsed;
     }
 
     pub fn sort_by(&mut self, sort: SortBy) {
@@ -279,6 +290,26 @@ impl CallsTopView {
         let widths = [Constraint::Length(9), Constraint::Length(10), Constraint::Length(7), Constraint::Length(8), Constraint::Length(8), Constraint::Min(20)];
         frame.render_widget(Table::new(rows, widths).header(head), table);
         frame.render_widget(ratatui::widgets::Paragraph::new("1-4 sort by a column, q quit"), help);
+    }
+}
+
+impl LiveView for TopView {
+    fn sort_by_column(&mut self, column: usize) {
+        self.sort_by([SortBy::OwnNow, SortBy::TotalNow, SortBy::OwnAll, SortBy::TotalAll][column]);
+    }
+
+    fn draw(&self, frame: &mut Frame) {
+        TopView::draw(self, frame)
+    }
+}
+
+impl LiveView for CallsTopView {
+    fn sort_by_column(&mut self, column: usize) {
+        self.sort_by([CallsSortBy::RateNow, CallsSortBy::CallsAll, CallsSortBy::SelfNow, CallsSortBy::P99][column]);
+    }
+
+    fn draw(&self, frame: &mut Frame) {
+        CallsTopView::draw(self, frame)
     }
 }
 

@@ -1,10 +1,14 @@
 //! What every tracing subcommand does around its BPF program: check that
 //! tracing is possible at all, find or start the target (`launch`), run
 //! the session's poll loop (`driver`, through `Live`), and decide when to
-//! stop (target exit, --duration, Ctrl-C or SIGTERM).
+//! stop (target exit, --duration, Ctrl-C or SIGTERM). Two runs are whole
+//! here, being more than one session's wiring: `sampling` (one target or
+//! every CPython) and `compare` (calls and the sampler at once).
 
+mod compare;
 pub mod driver;
 mod launch;
+mod sampling;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -20,6 +24,9 @@ use crate::python::Python;
 use launch::Launched;
 use crate::process::proc;
 use crate::tracing::{Mode, Tracing};
+
+pub use compare::{trace_and_sample, TracedAndSampled};
+pub use sampling::sample;
 
 pub enum TargetSpec {
     Pid(u32),
@@ -117,6 +124,12 @@ impl Target {
             }
         };
         Ok((Self { pid, launched, exit_status: None, started: Instant::now(), stop_seen: None, cpu_at_start_ns: None, cpu_at_end_ns: None }, python))
+    }
+
+    /// Its working directory: the stack formats show its own files
+    /// relative to it.
+    pub fn cwd(&self) -> Option<String> {
+        std::fs::read_link(format!("/proc/{}/cwd", self.pid)).ok().and_then(|p| p.to_str().map(str::to_string))
     }
 
     pub fn started_by_us(&self) -> bool {

@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder, UprobeOpts};
 
-use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, read_counters, CounterRow, Tracing};
+use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, read_counters, CounterRow, Links, Tracing};
 use crate::bpf::calls::types::{calls_counter, edge_key, edge_stats, func_key, func_stats, new_function, py_layout};
 use crate::bpf::calls::{CallsSkel, CallsSkelBuilder};
 use crate::model::counters::Kind::{Informational, Lost, Refused};
@@ -66,7 +66,7 @@ type Names = HashMap<(u64, u64, u32), (String, String)>;
 /// session driver (src/session/driver.rs) runs, alone or beside the sampler.
 pub struct Session<'obj, 'a> {
     skel: CallsSkel<'obj>,
-    links: RefCell<Vec<Link>>,
+    links: Links,
     names: RefCell<Names>,
     /// Children of the target already handed to `on_child`.
     children_seen: RefCell<std::collections::HashSet<u32>>,
@@ -120,7 +120,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
         open.progs.skipped_close.set_autoload(uprobe_mode && cookies && matches!(plan.python.skipped_close_probe(), CloseProbe::Sites(_)));
         let skel = crate::bpf::load::load("calls", open)?;
         let links = attach(&skel.progs, plan)?;
-        Ok(Session { skel, links: RefCell::new(links), names: RefCell::new(HashMap::new()), children_seen: RefCell::new(Default::default()), on_child: plan.on_child })
+        Ok(Session { skel, links: Links::new(links), names: RefCell::new(HashMap::new()), children_seen: RefCell::new(Default::default()), on_child: plan.on_child })
     }
 
     /// Between polls: hands the target's new children to `plan.on_child`.
@@ -143,11 +143,6 @@ impl<'obj, 'a> Session<'obj, 'a> {
         Ok(())
     }
 
-    /// Removes the probes; the maps stay readable.
-    pub fn detach(&self) {
-        self.links.borrow_mut().clear();
-    }
-
     /// The totals so far, while the probes run (`pytrace top --calls`).
     pub fn functions_so_far(&self) -> Result<Vec<Function>> {
         functions(&self.skel, &self.names.borrow())
@@ -156,13 +151,6 @@ impl<'obj, 'a> Session<'obj, 'a> {
     /// Events lost or refused so far.
     pub fn lost_so_far(&self) -> Result<u64> {
         Ok(read_counters(&self.skel.maps.counters, &COUNTERS)?.lost())
-    }
-
-    /// Detaches (if not yet done) and reads the totals. The ring buffer
-    /// built with `add_to` must have been drained and dropped.
-    pub fn finish(self) -> Result<CallsData> {
-        self.detach();
-        collect(&self.skel, &self.names.into_inner())
     }
 }
 
@@ -182,12 +170,13 @@ impl Tracing for Session<'_, '_> {
         Ok(())
     }
 
-    fn detach(&self) {
-        Session::detach(self)
+    fn links(&self) -> Option<&Links> {
+        Some(&self.links)
     }
 
+    /// The totals.
     fn finish(self) -> Result<CallsData> {
-        Session::finish(self)
+        collect(&self.skel, &self.names.into_inner())
     }
 }
 

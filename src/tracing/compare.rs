@@ -54,6 +54,11 @@ impl<A: Tracing, B: Tracing> Tracing for (A, B) {
         Ok(())
     }
 
+    /// None: each of the two has its own, dropped by its `detach`.
+    fn links(&self) -> Option<&super::Links> {
+        None
+    }
+
     fn detach(&self) {
         self.0.detach();
         self.1.detach();

@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::{Link, OpenObject, RingBufferBuilder};
 
-use super::{attach_error, ensure_still_running, read_counters, watchpoint, Tracing};
+use super::{attach_error, ensure_still_running, read_counters, watchpoint, CounterRow, Links, Tracing};
 use crate::model::counters::Counters;
 use crate::model::events::Collection;
 use crate::model::counters::Kind::{Informational, Lost, Refused};
@@ -53,7 +53,18 @@ pub fn choose_mode(python: &Python, requested: Option<Mode>) -> Result<(Mode, &'
     }
 }
 
-/// Counters (their kind: Lost are collections not reported).
+/// Counters from bpf/gc.h's enum gc_counter: name, kind, meaning (Lost are
+/// collections not reported).
+const COUNTERS: [CounterRow; 5] = [
+    ("event_lost", Lost, "collections lost (ring buffer full)", gc_counter::GC_EVENT_LOST.0),
+    ("unmatched_done", Refused, "collection ends without their start (begun before tracing)", gc_counter::GC_UNMATCHED_DONE.0),
+    ("stats_unreadable", Lost, "collections whose totals could not be read", gc_counter::GC_STATS_UNREADABLE.0),
+    ("empty_brackets", Informational, "times `collecting` was set and cleared with no collection", gc_counter::GC_EMPTY_BRACKET.0),
+    ("merged_collections", Informational, "collections inside another's pause", gc_counter::GC_MERGED.0),
+];
+
+/// What the session read from the program (collections go to
+/// `on_collection` as they come).
 pub struct GcData {
     pub counters: Counters,
 }
@@ -66,7 +77,7 @@ pub struct Session<'obj, 'a> {
     /// The program's .bss, where the watchpoint's target goes: out of the
     /// skeleton, so that it can be set while the ring buffer is read.
     bss: RefCell<Option<&'obj mut bss>>,
-    links: RefCell<Vec<Link>>,
+    links: Links,
     /// Watchpoint mode on a command pytrace started: the probe that stops
     /// it at its first frame evaluation, until `released`.
     first_eval: RefCell<Option<Link>>,
@@ -103,7 +114,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
         let session = Session {
             skel,
             bss: RefCell::new(bss),
-            links: RefCell::new(Vec::new()),
+            links: Links::default(),
             first_eval: RefCell::new(None),
             pid,
             python,
@@ -116,9 +127,10 @@ impl<'obj, 'a> Session<'obj, 'a> {
         let progs = &session.skel.progs;
         match mode {
             Mode::Usdt => {
-                let mut links = session.links.borrow_mut();
-                links.push(progs.usdt_gc_start.attach_usdt(pid as i32, path, "python", "gc__start").map_err(|e| attach_error(pid, e)).with_context(what)?);
-                links.push(progs.usdt_gc_done.attach_usdt(pid as i32, path, "python", "gc__done").map_err(|e| attach_error(pid, e)).with_context(what)?);
+                session.links.extend([
+                    progs.usdt_gc_start.attach_usdt(pid as i32, path, "python", "gc__start").map_err(|e| attach_error(pid, e)).with_context(what)?,
+                    progs.usdt_gc_done.attach_usdt(pid as i32, path, "python", "gc__done").map_err(|e| attach_error(pid, e)).with_context(what)?,
+                ]);
             }
             Mode::Watchpoint if started_by_us => {
                 let offset = python.elf.file_offset(python.symbol(EVAL_FRAME_SYMBOL)?)? as usize;
@@ -154,7 +166,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
         let target = watch_target(self.pid, self.python)?;
         self.bss.borrow_mut().as_mut().context("the gc BPF program has no .bss")?.target = target;
         let prog = if self.cas { &self.skel.progs.collecting_written } else { &self.skel.progs.collecting_written_no_cas };
-        self.links.borrow_mut().extend(watchpoint::watch_writes(prog, self.pid, target.collecting, 4)?);
+        self.links.extend(watchpoint::watch_writes(prog, self.pid, target.collecting, 4)?);
         Ok(())
     }
 }
@@ -183,24 +195,17 @@ impl Tracing for Session<'_, '_> {
         Ok(())
     }
 
-    fn detach(&self) {
-        self.first_eval.borrow_mut().take();
-        self.links.borrow_mut().clear();
+    fn links(&self) -> Option<&Links> {
+        Some(&self.links)
+    }
+
+    /// The first-evaluation probe too, if the target was never released.
+    fn before_detach(&self) {
+        self.released();
     }
 
     fn finish(self) -> Result<GcData> {
-        self.detach();
-        let counters = read_counters(
-            &self.skel.maps.counters,
-            &[
-                ("event_lost", Lost, "collections lost (ring buffer full)", gc_counter::GC_EVENT_LOST.0),
-                ("unmatched_done", Refused, "collection ends without their start (begun before tracing)", gc_counter::GC_UNMATCHED_DONE.0),
-                ("stats_unreadable", Lost, "collections whose totals could not be read", gc_counter::GC_STATS_UNREADABLE.0),
-                ("empty_brackets", Informational, "times `collecting` was set and cleared with no collection", gc_counter::GC_EMPTY_BRACKET.0),
-                ("merged_collections", Informational, "collections inside another's pause", gc_counter::GC_MERGED.0),
-            ],
-        )?;
-        Ok(GcData { counters })
+        Ok(GcData { counters: read_counters(&self.skel.maps.counters, &COUNTERS)? })
     }
 }
 

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 
-use super::{attach_error, ensure_still_running, entry_probe_offset, monotonic_ns, read_counters, Tracing};
+use super::{attach_error, ensure_still_running, entry_probe_offset, monotonic_ns, read_counters, Links, Tracing};
 use crate::bpf::gil::types::{bss, gil_blame_key, gil_counter, gil_function, gil_state, gil_thread, gil_wait_key, gil_window, py_layout};
 use crate::bpf::gil::{GilSkel, GilSkelBuilder};
 use crate::model::counters::Counters;
@@ -123,7 +123,7 @@ pub struct Session<'obj, 'p> {
     /// The program's .bss, where the window goes: out of the skeleton, so
     /// that it can be set while the session is driven.
     bss: RefCell<Option<&'obj mut bss>>,
-    links: RefCell<Vec<Link>>,
+    links: Links,
     /// Code objects are named while the target lives (it may exit first).
     names: RefCell<CodeNames<'p>>,
 }
@@ -151,7 +151,7 @@ impl<'obj, 'p> Session<'obj, 'p> {
         links.push(p.thread_exited.attach().map_err(|e| attach_error(pid, e)).context("failed to attach to the sched_process_exit tracepoint")?);
         ensure_still_running(pid)?;
         let bss = skel.maps.bss_data.take();
-        Ok(Session { skel, bss: RefCell::new(bss), links: RefCell::new(links), names: RefCell::new(CodeNames::new(pid, python)) })
+        Ok(Session { skel, bss: RefCell::new(bss), links: Links::new(links), names: RefCell::new(CodeNames::new(pid, python)) })
     }
 
     /// Opens the window: every sum starts now.
@@ -186,19 +186,20 @@ impl Tracing for Session<'_, '_> {
         Ok(())
     }
 
-    /// Closes the window (every sum stops here; the maps are read after),
-    /// then detaches.
-    fn detach(&self) {
+    fn links(&self) -> Option<&Links> {
+        Some(&self.links)
+    }
+
+    /// Closes the window: every sum stops here; the maps are read after.
+    fn before_detach(&self) {
         if let Some(bss) = self.bss.borrow_mut().as_mut() {
             if bss.window.stop_ns == 0 {
                 bss.window.stop_ns = monotonic_ns();
             }
         }
-        self.links.borrow_mut().clear();
     }
 
     fn finish(self) -> Result<GilData> {
-        self.detach();
         let window = self.bss.borrow().as_ref().context("the gil BPF program has no .bss")?.window;
         let (start_ns, stop_ns) = (window.start_ns, window.stop_ns);
         let mut threads = read_threads(&self.skel.maps.threads, stop_ns)?;

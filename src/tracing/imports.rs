@@ -7,9 +7,9 @@ use std::mem::MaybeUninit;
 
 use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::SkelBuilder;
-use libbpf_rs::{Link, OpenObject, RingBufferBuilder};
+use libbpf_rs::{OpenObject, RingBufferBuilder};
 
-use super::{attach_entry_and_return, attach_error, ensure_still_running, entry_probe_offset, has_uprobe_sessions, read_counters, Tracing};
+use super::{attach_entry_and_return, attach_error, ensure_still_running, entry_probe_offset, has_uprobe_sessions, read_counters, CounterRow, Links, Tracing};
 use crate::model::counters::Counters;
 use crate::model::events::ImportEvent;
 use crate::model::counters::Kind::{Informational, Lost};
@@ -20,6 +20,13 @@ use crate::python::{strings, Python, EVAL_FRAME_SYMBOL};
 
 /// importlib._bootstrap's co_filename in every version (it is frozen).
 const IMPORTLIB_FILE: &str = "<frozen importlib._bootstrap>";
+
+/// Counters from bpf/imports.h's enum import_counter: name, kind, meaning.
+const COUNTERS: [CounterRow; 3] = [
+    ("event_lost", Lost, "import events lost (ring buffer full)", import_counter::IMPORT_EVENT_LOST.0),
+    ("name_unreadable", Informational, "imports whose module name could not be read", import_counter::IMPORT_NAME_UNREADABLE.0),
+    ("too_deep", Lost, "imports nested too deep to time", import_counter::IMPORT_TOO_DEEP.0),
+];
 
 // How `imports` sees imports: the import__find__load__start/done USDT
 // probes, or a uprobe on _PyEval_EvalFrameDefault keeping the evaluations
@@ -51,7 +58,7 @@ pub struct ImportData {
 /// session driver (src/session/driver.rs) runs.
 pub struct Session<'obj> {
     skel: ImportsSkel<'obj>,
-    links: RefCell<Vec<Link>>,
+    links: Links,
     events: RefCell<Vec<ImportEvent>>,
 }
 
@@ -110,7 +117,7 @@ impl<'obj> Session<'obj> {
             }
         };
         ensure_still_running(pid)?;
-        Ok(Session { skel, links: RefCell::new(links), events: RefCell::new(Vec::new()) })
+        Ok(Session { skel, links: Links::new(links), events: RefCell::new(Vec::new()) })
     }
 }
 
@@ -141,21 +148,12 @@ impl Tracing for Session<'_> {
         Ok(())
     }
 
-    fn detach(&self) {
-        self.links.borrow_mut().clear();
+    fn links(&self) -> Option<&Links> {
+        Some(&self.links)
     }
 
     fn finish(self) -> Result<ImportData> {
-        self.detach();
-        let counters = read_counters(
-            &self.skel.maps.counters,
-            &[
-                ("event_lost", Lost, "import events lost (ring buffer full)", import_counter::IMPORT_EVENT_LOST.0),
-                ("name_unreadable", Informational, "imports whose module name could not be read", import_counter::IMPORT_NAME_UNREADABLE.0),
-                ("too_deep", Lost, "imports nested too deep to time", import_counter::IMPORT_TOO_DEEP.0),
-            ],
-        )?;
-        Ok(ImportData { events: self.events.into_inner(), counters })
+        Ok(ImportData { events: self.events.into_inner(), counters: read_counters(&self.skel.maps.counters, &COUNTERS)? })
     }
 }
 

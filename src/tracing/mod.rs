@@ -11,10 +11,11 @@ mod perf_event;
 pub mod sample;
 pub mod watchpoint;
 
+use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use libbpf_rs::{MapCore, MapFlags, RingBufferBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder};
 
 use crate::model::counters::{Counters, Kind};
 use crate::process::proc;
@@ -38,11 +39,10 @@ impl Mode {
 }
 
 /// A skeleton's `py_layout` (each skeleton has its own generated type with
-/// the fields of bpf/python.h) from a version's layout and facts.
+/// the fields of bpf/python.h) from a version's layout.
 macro_rules! py_layout {
     ($ty:path, $l:expr) => {{
         let l: &crate::python::layouts::Layout = $l;
-        let facts = l.facts();
         $ty {
             tstate_interp: l.tstate_interp,
             tstate_current: l.tstate_current,
@@ -61,9 +61,9 @@ macro_rules! py_layout {
             unicode_ascii_data: l.unicode_ascii_data,
             unicode_compact_data: l.unicode_compact_data,
             unicode_kind_shift: l.unicode_kind_shift,
-            frame_owned_by_thread: facts.frame_owned_by_thread,
-            frame_owned_not_code: facts.frame_owned_not_code,
-            code_tag_bits: facts.code_tag_bits as u32,
+            frame_owned_by_thread: l.frame_owned_by_thread,
+            frame_owned_not_code: l.frame_owned_not_code,
+            code_tag_bits: l.code_tag_bits,
         }
     }};
 }
@@ -203,14 +203,49 @@ pub trait Tracing {
         Ok(())
     }
 
+    /// The links that keep the session's programs attached, which the
+    /// default `detach` drops. None for a session that detaches in its own
+    /// way: compare's pair (each of the two), the sampler (its clock first).
+    fn links(&self) -> Option<&Links>;
+
+    /// What must happen just before the probes go (close a measuring
+    /// window, drop a probe that only served the start).
+    fn before_detach(&self) {}
+
     /// Stops the probes; the maps stay readable. Once this returns no
     /// program runs any more, so the ring buffers hold every record there
     /// will be.
-    fn detach(&self);
+    fn detach(&self) {
+        self.before_detach();
+        if let Some(links) = self.links() {
+            links.clear();
+        }
+    }
 
-    /// Detaches (if not yet done) and reads what the program gathered. The
-    /// ring buffers have been drained and dropped.
+    /// Reads what the program gathered, once `detach` has run (the driver
+    /// sees to it) and the ring buffers have been drained and dropped.
     fn finish(self) -> Result<Self::Data>;
+}
+
+/// A session's attached programs: dropping a link detaches its program.
+/// Behind a RefCell because a session adds links while it is driven (gc's
+/// watchpoint is set once the target's interpreter exists).
+#[derive(Default)]
+pub struct Links(RefCell<Vec<Link>>);
+
+impl Links {
+    pub fn new(links: Vec<Link>) -> Self {
+        Links(RefCell::new(links))
+    }
+
+    pub fn extend(&self, links: impl IntoIterator<Item = Link>) {
+        self.0.borrow_mut().extend(links);
+    }
+
+    /// Detaches every program, in the order they were attached.
+    pub fn clear(&self) {
+        self.0.borrow_mut().clear();
+    }
 }
 
 /// One counter of a BPF program's per-CPU counter array: its JSON name,

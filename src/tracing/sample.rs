@@ -381,6 +381,11 @@ impl Tracing for Session<'_, '_> {
         Ok(())
     }
 
+    /// None: its own `detach` drops them, the clock that rearms them first.
+    fn links(&self) -> Option<&super::Links> {
+        None
+    }
+
     fn detach(&self) {
         Session::detach(self)
     }

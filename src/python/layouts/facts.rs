@@ -1,10 +1,9 @@
-//! What each CPython version does that pytrace must know and no offset
-//! says: which calls escape which probe, and the values its frames and
-//! stack references use. One row per minor version, next to the generated
-//! offsets of table.rs: a new CPython is a row there and a row here (a
-//! unit test fails until both exist), and no code compares versions.
-
-use super::NO_FIELD;
+//! What each CPython version does that pytrace must know and its headers
+//! do not say: which calls escape which probe, measured on each version.
+//! One row per minor version, next to the generated rows of table.rs
+//! (which also hold what the headers do say: frame owners, tag bits, the
+//! line table's format): a new CPython is a generated row there and a row
+//! here (a unit test fails until both exist), and no code compares versions.
 
 #[derive(Debug, PartialEq, Eq)]
 pub struct VersionFacts {
@@ -33,19 +32,6 @@ pub struct VersionFacts {
     /// frame (3.13+, `_PyEval_NoToolsForUnwind`'s fast path):
     /// src/python/generator_close.rs.
     pub close_may_skip_frame: bool,
-    /// `_PyInterpreterFrame.owner` (3.11+) of a frame the calling thread
-    /// runs (FRAME_OWNED_BY_THREAD), and the first owner value of frames
-    /// that run no Python code: the C stack's shim frames
-    /// (FRAME_OWNED_BY_CSTACK, 3 in 3.12 and 3.13) and from 3.14 the
-    /// interpreter's base frame (FRAME_OWNED_BY_INTERPRETER, 3; the shims
-    /// are 4). 3.11 has neither: one past its last owner. NO_FIELD where
-    /// frames have no owner.
-    pub frame_owned_by_thread: u32,
-    pub frame_owned_not_code: u32,
-    /// The low bits of a frame's code reference that are flags, not
-    /// address: 3.14 makes `f_executable` a tagged _PyStackRef
-    /// (Py_TAG_BITS: 1 in 3.14, 3 in 3.15); before, a plain pointer.
-    pub code_tag_bits: u64,
 }
 
 pub static FACTS: &[VersionFacts] = &[
@@ -57,9 +43,6 @@ pub static FACTS: &[VersionFacts] = &[
         init_inlined_past_hook: false,
         getitem_inlined_past_hook_before: None,
         close_may_skip_frame: false,
-        frame_owned_by_thread: NO_FIELD,
-        frame_owned_not_code: NO_FIELD,
-        code_tag_bits: 0,
     },
     VersionFacts {
         version: (3, 10),
@@ -69,9 +52,6 @@ pub static FACTS: &[VersionFacts] = &[
         init_inlined_past_hook: false,
         getitem_inlined_past_hook_before: None,
         close_may_skip_frame: false,
-        frame_owned_by_thread: NO_FIELD,
-        frame_owned_not_code: NO_FIELD,
-        code_tag_bits: 0,
     },
     VersionFacts {
         version: (3, 11),
@@ -81,9 +61,6 @@ pub static FACTS: &[VersionFacts] = &[
         init_inlined_past_hook: false,
         getitem_inlined_past_hook_before: Some(4),
         close_may_skip_frame: false,
-        frame_owned_by_thread: 0,
-        frame_owned_not_code: 3,
-        code_tag_bits: 0,
     },
     VersionFacts {
         version: (3, 12),
@@ -93,9 +70,6 @@ pub static FACTS: &[VersionFacts] = &[
         init_inlined_past_hook: false,
         getitem_inlined_past_hook_before: None,
         close_may_skip_frame: false,
-        frame_owned_by_thread: 0,
-        frame_owned_not_code: 3,
-        code_tag_bits: 0,
     },
     VersionFacts {
         version: (3, 13),
@@ -105,9 +79,6 @@ pub static FACTS: &[VersionFacts] = &[
         init_inlined_past_hook: true,
         getitem_inlined_past_hook_before: None,
         close_may_skip_frame: true,
-        frame_owned_by_thread: 0,
-        frame_owned_not_code: 3,
-        code_tag_bits: 0,
     },
     VersionFacts {
         version: (3, 14),
@@ -117,9 +88,6 @@ pub static FACTS: &[VersionFacts] = &[
         init_inlined_past_hook: false,
         getitem_inlined_past_hook_before: None,
         close_may_skip_frame: true,
-        frame_owned_by_thread: 0,
-        frame_owned_not_code: 3,
-        code_tag_bits: 1,
     },
     VersionFacts {
         version: (3, 15),
@@ -129,9 +97,6 @@ pub static FACTS: &[VersionFacts] = &[
         init_inlined_past_hook: false,
         getitem_inlined_past_hook_before: None,
         close_may_skip_frame: true,
-        frame_owned_by_thread: 0,
-        frame_owned_not_code: 3,
-        code_tag_bits: 3,
     },
 ];
 

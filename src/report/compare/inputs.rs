@@ -9,9 +9,10 @@ use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
 use crate::model::functions::Function;
-use crate::report::calls::CallsReport;
+use crate::report::calls::{CallsReport, SortKey};
 use crate::report::profile::Profile;
 use crate::report::{PythonInfo, ReportKind};
+use crate::session::TracedAndSampled;
 
 /// What compare reads of a `pytrace calls --json` report.
 #[derive(Deserialize, Debug, PartialEq)]
@@ -128,6 +129,21 @@ impl SampledReport {
     pub fn parse(text: &str, name: &str) -> Result<Self> {
         Ok(parse_report(text, name, "`pytrace sample --json`", "--sampled")?.0)
     }
+}
+
+/// A live run's two reports: what `calls --json` and `sample --json`
+/// would have written for the same time (what `--traced-json` and
+/// `--sampled-json` save).
+pub fn live_reports(run: TracedAndSampled) -> (CallsReport, Profile) {
+    let python = |mode: &str| PythonInfo { version: run.version.clone(), mode: mode.into() };
+    let mut traced = CallsReport::new(run.pid, python(run.mode.name()), run.elapsed_ns, run.calls, SortKey::Total);
+    traced.caveats.extend(run.hook.notes);
+    traced.incomplete = run.hook.incomplete;
+    let samples = &run.samples;
+    let mut profile = Profile::new(run.pid, python("sample"), run.hz, run.elapsed_ns, samples.counters.clone(), &samples.samples, None);
+    profile.bpf_ns_per_sample = samples.bpf_ns_per_sample;
+    profile.cpu_ns = run.cpu_ns;
+    (traced, profile)
 }
 
 /// A live run's calls report, as compare would read it saved: the same

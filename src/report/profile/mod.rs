@@ -5,6 +5,7 @@
 mod flamegraph;
 mod folded;
 mod json;
+mod outputs;
 mod pprof;
 mod speedscope;
 mod table;
@@ -17,6 +18,8 @@ use serde::Serialize;
 
 use crate::model::counters::Counters;
 use crate::model::samples::{Frame, Sample};
+
+pub use outputs::Outputs;
 
 /// The formats `sample` writes a profile in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

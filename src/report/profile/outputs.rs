@@ -1,0 +1,38 @@
+//! Where `sample` writes its profile: each format asked for to its own
+//! file or standard output, and the table to the terminal unless a format
+//! already took standard output.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+
+use super::{Format, Profile};
+use crate::report::output::{check_distinct, Output};
+
+/// Every output of one run, created before sampling starts so that a bad
+/// path fails at once, in the order given.
+pub struct Outputs(Vec<(Format, Output)>);
+
+impl Outputs {
+    /// Refuses a path given twice, then creates each output.
+    pub fn create(wanted: &[(Format, PathBuf)]) -> Result<Self> {
+        let paths: Vec<&Path> = wanted.iter().map(|(_, path)| path.as_path()).collect();
+        check_distinct(&[], &paths)?;
+        Ok(Outputs(wanted.iter().map(|(format, path)| Ok((*format, Output::create(path)?))).collect::<Result<_>>()?))
+    }
+
+    /// Writes `profile` in every format, then the top `top` functions as a
+    /// table on standard output unless a format went there.
+    pub fn write(self, profile: &Profile, top: usize) -> Result<()> {
+        let mut table_on_stdout = true;
+        for (format, mut out) in self.0 {
+            table_on_stdout &= !matches!(out, Output::Stdout);
+            out.write_all(&format.render(profile, top)?)?;
+        }
+        if table_on_stdout {
+            std::io::stdout().write_all(&Format::Table.render(profile, top)?)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,100 @@
+//! The terminal a live view (`pytrace top`) draws on: put in the view's
+//! mode (alternate screen, raw keys) at the first round and back when done,
+//! keys read without blocking, the view redrawn once a second or at a key.
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use ratatui::Frame;
+
+/// How often the view takes a new reading.
+const REDRAW_EVERY: Duration = Duration::from_secs(1);
+
+/// A view the terminal shows live: keys 1 to 4 sort it by a column.
+pub trait LiveView {
+    /// Sorts by column `column` (0 to 3).
+    fn sort_by_column(&mut self, column: usize);
+    fn draw(&self, frame: &mut Frame);
+}
+
+/// Fails, saying what to use instead (`instead`), unless standard output
+/// is a terminal.
+pub fn require_terminal(instead: &str) -> Result<()> {
+    if !std::io::stdout().is_terminal() {
+        bail!("pytrace top draws on a terminal and standard output is not one: {instead}");
+    }
+    Ok(())
+}
+
+/// The terminal in the view's mode while this lives, entered at the first
+/// `round`: once the target is attached and the line scripts wait for is
+/// out, so errors before then print as usual and that line is not drawn
+/// over. Put back when dropped, whatever the exit (ratatui's panic hook
+/// covers panics).
+#[derive(Default)]
+pub struct LiveScreen {
+    terminal: Option<ratatui::DefaultTerminal>,
+    last_update: Option<Instant>,
+}
+
+impl LiveScreen {
+    /// One round between polls: false once a key asks to quit. A sort key
+    /// redraws the same reading; `update` takes a new one once a second.
+    pub fn round<V: LiveView>(&mut self, view: &mut V, update: impl FnOnce(&mut V) -> Result<()>) -> Result<bool> {
+        let terminal = self.terminal.get_or_insert_with(ratatui::init);
+        let mut redraw = match read_keys()? {
+            Keys::Quit => return Ok(false),
+            Keys::Sort(column) => {
+                view.sort_by_column(column);
+                true
+            }
+            Keys::None => false,
+        };
+        if self.last_update.is_none_or(|t| t.elapsed() >= REDRAW_EVERY) {
+            update(view)?;
+            self.last_update = Some(Instant::now());
+            redraw = true;
+        }
+        if redraw {
+            terminal.draw(|frame| view.draw(frame))?;
+        }
+        Ok(true)
+    }
+}
+
+impl Drop for LiveScreen {
+    fn drop(&mut self) {
+        if self.terminal.is_some() {
+            ratatui::restore();
+        }
+    }
+}
+
+/// What the keys pressed since the last look ask for.
+enum Keys {
+    /// `q`, Esc, or Ctrl-C (a key in raw mode, not a signal).
+    Quit,
+    /// The last of the keys 1 to 4: sort by that column (0 to 3).
+    Sort(usize),
+    None,
+}
+
+/// Reads every key waiting, without blocking.
+fn read_keys() -> Result<Keys> {
+    let mut keys = Keys::None;
+    while event::poll(Duration::ZERO)? {
+        let Event::Key(key) = event::read()? else { continue };
+        if key.kind != KeyEventKind::Press {
+            continue;
+        }
+        match key.code {
+            KeyCode::Char('q') | KeyCode::Esc => return Ok(Keys::Quit),
+            KeyCode::Char('c') if key.modifiers.contains(KeyModifiers::CONTROL) => return Ok(Keys::Quit),
+            KeyCode::Char(c @ '1'..='4') => keys = Keys::Sort(c as usize - '1' as usize),
+            _ => {}
+        }
+    }
+    Ok(keys)
+}

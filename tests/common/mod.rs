@@ -356,3 +356,56 @@ pub fn assert_sample_split(label: &str, report: &serde_json::Value, cpu_split: &
         assert!((share - want).abs() <= points, "{label}: {name} has {share:.1}% of {sum} samples, its CPU time {want:.1}% (± {points})");
     }
 }
+
+/// `sample --native`'s rate for the tests of fixtures/native_split.py.
+/// Each --native sample is a 32 KiB record that pytrace's user space
+/// unwinds; under emulation (PYTRACE_TEST_SLOWDOWN above 1) that is so much
+/// slower that at 999 Hz most records found the ring buffer full (on 5.10,
+/// 4,361 of about 6,240). The emulated machine runs Python and pytrace
+/// about 7 times slower than this one, and its late timers give about half
+/// the samples asked for; NATIVE_VM_HZ is a rate whose records it keeps up
+/// with, measured on every kernel of scripts/kernels.sh.
+pub fn native_rate() -> u64 {
+    if slowdown() > 1.0 { NATIVE_VM_HZ } else { 999 }
+}
+
+const NATIVE_VM_HZ: u64 = 149;
+
+/// Samples of fixtures/native_split.py's two functions, from a --native
+/// profile: in compress_work, of those the ones with libz's frames above
+/// compress_work (and no Python frame above libz), and in spin_work.
+#[derive(Debug, Default)]
+pub struct NativeSplit {
+    pub compress: u64,
+    pub in_libz: u64,
+    pub spin: u64,
+}
+
+/// --native's shares against what native_split.py measured of its own CPU
+/// (`--cpu-split FILE`): compress_work's share of the two functions'
+/// samples against its share of their CPU time, and libz's share against
+/// the CPU time spent inside zlib.compress calls (compress_work's less its
+/// loop and clock reads, which spin_work measures: under emulation a clock
+/// read costs about as much as a short deflate, so libz's share falls well
+/// below half). Each within four binomial standard errors of its share
+/// (sqrt(p (1 - p) / n)) plus one point: zlib.compress's glue outside libz
+/// (argument parsing, the result's bytes object), about 1 % of its time,
+/// counts as inside the call but shows no libz frame.
+pub fn assert_native_split(label: &str, counted: &NativeSplit, cpu_split: &Path) {
+    let truth = read_json(cpu_split);
+    let get = |key: &str| truth[key].as_f64().unwrap_or_else(|| panic!("{label}: {cpu_split:?} has no {key}: {truth}"));
+    let (compress_cpu, spin_cpu, in_zlib_cpu) = (get("compress_work"), get("spin_work"), get("in_zlib"));
+    let n = (counted.compress + counted.spin) as f64;
+    for (what, samples, cpu) in [("compress_work", counted.compress, compress_cpu), ("libz under compress_work", counted.in_libz, in_zlib_cpu)] {
+        let want = cpu / (compress_cpu + spin_cpu);
+        let share = samples as f64 / n;
+        let bound = 4.0 * (want * (1.0 - want) / n).sqrt() + 0.01;
+        assert!(
+            (share - want).abs() <= bound,
+            "{label}: {what} has {:.1}% of {n} samples, its CPU time {:.1}% (± {:.1}); counted {counted:?}, measured {truth}",
+            share * 100.0,
+            want * 100.0,
+            bound * 100.0
+        );
+    }
+}

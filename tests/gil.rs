@@ -105,17 +105,20 @@ fn assert_matches_the_threads_own_measures(version: &str, python: &std::path::Pa
                 // thread's CPU time also counts what the host took from the
                 // virtual CPU (0.9 to 2.6 ms a hand-over measured on 5.10),
                 // while a stretch's wall time and pytrace's held time count
-                // it alike. The margin is the loop's start and end.
+                // it alike. The margin is the loop's start and end, and a
+                // hand-over to a thread that leaves no name (the main
+                // thread's, starting the others) shorter than the fixture's
+                // HAND_OVER_GAP.
                 let through = ns(own, "held_through_ns");
                 assert!(through >= 0.5 * cpu, "{who}: the fixture found too few stretches without a hand-over");
-                assert!(held >= 0.999 * through - 2.0 * MS, "{who}: held less than the stretches it surely held the GIL");
+                assert!(held >= 0.999 * through - 5.0 * MS, "{who}: held less than the stretches it surely held the GIL");
                 // It never lets go but to hand the GIL over, and asks again at once.
                 assert!(released <= 0.05 * life + 20.0 * MS, "{who}: released");
                 // Off CPU and not runnable, a spinner sleeps only on the GIL;
                 // it cannot wait while it surely holds it.
                 let sleeping = wall - on_cpu - runnable;
                 assert!(wait >= sleeping - 0.05 * wall - 10.0 * MS, "{who}: waited less than it slept on the GIL ({sleeping} ns)");
-                assert!(wait <= life - 0.999 * through + 2.0 * MS, "{who}: waited while it surely held the GIL");
+                assert!(wait <= life - 0.999 * through + 5.0 * MS, "{who}: waited while it surely held the GIL");
                 assert!(t["switches"].as_u64().unwrap() >= 2, "{who}: two spinners hand the GIL over");
             }
             "sleeper" => {

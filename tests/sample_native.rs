@@ -44,8 +44,8 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// clock reads (time.thread_time: libc's and the vDSO's clock_gettime, a
 /// system call for this clock, which emulation in scripts/kernels.sh's VMs
 /// makes as dear as a deflate call), all but its own loop and zlib's glue
-/// around libz (about 3.5 %, measured) have libz frames above it: at least
-/// 95 %. libz's exported functions (deflate, deflateInit2_, deflateEnd) are
+/// around libz (about 3.5 %, measured; 5 to 6 % under emulation) have libz
+/// frames above it: at least 95 % (90 in a VM). libz's exported functions (deflate, deflateInit2_, deflateEnd) are
 /// in its dynamic symbol table, so the way into libz is named even though
 /// the file is stripped. At 999 Hz for 6 s there are up to 6000 samples; in
 /// the VMs, at the rate their user space keeps up with (common's
@@ -102,8 +102,11 @@ fn native_frames_sit_between_the_python_caller_and_the_leaf() {
         // Of those whose native stack was unwound to its end (the others are
         // counted below).
         let whole = split.compress - in_clock - incomplete;
+        // zlib.compress's own glue (its output's allocation, whose page
+        // faults emulation makes dear) read 5.1 and 6.3 % in the VMs.
         let in_c = libz_whole as f64 / whole as f64 * 100.0;
-        assert!(in_c >= 95.0, "{label}: libz above compress_work in {in_c:.1}% of its {whole} samples outside clock reads unwound to the end, expected 95% or more ({incomplete} incomplete)");
+        let at_least = if slowdown() > 1.0 { 90.0 } else { 95.0 };
+        assert!(in_c >= at_least, "{label}: libz above compress_work in {in_c:.1}% of its {whole} samples outside clock reads unwound to the end, expected {at_least}% or more ({incomplete} incomplete)");
         assert!(named_entry as f64 >= split.in_libz as f64 * 0.99, "{label}: the way into libz named in {named_entry} of {}", split.in_libz);
         // Merging failed for almost none (only start-up, before the thread
         // state exists, or a sample caught entering an eval call), and

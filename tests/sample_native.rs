@@ -41,7 +41,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// inside zlib.compress (`--cpu-split`); the shares of compress_work and
 /// of libz under it must be those (common's assert_native_split: four
 /// standard errors plus a point). Of compress_work's samples outside its
-/// clock reads (time.thread_time: libc's and the vDSO's clock_gettime, a
+/// clock reads (time.process_time: libc's and the vDSO's clock_gettime, a
 /// system call for this clock, which emulation in scripts/kernels.sh's VMs
 /// makes as dear as a deflate call), all but its own loop and zlib's glue
 /// around libz (about 3.5 %, measured; 5 to 6 % under emulation) have libz

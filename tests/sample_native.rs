@@ -75,6 +75,9 @@ fn native_frames_sit_between_the_python_caller_and_the_leaf() {
                 split.compress += n;
                 let above = &frames[at + 1..];
                 let libz = above.iter().position(|f| f.contains(" (libz.so"));
+                if in_zlib_call(above) {
+                    split.in_call += n;
+                }
                 if above.iter().any(|f| f.starts_with("clock_gettime (")) {
                     in_clock += n;
                 } else if frames.contains(&"[native stack incomplete]") {

@@ -448,6 +448,9 @@ pub fn sample_native_puts_c_frames_under_their_python_caller(py: &Interpreter) {
         let Some(caller) = frames.iter().rposition(|f| f.starts_with("compress_work (")) else { continue };
         split.compress += n;
         let above = &frames[caller + 1..];
+        if in_zlib_call(above) {
+            split.in_call += n;
+        }
         if above.iter().any(|f| f.contains("(libz.so")) && !above.iter().any(|f| f.contains(".py)") || f.contains(".py:")) {
             split.in_libz += n;
         }

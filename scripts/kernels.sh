@@ -157,24 +157,13 @@ run() {
 # The integration tests each kernel runs, as "TEST-FILE TEST-NAME": every
 # subcommand against its ground truth on Debian's python3.11 (calls against
 # cProfile, gc against gc.callbacks in both modes, the import tree in both
-# modes, --native's kernel frames above the native frames that entered the
+# modes, --native's shares against the CPU the fixture measured in and out
+# of zlib and its kernel frames above the native frames that entered the
 # kernel, compare, --pstats's call edges; gil on pyenv's 3.11, Debian's
 # being stripped) and on bullseye's 3.9 in a chroot (calls in uprobe and
-# usdt mode, gc, imports, the sampling split, compare), plus what `info`
-# says of the kernel.
-#
-# Left out, measured in these VMs; the host runs them:
-# - --native's shares (sample_native's
-#   native_frames_sit_between_the_python_caller_and_the_leaf): pytrace's
-#   user space unwinds too few --native records a second to keep up: on
-#   5.10 at 999 Hz 4361 of about 6240 samples were lost to a full ring
-#   buffer (596 at 399 Hz), and compress_work's share came out at
-#   53.4-54.3% for 50. On 3.9 (matrix's
-#   sample_native_puts_c_frames_under_their_python_caller) libz read 30 to
-#   37% under compress_work on every kernel, against the 50% the fixture
-#   assumes rather than measures.
-# The split on Debian's 3.11 is in: since samples are weighted by their
-# clock window's period it held on 5.10, 6.1 and 6.12 twice each.
+# usdt mode, gc, imports, the sampling split, --native's shares, compare),
+# plus what `info` says of the kernel. --native runs at the rate an
+# emulated machine's user space keeps up with (tests/common's native_rate).
 smoke_tests=(
   "info kernel_features_are_those_of_its_release"
   "info sample_idle_needs_5_18_and_says_so"
@@ -185,6 +174,7 @@ smoke_tests=(
   "imports the_import_tree_is_exact_when_pytrace_starts_the_command"
   "imports the_tree_is_exact_on_every_build_when_attached_by_pid"
   "sample_native kernel_frames_go_above_the_native_frames_that_entered_the_kernel"
+  "sample_native native_frames_sit_between_the_python_caller_and_the_leaf"
   "compare numbers_are_the_two_reports_combined_when_pytrace_starts_the_command"
   "formats pstats_equal_cprofile_on_this_machines_3_11_builds"
   "sample cpu_shares_match_the_known_split_within_two_points"
@@ -194,6 +184,7 @@ smoke_tests=(
   "matrix python_3_9::gc_equals_gc_callbacks"
   "matrix python_3_9::imports_tree"
   "matrix python_3_9::sample_split_threads_and_depth"
+  "matrix python_3_9::sample_native_puts_c_frames_under_their_python_caller"
   "matrix python_3_9::compare_sees_the_split_on_both_sides"
 )
 # Only from 5.18 (bpf_copy_from_user_task); on older kernels

@@ -97,24 +97,31 @@ fn assert_matches_the_threads_own_measures(version: &str, python: &std::path::Pa
         assert!(ns(&t["wait"], "p50_ns") <= ns(&t["wait"], "p99_ns") && ns(&t["wait"], "p99_ns") <= max && max <= wait, "{who}: wait distribution");
         match function {
             "spin_a" | "spin_b" => {
-                // Pure Python runs only with the GIL; what it runs on CPU
-                // without it is inside take_gil and drop_gil, the probes'
-                // handling included (counted as waiting): about 11 µs a
-                // hand-over on this machine. In a kernel VM
-                // (PYTRACE_TEST_SLOWDOWN above 1) a thread's CPU time also
-                // counts what the host took from the virtual CPU (0.9 to 2.6
-                // ms a hand-over measured), so these two bounds hold on the
-                // host only; the rest hold everywhere.
-                let hand_overs = t["acquisitions"].as_f64().unwrap() * 250e3;
-                let exact_cpu_time = slowdown() == 1.0;
-                assert!(!exact_cpu_time || held >= 0.98 * cpu - 5.0 * MS - hand_overs, "{who}: held less than its CPU time");
+                // Pure Python runs only with the GIL: the stretches of its
+                // loop the spinner measured as holding it throughout (its
+                // wall time between clock reads with no hand-over in or next
+                // to them, the fixture's held_through_ns) are held time,
+                // never waiting. Wall time, not CPU time: in a kernel VM a
+                // thread's CPU time also counts what the host took from the
+                // virtual CPU (0.9 to 2.6 ms a hand-over measured on 5.10),
+                // while a stretch's wall time and pytrace's held time count
+                // it alike. The margin is the loop's start and end, and a
+                // hand-over to a thread that leaves no name (the main
+                // thread's, starting the others) shorter than the fixture's
+                // HAND_OVER_GAP.
+                let through = ns(own, "held_through_ns");
+                // Found 95 % of its CPU time on the host, 36 to 46 % in VMs on a
+                // busy host (not yet explained: neither its hand-overs nor
+                // steal, which the window cancels, account for the rest).
+                assert!(through >= 0.25 * cpu, "{who}: the fixture found too few stretches without a hand-over");
+                assert!(held >= 0.999 * through - 5.0 * MS, "{who}: held less than the stretches it surely held the GIL");
                 // It never lets go but to hand the GIL over, and asks again at once.
                 assert!(released <= 0.05 * life + 20.0 * MS, "{who}: released");
                 // Off CPU and not runnable, a spinner sleeps only on the GIL;
-                // off CPU at all, it waits or is descheduled.
+                // it cannot wait while it surely holds it.
                 let sleeping = wall - on_cpu - runnable;
                 assert!(wait >= sleeping - 0.05 * wall - 10.0 * MS, "{who}: waited less than it slept on the GIL ({sleeping} ns)");
-                assert!(!exact_cpu_time || wait <= life - on_cpu + 10.0 * MS + hand_overs, "{who}: waited more than its time off CPU and in hand-overs");
+                assert!(wait <= life - 0.999 * through + 5.0 * MS, "{who}: waited while it surely held the GIL");
                 assert!(t["switches"].as_u64().unwrap() >= 2, "{who}: two spinners hand the GIL over");
             }
             "sleeper" => {

@@ -295,10 +295,14 @@ fn idle_sees_sleeping_threads_and_on_cpu_does_not() {
     for (label, python) in pythons() {
         let script = fixture("sleep_and_spin.py");
         let cpu_times = tempfile::NamedTempFile::new().unwrap();
+        // Start-up is neither thread's: in a VM on a busy host it took more
+        // than half of 2 s runs' samples (6.12: --idle saw the two threads
+        // in 45 %), so the threads run 2.5 times longer there.
+        let seconds = longer(2.0);
         let share = |extra: &[&str]| {
             let mut args = vec!["sample", "-r", "199", "--json", "-"];
             args.extend(extra);
-            args.extend(["--", python.to_str().unwrap(), &script, "2", cpu_times.path().to_str().unwrap()]);
+            args.extend(["--", python.to_str().unwrap(), &script, &seconds, cpu_times.path().to_str().unwrap()]);
             let out = pytrace(&args);
             assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
             let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -321,7 +325,18 @@ fn idle_sees_sleeping_threads_and_on_cpu_does_not() {
         let (sleeper_cpu, spinner_cpu) = (truth["sleeper"].as_f64().unwrap(), truth["spinner"].as_f64().unwrap());
         let want = sleeper_cpu / (sleeper_cpu + spinner_cpu);
         assert!(want < 0.25, "{label}: the sleeper used {sleeper_cpu:.3} s of CPU, the spinner {spinner_cpu:.3} s");
-        assert!((of_both - want).abs() < 0.04, "{label}: on-CPU gave sleeper {sleeper:.3}, spinner {spinner:.3}; CPU times {sleeper_cpu:.3} s, {spinner_cpu:.3} s");
+        // In a VM (PYTRACE_TEST_SLOWDOWN above 1) the spinner's CPU time also
+        // counts what the host took from its virtual CPU, which samples
+        // barely see (one per stolen stretch): on 6.1 it got 129 to 169
+        // samples per CPU-second at 199 Hz, the sleeper 150 to 209. There
+        // the truth lies between the share by CPU time and the share with
+        // the spinner's CPU cut to what its work says it ran.
+        let ran = truth["spinner_ran"].as_f64().unwrap();
+        let highest = if slowdown() > 1.0 { sleeper_cpu / (sleeper_cpu + ran) } else { want };
+        assert!(
+            of_both > want - 0.04 && of_both < highest + 0.04,
+            "{label}: on-CPU gave sleeper {sleeper:.3}, spinner {spinner:.3}; CPU times {sleeper_cpu:.3} s, {spinner_cpu:.3} s (ran {ran:.3} s by its work)"
+        );
     }
 }
 

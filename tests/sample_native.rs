@@ -36,63 +36,81 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 /// libz's deflate runs inside zlib.compress, called from compress_work: its
 /// frames must come after compress_work (further from the root) with no
-/// Python frame after them. The fixture spends 4 ms of CPU in each of
-/// compress_work and spin_work per round (compress_work overshoots by half
-/// a 0.15 ms call, under 1 point): 50 % each. At 999 Hz for 6 s there are
-/// up to 6000 samples, where one share's standard error is 0.65 points; the
-/// bound is 1 point plus four standard errors, at least 3 points (7 on a
-/// machine so busy that only 1000 samples are taken). Of compress_work's
-/// samples outside its clock reads (time.process_time: libc's and the
-/// vDSO's clock_gettime, a system call for this clock, which emulation in
-/// scripts/kernels.sh's VMs makes as dear as a deflate call), all but its
-/// own loop and zlib's glue around libz (about 3.5 %, measured) have libz
-/// frames above it: at least 95 %. libz's exported functions (deflate, deflateInit2_,
-/// deflateEnd) are in its dynamic symbol table, so the way into libz is
-/// named even though the file is stripped.
+/// Python frame after them. The fixture spends as much CPU in compress_work
+/// as in spin_work and measures both, and the part of compress_work's
+/// inside zlib.compress (`--cpu-split`); the shares of compress_work and
+/// of libz under it must be those (common's assert_native_split: four
+/// standard errors plus a point). Of compress_work's samples outside its
+/// clock reads (time.process_time: libc's and the vDSO's clock_gettime, a
+/// system call for this clock, which emulation in scripts/kernels.sh's VMs
+/// makes as dear as a deflate call), all but its own loop and zlib's glue
+/// around libz (about 3.5 %, measured; 5 to 6 % under emulation) have libz
+/// frames above it: at least 95 % (90 in a VM). libz's exported functions (deflate, deflateInit2_, deflateEnd) are
+/// in its dynamic symbol table, so the way into libz is named even though
+/// the file is stripped. At 999 Hz for 6 s there are up to 6000 samples; in
+/// the VMs, at the rate their user space keeps up with (common's
+/// native_rate), for 15 s about 1500.
 #[test]
 fn native_frames_sit_between_the_python_caller_and_the_leaf() {
     let _serial = serial();
     for (label, python) in pythons() {
-        let target = start_waiting(&python, "native_split.py", &["--seconds", &longer(9.0)]);
         let dir = tempfile::tempdir().unwrap();
+        let cpu_split = dir.path().join("cpu-split.json");
+        let mut target = start_waiting(&python, "native_split.py", &["--seconds", &longer(9.0), "--cpu-split", cpu_split.to_str().unwrap()]);
         let folded = dir.path().join("p.folded");
         let json = dir.path().join("p.json");
         let tracer = start_tracer(&[
-            "sample", "-p", &target.pid().to_string(), "-r", "999", "-d", &longer(6.0), "--native",
+            "sample", "-p", &target.pid().to_string(), "-r", &native_rate().to_string(), "-d", &longer(6.0), "--native",
             "--folded", folded.to_str().unwrap(), "--json", json.to_str().unwrap(),
         ]);
         signal(target.pid(), libc::SIGUSR1);
         let (code, _, stderr) = tracer.finish();
         assert_eq!(code, 0, "{label}: {stderr}");
-        let (mut compress, mut spin, mut in_libz, mut named_entry, mut in_clock) = (0, 0, 0, 0, 0);
+        assert!(target.0.wait().unwrap().success(), "{label}: the target failed");
+        let (mut split, mut named_entry, mut in_clock, mut incomplete) = (NativeSplit::default(), 0, 0, 0);
+        let mut libz_whole = 0;
         for line in std::fs::read_to_string(&folded).unwrap().lines() {
             let (frames, n) = parse(line);
             if let Some(at) = frames.iter().position(|f| f.starts_with("compress_work (")) {
-                compress += n;
+                split.compress += n;
                 let above = &frames[at + 1..];
                 let libz = above.iter().position(|f| f.contains(" (libz.so"));
+                if in_zlib_call(above) {
+                    split.in_call += n;
+                }
                 if above.iter().any(|f| f.starts_with("clock_gettime (")) {
                     in_clock += n;
+                } else if frames.contains(&"[native stack incomplete]") {
+                    incomplete += n;
                 }
                 if let Some(z) = libz {
                     assert!(!above[z..].iter().any(|f| is_python(f)), "{label}: a Python frame above libz: {line}");
                     assert!(frames[..at].iter().any(|f| f.starts_with("main (")), "{label}: main below compress_work: {line}");
-                    in_libz += n;
+                    split.in_libz += n;
+                    if !frames.contains(&"[native stack incomplete]") {
+                        libz_whole += n;
+                    }
                     named_entry += if above[z].starts_with("0x") { 0 } else { n };
                 }
             }
             if frames.iter().any(|f| f.starts_with("spin_work (")) {
-                spin += n;
+                split.spin += n;
             }
         }
-        let total = (compress + spin) as f64;
-        assert!(total > 1000.0, "{label}: only {total} samples");
-        let share = compress as f64 / total * 100.0;
-        let bound = (1.0 + 4.0 * (0.25 / total).sqrt() * 100.0).max(3.0);
-        assert!((share - 50.0).abs() <= bound, "{label}: compress_work has {share:.1}% of {total} samples, expected 50% within {bound:.1}");
-        let in_c = in_libz as f64 / (compress - in_clock) as f64 * 100.0;
-        assert!(in_c >= 95.0, "{label}: libz above compress_work in {in_c:.1}% of its {} samples outside clock reads, expected 95% or more", compress - in_clock);
-        assert!(named_entry as f64 >= in_libz as f64 * 0.99, "{label}: the way into libz named in {named_entry} of {in_libz}");
+        let total = (split.compress + split.spin) as f64;
+        // In a VM, at its lower rate and with its late timers, about 1,000.
+        let min_samples = if slowdown() > 1.0 { 400.0 } else { 1000.0 };
+        assert!(total > min_samples, "{label}: only {total} samples");
+        assert_native_split(label, &split, &cpu_split);
+        // Of those whose native stack was unwound to its end (the others are
+        // counted below).
+        let whole = split.compress - in_clock - incomplete;
+        // zlib.compress's own glue (its output's allocation, whose page
+        // faults emulation makes dear) read 5.1 and 6.3 % in the VMs.
+        let in_c = libz_whole as f64 / whole as f64 * 100.0;
+        let at_least = if slowdown() > 1.0 { 90.0 } else { 95.0 };
+        assert!(in_c >= at_least, "{label}: libz above compress_work in {in_c:.1}% of its {whole} samples outside clock reads unwound to the end, expected {at_least}% or more ({incomplete} incomplete)");
+        assert!(named_entry as f64 >= split.in_libz as f64 * 0.99, "{label}: the way into libz named in {named_entry} of {}", split.in_libz);
         // Merging failed for almost none (only start-up, before the thread
         // state exists, or a sample caught entering an eval call), and
         // almost no record was lost to a full ring buffer (losses, which
@@ -103,7 +121,8 @@ fn native_frames_sit_between_the_python_caller_and_the_leaf() {
             .iter()
             .map(|c| counters[*c].as_u64().unwrap_or_else(|| panic!("{label}: no counter {c}")))
             .sum();
-        assert!((failed as f64) < total * 0.01, "{label}: {failed} samples not merged: {counters}");
+        let incomplete_stacks: Vec<String> = std::fs::read_to_string(&folded).unwrap().lines().filter(|l| l.contains("[native stack incomplete]")).take(5).map(str::to_string).collect();
+        assert!((failed as f64) < total * 0.01, "{label}: {failed} of {total} samples not merged: {counters}; incomplete stacks: {incomplete_stacks:#?}");
         assert_eq!(report["lost_events"], 0, "{label}");
     }
 }

@@ -424,29 +424,40 @@ pub fn sample_idle_sees_sleepers(py: &Interpreter) {
 }
 
 /// --native: in each sample of compress_work, libz's frames sit above it
-/// (between it and the leaf) with no Python frame above them; half the
-/// samples are there (the fixture splits its CPU evenly), and every eval
-/// frame was paired with its Python frames. 3 CPU-seconds at 499 Hz: about
-/// 1,500 samples however busy the machine (fewer than 800 only if the host
-/// takes away half the CPU time the guest counts).
+/// (between it and the leaf) with no Python frame above them; the shares of
+/// compress_work and of libz under it are those of the CPU time the fixture
+/// measured (common's assert_native_split: under emulation its clock reads
+/// take a third of compress_work's time), and every eval frame was paired
+/// with its Python frames. 3 CPU-seconds at 999 Hz: about 3,000 samples
+/// however busy the machine; in the VMs 7.5 at their --native rate (common's
+/// native_rate), 729 on a loaded 5.10.
 pub fn sample_native_puts_c_frames_under_their_python_caller(py: &Interpreter) {
     let version = py.version;
-    let out = py.pytrace(&["sample", "--native", "-r", "499", "--folded", "-"], "native_split.py", &["--cpu-seconds", &longer(3.0)]);
-    let (mut total, mut in_libz) = (0u64, 0u64);
+    let (inside, cpu_split) = py.output("native-split.json");
+    let rate = native_rate().to_string();
+    let out = py.pytrace(&["sample", "--native", "-r", &rate, "--folded", "-"], "native_split.py", &["--cpu-seconds", &longer(3.0), "--cpu-split", &inside]);
+    let mut split = NativeSplit::default();
     for line in String::from_utf8(out.stdout).unwrap().lines() {
         let (stack, n) = line.rsplit_once(' ').unwrap();
         let n: u64 = n.parse().unwrap();
         let frames: Vec<&str> = stack.split(';').collect();
-        total += n;
-        let Some(caller) = frames.iter().rposition(|f| f.starts_with("compress_work (")) else { continue };
-        let above = &frames[caller + 1..];
-        if above.iter().any(|f| f.contains("(libz.so")) && !above.iter().any(|f| f.contains(".py)") || f.contains(".py:")) {
-            in_libz += n;
-        }
         assert!(!stack.contains("[native stack unmatched]") || n < 5, "{version}: {line}");
+        if frames.iter().any(|f| f.starts_with("spin_work (")) {
+            split.spin += n;
+        }
+        let Some(caller) = frames.iter().rposition(|f| f.starts_with("compress_work (")) else { continue };
+        split.compress += n;
+        let above = &frames[caller + 1..];
+        if in_zlib_call(above) {
+            split.in_call += n;
+        }
+        if above.iter().any(|f| f.contains("(libz.so")) && !above.iter().any(|f| f.contains(".py)") || f.contains(".py:")) {
+            split.in_libz += n;
+        }
     }
-    let share = in_libz as f64 / total as f64;
-    assert!(total > 800 && (share - 0.5).abs() < 0.06, "{version}: libz under compress_work in {in_libz} of {total} samples");
+    let min_samples = if slowdown() > 1.0 { 400 } else { 800 };
+    assert!(split.compress + split.spin > min_samples, "{version}: {split:?}");
+    assert_native_split(version, &split, &cpu_split);
 }
 
 /// compare runs calls and sample at once: both sides show the 60/30/10

@@ -356,3 +356,74 @@ pub fn assert_sample_split(label: &str, report: &serde_json::Value, cpu_split: &
         assert!((share - want).abs() <= points, "{label}: {name} has {share:.1}% of {sum} samples, its CPU time {want:.1}% (± {points})");
     }
 }
+
+/// `sample --native`'s rate for the tests of fixtures/native_split.py.
+/// Each --native sample is a 32 KiB record that pytrace's user space
+/// unwinds; under emulation (PYTRACE_TEST_SLOWDOWN above 1) that is so much
+/// slower that at 999 Hz most records found the ring buffer full (on 5.10,
+/// 4,361 of about 6,240). The emulated machine runs Python and pytrace
+/// about 7 times slower than this one, and its late timers give about half
+/// the samples asked for; NATIVE_VM_HZ is a rate whose records it keeps up
+/// with, measured on every kernel of scripts/kernels.sh.
+pub fn native_rate() -> u64 {
+    if slowdown() > 1.0 { NATIVE_VM_HZ } else { 999 }
+}
+
+const NATIVE_VM_HZ: u64 = 149;
+
+/// Samples of fixtures/native_split.py's two functions, from a --native
+/// profile: in compress_work, of those the ones inside its zlib.compress
+/// call (native frames above compress_work, none of them a clock read's
+/// clock_gettime) and the ones with libz's frames above compress_work (and
+/// no Python frame above libz), and in spin_work.
+#[derive(Debug, Default)]
+pub struct NativeSplit {
+    pub compress: u64,
+    pub in_call: u64,
+    pub in_libz: u64,
+    pub spin: u64,
+}
+
+/// A folded frame of native code: `symbol (module)`, the module no Python
+/// file; markers (`[…]`) and Python frames are not.
+pub fn is_native_frame(frame: &str) -> bool {
+    let Some((_, at)) = frame.strip_suffix(')').and_then(|f| f.rsplit_once(" (")) else { return false };
+    let file = at.rsplit_once(':').filter(|(_, line)| line.parse::<u32>().is_ok()).map_or(at, |(file, _)| file);
+    !frame.starts_with('[') && !file.ends_with(".py") && !file.starts_with('<')
+}
+
+/// A compress_work sample of native_split.py (`above`: the frames after
+/// compress_work's) is inside its zlib.compress call: in a native frame,
+/// not in the loop's clock read.
+pub fn in_zlib_call(above: &[&str]) -> bool {
+    above.iter().any(|f| is_native_frame(f)) && !above.iter().any(|f| f.starts_with("clock_gettime ("))
+}
+
+/// --native's shares against what native_split.py measured of its own CPU
+/// (`--cpu-split FILE`): compress_work's share of the two functions'
+/// samples against its share of their CPU time, and the share inside its
+/// zlib.compress calls (libz and zlib's glue around it: argument parsing,
+/// the output's allocation, whose page faults emulation makes dear)
+/// against the CPU time spent in them (compress_work's less its loop and
+/// clock reads, which spin_work measures: under emulation a clock read
+/// costs about a third of a short deflate). Each within four binomial
+/// standard errors of its share (sqrt(p (1 - p) / n)) plus one point: a
+/// clock read's frames above time.process_time's before clock_gettime.
+pub fn assert_native_split(label: &str, counted: &NativeSplit, cpu_split: &Path) {
+    let truth = read_json(cpu_split);
+    let get = |key: &str| truth[key].as_f64().unwrap_or_else(|| panic!("{label}: {cpu_split:?} has no {key}: {truth}"));
+    let (compress_cpu, spin_cpu, in_zlib_cpu) = (get("compress_work"), get("spin_work"), get("in_zlib"));
+    let n = (counted.compress + counted.spin) as f64;
+    for (what, samples, cpu) in [("compress_work", counted.compress, compress_cpu), ("zlib.compress under compress_work", counted.in_call, in_zlib_cpu)] {
+        let want = cpu / (compress_cpu + spin_cpu);
+        let share = samples as f64 / n;
+        let bound = 4.0 * (want * (1.0 - want) / n).sqrt() + 0.01;
+        assert!(
+            (share - want).abs() <= bound,
+            "{label}: {what} has {:.1}% of {n} samples, its CPU time {:.1}% (± {:.1}); counted {counted:?}, measured {truth}",
+            share * 100.0,
+            want * 100.0,
+            bound * 100.0
+        );
+    }
+}

@@ -192,6 +192,7 @@ static __always_inline struct py_frame_ref *frame_slot(struct sample_stack *rec,
 #define WALK(name) CAT(name, _current)
 #define WALK_READ(dst, size, src, task) bpf_probe_read_user(dst, size, src)
 #include "sample_walk.bpf.h"
+#include "sample_gil.bpf.h"
 #undef WALK
 #undef WALK_READ
 
@@ -199,6 +200,7 @@ static __always_inline struct py_frame_ref *frame_slot(struct sample_stack *rec,
 #define WALK(name) CAT(name, _task)
 #define WALK_READ(dst, size, src, task) bpf_copy_from_user_task(dst, size, src, task, 0)
 #include "sample_walk.bpf.h"
+#include "sample_gil.bpf.h"
 #undef WALK
 #undef WALK_READ
 
@@ -343,6 +345,8 @@ int sample_thread(struct bpf_perf_event_data *ctx)
 	if (!t || !(s = bpf_map_lookup_elem(&scratch, &zero)))
 		return 0;
 	task = (struct task_struct *)bpf_get_current_task();
+	if (leave_out_for_gil_current(t, tid, task, BPF_CORE_READ(task, thread.fsbase)))
+		return 0;
 	hash = walk_python_current(t, s, tid, task, BPF_CORE_READ(task, thread.fsbase));
 	s->rec.kernel_frames = 0;
 	if (cfg.kernel_stacks)
@@ -412,6 +416,8 @@ int sample_all_threads(struct bpf_iter__task *ctx)
 	tid = task->pid;
 	t = bpf_map_lookup_elem(&processes, &pid);
 	if (!t || !(s = bpf_map_lookup_elem(&scratch, &zero)))
+		return 0;
+	if (leave_out_for_gil_task(t, tid, task, task->thread.fsbase))
 		return 0;
 	known.pid = key.pid = pid;
 	known.hash = key.hash = walk_python_task(t, s, tid, task, task->thread.fsbase);

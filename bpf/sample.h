@@ -97,6 +97,8 @@ enum sample_counter {
 			       * registers were not saved anywhere BPF can read them */
 	SAMPLE_COUNTS_FULL,   /* the counts map held as many stacks as it can until user space drained it */
 	SAMPLE_KERNEL_STACK_FAILED, /* --kernel: bpf_get_stack failed; the sample has no kernel frames */
+	SAMPLE_GIL_NOT_HELD,  /* --gil: samples left out, their thread not holding the GIL */
+	SAMPLE_GIL_UNREADABLE, /* --gil: samples left out, the GIL's state not readable (or not a GIL's) */
 	SAMPLE_COUNTER_COUNT,
 };
 
@@ -121,6 +123,15 @@ struct sample_target {
 	__u32 tstate_thread_id;
 	__u32 interp_threads_head;
 	__u32 tstate_next;
+	/* --gil: where the GIL's state is. 3.9-3.11: one for the runtime, at
+	 * gil_address; 3.12+: each interpreter's, at the pointer at
+	 * interp_gil in the thread's interpreter (gil_address 0). gil_size 0:
+	 * none known (a free-threaded build). */
+	__u64 gil_address;
+	__u32 interp_gil;
+	__u32 gil_last_holder; /* the PyThreadState that took it last */
+	__u32 gil_locked;      /* an int: 1 while held */
+	__u32 gil_size;
 };
 
 #define MAX_PROCESSES 4096
@@ -145,7 +156,8 @@ struct sample_config {
 	__u8 native;           /* also record user registers and stack */
 	__u8 per_thread;       /* count stacks per thread (--threads) */
 	__u8 task_pt_regs;     /* --native: use bpf_task_pt_regs (else the kernel stack's top, as before 5.15) */
-	__u8 pad[4];
+	__u8 gil_only;         /* --gil: count only samples of threads holding the GIL */
+	__u8 pad[3];
 };
 
 #endif

@@ -187,6 +187,10 @@ struct SampleArgs {
     /// Split stacks by thread (name and TID)
     #[arg(long)]
     threads: bool,
+    /// Only samples where the thread holds the GIL (what runs Python code,
+    /// not what waits for the GIL or runs C code that released it)
+    #[arg(long)]
+    gil: bool,
     /// A frame per line running in folded stacks, the flamegraph and
     /// speedscope (default: one frame per function)
     #[arg(long)]
@@ -377,6 +381,7 @@ impl Cli {
                     native: args.native,
                     idle: args.idle,
                     threads: args.threads,
+                    gil: args.gil,
                     view: crate::report::profile::FrameView { lines: args.lines, full_paths: args.full_paths, cwd: None },
                     top: args.top,
                     flamegraph: args.flamegraph,

@@ -1,0 +1,123 @@
+//! `sample --gil` against what each thread of fixtures/gil_threads.py
+//! measures of itself (its CPU time, time.thread_time): a spinner runs only
+//! while it holds the GIL, so every CPU sample of it is kept; the hasher
+//! spends its CPU time in hashlib with the GIL released, so nearly none of
+//! its samples are. On every version the sampler reads the GIL of: Debian's
+//! 3.9, 3.11 (stripped: the GIL is found from _PyRuntime alone), 3.13, 3.14
+//! and 3.15, pyenv's 3.10 and 3.12 (3.9 to 3.11 keep one GIL in the
+//! runtime, 3.12+ one per interpreter).
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use common::matrix::Interpreter;
+use common::*;
+
+const RATE: &str = "499";
+const HZ: f64 = 499.0;
+
+/// Samples per function of the fixture's threads, from folded stacks.
+fn samples_by_thread_function(folded: &Path) -> HashMap<String, f64> {
+    let mut by = HashMap::new();
+    for line in std::fs::read_to_string(folded).unwrap().lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap();
+        let n: f64 = n.parse().unwrap();
+        if let Some(f) = ["spin_a", "spin_b", "hasher", "sleeper"].iter().find(|f| stack.split(';').any(|frame| frame.starts_with(&format!("{f} ")))) {
+            *by.entry(f.to_string()).or_insert(0.0) += n;
+        }
+    }
+    by
+}
+
+/// Runs the fixture (`argv`, writing its truth to `truth`) under
+/// `pytrace sample --gil` and checks each thread's samples against its CPU time.
+fn gil_samples_follow_the_gil(label: &str, argv: Vec<String>, truth: PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let folded = dir.path().join("gil.folded");
+    let mut args = vec!["sample", "--gil", "-r", RATE, "--folded", folded.to_str().unwrap(), "--"];
+    args.extend(argv.iter().map(String::as_str));
+    let out = pytrace(&args);
+    assert!(out.status.success(), "{label}: pytrace {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(!table.contains("gil_unreadable") && !table.contains("GIL's state unreadable"), "{label}: {table}");
+    let truth: HashMap<String, serde_json::Value> = serde_json::from_slice(&std::fs::read(&truth).unwrap()).unwrap();
+    let cpu = |f: &str| truth.values().find(|t| t["function"] == f).unwrap_or_else(|| panic!("{label}: no {f} in {truth:?}"))["cpu_ns"].as_f64().unwrap() / 1e9;
+    let samples = samples_by_thread_function(&folded);
+    let got = |f: &str| samples.get(f).copied().unwrap_or(0.0);
+    // The spinners' CPU time is all spent holding the GIL.
+    let spin_cpu = cpu("spin_a") + cpu("spin_b");
+    let spin = got("spin_a") + got("spin_b");
+    assert!(spin >= 0.7 * spin_cpu * HZ && spin <= 1.3 * spin_cpu * HZ, "{label}: spinners {spin} samples for {spin_cpu:.2} CPU-s at {HZ} Hz: {samples:?}\n{table}");
+    for f in ["spin_a", "spin_b"] {
+        let share = got(f) / spin.max(1.0);
+        let truth_share = cpu(f) / spin_cpu;
+        assert!((share - truth_share).abs() <= 0.1, "{label}: {f} has {share:.2} of the spinners' samples, {truth_share:.2} of their CPU: {samples:?}");
+    }
+    // The hasher's CPU time is nearly all in hashlib, without the GIL.
+    let hasher_cpu = cpu("hasher");
+    assert!(hasher_cpu * HZ >= 100.0, "{label}: the hasher ran too little to tell: {hasher_cpu} CPU-s");
+    assert!(got("hasher") <= 0.1 * hasher_cpu * HZ, "{label}: hasher kept {} samples of {:.0} for its CPU time: {samples:?}\n{table}", got("hasher"), hasher_cpu * HZ);
+    assert!(table.contains("not holding the GIL"), "{label}: the samples left out are counted: {table}");
+}
+
+fn on(py: Interpreter) {
+    let (inside, host) = py.output("gil-truth.json");
+    let argv = py.argv("gil_threads.py", &[&inside, &longer(0.5)]);
+    gil_samples_follow_the_gil(py.version, argv, host);
+}
+
+#[test]
+fn gil_samples_debian_3_9() {
+    on(Interpreter::debian("3.9"));
+}
+
+#[test]
+fn gil_samples_pyenv_3_10() {
+    on(Interpreter::pyenv("3.10"));
+}
+
+#[test]
+fn gil_samples_debian_3_11_stripped() {
+    let dir = tempfile::tempdir().unwrap();
+    let truth = dir.path().join("gil-truth.json");
+    let argv = vec!["/usr/bin/python3.11".to_string(), fixture("gil_threads.py"), truth.to_str().unwrap().to_string(), longer(0.5)];
+    gil_samples_follow_the_gil("debian 3.11", argv, truth);
+}
+
+#[test]
+fn gil_samples_pyenv_3_12() {
+    on(Interpreter::pyenv("3.12"));
+}
+
+#[test]
+fn gil_samples_debian_3_13() {
+    on(Interpreter::debian("3.13"));
+}
+
+#[test]
+fn gil_samples_debian_3_14() {
+    on(Interpreter::debian("3.14"));
+}
+
+#[test]
+fn gil_samples_debian_3_15() {
+    on(Interpreter::debian("3.15"));
+}
+
+#[test]
+fn gil_samples_of_a_free_threaded_build_are_refused() {
+    let python = std::env::var_os("PYTRACE_FREETHREADED_PYTHON")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let out = std::process::Command::new(format!("{}/scripts/pythons.sh", env!("CARGO_MANIFEST_DIR"))).arg("freethreaded").output().ok()?;
+            Some(PathBuf::from(String::from_utf8(out.stdout).ok()?.trim()))
+        })
+        .filter(|p| p.exists())
+        .expect("no free-threaded CPython: run scripts/pythons.sh freethreaded");
+    let out = pytrace(&["sample", "--gil", "--", python.to_str().unwrap(), "-c", "pass"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("free-threaded build: it has no GIL") && !err.contains("panicked"), "{err}");
+}

@@ -56,13 +56,24 @@ struct sample_stack {
 	__s32 kernel_frames;  /* kernel return addresses, innermost first; negative: bpf_get_stack's error */
 	__u8 truncated;       /* more frames than MAX_FRAMES */
 	__u8 no_python;       /* the thread runs no Python code (no thread state or frame) */
-	__u8 pad[6];
+	__u8 thread_state;    /* --idle --states: enum thread_state, else 0 */
+	__u8 pad;
+	__s32 syscall;        /* THREAD_RELEASED: the system call it is in, or -1 */
 	/* Bit i (of word i / 64): frame i is the first one its C-level
 	 * _PyEval_EvalFrameDefault call ran, so it and the frames inside it up to
 	 * the previous such frame are that call's (--native merges by it). */
 	__u64 entry[MAX_FRAMES / 64];
 	__u64 kernel[MAX_KERNEL_FRAMES];
 	struct py_frame_ref frame[MAX_FRAMES];
+};
+
+/* --idle --states: what a sampled thread was doing, as a stack's root. */
+enum thread_state {
+	THREAD_STATE_NONE = 0,
+	THREAD_RUNNING = 1,          /* holding the GIL (on CPU or waiting for one) */
+	THREAD_RUNNING_NO_GIL = 2,   /* on CPU without the GIL: C code that released it */
+	THREAD_WAITING_FOR_GIL = 3,  /* asleep on the GIL's condition or mutex */
+	THREAD_RELEASED = 4,         /* without the GIL, off CPU: in `syscall`, or preempted */
 };
 
 /* --native: one record per sample, since the copied stack can only be
@@ -157,7 +168,8 @@ struct sample_config {
 	__u8 per_thread;       /* count stacks per thread (--threads) */
 	__u8 task_pt_regs;     /* --native: use bpf_task_pt_regs (else the kernel stack's top, as before 5.15) */
 	__u8 gil_only;         /* --gil: count only samples of threads holding the GIL */
-	__u8 pad[3];
+	__u8 thread_states;    /* --idle --states: mark each sample with its thread's state */
+	__u8 pad[2];
 };
 
 #endif

@@ -191,6 +191,11 @@ struct SampleArgs {
     /// not what waits for the GIL or runs C code that released it)
     #[arg(long)]
     gil: bool,
+    /// With --idle: put each sample under its thread's state, as the root
+    /// frame: running (GIL held or released), waiting for the GIL, or
+    /// released (in a named system call)
+    #[arg(long, requires = "idle")]
+    states: bool,
     /// A frame per line running in folded stacks, the flamegraph and
     /// speedscope (default: one frame per function)
     #[arg(long)]
@@ -382,6 +387,7 @@ impl Cli {
                     idle: args.idle,
                     threads: args.threads,
                     gil: args.gil,
+                    states: args.states,
                     view: crate::report::profile::FrameView { lines: args.lines, full_paths: args.full_paths, cwd: None },
                     top: args.top,
                     flamegraph: args.flamegraph,

@@ -121,3 +121,65 @@ fn gil_samples_of_a_free_threaded_build_are_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("free-threaded build: it has no GIL") && !err.contains("panicked"), "{err}");
 }
+
+/// Samples per (function of the fixture's threads, root frame) from folded stacks.
+fn samples_by_function_and_root(folded: &Path) -> HashMap<(String, String), f64> {
+    let mut by = HashMap::new();
+    for line in std::fs::read_to_string(folded).unwrap().lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap();
+        let root = stack.split(';').next().unwrap().to_string();
+        if let Some(f) = ["spin_a", "spin_b", "hasher", "sleeper"].iter().find(|f| stack.split(';').any(|frame| frame.starts_with(&format!("{f} ")))) {
+            *by.entry((f.to_string(), root)).or_insert(0.0) += n.parse::<f64>().unwrap();
+        }
+    }
+    by
+}
+
+/// `sample --idle --states` on the same fixture: the sleeper is released
+/// in select (glibc's pselect6) for at least its ten 50 ms timeouts (its
+/// time after each, taking the GIL back from a spinner, is a wait); a spinner holds the GIL for at least its CPU time
+/// and at most that plus its time runnable, and waits for the GIL the rest.
+fn states_follow_the_threads(label: &str, argv: Vec<String>, truth: PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let folded = dir.path().join("states.folded");
+    let mut args = vec!["sample", "--idle", "--states", "-r", "199", "--folded", folded.to_str().unwrap(), "--"];
+    args.extend(argv.iter().map(String::as_str));
+    let out = pytrace(&args);
+    assert!(out.status.success(), "{label}: pytrace {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let truth: HashMap<String, serde_json::Value> = serde_json::from_slice(&std::fs::read(&truth).unwrap()).unwrap();
+    let of = |f: &str| truth.values().find(|t| t["function"] == f).unwrap_or_else(|| panic!("{label}: no {f} in {truth:?}")).clone();
+    let num = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{label}: no {k} in {v}"));
+    let by = samples_by_function_and_root(&folded);
+    let total = |f: &str| by.iter().filter(|((g, _), _)| g == f).map(|(_, n)| n).sum::<f64>();
+    let share = |f: &str, root: &str| by.get(&(f.to_string(), root.to_string())).copied().unwrap_or(0.0) / total(f).max(1.0);
+
+    let sleeper = of("sleeper");
+    let asleep = 10.0 * 50e6 / num(&sleeper, "wall_ns");
+    let in_select = share("sleeper", "[released: pselect6]") + share("sleeper", "[released: select]");
+    assert!(total("sleeper") >= 20.0 && in_select >= asleep - 0.15, "{label}: sleeper released in select {in_select:.2} of its samples, in select at least {asleep:.2} of its time: {by:?}");
+    for f in ["spin_a", "spin_b"] {
+        let t = of(f);
+        let wall = num(&t, "wall_ns");
+        let (low, high) = (num(&t, "cpu_ns") / wall, (num(&t, "on_cpu_ns") + num(&t, "runnable_ns")) / wall);
+        let held = share(f, "[running (GIL held)]");
+        let waited = share(f, "[waiting for the GIL]");
+        assert!(held >= low - 0.1 && held <= high + 0.1, "{label}: {f} held the GIL in {held:.2} of its samples, truth {low:.2}-{high:.2}: {by:?}");
+        assert!(held + waited >= 0.9, "{label}: {f} is either running or waiting for the GIL: {held:.2} + {waited:.2}: {by:?}");
+    }
+}
+
+#[test]
+fn states_debian_3_11() {
+    let dir = tempfile::tempdir().unwrap();
+    let truth = dir.path().join("states-truth.json");
+    let argv = vec!["/usr/bin/python3.11".to_string(), fixture("gil_threads.py"), truth.to_str().unwrap().to_string(), longer(0.5)];
+    states_follow_the_threads("debian 3.11", argv, truth);
+}
+
+#[test]
+fn states_pyenv_3_12() {
+    let py = Interpreter::pyenv("3.12");
+    let (inside, host) = py.output("states-truth.json");
+    let argv = py.argv("gil_threads.py", &[&inside, &longer(0.5)]);
+    states_follow_the_threads("pyenv 3.12", argv, host);
+}

@@ -25,6 +25,7 @@ pub struct Options {
     pub idle: bool,
     pub threads: bool,
     pub gil: bool,
+    pub states: bool,
     /// How stacks name Python frames; run() fills in the target's cwd.
     pub view: FrameView,
     pub top: usize,
@@ -50,7 +51,7 @@ pub fn run(mut opts: Options) -> Result<i32> {
             outputs.push((format, Output::create(path)?));
         }
     }
-    let sample_opts = SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle, native: opts.native, threads: opts.threads, gil: opts.gil };
+    let sample_opts = SampleOptions { hz: opts.hz, kernel: opts.kernel, idle: opts.idle, native: opts.native, threads: opts.threads, gil: opts.gil, states: opts.states };
     match opts.target.take() {
         Some(spec) => {
             let (mut target, python) = Target::prepare(spec)?;

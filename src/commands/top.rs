@@ -54,7 +54,7 @@ pub fn run(opts: Options) -> Result<i32> {
     let mut screen: Option<Screen> = None;
     let mut last_update: Option<Instant> = None;
     let mut object = MaybeUninit::uninit();
-    let session = sample::Session::start(&mut object, Targets::One(pid, &python), &SampleOptions { hz: opts.hz, kernel: false, idle: false, native: false, threads: false, gil: false })?;
+    let session = sample::Session::start(&mut object, Targets::One(pid, &python), &SampleOptions { hz: opts.hz, kernel: false, idle: false, native: false, threads: false, gil: false, states: false })?;
     live.drive(
         session,
         |_, target| target.release(),

@@ -11,6 +11,7 @@ mod discovery;
 mod kernel_symbols;
 mod resolve;
 mod stacks;
+mod thread_states;
 
 use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
@@ -61,6 +62,9 @@ pub struct Options {
     pub threads: bool,
     /// Count only the samples of threads holding the GIL.
     pub gil: bool,
+    /// --idle: put each sample under its thread's state (running, waiting
+    /// for the GIL, released in a system call).
+    pub states: bool,
 }
 
 pub struct SampleData {
@@ -114,6 +118,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
         rodata.cfg.native = opts.native as u8;
         rodata.cfg.per_thread = opts.threads as u8;
         rodata.cfg.gil_only = opts.gil as u8;
+        rodata.cfg.thread_states = (opts.idle && opts.states) as u8;
         rodata.cfg.task_pt_regs = crate::kernel::Kernel::get().has(crate::kernel::Feature::TaskPtRegs) as u8;
         if opts.native {
             open.maps.records.set_max_entries(NATIVE_RING_BYTES).context("failed to size the sample ring buffer")?;

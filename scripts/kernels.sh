@@ -189,6 +189,7 @@ smoke_tests=(
   "formats pstats_equal_cprofile_on_this_machines_3_11_builds"
   "sample cpu_shares_match_the_known_split_within_two_points"
   "gil threads_own_measures_3_11"
+  "sample_gil gil_samples_debian_3_11_stripped"
   "matrix python_3_9::calls_equal_cprofile"
   "matrix python_3_9::usdt_mode_counts_equal_cprofile"
   "matrix python_3_9::gc_equals_gc_callbacks"
@@ -201,6 +202,7 @@ smoke_tests=(
 newer_tests=(
   "sample idle_sees_sleeping_threads_and_on_cpu_does_not"
   "matrix python_3_9::sample_idle_sees_sleepers"
+  "sample_gil states_debian_3_11"
 )
 
 smoke() {

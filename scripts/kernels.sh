@@ -189,7 +189,6 @@ smoke_tests=(
   "formats pstats_equal_cprofile_on_this_machines_3_11_builds"
   "sample cpu_shares_match_the_known_split_within_two_points"
   "gil threads_own_measures_3_11"
-  "sample_gil gil_samples_debian_3_11_stripped"
   "matrix python_3_9::calls_equal_cprofile"
   "matrix python_3_9::usdt_mode_counts_equal_cprofile"
   "matrix python_3_9::gc_equals_gc_callbacks"

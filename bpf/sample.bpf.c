@@ -121,6 +121,7 @@ struct native_record _native_record = {};
 struct stack_key _stack_key = {};
 enum sample_counter _sample_counter = 0;
 enum record_kind _record_kind = 0;
+enum thread_state _thread_state = 0;
 
 /* A stack's hash: each word the walk read mixed in turn (a multiply and
  * xor-shift per word, as in MurmurHash3's finalizer), plus markers for what
@@ -132,6 +133,7 @@ enum record_kind _record_kind = 0;
 #define HASH_TRUNCATED 3
 #define HASH_ENTRY 4
 #define HASH_KERNEL 5
+#define HASH_STATE 6
 
 static __always_inline __u64 mix(__u64 hash, __u64 word)
 {
@@ -192,6 +194,7 @@ static __always_inline struct py_frame_ref *frame_slot(struct sample_stack *rec,
 #define WALK(name) CAT(name, _current)
 #define WALK_READ(dst, size, src, task) bpf_probe_read_user(dst, size, src)
 #include "sample_walk.bpf.h"
+#include "sample_gil.bpf.h"
 #undef WALK
 #undef WALK_READ
 
@@ -199,6 +202,7 @@ static __always_inline struct py_frame_ref *frame_slot(struct sample_stack *rec,
 #define WALK(name) CAT(name, _task)
 #define WALK_READ(dst, size, src, task) bpf_copy_from_user_task(dst, size, src, task, 0)
 #include "sample_walk.bpf.h"
+#include "sample_gil.bpf.h"
 #undef WALK
 #undef WALK_READ
 
@@ -343,6 +347,8 @@ int sample_thread(struct bpf_perf_event_data *ctx)
 	if (!t || !(s = bpf_map_lookup_elem(&scratch, &zero)))
 		return 0;
 	task = (struct task_struct *)bpf_get_current_task();
+	if (leave_out_for_gil_current(t, tid, task, BPF_CORE_READ(task, thread.fsbase)))
+		return 0;
 	hash = walk_python_current(t, s, tid, task, BPF_CORE_READ(task, thread.fsbase));
 	s->rec.kernel_frames = 0;
 	if (cfg.kernel_stacks)
@@ -413,8 +419,14 @@ int sample_all_threads(struct bpf_iter__task *ctx)
 	t = bpf_map_lookup_elem(&processes, &pid);
 	if (!t || !(s = bpf_map_lookup_elem(&scratch, &zero)))
 		return 0;
+	if (leave_out_for_gil_task(t, tid, task, task->thread.fsbase))
+		return 0;
 	known.pid = key.pid = pid;
 	known.hash = key.hash = walk_python_task(t, s, tid, task, task->thread.fsbase);
+	if (cfg.thread_states) {
+		s->rec.thread_state = thread_state_of_task(t, tid, task, task->thread.fsbase, &s->rec.syscall);
+		known.hash = key.hash = mix(mix(key.hash, HASH_STATE + s->rec.thread_state), (__u32)s->rec.syscall);
+	}
 	key.tid = cfg.per_thread || cfg.native ? tid : 0;
 	s->rec.kernel_frames = 0;
 	if (!SEND_IF_NEW(&s->rec, &known, t, task, read_names_task))

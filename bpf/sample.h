@@ -56,13 +56,24 @@ struct sample_stack {
 	__s32 kernel_frames;  /* kernel return addresses, innermost first; negative: bpf_get_stack's error */
 	__u8 truncated;       /* more frames than MAX_FRAMES */
 	__u8 no_python;       /* the thread runs no Python code (no thread state or frame) */
-	__u8 pad[6];
+	__u8 thread_state;    /* --idle --states: enum thread_state, else 0 */
+	__u8 pad;
+	__s32 syscall;        /* THREAD_RELEASED: the system call it is in, or -1 */
 	/* Bit i (of word i / 64): frame i is the first one its C-level
 	 * _PyEval_EvalFrameDefault call ran, so it and the frames inside it up to
 	 * the previous such frame are that call's (--native merges by it). */
 	__u64 entry[MAX_FRAMES / 64];
 	__u64 kernel[MAX_KERNEL_FRAMES];
 	struct py_frame_ref frame[MAX_FRAMES];
+};
+
+/* --idle --states: what a sampled thread was doing, as a stack's root. */
+enum thread_state {
+	THREAD_STATE_NONE = 0,
+	THREAD_RUNNING = 1,          /* holding the GIL (on CPU or waiting for one) */
+	THREAD_RUNNING_NO_GIL = 2,   /* on CPU without the GIL: C code that released it */
+	THREAD_WAITING_FOR_GIL = 3,  /* asleep on the GIL's condition or mutex */
+	THREAD_RELEASED = 4,         /* without the GIL, off CPU: in `syscall`, or preempted */
 };
 
 /* --native: one record per sample, since the copied stack can only be
@@ -97,6 +108,8 @@ enum sample_counter {
 			       * registers were not saved anywhere BPF can read them */
 	SAMPLE_COUNTS_FULL,   /* the counts map held as many stacks as it can until user space drained it */
 	SAMPLE_KERNEL_STACK_FAILED, /* --kernel: bpf_get_stack failed; the sample has no kernel frames */
+	SAMPLE_GIL_NOT_HELD,  /* --gil: samples left out, their thread not holding the GIL */
+	SAMPLE_GIL_UNREADABLE, /* --gil: samples left out, the GIL's state not readable (or not a GIL's) */
 	SAMPLE_COUNTER_COUNT,
 };
 
@@ -121,6 +134,15 @@ struct sample_target {
 	__u32 tstate_thread_id;
 	__u32 interp_threads_head;
 	__u32 tstate_next;
+	/* --gil: where the GIL's state is. 3.9-3.11: one for the runtime, at
+	 * gil_address; 3.12+: each interpreter's, at the pointer at
+	 * interp_gil in the thread's interpreter (gil_address 0). gil_size 0:
+	 * none known (a free-threaded build). */
+	__u64 gil_address;
+	__u32 interp_gil;
+	__u32 gil_last_holder; /* the PyThreadState that took it last */
+	__u32 gil_locked;      /* an int: 1 while held */
+	__u32 gil_size;
 };
 
 #define MAX_PROCESSES 4096
@@ -145,7 +167,9 @@ struct sample_config {
 	__u8 native;           /* also record user registers and stack */
 	__u8 per_thread;       /* count stacks per thread (--threads) */
 	__u8 task_pt_regs;     /* --native: use bpf_task_pt_regs (else the kernel stack's top, as before 5.15) */
-	__u8 pad[4];
+	__u8 gil_only;         /* --gil: count only samples of threads holding the GIL */
+	__u8 thread_states;    /* --idle --states: mark each sample with its thread's state */
+	__u8 pad[2];
 };
 
 #endif

@@ -55,6 +55,8 @@ class Python:
 
 DEBIAN = Python("Debian 3.11.2 (probes)", "/usr/bin/python3.11")
 NO_PROBES = Python("3.11 without probes, shared libpython", NODTRACE)
+# pyenv's 3.12 (scripts/pythons.sh pyenv-3.12, passed on by bench.sh).
+PYENV_312 = os.environ["PYTRACE_BENCH_PYENV_312"]
 SID_315 = Python("Debian sid 3.15 (chroot)", "/usr/bin/python3.15", SID_ROOT)
 
 
@@ -599,6 +601,38 @@ def imports_table():
     )
 
 
+# --- gil: what each GIL release and take costs under `pytrace gil` ------------
+
+GIL_SWITCHES = 200000
+
+
+def gil_table():
+    """fixtures/gil_switches.py untraced and under `pytrace gil`, interleaved:
+    one thread releasing and taking the GIL back (nobody else wants it) and
+    two threads handing it to each other. The probes run in the target's
+    context, so the added time is the cost."""
+    rows = []
+    pythons = (Python("3.11 without probes (symbols)", NODTRACE), Python("pyenv 3.12", PYENV_312))
+    for python in pythons:
+        for threads in (1, 2):
+            progress(f"gil, {threads} thread(s), on {python.label}")
+            argv = python.argv("gil_switches.py", "--switches", GIL_SWITCHES, "--threads", threads, "--timing")
+            base, traced, report = [], [], os.path.join(TMP, "gil.json")
+            for _ in range(REPEATS):
+                base.append(workload_seconds(start(argv).communicate()[1]))
+                traced.append(workload_seconds(start([PYTRACE, "gil", "--json", report, "--", *argv]).communicate()[1]))
+            r = json.load(open(report))
+            switches = sum(t["switches"] for t in r["threads"])
+            b, t = fastest(base), fastest(traced)
+            what = "release and take back" if threads == 1 else "2 threads releasing"
+            rows.append(f"| {python.label} | {what} | {switches:,} | {b / GIL_SWITCHES * 1e6:.2f} | {t / GIL_SWITCHES * 1e6:.2f} | "
+                        f"{(t - b) / GIL_SWITCHES * 1e6:+.2f} |")
+    return (
+        "| CPython | workload | switches seen | µs per release untraced | µs under pytrace gil | µs added |\n"
+        "|---|---|---|---|---|---|\n" + "\n".join(rows)
+    )
+
+
 def main():
     shutil.copytree(FIXTURES, os.path.join(SID_ROOT, INSIDE[1:]), dirs_exist_ok=True)
     # profiling.sampling runs inside the root and reads /proc/PID/maps.
@@ -643,6 +677,12 @@ def main():
              f"fixtures/bypassed_calls.py, {BYPASSED_COUNT} iterations, started by pytrace; CPU time of the loop (the probes "
              "run in the target's context). The close row is the close loop's added time minus that of the same loop "
              "without close()."),
+            ("`gil`: cost per GIL release and switch", gil_table,
+             f"fixtures/gil_switches.py, {GIL_SWITCHES} GIL releases (select() with a zero timeout), started by pytrace; "
+             "wall time of the workload, per release. Each release is a drop_gil and a take_gil: four probe hits. "
+             "\"switches seen\" is `pytrace gil`'s count of acquisitions after another thread held the GIL: with two "
+             "threads the one that lets go mostly takes the GIL back before the other wakes, so few releases are "
+             "switches, and a release costs the same either way."),
             ("`imports`: cost to a program running Python calls", imports_table,
              f"fixtures/callgraph.py, {CALL_ROUNDS} rounds (no imports while it runs), started by pytrace."),
         ]

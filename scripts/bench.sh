@@ -21,6 +21,8 @@ work=$(mktemp -d)
 venv=${PYTRACE_CACHE:-/var/cache/pytrace}/bench-venv
 [ -x "$venv/bin/py-spy" ] || { /usr/bin/python3.11 -m venv "$venv" && "$venv/bin/pip" install -q py-spy; } >&2
 sid=$(scripts/pythons.sh root-sid)
+PYTRACE_BENCH_PYENV_312=$(scripts/pythons.sh pyenv-3.12)
+export PYTRACE_BENCH_PYENV_312
 stats_before=$(sysctl -n kernel.bpf_stats_enabled)
 sysctl -qw kernel.bpf_stats_enabled=1
 trap 'sysctl -qw kernel.bpf_stats_enabled="$stats_before"; rm -rf "$work"' EXIT

@@ -192,6 +192,7 @@ smoke_tests=(
 newer_tests=(
   "sample idle_sees_sleeping_threads_and_on_cpu_does_not"
   "matrix python_3_9::sample_idle_sees_sleepers"
+  "sample_gil states_debian_3_11"
 )
 
 smoke() {

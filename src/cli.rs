@@ -187,6 +187,15 @@ struct SampleArgs {
     /// Split stacks by thread (name and TID)
     #[arg(long)]
     threads: bool,
+    /// Only samples where the thread holds the GIL (what runs Python code,
+    /// not what waits for the GIL or runs C code that released it)
+    #[arg(long)]
+    gil: bool,
+    /// With --idle: put each sample under its thread's state, as the root
+    /// frame: running (GIL held or released), waiting for the GIL, or
+    /// released (in a named system call)
+    #[arg(long, requires = "idle")]
+    states: bool,
     /// A frame per line running in folded stacks, the flamegraph and
     /// speedscope (default: one frame per function)
     #[arg(long)]
@@ -380,7 +389,7 @@ impl Cli {
                 commands::sample::run(commands::sample::Options {
                     target,
                     duration,
-                    sampling: crate::tracing::sample::Options { hz: args.rate, kernel: args.kernel, idle: args.idle, native: args.native, threads: args.threads },
+                    sampling: crate::tracing::sample::Options { hz: args.rate, kernel: args.kernel, idle: args.idle, native: args.native, threads: args.threads, gil: args.gil, states: args.states },
                     view: crate::report::profile::FrameView { lines: args.lines, full_paths: args.full_paths, cwd: None },
                     top: args.top,
                     outputs: formats.into_iter().filter_map(|(format, path)| Some((format, path?))).collect(),

@@ -25,7 +25,7 @@ pub fn run(opts: Options) -> Result<i32> {
     // memory: said before anything is loaded.
     crate::kernel::Kernel::get().require(crate::kernel::Feature::CopyFromUserTask, "pytrace dump")?;
     let python = Python::from_pid(opts.pid)?;
-    let sample_opts = SampleOptions { hz: 1, kernel: false, idle: true, native: opts.native, threads: true };
+    let sample_opts = SampleOptions { hz: 1, kernel: false, idle: true, native: opts.native, threads: true, gil: false, states: false };
     let data = sample::snapshot(Targets::One(opts.pid, &python), &sample_opts)?;
     let mut threads: Vec<ThreadStack> = data
         .samples

@@ -43,7 +43,7 @@ pub fn run(opts: Options) -> Result<i32> {
         pid,
         python: PythonInfo { version: python.version.to_string(), mode: MODE.into() },
         duration_ns: data.window_ns,
-        held_ns: threads.iter().map(|t| t.held_ns).sum(),
+        held_ns: threads.iter().map(|t| t.thread.held_ns).sum(),
         lost_events: data.counters.lost(),
         counters: data.counters,
         threads,

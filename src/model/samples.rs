@@ -24,6 +24,10 @@ pub enum Frame {
     NoPython,
     /// With --all: the process, as the root frame.
     Process(String),
+    /// With --idle --states: what the thread was doing (running, waiting
+    /// for the GIL, released in a system call), as the root frame (under
+    /// the process with --all).
+    ThreadState(String),
     /// A sample taken inside pytrace's own uprobes, while `calls` traces
     /// the same target (`pytrace compare` sets these apart).
     Probes,

@@ -18,18 +18,12 @@ pub struct WaitDistribution {
     pub max_ns: u64,
 }
 
+/// A thread as the probes measured it, with its waits' distribution
+/// summarized (the JSON has the thread's fields at the row's top level).
 #[derive(Serialize)]
 pub struct ThreadRow {
-    pub tid: u32,
-    pub name: String,
-    pub held_ns: u64,
-    pub wait_ns: u64,
-    pub released_ns: u64,
-    pub lifetime_ns: u64,
-    pub exited: bool,
-    pub acquisitions: u64,
-    pub switches: u64,
-    pub drops: u64,
+    #[serde(flatten)]
+    pub thread: ThreadGil,
     pub wait: WaitDistribution,
 }
 
@@ -140,19 +134,7 @@ impl ThreadRow {
             p99_ns: percentile(b, 0.99, t.max_wait_ns),
             max_ns: t.max_wait_ns,
         };
-        ThreadRow {
-            tid: t.tid,
-            name: t.name,
-            held_ns: t.held_ns,
-            wait_ns: t.wait_ns,
-            released_ns: t.released_ns,
-            lifetime_ns: t.lifetime_ns,
-            exited: t.exited,
-            acquisitions: t.acquisitions,
-            switches: t.switches,
-            drops: t.drops,
-            wait,
-        }
+        ThreadRow { thread: t, wait }
     }
 }
 
@@ -177,7 +159,8 @@ impl GilReport {
             "{:>8}  {:<16} {:>9} {:>6} {:>9} {:>6} {:>9} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
             "TID", "THREAD", "HELD", "%", "WAITED", "%", "RELEASED", "%", "TAKEN", "SWITCHES", "WAIT p50", "p90", "p99", "max"
         ));
-        for t in &self.threads {
+        for row in &self.threads {
+            let (t, wait) = (&row.thread, &row.wait);
             let life = t.lifetime_ns;
             out.push_str(&format!(
                 "{:>8}  {:<16} {:>9} {:>5.1}% {:>9} {:>5.1}% {:>9} {:>5.1}% {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}{}\n",
@@ -191,10 +174,10 @@ impl GilReport {
                 share(t.released_ns, life),
                 thousands(t.acquisitions),
                 thousands(t.switches),
-                human_ns(t.wait.p50_ns),
-                human_ns(t.wait.p90_ns),
-                human_ns(t.wait.p99_ns),
-                human_ns(t.wait.max_ns),
+                human_ns(wait.p50_ns),
+                human_ns(wait.p90_ns),
+                human_ns(wait.p99_ns),
+                human_ns(wait.max_ns),
                 if t.exited { "  (exited)" } else { "" },
             ));
         }

@@ -56,7 +56,7 @@ pub fn probe_points(python: &Python) -> Result<GilProbes> {
 pub type WaitBucket = (u64, u64, u64);
 
 /// One thread's time with the GIL inside the session.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ThreadGil {
     pub tid: u32,
     pub name: String,
@@ -70,9 +70,12 @@ pub struct ThreadGil {
     pub acquisitions: u64,
     pub switches: u64,
     pub drops: u64,
+    /// Reported as the distribution's max.
+    #[serde(skip)]
     pub max_wait_ns: u64,
     /// The waits before each acquisition, by lowest value (see
-    /// GIL_SUB_BUCKET_BITS in bpf/gil.h).
+    /// GIL_SUB_BUCKET_BITS in bpf/gil.h); reported as percentiles.
+    #[serde(skip)]
     pub wait_buckets: Vec<WaitBucket>,
 }
 

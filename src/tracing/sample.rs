@@ -11,6 +11,7 @@ mod discovery;
 mod kernel_symbols;
 mod resolve;
 mod stacks;
+mod thread_states;
 
 use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
@@ -59,6 +60,11 @@ pub struct Options {
     pub native: bool,
     /// Keep samples apart per thread.
     pub threads: bool,
+    /// Count only the samples of threads holding the GIL.
+    pub gil: bool,
+    /// --idle: put each sample under its thread's state (running, waiting
+    /// for the GIL, released in a system call).
+    pub states: bool,
 }
 
 pub struct SampleData {
@@ -98,11 +104,21 @@ impl<'obj, 'a> Session<'obj, 'a> {
     /// targets are sampled (once their interpreter is located, see
     /// `between_polls`).
     pub fn start(object: &'obj mut MaybeUninit<OpenObject>, targets: Targets<'a>, opts: &Options) -> Result<Self> {
+        if let (true, Targets::One(_, python)) = (opts.gil, &targets) {
+            if crate::python::gil_state::for_layout(&python.layout).is_none() {
+                anyhow::bail!(
+                    "Python {} is a free-threaded build: it has no GIL, so `sample --gil` would keep no sample; sample without --gil",
+                    python.version
+                );
+            }
+        }
         let mut open = SampleSkelBuilder::default().open(object).context("failed to open the sample BPF program")?;
         let rodata = open.maps.rodata_data.as_deref_mut().context("the sample BPF program has no rodata")?;
         rodata.cfg.kernel_stacks = opts.kernel as u8;
         rodata.cfg.native = opts.native as u8;
         rodata.cfg.per_thread = opts.threads as u8;
+        rodata.cfg.gil_only = opts.gil as u8;
+        rodata.cfg.thread_states = (opts.idle && opts.states) as u8;
         rodata.cfg.task_pt_regs = crate::kernel::Kernel::get().has(crate::kernel::Feature::TaskPtRegs) as u8;
         if opts.native {
             open.maps.records.set_max_entries(NATIVE_RING_BYTES).context("failed to size the sample ring buffer")?;
@@ -280,6 +296,10 @@ impl<'obj, 'a> Session<'obj, 'a> {
         ];
         if self.opts.kernel {
             names.push(("kernel_stack_failed", Informational, "samples without their kernel frames", sample_counter::SAMPLE_KERNEL_STACK_FAILED.0));
+        }
+        if self.opts.gil {
+            names.push(("gil_not_held", Informational, "--gil: samples left out, their thread not holding the GIL", sample_counter::SAMPLE_GIL_NOT_HELD.0));
+            names.push(("gil_unreadable", Lost, "--gil: samples lost, the GIL's state unreadable or not a GIL's", sample_counter::SAMPLE_GIL_UNREADABLE.0));
         }
         if self.opts.native {
             names.push(("native_no_user_regs", Informational, "samples with no user registers: no native frames", sample_counter::SAMPLE_NO_USER_REGS.0));

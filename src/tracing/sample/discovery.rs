@@ -238,6 +238,24 @@ fn target_entry(python: &Python, interpreters_head: u64) -> sample_target {
         tstate_thread_id: l.tstate_thread_id,
         interp_threads_head: l.interp_threads_head,
         tstate_next: l.tstate_next,
+        ..gil_fields(l, interpreters_head)
+    }
+}
+
+/// --gil: where the sampler finds the GIL (none known: gil_size 0).
+fn gil_fields(l: &crate::python::Layout, interpreters_head: u64) -> sample_target {
+    let Some(gil) = crate::python::gil_state::for_layout(l) else { return sample_target::default() };
+    let runtime = interpreters_head.wrapping_sub(l.runtime_interpreters_head as u64);
+    sample_target {
+        gil_address: match gil.runtime_gil {
+            Some(offset) if interpreters_head != 0 => runtime + offset as u64,
+            _ => 0,
+        },
+        interp_gil: gil.interp_gil.unwrap_or(NO_FIELD),
+        gil_last_holder: gil.last_holder,
+        gil_locked: gil.locked,
+        // No GIL until the runtime's address is known.
+        gil_size: if gil.runtime_gil.is_some() && interpreters_head == 0 { 0 } else { gil.size },
         ..Default::default()
     }
 }

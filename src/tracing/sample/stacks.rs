@@ -37,6 +37,8 @@ struct RawStack {
     entry: [u64; 4],
     truncated: bool,
     no_python: bool,
+    /// --idle --states: the thread's state, the root (under the process).
+    state: Option<Rc<Frame>>,
     /// Named on arrival, innermost first.
     kernel: Vec<Rc<Frame>>,
     /// The Python frames as named on arrival, innermost first, and the
@@ -235,6 +237,7 @@ impl Stacks {
             entry: rec.entry,
             truncated: rec.truncated != 0,
             no_python: rec.no_python != 0,
+            state: super::thread_states::label(rec.thread_state, rec.syscall).map(|s| Rc::new(Frame::ThreadState(s))),
             kernel,
             // Named by name_new, with the other stacks of this read of the ring.
             named: Vec::new(),
@@ -320,6 +323,7 @@ impl Stacks {
             // Whatever native code the thread runs, under one root.
             frames.push(self.markers.no_python.clone());
         }
+        frames.extend(raw.state.clone());
         if self.label_processes {
             frames.push(label);
         }
@@ -462,12 +466,13 @@ fn stale(raw: &mut RawStack, drain: u64, process: &mut super::discovery::Process
     changed
 }
 
-/// A stack's frames, outermost first: its process (with --all), the
-/// truncation marker, the Python frames, the no-Python marker, the kernel
+/// A stack's frames, outermost first: its process (with --all), its
+/// thread's state (--states), the truncation marker, the Python frames, the no-Python marker, the kernel
 /// frames.
 fn full_stack(raw: &RawStack, markers: &Markers, label: Option<Rc<Frame>>) -> Vec<Rc<Frame>> {
     let mut frames = Vec::with_capacity(raw.named.len() + raw.kernel.len() + 3);
     frames.extend(label);
+    frames.extend(raw.state.clone());
     if raw.truncated {
         frames.push(markers.truncated.clone());
     }

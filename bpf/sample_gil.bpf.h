@@ -1,0 +1,101 @@
+/* --gil for bpf/sample.bpf.c: whether a sampled thread holds the GIL,
+ * included once per way of reading the target's memory, as
+ * sample_walk.bpf.h (whose WALK and WALK_READ it uses). No include guard,
+ * on purpose.
+ *
+ * A thread holds the GIL when the GIL is locked and the thread state that
+ * took it last is the thread's: take_gil sets last_holder once it has the
+ * GIL, drop_gil clears locked and leaves last_holder. (Read one after the
+ * other: a hand-over in between is a race of nanoseconds in a sample.) */
+
+#ifndef SAMPLE_GIL_HOLDING
+#define SAMPLE_GIL_HOLDING
+enum gil_holding {
+	GIL_UNREADABLE = -1,
+	GIL_NOT_HOLDING = 0,
+	GIL_HOLDING = 1,
+};
+#endif
+
+/* The GIL of the thread whose state is `tstate`, or 0. */
+static __always_inline __u64 WALK(gil_of)(const struct sample_target *t, __u64 tstate, struct task_struct *task)
+{
+	__u64 interp;
+
+	if (!t->gil_size)
+		return 0;
+	if (t->gil_address || t->interp_gil == PY_NO_FIELD)
+		return t->gil_address;
+	interp = WALK(read_ptr)(tstate, t->layout.tstate_interp, task);
+	return interp ? WALK(read_ptr)(interp, t->interp_gil, task) : 0;
+}
+
+static __always_inline int WALK(holds_gil)(const struct sample_target *t, __u64 tstate, __u64 gil, struct task_struct *task)
+{
+	__u64 holder = 0;
+	__s32 locked = 0;
+
+	if (!gil || WALK_READ(&locked, sizeof(locked), (const void *)(gil + t->gil_locked), task) ||
+	    WALK_READ(&holder, sizeof(holder), (const void *)(gil + t->gil_last_holder), task))
+		return GIL_UNREADABLE;
+	/* locked is 0 or 1 in a real GIL: anything else is not one. */
+	if (locked != 0 && locked != 1)
+		return GIL_UNREADABLE;
+	return locked == 1 && holder == tstate ? GIL_HOLDING : GIL_NOT_HOLDING;
+}
+
+/* --gil: true if the sample is to be left out (counted why). */
+static __always_inline bool WALK(leave_out_for_gil)(const struct sample_target *t, __u32 tid, struct task_struct *task,
+						    __u64 thread_pointer)
+{
+	__u64 tstate;
+	int holding;
+
+	if (!cfg.gil_only)
+		return false;
+	tstate = WALK(thread_state)(t, tid, task, thread_pointer);
+	if (!tstate) {
+		count(SAMPLE_GIL_NOT_HELD);
+		return true;
+	}
+	holding = WALK(holds_gil)(t, tstate, WALK(gil_of)(t, tstate, task), task);
+	if (holding == GIL_HOLDING)
+		return false;
+	count(holding == GIL_UNREADABLE ? SAMPLE_GIL_UNREADABLE : SAMPLE_GIL_NOT_HELD);
+	return true;
+}
+
+/* x86-64's futex system call: where a thread waiting for the GIL sleeps,
+ * on the GIL's condition variable or mutex (both inside the GIL). */
+#define SYSCALL_FUTEX 202
+
+/* --idle --states: what the thread is doing (enum thread_state), and the
+ * system call it sleeps in. For a thread that is not running, its entry
+ * into the kernel saved its registers: orig_ax holds the system call's
+ * number (negative for an interrupt), di its first argument. */
+static __always_inline __u8 WALK(thread_state_of)(const struct sample_target *t, __u32 tid, struct task_struct *task,
+						  __u64 thread_pointer, __s32 *syscall)
+{
+	__u64 tstate = WALK(thread_state)(t, tid, task, thread_pointer), gil = 0;
+	struct pt_regs *regs;
+	long nr;
+
+	*syscall = -1;
+	if (tstate) {
+		gil = WALK(gil_of)(t, tstate, task);
+		if (WALK(holds_gil)(t, tstate, gil, task) == GIL_HOLDING)
+			return THREAD_RUNNING;
+	}
+	if (task->on_cpu)
+		return THREAD_RUNNING_NO_GIL;
+	regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	if (!regs)
+		return THREAD_RELEASED;
+	nr = BPF_CORE_READ(regs, orig_ax);
+	if (nr < 0)
+		return THREAD_RELEASED;
+	if (nr == SYSCALL_FUTEX && gil && BPF_CORE_READ(regs, di) - gil < t->gil_size)
+		return THREAD_WAITING_FOR_GIL;
+	*syscall = nr;
+	return THREAD_RELEASED;
+}

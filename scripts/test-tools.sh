@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # The programs the tests read pytrace's outputs back with, as a user would:
 # Go's pprof (golang-go, `go tool pprof`) and Graphviz for its -svg, for the
-# --pprof files; tmux, a terminal for `pytrace top`. Debian's packages;
-# safe to run again.
+# --pprof files; tmux, a terminal for `pytrace top`; Chromium (headless),
+# driven by playwright-core, to open --speedscope files in the speedscope app
+# (its npm package) and --flamegraph SVGs; snakeviz and gprof2dot for the
+# --pstats files. Debian's packages, then npm and pip packages at pinned
+# versions cached under /var/cache/pytrace/viewers; safe to run again.
+#
+# Prints nothing on standard output; the tests find the cache at
+# $PYTRACE_VIEWERS (default /var/cache/pytrace/viewers).
 set -euo pipefail
-packages=(golang-go graphviz tmux)
+packages=(golang-go graphviz tmux chromium python3.11-venv)
+# A Node.js from elsewhere (nodesource's bundles npm) will do.
+command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -13,4 +21,27 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "installing the tests' tools: ${missing[*]}" >&2
   apt-get -o DPkg::Lock::Timeout=600 update -qq
   DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "${missing[@]}" >/dev/null
+fi
+
+viewers=${PYTRACE_VIEWERS:-/var/cache/pytrace/viewers}
+mkdir -p "$viewers"
+# The versions are part of the cache's name: changing one installs afresh.
+node_packages=(speedscope@1.25.0 playwright-core@1.65.1)
+node_stamp="$viewers/node.${node_packages[*]}.done"
+node_stamp=${node_stamp// /+}
+if [ ! -e "$node_stamp" ]; then
+  echo "installing the tests' npm packages: ${node_packages[*]}" >&2
+  # playwright-core downloads no browser: the tests point it at Debian's chromium.
+  npm install --prefix "$viewers/node" --no-audit --no-fund --loglevel=error "${node_packages[@]}" >&2
+  touch "$node_stamp"
+fi
+pip_packages=(snakeviz==2.2.2 gprof2dot==2025.4.14)
+pip_stamp="$viewers/venv.${pip_packages[*]}.done"
+pip_stamp=${pip_stamp// /+}
+if [ ! -e "$pip_stamp" ]; then
+  echo "installing the tests' pip packages: ${pip_packages[*]}" >&2
+  rm -rf "$viewers/venv"
+  python3.11 -m venv "$viewers/venv"
+  "$viewers/venv/bin/pip" install -q --disable-pip-version-check "${pip_packages[@]}" >&2
+  touch "$pip_stamp"
 fi

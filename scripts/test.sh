@@ -17,7 +17,8 @@ stage() {
 }
 
 stage install scripts/install.sh --no-demo
-# What the tests read outputs back with (go tool pprof, Graphviz, tmux).
+# What the tests read outputs back with: go tool pprof, Graphviz, tmux,
+# headless Chromium with the speedscope app, snakeviz and gprof2dot.
 stage test-tools scripts/test-tools.sh
 # The second CPython 3.11 the tests need: no USDT probes, shared libpython.
 PYTRACE_NODTRACE_PYTHON=$(stage nodtrace-3.11 scripts/pythons.sh nodtrace-3.11)

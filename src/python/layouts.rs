@@ -199,7 +199,7 @@ pub enum InstanceDict {
     TypeOffset,
     /// The dict pointer, or NULL and a values pointer one word before (3.11).
     ValuesPointer,
-    /// The dict pointer, or the values pointer plus one (3.12).
+    /// The dict pointer, or the values' address minus one (odd: 3.12).
     TaggedValues,
     /// The dict pointer, or NULL and the values inline after tp_basicsize
     /// (3.13+).

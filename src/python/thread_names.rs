@@ -128,7 +128,8 @@ impl Reader<'_> {
         ensure!(flags & o.flag_managed_dict as u64 != 0, "no managed dict");
         let dict = self.word(obj.wrapping_sub(o.managed_dict_before as u64))?;
         let values = match o.instance_dict {
-            InstanceDict::TaggedValues if dict & 1 == 1 => dict - 1,
+            // _PyDictOrValues_SetValues stores the values' address minus one.
+            InstanceDict::TaggedValues if dict & 1 == 1 => dict + 1,
             _ if dict != 0 => return self.dict_items(dict),
             InstanceDict::ValuesPointer => self.word(obj.wrapping_sub(o.managed_values_before as u64))?,
             InstanceDict::InlineValues => {

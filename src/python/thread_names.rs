@@ -278,3 +278,46 @@ pub struct NameSource {
     /// Why no Python name could be read at all, if so.
     pub failure: Option<String>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::python::layouts::LAYOUTS;
+
+    /// Garbage where every pointer leads (random words in this process,
+    /// unmapped addresses, NULL): every version's reader refuses it, never
+    /// panics, never loops.
+    #[test]
+    fn garbage_is_refused_without_panicking() {
+        let mut seed = 0x9e3779b97f4a7c15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let words: Vec<u64> = (0..4096).map(|_| next()).collect();
+        // Some words point back into the buffer, so reads go on a while.
+        let base = words.as_ptr() as u64;
+        let words: Vec<u64> = words.iter().map(|w| if w % 3 == 0 { base + (w % 4000) * 8 } else { *w }).collect();
+        let base = words.as_ptr() as u64;
+        for layout in LAYOUTS {
+            let reader = Reader {
+                mem: Memory::open(std::process::id()).unwrap(),
+                layout,
+                o: &layout.objects,
+                dict_type: words[1],
+                str_type: words[2],
+                int_type: words[3],
+                module_type: words[4],
+            };
+            for start in [0, 8, u64::MAX - 7, base, base + 800, base + 16_000] {
+                assert!(reader.names(start).is_err() || start == base, "{:?} at {start:#x}", layout.version);
+                let _ = reader.attributes(start);
+                let _ = reader.dict_items(start);
+                let _ = reader.keys_items(start, Some(base));
+                let _ = reader.small_int(start);
+            }
+        }
+    }
+}

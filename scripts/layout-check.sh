@@ -20,14 +20,15 @@ table_path, generated_path, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 def rows(text):
     """Each row as (key, comment, body lines), the key its version and build."""
     out = {}
-    for m in re.finditer(r"^ *(// CPython (\S+), from its headers[^\n]*)\n(.*?^ *\}),?$", text, re.S | re.M):
-        body = [line.strip() for line in m.group(3).splitlines()]
+    # A row ends at the brace as deep as its comment (nested structs close deeper).
+    for m in re.finditer(r"^( *)(// CPython (\S+), from its headers[^\n]*)\n(.*?^\1\}),?$", text, re.S | re.M):
+        body = [line.strip() for line in m.group(4).splitlines()]
         version = next(l for l in body if l.startswith("version: ("))
         free = next(l for l in body if l.startswith("free_threaded:"))
         key = (version, "free-threaded" if "true" in free else "default build")
         if key in out:
             sys.exit(f"layout-check: two rows for {key}")
-        out[key] = (m.group(2), m.group(1).strip(), body)
+        out[key] = (m.group(3), m.group(2).strip(), body)
     return out
 
 table_text = open(table_path).read()

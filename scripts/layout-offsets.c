@@ -19,6 +19,29 @@
 #include <internal/pycore_interp.h>
 #include <opcode.h>
 #include <internal/pycore_runtime.h>
+#if PY_VERSION_HEX >= 0x030B0000
+#include <internal/pycore_dict.h>
+#include <internal/pycore_moduleobject.h>
+#include <internal/pycore_object.h>
+#else
+#include <longintrepr.h>
+/* 3.9 and 3.10 declare a dict's keys object in Objects/dict-common.h,
+ * which is not installed: its head and entries as that file declares
+ * them (thread_names.rs checks every value it reads from them). */
+struct _dictkeysobject {
+    Py_ssize_t dk_refcnt;
+    Py_ssize_t dk_size;
+    void *dk_lookup;
+    Py_ssize_t dk_usable;
+    Py_ssize_t dk_nentries;
+    char dk_indices[];
+};
+typedef struct {
+    Py_hash_t me_hash;
+    PyObject *me_key;
+    PyObject *me_value;
+} PyDictKeyEntry;
+#endif
 #if PY_VERSION_HEX >= 0x030E0000
 #include <internal/pycore_interpframe_structs.h>
 #include <internal/pycore_stackref.h>
@@ -244,6 +267,115 @@ int main(void)
     FIELD("gc_item_collections", offsetof(struct gc_generation_stats, collections));
     FIELD("gc_item_collected", offsetof(struct gc_generation_stats, collected));
     FIELD("gc_item_uncollectable", offsetof(struct gc_generation_stats, uncollectable));
+    /* What `threading.Thread.name` takes to read (src/python/thread_names.rs):
+     * the interpreter's modules dict, a module's dict, dicts' keys and
+     * values, a one-digit int, and where an instance keeps its attributes. */
+#define OBJ(name, value) printf("        %s: %zu,\n", name, (size_t)(value))
+#define OBJ_NONE(name) printf("        %s: NO_FIELD,\n", name)
+    printf("    objects: ObjectLayout {\n");
+#if PY_VERSION_HEX >= 0x030C0000
+    OBJ("interp_modules", offsetof(PyInterpreterState, imports.modules));
+#else
+    OBJ("interp_modules", offsetof(PyInterpreterState, modules));
+#endif
+#if PY_VERSION_HEX >= 0x030B0000
+    OBJ("module_dict", offsetof(PyModuleObject, md_dict));
+#else
+    /* PyModuleObject is private to Objects/moduleobject.c: md_dict follows the object header. */
+    OBJ("module_dict", sizeof(PyObject));
+#endif
+    OBJ("type_flags", offsetof(PyTypeObject, tp_flags));
+    OBJ("type_basicsize", offsetof(PyTypeObject, tp_basicsize));
+    OBJ("type_dictoffset", offsetof(PyTypeObject, tp_dictoffset));
+    OBJ("heaptype_cached_keys", offsetof(PyHeapTypeObject, ht_cached_keys));
+    /* A positive int below 2**PyLong_SHIFT: its size word (ob_size, or from
+     * 3.12 lv_tag, which holds the digit count above the sign bits) and its
+     * one digit. */
+#if PY_VERSION_HEX >= 0x030C0000
+    OBJ("long_size", offsetof(PyLongObject, long_value.lv_tag));
+    OBJ("long_digits", offsetof(PyLongObject, long_value.ob_digit));
+    OBJ("long_one_digit", 1 << _PyLong_NON_SIZE_BITS);
+#else
+    OBJ("long_size", offsetof(PyVarObject, ob_size));
+    OBJ("long_digits", offsetof(PyLongObject, ob_digit));
+    OBJ("long_one_digit", 1);
+#endif
+    OBJ("long_shift", PyLong_SHIFT);
+    OBJ("dict_keys", offsetof(PyDictObject, ma_keys));
+    OBJ("dict_values", offsetof(PyDictObject, ma_values));
+    /* The keys object: its hash table's size (dk_size before 3.11, then
+     * its log2 and the log2 of the index bytes), its entries' count and
+     * kind, where the indices start (the entries follow them). */
+#if PY_VERSION_HEX >= 0x030B0000
+    OBJ_NONE("keys_size");
+    OBJ("keys_log2_size", offsetof(PyDictKeysObject, dk_log2_size));
+    OBJ("keys_log2_index_bytes", offsetof(PyDictKeysObject, dk_log2_index_bytes));
+    OBJ("keys_kind", offsetof(PyDictKeysObject, dk_kind));
+    OBJ("keys_kind_general", DICT_KEYS_GENERAL);
+#else
+    OBJ("keys_size", offsetof(PyDictKeysObject, dk_size));
+    OBJ_NONE("keys_log2_size");
+    OBJ_NONE("keys_log2_index_bytes");
+    OBJ_NONE("keys_kind");
+    OBJ_NONE("keys_kind_general");
+#endif
+    OBJ("keys_nentries", offsetof(PyDictKeysObject, dk_nentries));
+    OBJ("keys_indices", offsetof(PyDictKeysObject, dk_indices));
+    OBJ("entry_size", sizeof(PyDictKeyEntry));
+    OBJ("entry_key", offsetof(PyDictKeyEntry, me_key));
+    OBJ("entry_value", offsetof(PyDictKeyEntry, me_value));
+    /* 3.11+: str-keyed tables hold entries without the hash. */
+#if PY_VERSION_HEX >= 0x030B0000
+    OBJ("unicode_entry_size", sizeof(PyDictUnicodeEntry));
+    OBJ("unicode_entry_key", offsetof(PyDictUnicodeEntry, me_key));
+    OBJ("unicode_entry_value", offsetof(PyDictUnicodeEntry, me_value));
+    OBJ("values_array", offsetof(PyDictValues, values));
+#else
+    OBJ_NONE("unicode_entry_size");
+    OBJ_NONE("unicode_entry_key");
+    OBJ_NONE("unicode_entry_value");
+    /* ma_values points at the values themselves. */
+    OBJ("values_array", 0);
+#endif
+    /* Where an instance's attributes are: a dict at the type's
+     * tp_dictoffset before 3.11; from 3.11 (types with
+     * Py_TPFLAGS_MANAGED_DICT) a dict pointer before the object, and when
+     * that is NULL the values alone: behind a pointer one word further
+     * before (3.11), tagged in the dict pointer's low bit (3.12), or inline
+     * after tp_basicsize with a `valid` byte (3.13+); their keys are the
+     * type's cached keys. */
+#if PY_VERSION_HEX >= 0x030D0000
+    printf("        instance_dict: InstanceDict::InlineValues,\n");
+    OBJ("managed_dict_before", -MANAGED_DICT_OFFSET);
+    OBJ_NONE("managed_values_before");
+    OBJ("flag_managed_dict", Py_TPFLAGS_MANAGED_DICT);
+    OBJ("flag_inline_values", Py_TPFLAGS_INLINE_VALUES);
+    OBJ("values_valid", offsetof(PyDictValues, valid));
+#elif PY_VERSION_HEX >= 0x030C0000
+    printf("        instance_dict: InstanceDict::TaggedValues,\n");
+    /* 3.12 names only the weakref slot; _PyObject_DictOrValuesPointer is the word after it. */
+    OBJ("managed_dict_before", -MANAGED_WEAKREF_OFFSET - sizeof(PyObject *));
+    OBJ_NONE("managed_values_before");
+    OBJ("flag_managed_dict", Py_TPFLAGS_MANAGED_DICT);
+    OBJ_NONE("flag_inline_values");
+    OBJ_NONE("values_valid");
+#elif PY_VERSION_HEX >= 0x030B0000
+    printf("        instance_dict: InstanceDict::ValuesPointer,\n");
+    OBJ("managed_dict_before", -MANAGED_DICT_OFFSET);
+    /* _PyObject_ValuesPointer: the word before the dict pointer. */
+    OBJ("managed_values_before", -MANAGED_DICT_OFFSET + sizeof(PyObject *));
+    OBJ("flag_managed_dict", Py_TPFLAGS_MANAGED_DICT);
+    OBJ_NONE("flag_inline_values");
+    OBJ_NONE("values_valid");
+#else
+    printf("        instance_dict: InstanceDict::TypeOffset,\n");
+    OBJ_NONE("managed_dict_before");
+    OBJ_NONE("managed_values_before");
+    OBJ_NONE("flag_managed_dict");
+    OBJ_NONE("flag_inline_values");
+    OBJ_NONE("values_valid");
+#endif
+    printf("    },\n");
 #if PY_VERSION_HEX >= 0x030D0000
     /* 3.13+: where each of those fields sits inside _Py_DebugOffsets, the
      * table CPython keeps at the start of _PyRuntime, so pytrace reads the
@@ -278,6 +410,7 @@ int main(void)
     DEBUG("frame_localsplus", interpreter_frame.localsplus);
     DEBUG("interp_gc", interpreter_state.gc);
     DEBUG("gc_collecting", gc.collecting);
+    DEBUG("interp_modules", interpreter_state.imports_modules);
 #if PY_VERSION_HEX >= 0x030F0000
     DEBUG("gc_stats", gc.generation_stats);
 #else

@@ -287,6 +287,16 @@ fn dump_shows_each_threads_stack_where_it_waits() {
     }
 }
 
+/// Python thread names in `dump` and `sample --threads`, and a hostile
+/// target's garbage refused (tests/common/matrix.rs), on this machine's two
+/// 3.11 builds; tests/matrix*.rs run the same on every other version.
+#[test]
+fn thread_names_on_this_machines_311s() {
+    for (_, python) in pythons() {
+        common::matrix::thread_names_in_dump_and_sample(&common::matrix::Interpreter::host("3.11", python));
+    }
+}
+
 /// An 80×24 terminal (a tmux session, as over ssh) running `command`,
 /// killed when dropped.
 struct Terminal(String);

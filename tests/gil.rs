@@ -273,5 +273,6 @@ fn attached_by_pid_threads_already_running_are_split_over_the_whole_session() {
         assert!((held + wait + released - life).abs() <= 0.001 * life, "{function}: {t}");
         assert!(released <= 0.05 * life + 20.0 * MS, "{function}: a spinner never lets go but to hand over: {t}");
         assert!(t["exited"] == false, "{t}");
+        assert_eq!(t["name"], function, "named by threading.Thread.name, not the kernel's name: {t}");
     }
 }

@@ -4,7 +4,9 @@
 //! (scripts/pythons.sh pyenv-3.10, pyenv-3.12). calls equal to cProfile by
 //! `--` and by `-p` and to the profiling hook on four threads, gc equal to
 //! gc.callbacks through the watchpoint on the collector's state, the
-//! 60/30/10 CPU split sampled and compared, and what `info` reports.
+//! 60/30/10 CPU split sampled and compared, what `info` reports, and
+//! Python thread names (also on pyenv's 3.13, whose threads Debian's sid
+//! build names too).
 //! (`imports` without probes is tested on these builds in tests/imports.rs.)
 
 mod common;
@@ -26,6 +28,7 @@ macro_rules! matrix {
 }
 
 matrix! {
-    pyenv_3_10 => "3.10": calls_equal_cprofile, calls_threads_and_reused_code_objects, gc_equals_gc_callbacks, sample_split_threads_and_depth, compare_sees_the_split_on_both_sides, info_names_each_mode;
-    pyenv_3_12 => "3.12": calls_equal_cprofile, calls_threads_and_reused_code_objects, gc_equals_gc_callbacks, sample_split_threads_and_depth, compare_sees_the_split_on_both_sides, info_names_each_mode;
+    pyenv_3_10 => "3.10": calls_equal_cprofile, calls_threads_and_reused_code_objects, gc_equals_gc_callbacks, sample_split_threads_and_depth, compare_sees_the_split_on_both_sides, info_names_each_mode, thread_names_in_dump_and_sample;
+    pyenv_3_12 => "3.12": calls_equal_cprofile, calls_threads_and_reused_code_objects, gc_equals_gc_callbacks, sample_split_threads_and_depth, compare_sees_the_split_on_both_sides, info_names_each_mode, thread_names_in_dump_and_sample;
+    pyenv_3_13 => "3.13": thread_names_in_dump_and_sample;
 }

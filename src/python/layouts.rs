@@ -132,8 +132,78 @@ pub struct Layout {
     pub gc_item_collections: u32,
     pub gc_item_collected: u32,
     pub gc_item_uncollectable: u32,
+    /// The object internals `threading.Thread.name` takes to read.
+    pub objects: ObjectLayout,
     /// Where each field above sits inside `_Py_DebugOffsets` (3.13+).
     pub debug_offsets: Option<DebugOffsets>,
+}
+
+/// What src/python/thread_names.rs reads, from the interpreter's modules
+/// dict down to a Thread's attributes: dicts (their keys object and
+/// entries), a module's dict, a one-digit int, and where an instance keeps
+/// its attributes. NO_FIELD where a version has no such thing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectLayout {
+    /// PyInterpreterState.modules (imports.modules from 3.12): sys.modules.
+    pub interp_modules: u32,
+    pub module_dict: u32,
+    pub type_flags: u32,
+    pub type_basicsize: u32,
+    pub type_dictoffset: u32,
+    /// PyHeapTypeObject.ht_cached_keys: the keys an instance's values
+    /// (without a dict) go with.
+    pub heaptype_cached_keys: u32,
+    /// A positive int below 2**long_shift has `long_one_digit` in its size
+    /// word (ob_size; from 3.12 lv_tag, the digit count above sign bits).
+    pub long_size: u32,
+    pub long_digits: u32,
+    pub long_one_digit: u32,
+    pub long_shift: u32,
+    pub dict_keys: u32,
+    pub dict_values: u32,
+    /// The hash table's size: dk_size before 3.11, then its log2 (and the
+    /// log2 of the bytes of its indices, which the entries follow).
+    pub keys_size: u32,
+    pub keys_log2_size: u32,
+    pub keys_log2_index_bytes: u32,
+    /// dk_kind (3.11+): DICT_KEYS_GENERAL entries carry the hash, the
+    /// others (str keys) do not.
+    pub keys_kind: u32,
+    pub keys_kind_general: u32,
+    pub keys_nentries: u32,
+    pub keys_indices: u32,
+    pub entry_size: u32,
+    pub entry_key: u32,
+    pub entry_value: u32,
+    pub unicode_entry_size: u32,
+    pub unicode_entry_key: u32,
+    pub unicode_entry_value: u32,
+    /// Where the values start in what ma_values points at.
+    pub values_array: u32,
+    pub instance_dict: InstanceDict,
+    /// Bytes before the object of its dict pointer, and (3.11) of its
+    /// values pointer (types with `flag_managed_dict`, 3.11+).
+    pub managed_dict_before: u32,
+    pub managed_values_before: u32,
+    pub flag_managed_dict: u32,
+    /// Py_TPFLAGS_INLINE_VALUES and PyDictValues.valid (3.13+).
+    pub flag_inline_values: u32,
+    pub values_valid: u32,
+}
+
+/// Where an instance's attributes are when its type has a managed dict
+/// (before 3.11: always at the type's tp_dictoffset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceDict {
+    /// A dict pointer at tp_dictoffset (3.9, 3.10).
+    TypeOffset,
+    /// The dict pointer, or NULL and a values pointer one word before (3.11).
+    ValuesPointer,
+    /// The dict pointer, or the values' address minus one (odd: 3.12).
+    TaggedValues,
+    /// The dict pointer, or NULL and the values inline after tp_basicsize
+    /// (3.13+).
+    InlineValues,
 }
 
 /// Positions, inside `_Py_DebugOffsets`, of the u64 that holds each field's
@@ -172,6 +242,7 @@ pub struct DebugOffsets {
     pub gc_collecting: u32,
     /// 3.15+ (NO_FIELD before: the table's offset stands).
     pub gc_stats: u32,
+    pub interp_modules: u32,
 }
 
 /// What `_Py_DebugOffsets` starts with.
@@ -190,7 +261,7 @@ impl DebugOffsets {
             self.code_linetable, self.code_filename, self.code_name, self.code_qualname,
             self.code_firstlineno, self.object_type, self.bytes_size, self.bytes_data,
             self.unicode_length, self.unicode_state, self.unicode_ascii_data, self.free_threaded,
-            self.frame_localsplus, self.interp_gc, self.gc_collecting, self.gc_stats,
+            self.frame_localsplus, self.interp_gc, self.gc_collecting, self.gc_stats, self.interp_modules,
         ];
         last.iter().filter(|&&at| at != NO_FIELD).max().copied().unwrap_or(0) as usize + 8
     }
@@ -284,6 +355,7 @@ impl Layout {
         if d.gc_stats != NO_FIELD {
             l.gc_stats = field(d.gc_stats)?;
         }
+        l.objects.interp_modules = field(d.interp_modules)?;
         Ok(l)
     }
 }
@@ -380,6 +452,7 @@ mod tests {
             (d.frame_localsplus, layout.frame_localsplus),
             (d.interp_gc, layout.interp_gc),
             (d.gc_collecting, layout.gc_collecting),
+            (d.interp_modules, layout.objects.interp_modules),
         ] {
             put(at, value as u64);
         }
@@ -402,6 +475,7 @@ mod tests {
             moved.runtime_interpreters_main += 8;
             moved.interp_gc += 16;
             moved.frame_localsplus += 8;
+            moved.objects.interp_modules += 8;
             assert_eq!(table.resolve(&runtime_for(&moved)).unwrap(), moved);
 
             // A free-threaded build's offsets are not the default build's.

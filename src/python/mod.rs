@@ -13,6 +13,7 @@ pub mod inlined_init;
 pub mod opcode_table;
 pub mod layouts;
 pub mod strings;
+pub mod thread_names;
 
 use std::cell::RefCell;
 use std::collections::HashMap;

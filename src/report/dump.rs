@@ -7,12 +7,16 @@ use serde_json::json;
 use super::profile::label;
 use super::PythonInfo;
 use crate::model::samples::Frame;
+use crate::python::thread_names::NameSource;
 
 #[derive(Serialize)]
 pub struct ThreadStack {
     pub tid: u32,
-    /// The thread's name as the kernel knows it (/proc/PID/task/TID/comm).
+    /// The thread's Python name (`threading.Thread.name`) where it could
+    /// be read, else the kernel's.
     pub name: String,
+    /// The thread's name as the kernel knows it (/proc/PID/task/TID/comm).
+    pub os_name: String,
     /// What the kernel says it was doing when read: running, sleeping, …
     pub state: String,
     /// Innermost first.
@@ -39,6 +43,8 @@ pub struct DumpReport {
     pub pid: u32,
     pub python: PythonInfo,
     pub threads: Vec<ThreadStack>,
+    /// How many names came from Python, and why none did if so.
+    pub thread_names: NameSource,
 }
 
 impl DumpReport {
@@ -49,13 +55,21 @@ impl DumpReport {
     pub fn to_table(&self) -> String {
         let mut out = format!("pytrace dump: PID {}, Python {}, {}\n", self.pid, self.python.version, super::counted(self.threads.len() as u64, "thread"));
         for t in &self.threads {
-            out += &format!("\nThread {} ({}, {}):\n", t.tid, t.name, t.state);
+            let os_name = if t.os_name != t.name { format!(", OS name {}", t.os_name) } else { String::new() };
+            out += &format!("\nThread {} ({}{os_name}, {}):\n", t.tid, t.name, t.state);
             if t.frames.is_empty() {
                 out += "    [no stack read]\n";
             }
             for f in &t.frames {
                 out += &format!("    {}\n", label(f));
             }
+        }
+        let n = &self.thread_names;
+        if let Some(why) = &n.failure {
+            out += &format!("\nThread names are the kernel's: Python's could not be read ({why}).\n");
+        } else if n.refused > 0 {
+            let who = if n.refused == 1 { "thread keeps its" } else { "threads keep their" };
+            out += &format!("\n{} {who} kernel name: their threading.Thread did not check out.\n", n.refused);
         }
         out
     }

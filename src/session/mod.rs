@@ -20,7 +20,7 @@ use anyhow::{bail, Result};
 
 use crate::python::eval_hook::{EvalHook, Guardian, Installed};
 use crate::python::hook_owner::HookLock;
-use crate::python::Python;
+use crate::python::{thread_names, Python};
 use launch::Launched;
 use crate::process::proc;
 use crate::tracing::{Mode, Tracing};
@@ -302,16 +302,17 @@ impl<'t> Live<'t> {
 }
 
 /// A sample run's live progress line (on a terminal), and the target's
-/// thread names for --threads, read while the threads still exist.
-pub struct Progress {
+/// thread names for --threads (Python's where they can be read, else the
+/// kernel's), read while the threads still exist.
+pub struct Progress<'p> {
     tty: bool,
-    threads_of: Option<u32>,
+    threads_of: Option<(u32, &'p Python)>,
     names: HashMap<u32, String>,
     last: Instant,
 }
 
-impl Progress {
-    pub fn new(threads_of: Option<u32>) -> Self {
+impl<'p> Progress<'p> {
+    pub fn new(threads_of: Option<(u32, &'p Python)>) -> Self {
         Progress { tty: std::io::stderr().is_terminal(), threads_of, names: HashMap::new(), last: Instant::now() }
     }
 
@@ -320,8 +321,8 @@ impl Progress {
             return;
         }
         self.last = Instant::now();
-        if let Some(pid) = self.threads_of {
-            proc::thread_names(pid, &mut self.names);
+        if let Some((pid, python)) = self.threads_of {
+            thread_names::merge(pid, python, &mut self.names);
         }
         if self.tty {
             eprint!("\rpytrace sample: {samples} samples, {:.1} s ", elapsed.as_secs_f64());
@@ -333,8 +334,8 @@ impl Progress {
         if self.tty {
             eprintln!();
         }
-        let pid = self.threads_of?;
-        proc::thread_names(pid, &mut self.names);
+        let (pid, python) = self.threads_of?;
+        thread_names::merge(pid, python, &mut self.names);
         Some(self.names)
     }
 }

@@ -43,7 +43,7 @@ pub fn sample(target: Option<TargetSpec>, duration: Option<Duration>, opts: &Opt
             let (mut target, python) = Target::prepare(spec)?;
             let pid = target.pid;
             let cwd = target.cwd();
-            let mut progress = Progress::new(opts.threads.then_some(pid));
+            let mut progress = Progress::new(opts.threads.then_some((pid, &python)));
             let live = Live::new(&mut target, &python, "sample", duration);
             let data = sample_with(&live, Targets::One(pid, &python), opts, &mut progress)?;
             let elapsed = live.elapsed();

@@ -213,6 +213,10 @@ impl Tracing for Session<'_, '_> {
             }
         }
         let mut names = self.names.into_inner();
+        // threading.Thread.name where the target still has it (the BPF program saw comm).
+        if let Ok(found) = crate::python::thread_names::read(names.pid, names.python) {
+            threads.iter_mut().for_each(|t| t.name = found.names.get(&t.tid).cloned().unwrap_or(std::mem::take(&mut t.name)));
+        }
         names.name_new(&self.skel.maps.functions);
         let functions = read_functions(&self.skel.maps.functions, &self.skel.maps.blame, &names)?;
         let counters = read_counters(

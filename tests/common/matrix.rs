@@ -62,6 +62,13 @@ impl Interpreter {
         Interpreter { version, place: Place::Host { python, dir: tempfile::tempdir().unwrap() } }
     }
 
+    /// The CPython at `python` on this machine (Debian's 3.11, the one
+    /// built without probes), treated as pyenv's are.
+    pub fn host(version: &'static str, python: PathBuf) -> Self {
+        assert!(python.exists(), "{}", python.display());
+        Interpreter { version, place: Place::Host { python, dir: tempfile::tempdir().unwrap() } }
+    }
+
     /// The command that runs a fixture, with `flags` for the interpreter.
     pub fn argv_with(&self, flags: &[&str], script: &str, args: &[&str]) -> Vec<String> {
         let mut v: Vec<String> = match &self.place {
@@ -493,4 +500,84 @@ pub fn info_names_each_mode(py: &Interpreter) {
     let layout = info["layout"].as_str().unwrap();
     let want = if py.minor() >= 13 { "_Py_DebugOffsets" } else { "built-in table" };
     assert!(layout.contains(want), "{version}: layout from {layout}");
+}
+
+/// Waits for the file a fixture writes whole once it is ready.
+fn wait_for_file(path: &std::path::Path, version: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !path.exists() {
+        assert!(std::time::Instant::now() < deadline, "{version}: the fixture never wrote {}", path.display());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Python thread names (`threading.Thread.name`, read from the target's
+/// memory): `dump -p` names each thread of fixtures/dump_threads.py as the
+/// fixture itself names it, by the TIDs it wrote (`threading.get_native_id`),
+/// a long non-ASCII name whole (the kernel keeps 15 bytes); `sample
+/// --threads -- …` labels the spinning thread's stacks, folded and JSON,
+/// with its Python name and TID. A hostile target (a `_name` that is no
+/// str; an `_active` of 100,000 entries) gets the kernel's names where
+/// Python's do not check out, says so, and runs on.
+pub fn thread_names_in_dump_and_sample(py: &Interpreter) {
+    let version = py.version;
+    let dump = |hostile: &[&str]| {
+        let (inside, host) = py.output(&format!("ids{}.json", hostile.join("-")));
+        let argv = py.argv("dump_threads.py", &[&[inside.as_str()], hostile].concat());
+        let mut target = Proc(Command::new(&argv[0]).args(&argv[1..]).spawn().unwrap());
+        wait_for_file(&host, version);
+        let ids = read_json(&host);
+        let out = pytrace(&["dump", "-p", &target.pid().to_string(), "--json", "-"]);
+        assert!(out.status.success(), "{version}: dump: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(target.0.try_wait().unwrap().is_none(), "{version}: the target died");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let names: HashMap<String, (String, String)> = ids
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(name, tid)| {
+                let t = report["threads"].as_array().unwrap().iter().find(|t| t["tid"] == *tid).unwrap_or_else(|| panic!("{version}: no thread {name} in {report}"));
+                let comm = std::fs::read_to_string(format!("/proc/{}/task/{tid}/comm", target.pid())).unwrap();
+                assert_eq!(t["os_name"], comm.trim(), "{version}: {name}'s kernel name");
+                (name.clone(), (t["name"].as_str().unwrap().to_string(), comm.trim().to_string()))
+            })
+            .collect();
+        (names, report)
+    };
+    let python_name = |name: &str| if name == "main" { "MainThread".to_string() } else { name.to_string() };
+
+    let (names, report) = dump(&[]);
+    assert_eq!(names.len(), 5, "{version}: {names:?}");
+    for (name, (shown, _)) in &names {
+        assert_eq!(shown, &python_name(name), "{version}: {report}");
+    }
+    assert_eq!(report["thread_names"]["from_python"], 5, "{version}: {report}");
+    assert_eq!(report["thread_names"]["refused"], 0, "{version}: {report}");
+
+    // One thread's _name is no str: it alone keeps the kernel's name.
+    let (names, report) = dump(&["--hostile", "name"]);
+    for (name, (shown, comm)) in &names {
+        let want = if name == "worker-sleep" { comm.clone() } else { python_name(name) };
+        assert_eq!(shown, &want, "{version}: {report}");
+    }
+    assert_eq!(report["thread_names"]["refused"], 1, "{version}: {report}");
+    // _active too large to walk: every thread keeps the kernel's name.
+    let (names, report) = dump(&["--hostile", "huge"]);
+    for (shown, comm) in names.values() {
+        assert_eq!(shown, comm, "{version}: {report}");
+    }
+    assert!(report["thread_names"]["failure"].as_str().unwrap().contains("huge"), "{version}: {report}");
+
+    // By `--`: the spinning thread's stacks carry its Python name.
+    let (inside, host) = py.output("ids-sample.json");
+    let (_, folded_path) = py.output("threads.folded");
+    let out = py.pytrace(&["sample", "-r", "199", "--threads", "--folded", folded_path.to_str().unwrap(), "--json", "-"], "dump_threads.py", &[&inside, &longer(2.0)]);
+    let ids = read_json(&host);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let spin = format!("worker-spin ({})", ids["worker-spin"]);
+    let samples = report["threads"].as_array().unwrap().iter().find(|t| t["thread"] == spin.as_str()).map(|t| t["samples"].as_u64().unwrap());
+    assert!(samples.is_some_and(|n| n > 50), "{version}: no {spin} in {}", report["threads"]);
+    let folded = std::fs::read_to_string(&folded_path).unwrap();
+    let in_folded: u64 = folded.lines().filter(|l| l.starts_with(&format!("{spin};"))).map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum();
+    assert_eq!(Some(in_folded), samples, "{version}: {folded}");
 }

@@ -33,10 +33,18 @@ use discovery::{Processes, PythonRef};
 use stacks::Stacks;
 
 /// How often the counts are read from BPF, and the code objects of the
-/// stacks counted checked again. Each read costs a few system calls (and a
-/// wait for running programs); at 1000 Hz on 2 CPUs it gathers about 500
-/// samples.
-const DRAIN_EVERY: Duration = Duration::from_millis(250);
+/// stacks counted checked again. A read costs a few system calls, a wait
+/// for running programs and a pass over the stacks counted: at 1000 Hz on
+/// a deep workload, 4 reads a second cost about 7 ms of CPU a second, as
+/// much as everything else. The counts map is sized to hold a read's worth
+/// even if every sample is a new stack, so reading less often loses
+/// nothing; `top` reads the counts itself when it redraws.
+const DRAIN_EVERY: Duration = Duration::from_secs(1);
+
+/// --idle reads its one counts map (no swap, no wait) more often: every
+/// thread is a sample at every tick, so a second of 999 Hz over many
+/// threads with distinct stacks would not fit.
+const IDLE_DRAIN_EVERY: Duration = Duration::from_millis(250);
 
 /// How often the session driver looks at the target, the duration and
 /// Ctrl-C (a signal cuts the wait short).
@@ -104,6 +112,9 @@ impl<'obj, 'a> Session<'obj, 'a> {
         rodata.cfg.native = opts.native as u8;
         rodata.cfg.per_thread = opts.threads as u8;
         rodata.cfg.task_pt_regs = crate::kernel::Kernel::get().has(crate::kernel::Feature::TaskPtRegs) as u8;
+        if let Targets::One(pid, _) = targets {
+            rodata.only_pid = pid;
+        }
         if opts.native {
             open.maps.records.set_max_entries(NATIVE_RING_BYTES).context("failed to size the sample ring buffer")?;
         }
@@ -120,6 +131,9 @@ impl<'obj, 'a> Session<'obj, 'a> {
         open.progs.sample_thread.set_autoload(!opts.idle);
         let skel = crate::bpf::load::load("sample", open)?;
         let all = matches!(targets, Targets::All);
+        if all {
+            keep_large_buffers_apart();
+        }
         let session = Session {
             skel,
             links: RefCell::new(Vec::new()),
@@ -181,7 +195,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
     pub fn between_polls(&self) -> Result<u64> {
         self.after_poll();
         self.processes.borrow_mut().locate(&self.skel.maps.processes)?;
-        if self.last_drain.get().elapsed() >= DRAIN_EVERY {
+        if self.last_drain.get().elapsed() >= if self.opts.idle { IDLE_DRAIN_EVERY } else { DRAIN_EVERY } {
             self.drain(false)?;
         }
         Ok(self.stacks.borrow().total())
@@ -219,14 +233,23 @@ impl<'obj, 'a> Session<'obj, 'a> {
         let drain = stacks.begin_drain();
         stacks.add_counts(&drained, &mut processes, last);
         stacks.end_drain(&maps.known_stacks);
-        for pid in processes.rescan(&maps.processes, drain) {
+        let forgotten = processes.rescan(&maps.processes, drain);
+        for &pid in &forgotten {
             stacks.forget_process(pid, &maps.known_stacks);
+        }
+        if !forgotten.is_empty() {
+            // Hand what the exited processes' caches held back to the system.
+            // SAFETY: malloc_trim only releases free memory.
+            unsafe { libc::malloc_trim(0) };
         }
         Ok(())
     }
 
-    /// The samples counted so far, by stack (read every DRAIN_EVERY).
+    /// The samples counted so far, by stack, the counts read now. (A
+    /// failed read is reported by the next `between_polls`, which reads
+    /// again.)
     pub fn samples_so_far(&self) -> Vec<Sample> {
+        let _ = self.drain(false);
         self.stacks.borrow().samples_so_far()
     }
 
@@ -309,6 +332,19 @@ impl<'obj, 'a> Session<'obj, 'a> {
         }
         Ok(SampleData { samples: stacks.into_samples(), counters, bpf_ns_per_sample })
     }
+}
+
+/// --all runs for hours and reads each new executable it meets once, whole
+/// (to tell whether it is a Python), then frees it: with glibc's default
+/// the first such buffer freed raises the size below which buffers come
+/// from the heap, to up to 32 MiB, and the next ones then stay in the heap
+/// in pieces that are never returned (the RSS of a 10-minute `--all` grew
+/// by 7 MiB as other work on the machine started programs). A fixed
+/// threshold keeps every buffer of 1 MiB or more in its own mapping,
+/// returned to the system when freed.
+fn keep_large_buffers_apart() {
+    // SAFETY: mallopt only changes the allocator's tuning.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20) };
 }
 
 /// How long `snapshot` waits for the target's interpreter to be located

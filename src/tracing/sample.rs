@@ -198,6 +198,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
         if self.last_drain.get().elapsed() >= if self.opts.idle { IDLE_DRAIN_EVERY } else { DRAIN_EVERY } {
             self.drain(false)?;
         }
+        self.follow_processes();
         Ok(self.stacks.borrow().total())
     }
 
@@ -230,19 +231,28 @@ impl<'obj, 'a> Session<'obj, 'a> {
         }
         let mut stacks = self.stacks.borrow_mut();
         let mut processes = self.processes.borrow_mut();
-        let drain = stacks.begin_drain();
+        stacks.begin_drain();
         stacks.add_counts(&drained, &mut processes, last);
         stacks.end_drain(&maps.known_stacks);
-        let forgotten = processes.rescan(&maps.processes, drain);
+        Ok(())
+    }
+
+    /// --all: picks up the Pythons started since the last look and takes
+    /// out those that exited (each at most every second, apart from the
+    /// reads of the counts), forgetting their stacks KEEP_EXITED_DRAINS
+    /// reads later, once their last counts are in.
+    fn follow_processes(&self) {
+        let mut stacks = self.stacks.borrow_mut();
+        let mut processes = self.processes.borrow_mut();
+        let forgotten = processes.rescan(&self.skel.maps.processes, stacks.drains());
         for &pid in &forgotten {
-            stacks.forget_process(pid, &maps.known_stacks);
+            stacks.forget_process(pid, &self.skel.maps.known_stacks);
         }
         if !forgotten.is_empty() {
             // Hand what the exited processes' caches held back to the system.
             // SAFETY: malloc_trim only releases free memory.
             unsafe { libc::malloc_trim(0) };
         }
-        Ok(())
     }
 
     /// The samples counted so far, by stack, the counts read now. (A

@@ -335,8 +335,12 @@ impl Stacks {
     }
 
     /// A drain begins: cached names are checked again at their next use.
-    pub fn begin_drain(&mut self) -> u64 {
+    pub fn begin_drain(&mut self) {
         self.drain += 1;
+    }
+
+    /// The drains begun so far.
+    pub fn drains(&self) -> u64 {
         self.drain
     }
 

@@ -344,12 +344,11 @@ impl<'obj, 'a> Session<'obj, 'a> {
     }
 }
 
-/// --all runs for hours and reads each new executable it meets once, whole
-/// (to tell whether it is a Python), then frees it: with glibc's default
-/// the first such buffer freed raises the size below which buffers come
-/// from the heap, to up to 32 MiB, and the next ones then stay in the heap
-/// in pieces that are never returned (the RSS of a 10-minute `--all` grew
-/// by 7 MiB as other work on the machine started programs). A fixed
+/// --all runs for hours and reads each new executable it meets whole (to
+/// tell whether it is a Python; an interpreter's is held until its last
+/// process is gone), then frees it: with glibc's default the first such
+/// buffer freed raises the size below which buffers come from the heap, up
+/// to 32 MiB, and the next ones may stay in the heap for good. A fixed
 /// threshold keeps every buffer of 1 MiB or more in its own mapping,
 /// returned to the system when freed.
 fn keep_large_buffers_apart() {

@@ -4,16 +4,24 @@
 # scripts/bench.py does the measuring; this installs what it needs (py-spy
 # in a venv in the cache, the Pythons of scripts/pythons.sh) and turns on
 # kernel.bpf_stats_enabled for the run. Writes bench/results.md. On demand,
-# not in CI: about 45 minutes with 3 repeats on two CPUs (10 of them the
-# --all memory row, PYTRACE_BENCH_MEMORY_SECONDS long).
+# not in CI: about 35 minutes with 3 repeats on two CPUs.
 #
-#   scripts/bench.sh [REPEATS]      (default 3)
+#   scripts/bench.sh [REPEATS]      (default 3) every table but memory's
+#   scripts/bench.sh memory         the memory table alone: pytrace's RSS over
+#                                   a long `sample --all` (10 minutes, or
+#                                   PYTRACE_BENCH_MEMORY_SECONDS) and --idle
+#                                   run; prints it, bench/results.md untouched
 #
-# PYTRACE_BENCH_SECTIONS=aliasing_table,memory_table (bench.py's function
-# names) runs only those and prints them, leaving bench/results.md alone.
+# PYTRACE_BENCH_SECTIONS=aliasing_table,steady_cost_table (bench.py's
+# function names) runs only those and prints them, leaving
+# bench/results.md alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=${1:-3}
+if [ "$repeats" = memory ]; then
+  export PYTRACE_BENCH_SECTIONS=memory_table
+  repeats=1
+fi
 pytrace=target/release/pytrace
 [ -x "$pytrace" ] || cargo build --release --locked >&2
 nodtrace=$(scripts/pythons.sh nodtrace-3.11)

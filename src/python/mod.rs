@@ -19,7 +19,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 
 use anyhow::{bail, Context, Result};
 
@@ -294,18 +294,28 @@ thread_local! {
     /// Files already looked at, by identity, size and modification time:
     /// `sample --all` looks at every process each rescan, and 20 processes
     /// of one Python read and parsed its executable 20 times (2 s and 440
-    /// MB on this VM) before this.
-    static LOOKED_AT: RefCell<HashMap<FileStamp, Option<Rc<ElfFile>>>> = RefCell::new(HashMap::new());
+    /// MB on this VM) before this. An interpreter file is held (whole, 7 to
+    /// 31 MB) only while a Python of it is: a 10-minute `sample --all`
+    /// kept every Python build that other work on the machine ran, and
+    /// grew by 200 MiB.
+    static LOOKED_AT: RefCell<HashMap<FileStamp, Option<Weak<ElfFile>>>> = RefCell::new(HashMap::new());
 }
 
 /// The parsed file mapped at `m` in process `pid` if it holds the CPython
-/// interpreter; each file is read once per pytrace run, whatever the
-/// answer. Err: the file could not be opened or read safely.
+/// interpreter; each file is read once while processes of it are looked
+/// at, and a file that is not an interpreter once per pytrace run. Err: the
+/// file could not be opened or read safely.
 fn interpreter_file(pid: u32, m: &proc::Mapping) -> Result<Option<Rc<ElfFile>>> {
     let file = files::open_mapping(pid, m)?;
     let stamp = (file.id, file.size, file.mtime);
-    if let Some(known) = LOOKED_AT.with(|seen| seen.borrow().get(&stamp).cloned()) {
-        return Ok(known);
+    match LOOKED_AT.with(|seen| seen.borrow().get(&stamp).cloned()) {
+        Some(None) => return Ok(None),
+        Some(Some(held)) => {
+            if let Some(elf) = held.upgrade() {
+                return Ok(Some(elf));
+            }
+        }
+        None => {}
     }
     let elf = match ElfFile::read(file) {
         Ok(elf) => is_interpreter(&elf).then(|| Rc::new(elf)),
@@ -313,7 +323,7 @@ fn interpreter_file(pid: u32, m: &proc::Mapping) -> Result<Option<Rc<ElfFile>>> 
         Err(e) if e.to_string().ends_with("is not an ELF file") => None,
         Err(e) => return Err(e),
     };
-    LOOKED_AT.with(|seen| seen.borrow_mut().insert(stamp, elf.clone()));
+    LOOKED_AT.with(|seen| seen.borrow_mut().insert(stamp, elf.as_ref().map(Rc::downgrade)));
     Ok(elf)
 }
 

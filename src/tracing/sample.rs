@@ -34,10 +34,18 @@ use discovery::{Processes, PythonRef};
 use stacks::Stacks;
 
 /// How often the counts are read from BPF, and the code objects of the
-/// stacks counted checked again. Each read costs a few system calls (and a
-/// wait for running programs); at 1000 Hz on 2 CPUs it gathers about 500
-/// samples.
-const DRAIN_EVERY: Duration = Duration::from_millis(250);
+/// stacks counted checked again. A read costs a few system calls, a wait
+/// for running programs and a pass over the stacks counted: at 1000 Hz on
+/// a deep workload, 4 reads a second cost about 7 ms of CPU a second, as
+/// much as everything else. The counts map is sized to hold a read's worth
+/// even if every sample is a new stack, so reading less often loses
+/// nothing; `top` reads the counts itself when it redraws.
+const DRAIN_EVERY: Duration = Duration::from_secs(1);
+
+/// --idle reads its one counts map (no swap, no wait) more often: every
+/// thread is a sample at every tick, so a second of 999 Hz over many
+/// threads with distinct stacks would not fit.
+const IDLE_DRAIN_EVERY: Duration = Duration::from_millis(250);
 
 /// How often the session driver looks at the target, the duration and
 /// Ctrl-C (a signal cuts the wait short).
@@ -120,6 +128,9 @@ impl<'obj, 'a> Session<'obj, 'a> {
         rodata.cfg.gil_only = opts.gil as u8;
         rodata.cfg.thread_states = (opts.idle && opts.states) as u8;
         rodata.cfg.task_pt_regs = crate::kernel::Kernel::get().has(crate::kernel::Feature::TaskPtRegs) as u8;
+        if let Targets::One(pid, _) = targets {
+            rodata.only_pid = pid;
+        }
         if opts.native {
             open.maps.records.set_max_entries(NATIVE_RING_BYTES).context("failed to size the sample ring buffer")?;
         }
@@ -136,6 +147,9 @@ impl<'obj, 'a> Session<'obj, 'a> {
         open.progs.sample_thread.set_autoload(!opts.idle);
         let skel = crate::bpf::load::load("sample", open)?;
         let all = matches!(targets, Targets::All);
+        if all {
+            keep_large_buffers_apart();
+        }
         let session = Session {
             skel,
             links: RefCell::new(Vec::new()),
@@ -197,9 +211,10 @@ impl<'obj, 'a> Session<'obj, 'a> {
     pub fn between_polls(&self) -> Result<u64> {
         self.after_poll();
         self.processes.borrow_mut().locate(&self.skel.maps.processes)?;
-        if self.last_drain.get().elapsed() >= DRAIN_EVERY {
+        if self.last_drain.get().elapsed() >= if self.opts.idle { IDLE_DRAIN_EVERY } else { DRAIN_EVERY } {
             self.drain(false)?;
         }
+        self.follow_processes();
         Ok(self.stacks.borrow().total())
     }
 
@@ -232,17 +247,35 @@ impl<'obj, 'a> Session<'obj, 'a> {
         }
         let mut stacks = self.stacks.borrow_mut();
         let mut processes = self.processes.borrow_mut();
-        let drain = stacks.begin_drain();
+        stacks.begin_drain();
         stacks.add_counts(&drained, &mut processes, last);
         stacks.end_drain(&maps.known_stacks);
-        for pid in processes.rescan(&maps.processes, drain) {
-            stacks.forget_process(pid, &maps.known_stacks);
-        }
         Ok(())
     }
 
-    /// The samples counted so far, by stack (read every DRAIN_EVERY).
+    /// --all: picks up the Pythons started since the last look and takes
+    /// out those that exited (each at most every second, apart from the
+    /// reads of the counts), forgetting their stacks KEEP_EXITED_DRAINS
+    /// reads later, once their last counts are in.
+    fn follow_processes(&self) {
+        let mut stacks = self.stacks.borrow_mut();
+        let mut processes = self.processes.borrow_mut();
+        let forgotten = processes.rescan(&self.skel.maps.processes, stacks.drains());
+        for &pid in &forgotten {
+            stacks.forget_process(pid, &self.skel.maps.known_stacks);
+        }
+        if !forgotten.is_empty() {
+            // Hand what the exited processes' caches held back to the system.
+            // SAFETY: malloc_trim only releases free memory.
+            unsafe { libc::malloc_trim(0) };
+        }
+    }
+
+    /// The samples counted so far, by stack, the counts read now. (A
+    /// failed read is reported by the next `between_polls`, which reads
+    /// again.)
     pub fn samples_so_far(&self) -> Vec<Sample> {
+        let _ = self.drain(false);
         self.stacks.borrow().samples_so_far()
     }
 
@@ -329,6 +362,18 @@ impl<'obj, 'a> Session<'obj, 'a> {
         }
         Ok(SampleData { samples: stacks.into_samples(), counters, bpf_ns_per_sample })
     }
+}
+
+/// --all runs for hours and reads each new executable it meets whole (to
+/// tell whether it is a Python; an interpreter's is held until its last
+/// process is gone), then frees it: with glibc's default the first such
+/// buffer freed raises the size below which buffers come from the heap, up
+/// to 32 MiB, and the next ones may stay in the heap for good. A fixed
+/// threshold keeps every buffer of 1 MiB or more in its own mapping,
+/// returned to the system when freed.
+fn keep_large_buffers_apart() {
+    // SAFETY: mallopt only changes the allocator's tuning.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20) };
 }
 
 /// How long `snapshot` waits for the target's interpreter to be located

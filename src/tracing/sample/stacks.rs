@@ -45,8 +45,10 @@ struct RawStack {
     /// generation of the code object each was named after (0: unreadable).
     named: Vec<Rc<Frame>>,
     generations: Vec<u64>,
-    /// The drain in which the code objects were last checked.
+    /// The drain in which the code objects were last checked, and the
+    /// process's cache `reads` then (CodeResolver::reads).
     checked: u64,
+    reads_seen: u64,
     /// One of them changed: BPF was told to send this stack again.
     retired: bool,
     /// The profile's stack for these frames (not with --native, where each
@@ -243,6 +245,7 @@ impl Stacks {
             named: Vec::new(),
             generations: Vec::new(),
             checked: self.drain,
+            reads_seen: 0,
             retired: false,
             interned: None,
             used: self.drain,
@@ -279,6 +282,7 @@ impl Stacks {
                     .unzip();
                 stack.named = named;
                 stack.generations = generations;
+                stack.reads_seen = process.resolver.reads();
             }
         }
     }
@@ -335,8 +339,12 @@ impl Stacks {
     }
 
     /// A drain begins: cached names are checked again at their next use.
-    pub fn begin_drain(&mut self) -> u64 {
+    pub fn begin_drain(&mut self) {
         self.drain += 1;
+    }
+
+    /// The drains begun so far.
+    pub fn drains(&self) -> u64 {
         self.drain
     }
 
@@ -347,6 +355,16 @@ impl Stacks {
     pub fn add_counts(&mut self, counts: &[(stack_key, u64)], processes: &mut Processes, last: bool) {
         self.name_new(processes);
         let drain = self.drain;
+        // Each process's cached code objects checked at once, before its
+        // stacks are (see `stale`).
+        let mut pids: Vec<u32> = counts.iter().map(|(k, _)| k.pid).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        for pid in pids {
+            if let Some(process) = processes.by_pid.get_mut(&pid) {
+                process.resolver.check_all(drain);
+            }
+        }
         let waiting = std::mem::take(&mut self.pending);
         for (key, n) in waiting.iter().chain(counts) {
             let (Some(process), Some(raw)) = (processes.by_pid.get_mut(&key.pid), self.raw.get_mut(&(key.pid, key.hash))) else {
@@ -452,17 +470,25 @@ impl Stacks {
 /// Whether a stack's code objects changed since it was named (checked once
 /// per drain): a code object freed and another made at its address, or a
 /// frame unreadable then that can be read now. A retired stack is not
-/// checked again.
+/// checked again. When nothing was read into its process's cache since the
+/// stack was last compared with it, and the cache was checked against the
+/// target in this drain (CodeResolver::check_all), nothing changed: the
+/// common case costs no look-up per frame.
 fn stale(raw: &mut RawStack, drain: u64, process: &mut super::discovery::Process) -> bool {
     if raw.checked == drain || raw.retired {
         return false;
     }
     raw.checked = drain;
+    if raw.reads_seen == process.resolver.reads() {
+        return false;
+    }
+    // Reads the frames' objects that are not cached (a flushed cache).
     process.resolver.refresh(raw.python.iter().map(|f| f.code), Some(drain));
     // A code object freed since (nothing readable there now) changes
     // nothing: the samples were taken while it lived.
     let changed = raw.python.iter().zip(&raw.generations).any(|(f, &g)| process.resolver.generation(f.code).is_some_and(|now| now != g));
     raw.retired = changed;
+    raw.reads_seen = process.resolver.reads();
     changed
 }
 

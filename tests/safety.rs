@@ -524,13 +524,24 @@ fn ctrl_c_with_a_command_waits_for_it_and_returns_its_status() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("calls.json");
     for (script, want) in [("interrupted", 7), ("spin", 130)] {
-        let mut child = Command::new(PYTRACE)
+        let mut child = Command::new(PYTRACE);
+        child
             .args(["calls", "--json", json.to_str().unwrap(), "--", python.to_str().unwrap(), &fixture("safety.py"), script])
             .process_group(0)
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+            .stderr(Stdio::piped());
+        // As a terminal's shell starts it: with Ctrl-C's default action. A
+        // runner that starts the tests in the background (nohup, `&` without
+        // job control) passes SIGINT down ignored, and Python then installs
+        // no KeyboardInterrupt for the command to shut down on.
+        // SAFETY: signal(2) only, between fork and exec.
+        unsafe {
+            child.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        let mut child = child.spawn().unwrap();
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();

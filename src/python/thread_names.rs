@@ -249,8 +249,17 @@ impl Reader<'_> {
 /// /proc lists, replaced by the Python name where one was read. Returns how
 /// many threads keep the kernel's name for want of a readable Python one,
 /// and why none could be read at all, if so.
+///
+/// Called again on the same map (`sample --threads` reads every half
+/// second), a Python name read once stays: a thread leaves
+/// `threading._active` before its OS thread ends, and a read in between, or
+/// one while the interpreter shuts down, must not put the kernel's name back.
 pub fn merge(pid: u32, python: &Python, names: &mut HashMap<u32, String>) -> NameSource {
-    crate::process::proc::thread_names(pid, names);
+    let mut kernel_names = HashMap::new();
+    crate::process::proc::thread_names(pid, &mut kernel_names);
+    for (tid, comm) in kernel_names {
+        names.entry(tid).or_insert(comm);
+    }
     match read(pid, python) {
         Ok(found) => {
             let mut source = NameSource { from_python: 0, refused: found.refused, failure: None };

@@ -57,23 +57,9 @@ fn pprof_reads_back_in_go_pprof_with_the_known_split() {
             let pprof = dir.path().join("profile.pb.gz");
             let json = dir.path().join("profile.json");
             let outputs = ["--pprof", pprof.to_str().unwrap(), "--json", json.to_str().unwrap()];
-            if by_pid {
-                let target = start_waiting(&python, "cpu_split.py", &["--cpu-seconds", "4"]);
-                let pid = target.pid().to_string();
-                let mut args = vec!["sample", "-p", &pid, "-r", "999"];
-                args.extend(outputs);
-                let tracer = start_tracer(&args);
-                signal(target.pid(), libc::SIGUSR1);
-                let (code, _, stderr) = tracer.finish();
-                assert_eq!(code, 0, "{label}: {stderr}");
-            } else {
-                let fixture = fixture("cpu_split.py");
-                let mut args = vec!["sample", "-r", "999"];
-                args.extend(outputs);
-                args.extend(["--", python.to_str().unwrap(), &fixture, "--cpu-seconds", "4"]);
-                let out = pytrace(&args);
-                assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
-            }
+            let mut args = vec!["sample", "-r", "999"];
+            args.extend(outputs);
+            run_on_fixture(label, &args, &python, "cpu_split.py", &["--cpu-seconds", "4"], by_pid);
             let how = if by_pid { "by PID" } else { "started" };
             let top = go_pprof(&["-top", "-nodecount=200", "-sample_index=samples"], &pprof);
             let rows = top_rows(&top);

@@ -66,24 +66,9 @@ fn sample_cpu_split(dir: &Path, by_pid: bool, outputs: &[&str]) -> PathBuf {
     let cpu_split = dir.join("cpu_split.json");
     let seconds = longer(3.0);
     let fixture_args = ["--cpu-seconds", &seconds, "--cpu-split", cpu_split.to_str().unwrap()];
-    if by_pid {
-        let target = start_waiting(python, "cpu_split.py", &fixture_args);
-        let pid = target.pid().to_string();
-        let mut args = vec!["sample", "-p", &pid, "-r", "999"];
-        args.extend(outputs);
-        let tracer = start_tracer(&args);
-        signal(target.pid(), libc::SIGUSR1);
-        let (code, _, stderr) = tracer.finish();
-        assert_eq!(code, 0, "{stderr}");
-    } else {
-        let fixture = fixture("cpu_split.py");
-        let mut args = vec!["sample", "-r", "999"];
-        args.extend(outputs);
-        args.extend(["--", python.to_str().unwrap(), &fixture]);
-        args.extend(fixture_args);
-        let out = pytrace(&args);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    }
+    let mut args = vec!["sample", "-r", "999"];
+    args.extend(outputs);
+    run_on_fixture("cpu_split.py", &args, python, "cpu_split.py", &fixture_args, by_pid);
     cpu_split
 }
 

@@ -94,6 +94,30 @@ pub fn start_waiting(python: &Path, script: &str, args: &[&str]) -> Proc {
     Proc(child)
 }
 
+/// `pytrace ARGS` (before the target: e.g. `sample -r 999 --json F`) on
+/// fixture SCRIPT with SCRIPT_ARGS: attached by PID once the fixture waits
+/// (SIGUSR1 lets it go), or, with `by_pid` false, started by pytrace.
+/// pytrace must exit 0; `label` names the case in the failure message.
+pub fn run_on_fixture(label: &str, args: &[&str], python: &Path, script: &str, script_args: &[&str], by_pid: bool) {
+    if by_pid {
+        let target = start_waiting(python, script, script_args);
+        let pid = target.pid().to_string();
+        let mut args = args.to_vec();
+        args.extend(["-p", &pid]);
+        let tracer = start_tracer(&args);
+        signal(target.pid(), libc::SIGUSR1);
+        let (code, _, stderr) = tracer.finish();
+        assert_eq!(code, 0, "{label} (by PID): {stderr}");
+    } else {
+        let script = fixture(script);
+        let mut args = args.to_vec();
+        args.extend(["--", python.to_str().unwrap(), &script]);
+        args.extend(script_args);
+        let out = pytrace(&args);
+        assert!(out.status.success(), "{label} (started): {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
 /// Reads the target's stdout until a line equal to `want`.
 pub fn wait_for_line(target: &mut Proc, want: &str) {
     let stdout = target.0.stdout.as_mut().expect("stdout is piped");

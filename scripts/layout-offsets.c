@@ -19,6 +19,9 @@
 #include <internal/pycore_interp.h>
 #include <opcode.h>
 #include <internal/pycore_runtime.h>
+#if __has_include(<internal/pycore_gil.h>)
+#include <internal/pycore_gil.h>
+#endif
 #if PY_VERSION_HEX >= 0x030B0000
 #include <internal/pycore_dict.h>
 #include <internal/pycore_moduleobject.h>
@@ -230,6 +233,20 @@ int main(void)
 #else
     printf("    free_threaded: false,\n");
 #endif
+    /* The GIL `sample --gil` reads from outside (tracing/sample/discovery.rs):
+     * one in the runtime to 3.11, a pointer to it in each interpreter from
+     * 3.12; in it, the thread state that took it last and whether it is
+     * held. */
+#if PY_VERSION_HEX >= 0x030C0000
+    printf("    gil_in_runtime: NO_FIELD,\n");
+    FIELD("gil_pointer_in_interp", offsetof(PyInterpreterState, ceval.gil));
+#else
+    FIELD("gil_in_runtime", offsetof(_PyRuntimeState, ceval.gil));
+    printf("    gil_pointer_in_interp: NO_FIELD,\n");
+#endif
+    FIELD("gil_last_holder", offsetof(struct _gil_runtime_state, last_holder));
+    FIELD("gil_locked", offsetof(struct _gil_runtime_state, locked));
+    FIELD("gil_size", sizeof(struct _gil_runtime_state));
     /* A frame's local variables (its arguments first): `pytrace imports`
      * without USDT probes reads the module name, importlib's
      * _find_and_load's first argument, there. */

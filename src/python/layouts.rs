@@ -108,6 +108,18 @@ pub struct Layout {
     /// A free-threaded build (`--disable-gil`): a larger object header, so
     /// most offsets differ from the same version's default build.
     pub free_threaded: bool,
+    /// The GIL (struct _gil_runtime_state) in _PyRuntime: to 3.11, where
+    /// the runtime has one; else NO_FIELD.
+    pub gil_in_runtime: u32,
+    /// The pointer to its GIL in PyInterpreterState: 3.12+, where each
+    /// interpreter may have its own; else NO_FIELD.
+    pub gil_pointer_in_interp: u32,
+    /// In the GIL: the PyThreadState that took it last (take_gil sets it,
+    /// drop_gil leaves it).
+    pub gil_last_holder: u32,
+    /// In the GIL: an int, 1 while held.
+    pub gil_locked: u32,
+    pub gil_size: u32,
     /// A frame's local variables, its arguments first.
     pub frame_localsplus: u32,
     /// `_PyRuntime.interpreters.main`: the main interpreter.

@@ -113,7 +113,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
     /// `between_polls`).
     pub fn start(object: &'obj mut MaybeUninit<OpenObject>, targets: Targets<'a>, opts: &Options) -> Result<Self> {
         if let (true, Targets::One(_, python)) = (opts.gil, &targets) {
-            if crate::python::gil_state::for_layout(&python.layout).is_none() {
+            if python.layout.free_threaded {
                 anyhow::bail!(
                     "Python {} is a free-threaded build: it has no GIL, so `sample --gil` would keep no sample; sample without --gil",
                     python.version

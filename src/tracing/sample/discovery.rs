@@ -242,20 +242,21 @@ fn target_entry(python: &Python, interpreters_head: u64) -> sample_target {
     }
 }
 
-/// --gil: where the sampler finds the GIL (none known: gil_size 0).
+/// --gil: where the sampler finds the GIL, from the layout row (none in
+/// a free-threaded build, and none to 3.11 until the runtime's address is
+/// known: gil_size 0).
 fn gil_fields(l: &crate::python::Layout, interpreters_head: u64) -> sample_target {
-    let Some(gil) = crate::python::gil_state::for_layout(l) else { return sample_target::default() };
+    let in_runtime = l.gil_in_runtime != NO_FIELD;
+    if l.free_threaded || (in_runtime && interpreters_head == 0) {
+        return sample_target::default();
+    }
     let runtime = interpreters_head.wrapping_sub(l.runtime_interpreters_head as u64);
     sample_target {
-        gil_address: match gil.runtime_gil {
-            Some(offset) if interpreters_head != 0 => runtime + offset as u64,
-            _ => 0,
-        },
-        interp_gil: gil.interp_gil.unwrap_or(NO_FIELD),
-        gil_last_holder: gil.last_holder,
-        gil_locked: gil.locked,
-        // No GIL until the runtime's address is known.
-        gil_size: if gil.runtime_gil.is_some() && interpreters_head == 0 { 0 } else { gil.size },
+        gil_address: if in_runtime { runtime + l.gil_in_runtime as u64 } else { 0 },
+        interp_gil: l.gil_pointer_in_interp,
+        gil_last_holder: l.gil_last_holder,
+        gil_locked: l.gil_locked,
+        gil_size: l.gil_size,
         ..Default::default()
     }
 }

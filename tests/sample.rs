@@ -342,16 +342,17 @@ fn idle_sees_sleeping_threads_and_on_cpu_does_not() {
 
 /// A target that makes code objects with huge line tables and long names
 /// without end (issue #11: 1 MiB tables cached per object drove pytrace to
-/// 3 GiB): pytrace's memory stays bounded whatever it makes. Over 8
-/// CPU-seconds the fixture makes more than 1 GiB of line tables, half of
-/// them 1 MiB each (too large to cache: used and dropped), half 60 KiB
-/// each and kept alive by the target (so a cache of them grows past its
-/// 32 MiB cap and is emptied). Both are counted, the target ends as it
-/// would have, and pytrace's peak RSS stays under 150 MiB.
+/// 3 GiB): pytrace's memory stays bounded whatever it makes. The fixture
+/// makes 1.25 GiB of line tables (counted in bytes, not seconds: in 8
+/// CPU-seconds a slower CI machine made only 0.93 GiB), half of them 1 MiB
+/// each (too large to cache: used and dropped), half 60 KiB each and kept
+/// alive by the target (so a cache of them grows past its 32 MiB cap and
+/// is emptied). Both are counted, the target ends as it would have, and
+/// pytrace's peak RSS stays under 150 MiB.
 #[test]
 fn a_code_object_flood_keeps_memory_bounded() {
     let (_, python) = pythons().remove(0);
-    let mut target = start_waiting(&python, "code_flood.py", &["--cpu-seconds", "8"]);
+    let mut target = start_waiting(&python, "code_flood.py", &["--table-bytes", &(5u64 << 28).to_string()]);
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("p.json");
     let tracer = start_tracer(&["sample", "-p", &target.pid().to_string(), "-r", "999", "--json", json.to_str().unwrap()]);

@@ -286,10 +286,13 @@ fn all_samples_every_python_process_at_once() {
 }
 
 /// --idle samples every thread at each tick, running or not: a thread that
-/// only sleeps shows up as much as one that spins. Without it, sampling is
-/// on-CPU: each thread's share of the two threads' samples is its share of
-/// their CPU time (time.thread_time, measured by the fixture: the
-/// sleeper's wake-ups cost little on real hardware, more in an emulated VM).
+/// mostly sleeps shows up as much as one that spins. Without it, sampling
+/// is on-CPU: each thread's share of the two threads' samples is its share
+/// of their CPU time (time.thread_time, measured by the fixture). The
+/// sleeper works 1 ms after each 10 ms sleep: a known part of its CPU time
+/// is Python work that samples must see, whatever its wake-ups cost (an
+/// emulated VM inflates those where samples rarely land: 6.12 sampled a
+/// quarter of a bare sleeper's 0.32 s).
 #[test]
 fn idle_sees_sleeping_threads_and_on_cpu_does_not() {
     for (label, python) in pythons() {
@@ -302,7 +305,7 @@ fn idle_sees_sleeping_threads_and_on_cpu_does_not() {
         let share = |extra: &[&str]| {
             let mut args = vec!["sample", "-r", "199", "--json", "-"];
             args.extend(extra);
-            args.extend(["--", python.to_str().unwrap(), &script, &seconds, cpu_times.path().to_str().unwrap()]);
+            args.extend(["--", python.to_str().unwrap(), &script, &seconds, cpu_times.path().to_str().unwrap(), "1"]);
             let out = pytrace(&args);
             assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
             let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -312,10 +315,13 @@ fn idle_sees_sleeping_threads_and_on_cpu_does_not() {
             (get("sleeper"), get("spinner"))
         };
         // Half each of the two threads' samples (start-up, seconds of the
-        // whole in an emulated VM, is neither's).
+        // whole in an emulated VM, is neither's). The two threads must be a
+        // good part of the whole, but only a guard: an emulated VM beside
+        // busy builds spent twice the threads' 5 s in start-up (6.12: the
+        // two had 49 % of the samples, in halves of 27 and 22 %).
         let (sleeper, spinner) = share(&["--idle"]);
         let of_both = sleeper / (sleeper + spinner);
-        assert!((of_both - 0.5).abs() < 0.08 && sleeper + spinner > 0.5, "{label}: --idle gave sleeper {sleeper:.2}, spinner {spinner:.2}");
+        assert!((of_both - 0.5).abs() < 0.08 && sleeper + spinner > 0.3, "{label}: --idle gave sleeper {sleeper:.2}, spinner {spinner:.2}");
         // On CPU, of the two threads' samples (start-up, a larger part of
         // the samples when a busy machine gives the spinner less CPU, is
         // neither's), against their CPU times in that run.
@@ -324,18 +330,22 @@ fn idle_sees_sleeping_threads_and_on_cpu_does_not() {
         let truth = read_json(cpu_times.path());
         let (sleeper_cpu, spinner_cpu) = (truth["sleeper"].as_f64().unwrap(), truth["spinner"].as_f64().unwrap());
         let want = sleeper_cpu / (sleeper_cpu + spinner_cpu);
-        assert!(want < 0.25, "{label}: the sleeper used {sleeper_cpu:.3} s of CPU, the spinner {spinner_cpu:.3} s");
-        // In a VM (PYTRACE_TEST_SLOWDOWN above 1) the spinner's CPU time also
-        // counts what the host took from its virtual CPU, which samples
-        // barely see (one per stolen stretch): on 6.1 it got 129 to 169
-        // samples per CPU-second at 199 Hz, the sleeper 150 to 209. There
-        // the truth lies between the share by CPU time and the share with
-        // the spinner's CPU cut to what its work says it ran.
-        let ran = truth["spinner_ran"].as_f64().unwrap();
-        let highest = if slowdown() > 1.0 { sleeper_cpu / (sleeper_cpu + ran) } else { want };
+        // Far from --idle's half (in an emulated VM the sleeper's wake-ups
+        // and GIL hand-overs cost more: 6.1 gave it 30 % with 2 ms bursts).
+        assert!(want < 0.3, "{label}: the sleeper used {sleeper_cpu:.3} s of CPU, the spinner {spinner_cpu:.3} s");
+        // In a VM (PYTRACE_TEST_SLOWDOWN above 1) the sleeper's wake-ups
+        // and GIL hand-overs cost most of its CPU time, and samples land in
+        // that kernel work less often than in Python's (6.1 and 6.12: the
+        // share came 1 to 4 points under its CPU share). There its
+        // CPU-time share is the upper bound, and the lower one is its
+        // share with only its bursts of Python work counted. What the host
+        // takes from a virtual CPU is counted as CPU time of whichever
+        // thread it interrupted, both alike, so it leaves the share as is.
+        let bursts = truth["sleeper_bursts"].as_f64().unwrap();
+        let lowest = if slowdown() > 1.0 { bursts / (bursts + spinner_cpu) } else { want };
         assert!(
-            of_both > want - 0.04 && of_both < highest + 0.04,
-            "{label}: on-CPU gave sleeper {sleeper:.3}, spinner {spinner:.3}; CPU times {sleeper_cpu:.3} s, {spinner_cpu:.3} s (ran {ran:.3} s by its work)"
+            of_both > lowest - 0.04 && of_both < want + 0.04,
+            "{label}: on-CPU gave sleeper {sleeper:.3}, spinner {spinner:.3}; CPU times {sleeper_cpu:.3} s ({bursts:.3} s of it in its bursts of work), {spinner_cpu:.3} s"
         );
     }
 }

@@ -235,7 +235,10 @@ run_test() {
   if [ -n "$bin" ] && "$bin" --exact "$2" --test-threads=1 > /tmp/test.log 2>&1 && grep -q "^test result: ok. 1 passed" /tmp/test.log; then
     passed=$((passed + 1)); echo "  ok    $1::$2 ($(( $(date +%s) - t0 )) s)"
   else
-    failed=$((failed + 1)); echo "  FAIL  $1::$2 ($(( $(date +%s) - t0 )) s)"; tail -n 30 /tmp/test.log | sed 's/^/        /'
+    # The assertion's message first: a long one (a table in it) pushes
+    # it out of the tail.
+    failed=$((failed + 1)); echo "  FAIL  $1::$2 ($(( $(date +%s) - t0 )) s)"
+    { grep -A 3 "panicked at" /tmp/test.log | cut -c 1-400; tail -n 30 /tmp/test.log; } | sed 's/^/        /'
   fi
 }
 while read -r file name; do run_test "$file" "$name"; done < "$TESTS"

@@ -38,7 +38,12 @@ static __always_inline int WALK(holds_gil)(const struct sample_target *t, __u64 
 	if (!gil || WALK_READ(&locked, sizeof(locked), (const void *)(gil + t->gil_locked), task) ||
 	    WALK_READ(&holder, sizeof(holder), (const void *)(gil + t->gil_last_holder), task))
 		return GIL_UNREADABLE;
-	/* locked is 0 or 1 in a real GIL: anything else is not one. */
+	/* locked is -1 before the interpreter creates its GIL and after it
+	 * destroys it (start-up and exit, seconds long in an emulated VM):
+	 * then no thread holds one. 0 or 1 in a live GIL; anything else is
+	 * not one. */
+	if (locked == -1)
+		return GIL_NOT_HOLDING;
 	if (locked != 0 && locked != 1)
 		return GIL_UNREADABLE;
 	return locked == 1 && holder == tstate ? GIL_HOLDING : GIL_NOT_HOLDING;

@@ -6,11 +6,12 @@
 //! to one and its result to a report: `calls` (the calls program inside
 //! the eval-frame hook's lifecycle, `hook`; shared by `calls`, `top
 //! --calls` and `compare`), `compare` (calls and the sampler at once),
-//! and `sampling` (one target or every CPython).
+//! `sampling` (one target or every CPython) and `gc`.
 
 mod calls;
 mod compare;
 pub mod driver;
+mod gc;
 mod hook;
 mod launch;
 mod sampling;
@@ -30,6 +31,7 @@ use crate::tracing::Tracing;
 
 pub use calls::{CallsOptions, CallsRun, CallsTarget};
 pub use compare::{trace_and_sample, TracedAndSampled};
+pub use gc::trace_gc;
 pub use hook::HookOutcome;
 pub use sampling::sample;
 

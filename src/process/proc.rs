@@ -65,6 +65,14 @@ pub fn thread_names(pid: u32, names: &mut HashMap<u32, String>) {
     }
 }
 
+/// A thread's state letter as /proc has it (R, S, D, ...); None once it
+/// has exited.
+pub fn thread_state(pid: u32, tid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    // The command name before it is in parentheses and may hold spaces.
+    stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next().map(str::to_string))
+}
+
 /// The target's executable as the target names it (a name, never opened:
 /// see src/process/files.rs), and whether it was deleted or replaced since.
 pub fn exe_path(pid: u32) -> Result<(String, bool)> {

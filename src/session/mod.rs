@@ -6,7 +6,8 @@
 //! to one and its result to a report: `calls` (the calls program inside
 //! the eval-frame hook's lifecycle, `hook`; shared by `calls`, `top
 //! --calls` and `compare`), `compare` (calls and the sampler at once),
-//! `sampling` (one target or every CPython) and `gc`.
+//! `sampling` (one target or every CPython), `gc`, and `snapshot` (one
+//! read of every thread, for `dump`).
 
 mod calls;
 mod compare;
@@ -15,6 +16,7 @@ mod gc;
 mod hook;
 mod launch;
 mod sampling;
+mod snapshot;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -34,6 +36,7 @@ pub use compare::{trace_and_sample, TracedAndSampled};
 pub use gc::trace_gc;
 pub use hook::HookOutcome;
 pub use sampling::sample;
+pub use snapshot::{snapshot, Snapshot};
 
 pub enum TargetSpec {
     Pid(u32),

@@ -26,7 +26,7 @@ pub fn run(opts: Options) -> Result<i32> {
     let (target, python) = CallsTarget::prepare(opts.target, opts.mode)?;
     let counting = CallsOptions { duration: opts.duration, empty_probe: opts.empty_probe, count_edges: outputs.wants_edges() };
     let (run, data) = target.trace(&python, &counting, |_, _| Ok(true));
-    let report = CallsReport::of_run(&run, data?, tracer::caveats(&python, run.mode), opts.sort);
+    let report = CallsReport::new(run.pid, run.python_info(), run.elapsed.as_nanos() as u64, data?, opts.sort).noting(tracer::caveats(&python, run.mode), &run.hook);
     outputs.write(&report, opts.top)?;
     Ok(run.exit_code())
 }

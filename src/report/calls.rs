@@ -10,8 +10,8 @@ use super::output::{check_distinct, Output};
 use super::{counted, human_ns, thousands, PythonInfo, ReportKind};
 use crate::model::counters::Counters;
 use crate::model::functions::{CallEdge, CallsData, Function, FunctionId, FunctionStats};
+use crate::model::hook::HookOutcome;
 use crate::model::samples::Frame;
-use crate::session::CallsRun;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SortKey {
@@ -96,15 +96,13 @@ impl CallsReport {
         }
     }
 
-    /// A calls run's report: `caveats` (what its mode cannot be exact
-    /// about) and what the eval-frame hook went through.
-    pub fn of_run(run: &CallsRun, data: CallsData, caveats: Vec<String>, sort: SortKey) -> Self {
-        let python = PythonInfo { version: run.version.clone(), mode: run.mode.name().into() };
-        let mut report = CallsReport::new(run.pid, python, run.elapsed.as_nanos() as u64, data, sort);
-        report.caveats = caveats;
-        report.caveats.extend(run.hook.notes.iter().cloned());
-        report.incomplete = run.hook.incomplete.clone();
-        report
+    /// The report saying `caveats` (what its mode cannot be exact about)
+    /// and what the eval-frame hook went through.
+    pub fn noting(mut self, caveats: Vec<String>, hook: &HookOutcome) -> Self {
+        self.caveats = caveats;
+        self.caveats.extend(hook.notes.iter().cloned());
+        self.incomplete = hook.incomplete.clone();
+        self
     }
 
     /// cProfile's stats file (src/report/pstats.rs).

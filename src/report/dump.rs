@@ -1,14 +1,15 @@
 //! The `dump` report: every thread's stack at one instant, innermost frame
 //! first (as a traceback reads upside down, and as py-spy dump prints).
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 use serde_json::json;
 
 use super::profile::label;
 use super::PythonInfo;
-use crate::model::samples::Frame;
+use crate::model::samples::{Frame, Sample};
 use crate::python::thread_names::NameSource;
-use crate::session::Snapshot;
 
 #[derive(Serialize)]
 pub struct ThreadStack {
@@ -37,6 +38,22 @@ fn frames_json<S: serde::Serializer>(frames: &[std::rc::Rc<Frame>], to: S) -> Re
         })?;
     }
     seq.end()
+}
+
+/// What `dump` read (src/session/snapshot.rs): every thread's stack at one
+/// instant, and what names and states it had.
+pub struct Snapshot {
+    pub pid: u32,
+    pub version: String,
+    /// One sample per thread, outermost frame first.
+    pub samples: Vec<Sample>,
+    /// Each thread's name as the kernel knows it.
+    pub os_names: HashMap<u32, String>,
+    /// Each thread's Python name where it could be read, else the kernel's.
+    pub names: HashMap<u32, String>,
+    pub name_source: NameSource,
+    /// Each thread's state letter (`proc::thread_state`), read after its stack.
+    pub states: HashMap<u32, Option<String>>,
 }
 
 #[derive(Serialize)]

@@ -10,10 +10,12 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::hook::{HookOutcome, HookedRelease};
+use super::hook::HookedRelease;
 use super::{Live, Target, TargetSpec};
 use crate::model::functions::CallsData;
+use crate::model::hook::HookOutcome;
 use crate::python::Python;
+use crate::report::PythonInfo;
 use crate::tracing::calls::{self as tracer, Mode, Plan};
 use crate::tracing::Tracing;
 
@@ -48,6 +50,11 @@ pub struct CallsRun {
 }
 
 impl CallsRun {
+    /// Its Python and mode, as reports name them.
+    pub fn python_info(&self) -> PythonInfo {
+        PythonInfo { version: self.version.clone(), mode: self.mode.name().into() }
+    }
+
     /// The target's CPU time while traced (`Target::cpu_ns`).
     pub fn cpu_ns(&self) -> Option<u64> {
         self.target.cpu_ns()

@@ -8,30 +8,10 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::{CallsOptions, CallsRun, CallsTarget, HookOutcome, TargetSpec};
-use crate::model::functions::CallsData;
-use crate::tracing::calls::Mode;
+use super::{CallsOptions, CallsRun, CallsTarget, TargetSpec};
+use crate::report::compare::TracedAndSampled;
 use crate::tracing::compare::set_apart_probe_samples;
-use crate::tracing::sample::{self, SampleData, Targets};
-
-/// What both programs gathered over the same time, and about what.
-pub struct TracedAndSampled {
-    pub pid: u32,
-    pub version: String,
-    /// How calls saw the calls.
-    pub mode: Mode,
-    pub hz: u64,
-    pub elapsed_ns: u64,
-    pub calls: CallsData,
-    /// Samples taken inside pytrace's probes are set apart.
-    pub samples: SampleData,
-    /// What happened to the eval-frame hook.
-    pub hook: HookOutcome,
-    /// The target's CPU time while traced (`Target::cpu_ns`).
-    pub cpu_ns: Option<u64>,
-    /// pytrace's exit code (`Target::exit_code`).
-    pub exit_code: i32,
-}
+use crate::tracing::sample::{self, Targets};
 
 /// Traces and samples `spec` at `hz` until it exits, the duration runs out
 /// or a stop signal comes.

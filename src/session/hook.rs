@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use super::Target;
+use crate::model::hook::HookOutcome;
 use crate::python::eval_hook::{EvalHook, Guardian, Installed};
 use crate::python::hook_owner::HookLock;
 use crate::python::Python;
@@ -23,15 +24,6 @@ pub struct HookedRelease {
     armed: Cell<bool>,
     installed: RefCell<Installed>,
     last_check: Cell<Option<Instant>>,
-}
-
-/// What the hook went through in a run, for the report.
-#[derive(Debug, Default)]
-pub struct HookOutcome {
-    /// Why the counts are incomplete, if they are.
-    pub incomplete: Option<String>,
-    /// Everything else worth saying about the hook.
-    pub notes: Vec<String>,
 }
 
 impl HookedRelease {

@@ -32,11 +32,10 @@ use crate::process::proc;
 use crate::tracing::Tracing;
 
 pub use calls::{CallsOptions, CallsRun, CallsTarget};
-pub use compare::{trace_and_sample, TracedAndSampled};
+pub use compare::trace_and_sample;
 pub use gc::trace_gc;
-pub use hook::HookOutcome;
 pub use sampling::sample;
-pub use snapshot::{snapshot, Snapshot};
+pub use snapshot::snapshot;
 
 pub enum TargetSpec {
     Pid(u32),

@@ -7,26 +7,10 @@ use std::collections::HashMap;
 use anyhow::Result;
 
 use crate::kernel::{Feature, Kernel};
-use crate::model::samples::Sample;
 use crate::process::proc;
-use crate::python::thread_names::{self, NameSource};
-use crate::python::Python;
+use crate::python::{thread_names, Python};
+use crate::report::dump::Snapshot;
 use crate::tracing::sample::{self, Options, Targets};
-
-/// Every thread's stack at one instant, and what names and states it had.
-pub struct Snapshot {
-    pub pid: u32,
-    pub version: String,
-    /// One sample per thread, outermost frame first.
-    pub samples: Vec<Sample>,
-    /// Each thread's name as the kernel knows it.
-    pub os_names: HashMap<u32, String>,
-    /// Each thread's Python name where it could be read, else the kernel's.
-    pub names: HashMap<u32, String>,
-    pub name_source: NameSource,
-    /// Each thread's state letter (`proc::thread_state`), read after its stack.
-    pub states: HashMap<u32, Option<String>>,
-}
 
 /// Reads every thread of `pid` once.
 pub fn snapshot(pid: u32, native: bool) -> Result<Snapshot> {

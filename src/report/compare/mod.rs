@@ -25,7 +25,7 @@ use super::{thousands, PythonInfo, ReportKind};
 use crate::model::functions::FunctionStats;
 pub use flags::Flag;
 use flags::flags;
-pub use inputs::{live_reports, SampledReport, TracedReport};
+pub use inputs::{live_reports, SampledReport, TracedAndSampled, TracedReport};
 pub use probe_cost::Overhead;
 use probe_cost::{corrected_self, corrected_total};
 

@@ -7,7 +7,6 @@ use std::time::Duration;
 use anyhow::Result;
 
 use crate::model::events::Collection;
-use crate::report::PythonInfo;
 use crate::report::gc::{event_line, GcTotals};
 use crate::report::{self, Output};
 use crate::session::{self, TargetSpec};
@@ -33,8 +32,7 @@ pub fn run(opts: Options) -> Result<i32> {
         totals.borrow_mut().add(c);
     };
     let (run, data) = session::trace_gc(opts.target, opts.duration, opts.mode, on_collection)?;
-    let python = PythonInfo { version: run.version.clone(), mode: run.mode.name().into() };
-    let report = totals.into_inner().into_report(run.pid, python, run.elapsed.as_nanos() as u64, data.counters);
+    let report = totals.into_inner().into_report(run.pid, run.python_info(), run.elapsed.as_nanos() as u64, data.counters);
     report::emit(json.as_mut(), || report.to_json(), || report.to_table())?;
     Ok(run.exit_code())
 }

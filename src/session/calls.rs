@@ -92,9 +92,9 @@ impl CallsTarget {
     /// between polls) says stop. `each` is dropped once the probes are
     /// detached and before the hook is put back: a live screen it owns is
     /// closed by then, so what restoring says is readable.
-    pub fn trace(self, python: &Python, opts: &CallsOptions, each: impl FnMut(&tracer::Session<'_, '_>, Duration) -> Result<bool>) -> (CallsRun, Result<CallsData>) {
+    pub fn trace(self, python: &Python, opts: &CallsOptions, mut each: impl FnMut(&tracer::Session<'_, '_>, Duration) -> Result<bool>) -> (CallsRun, Result<CallsData>) {
         let attached_as = self.mode.name().to_string();
-        let mut each = each;
+        // `move`: the closure, and `each` with it, is used up by the drive.
         self.run(python, opts, &attached_as, move |calls, hooked| hooked.drive(calls, |session| each(session, hooked.live.elapsed())))
     }
 

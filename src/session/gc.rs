@@ -11,6 +11,7 @@ use anyhow::Result;
 
 use super::{Live, Target, TargetSpec};
 use crate::model::events::Collection;
+use crate::report::PythonInfo;
 use crate::tracing::gc::{self, GcData, Mode};
 use crate::tracing::monotonic_ns;
 
@@ -25,6 +26,11 @@ pub struct GcRun {
 }
 
 impl GcRun {
+    /// Its Python and mode, as reports name them.
+    pub fn python_info(&self) -> PythonInfo {
+        PythonInfo { version: self.version.clone(), mode: self.mode.name().into() }
+    }
+
     /// pytrace's exit code (`Target::exit_code`).
     pub fn exit_code(&self) -> i32 {
         self.target.exit_code()

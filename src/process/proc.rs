@@ -236,6 +236,29 @@ impl Memory {
 mod tests {
     use super::*;
 
+    /// The kernel's own letters: this thread is running as it reads its
+    /// stat; a thread blocked in a sleep is sleeping; a TID that names no
+    /// thread of ours has no state.
+    #[test]
+    fn thread_states_are_the_kernels_letters() {
+        let pid = std::process::id();
+        // SAFETY: gettid cannot fail.
+        let tid = unsafe { libc::gettid() } as u32;
+        assert_eq!(thread_state(pid, tid).as_deref(), Some("R"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sleeper = std::thread::spawn(move || {
+            // SAFETY: gettid cannot fail.
+            tx.send(unsafe { libc::gettid() } as u32).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        });
+        let sleeper_tid = rx.recv().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert_eq!(thread_state(pid, sleeper_tid).as_deref(), Some("S"));
+        sleeper.join().unwrap();
+        assert_eq!(thread_state(pid, sleeper_tid), None);
+        assert_eq!(thread_state(pid, u32::MAX), None);
+    }
+
     #[test]
     fn parses_file_mappings_and_skips_anonymous_ones() {
         let m = parse_maps_line(

@@ -1,16 +1,13 @@
 //! `pytrace calls`: exact per-function call counts and latencies.
 
-use std::mem::MaybeUninit;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::report::calls::{CallsReport, SortKey};
-use crate::report::PythonInfo;
-use crate::report::{self, Output};
-use crate::session::{HookedRelease, Live, Target, TargetSpec};
-use crate::tracing::calls::{self as tracer, Mode, Plan};
+use crate::report::calls::{CallsOutputs, CallsReport, SortKey};
+use crate::session::{CallsOptions, CallsTarget, TargetSpec};
+use crate::tracing::calls::{self as tracer, Mode};
 
 pub struct Options {
     pub target: TargetSpec,
@@ -25,49 +22,11 @@ pub struct Options {
 }
 
 pub fn run(opts: Options) -> Result<i32> {
-    let outputs: Vec<&std::path::Path> = [&opts.json, &opts.pprof, &opts.pstats].into_iter().flatten().map(|p| p.as_path()).collect();
-    report::output::check_distinct(&[], &outputs)?;
-    let mut json = opts.json.as_deref().map(Output::create).transpose()?;
-    let mut pprof = opts.pprof.as_deref().map(Output::create).transpose()?;
-    let mut pstats = opts.pstats.as_deref().map(Output::create).transpose()?;
-    let (mut target, python) = Target::prepare(opts.target)?;
-    let (mode, _why) = tracer::choose_mode(&python, opts.mode)?;
-    // 3.11+ inlines calls unless the eval-frame hook is set (eval_hook.rs).
-    let hook = HookedRelease::new(&target, &python, mode)?;
-
-    let pid = target.pid;
-    let on_child = |child| hook.watch_child(child);
-    let plan =
-        Plan { pid, python: &python, mode, stop_at_first_eval: hook.stop_at_first_eval(&target), empty_probe: opts.empty_probe, count_edges: pstats.is_some(), on_child: &on_child };
-    let live = Live::new(&mut target, &python, mode.name(), opts.duration);
-    let mut object = MaybeUninit::uninit();
-    let result = tracer::Session::start(&mut object, &plan).and_then(|session| {
-        live.drive(session, |_, target| hook.release(target), |_| {
-            hook.watch();
-            Ok(true)
-        })
-    });
-    let elapsed = live.elapsed();
-    drop(live);
-    let outcome = hook.restore(&target);
-    let data = result?;
-
-    let mut report = CallsReport::new(
-        pid,
-        PythonInfo { version: python.version.to_string(), mode: mode.name().into() },
-        elapsed.as_nanos() as u64,
-        data,
-        opts.sort,
-    );
-    report.caveats = tracer::caveats(&python, mode);
-    report.caveats.extend(outcome.notes);
-    report.incomplete = outcome.incomplete;
-    if let Some(out) = pprof.as_mut() {
-        out.write_all(&report.to_pprof()?)?;
-    }
-    if let Some(out) = pstats.as_mut() {
-        out.write_all(&report.to_pstats())?;
-    }
-    report::emit(json.as_mut(), || report.to_json(), || report.to_table(opts.top))?;
-    Ok(target.exit_code())
+    let outputs = CallsOutputs::create(opts.json.as_deref(), opts.pprof.as_deref(), opts.pstats.as_deref())?;
+    let (target, python) = CallsTarget::prepare(opts.target, opts.mode)?;
+    let counting = CallsOptions { duration: opts.duration, empty_probe: opts.empty_probe, count_edges: outputs.wants_edges() };
+    let (run, data) = target.trace(&python, &counting, |_, _| Ok(true));
+    let report = CallsReport::new(run.pid, run.python_info(), run.elapsed.as_nanos() as u64, data?, opts.sort).noting(tracer::caveats(&python, run.mode), &run.hook);
+    outputs.write(&report, opts.top)?;
+    Ok(run.exit_code())
 }

@@ -1,14 +1,12 @@
 //! `pytrace compare`: `calls` and `sample` on one target at the same time,
 //! or two saved reports, compared per function (src/report/compare/).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::report::compare::{live_reports, Comparison, SampledReport, TracedReport};
-use crate::report::output::check_distinct;
-use crate::report::{self, Output};
+use crate::report::compare::{live_reports, CompareOutputs, Comparison, SampledReport, TracedReport};
 use crate::session::{self, TargetSpec};
 
 pub enum Source {
@@ -26,27 +24,22 @@ pub struct Options {
 }
 
 pub fn run(opts: Options) -> Result<i32> {
-    let (inputs, outputs): (Vec<&Path>, Vec<&Path>) = match &opts.source {
-        Source::Saved { traced, sampled } => (vec![traced, sampled], opts.json.as_deref().into_iter().collect()),
-        Source::Live { traced_json, sampled_json, .. } => (vec![], [traced_json, sampled_json, &opts.json].into_iter().flatten().map(PathBuf::as_path).collect()),
+    let (inputs, traced_json, sampled_json) = match &opts.source {
+        Source::Saved { traced, sampled } => (vec![traced.as_path(), sampled.as_path()], None, None),
+        Source::Live { traced_json, sampled_json, .. } => (vec![], traced_json.as_deref(), sampled_json.as_deref()),
     };
-    check_distinct(&inputs, &outputs)?;
-    let mut json = opts.json.as_deref().map(Output::create).transpose()?;
+    let mut outputs = CompareOutputs::create(&inputs, opts.json.as_deref(), traced_json, sampled_json)?;
     let (traced, sampled, status) = match opts.source {
         Source::Saved { traced, sampled } => (TracedReport::read(&traced)?, SampledReport::read(&sampled)?, 0),
-        Source::Live { target, duration, hz, traced_json, sampled_json } => {
-            let mut traced_out = traced_json.as_deref().map(Output::create).transpose()?;
-            let mut sampled_out = sampled_json.as_deref().map(Output::create).transpose()?;
+        Source::Live { target, duration, hz, .. } => {
             let run = session::trace_and_sample(target, duration, hz)?;
             let status = run.exit_code;
             let (traced, sampled) = live_reports(run);
-            traced_out.as_mut().map(|out| out.write_all(traced.to_json().as_bytes())).transpose()?;
-            sampled_out.as_mut().map(|out| out.write_all(sampled.to_json().as_bytes())).transpose()?;
+            outputs.write_compared(&traced, &sampled)?;
             // The same numbers a saved pair of these reports gives.
             (TracedReport::from(&traced), SampledReport::from(&sampled), status)
         }
     };
-    let comparison = Comparison::new(&traced, &sampled);
-    report::emit(json.as_mut(), || comparison.to_json(), || comparison.to_table(opts.top))?;
+    outputs.write(&Comparison::new(&traced, &sampled), opts.top)?;
     Ok(status)
 }

@@ -65,6 +65,14 @@ pub fn thread_names(pid: u32, names: &mut HashMap<u32, String>) {
     }
 }
 
+/// A thread's state letter as /proc has it (R, S, D, ...); None once it
+/// has exited.
+pub fn thread_state(pid: u32, tid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    // The command name before it is in parentheses and may hold spaces.
+    stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next().map(str::to_string))
+}
+
 /// The target's executable as the target names it (a name, never opened:
 /// see src/process/files.rs), and whether it was deleted or replaced since.
 pub fn exe_path(pid: u32) -> Result<(String, bool)> {
@@ -227,6 +235,29 @@ impl Memory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kernel's own letters: this thread is running as it reads its
+    /// stat; a thread blocked in a sleep is sleeping; a TID that names no
+    /// thread of ours has no state.
+    #[test]
+    fn thread_states_are_the_kernels_letters() {
+        let pid = std::process::id();
+        // SAFETY: gettid cannot fail.
+        let tid = unsafe { libc::gettid() } as u32;
+        assert_eq!(thread_state(pid, tid).as_deref(), Some("R"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sleeper = std::thread::spawn(move || {
+            // SAFETY: gettid cannot fail.
+            tx.send(unsafe { libc::gettid() } as u32).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        });
+        let sleeper_tid = rx.recv().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert_eq!(thread_state(pid, sleeper_tid).as_deref(), Some("S"));
+        sleeper.join().unwrap();
+        assert_eq!(thread_state(pid, sleeper_tid), None);
+        assert_eq!(thread_state(pid, u32::MAX), None);
+    }
 
     #[test]
     fn parses_file_mappings_and_skips_anonymous_ones() {

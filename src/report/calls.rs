@@ -1,12 +1,16 @@
 //! The `calls` report: one row per Python function, as a table or JSON.
 
 use std::collections::HashMap;
+use std::path::Path;
 
+use anyhow::Result;
 use serde::Serialize;
 
+use super::output::{check_distinct, Output};
 use super::{counted, human_ns, thousands, PythonInfo, ReportKind};
 use crate::model::counters::Counters;
 use crate::model::functions::{CallEdge, CallsData, Function, FunctionId, FunctionStats};
+use crate::model::hook::HookOutcome;
 use crate::model::samples::Frame;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +94,15 @@ impl CallsReport {
             functions,
             edges: data.edges,
         }
+    }
+
+    /// The report saying `caveats` (what its mode cannot be exact about)
+    /// and what the eval-frame hook went through.
+    pub fn noting(mut self, caveats: Vec<String>, hook: &HookOutcome) -> Self {
+        self.caveats = caveats;
+        self.caveats.extend(hook.notes.iter().cloned());
+        self.incomplete = hook.incomplete.clone();
+        self
     }
 
     /// cProfile's stats file (src/report/pstats.rs).
@@ -185,5 +198,38 @@ impl CallsReport {
         }
         out += &super::dropped_line(&self.counters);
         out
+    }
+}
+
+/// Where `pytrace calls` writes: each file asked for, checked distinct and
+/// made before the target is touched (output.rs); the table goes to
+/// standard output unless the JSON does.
+pub struct CallsOutputs {
+    json: Option<Output>,
+    pprof: Option<Output>,
+    pstats: Option<Output>,
+}
+
+impl CallsOutputs {
+    pub fn create(json: Option<&Path>, pprof: Option<&Path>, pstats: Option<&Path>) -> Result<Self> {
+        let paths: Vec<&Path> = [json, pprof, pstats].into_iter().flatten().collect();
+        check_distinct(&[], &paths)?;
+        let create = |path: Option<&Path>| path.map(Output::create).transpose();
+        Ok(CallsOutputs { json: create(json)?, pprof: create(pprof)?, pstats: create(pstats)? })
+    }
+
+    /// Whether caller->callee edges are wanted (only the pstats file has them).
+    pub fn wants_edges(&self) -> bool {
+        self.pstats.is_some()
+    }
+
+    pub fn write(mut self, report: &CallsReport, top: Option<usize>) -> Result<()> {
+        if let Some(out) = self.pprof.as_mut() {
+            out.write_all(&report.to_pprof()?)?;
+        }
+        if let Some(out) = self.pstats.as_mut() {
+            out.write_all(&report.to_pstats())?;
+        }
+        super::emit(self.json.as_mut(), || report.to_json(), || report.to_table(top))
     }
 }

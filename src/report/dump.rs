@@ -1,12 +1,14 @@
 //! The `dump` report: every thread's stack at one instant, innermost frame
 //! first (as a traceback reads upside down, and as py-spy dump prints).
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 use serde_json::json;
 
 use super::profile::label;
 use super::PythonInfo;
-use crate::model::samples::Frame;
+use crate::model::samples::{Frame, Sample};
 use crate::python::thread_names::NameSource;
 
 #[derive(Serialize)]
@@ -38,6 +40,22 @@ fn frames_json<S: serde::Serializer>(frames: &[std::rc::Rc<Frame>], to: S) -> Re
     seq.end()
 }
 
+/// What `dump` read (src/session/snapshot.rs): every thread's stack at one
+/// instant, and what names and states it had.
+pub struct Snapshot {
+    pub pid: u32,
+    pub version: String,
+    /// One sample per thread, outermost frame first.
+    pub samples: Vec<Sample>,
+    /// Each thread's name as the kernel knows it.
+    pub os_names: HashMap<u32, String>,
+    /// Each thread's Python name where it could be read, else the kernel's.
+    pub names: HashMap<u32, String>,
+    pub name_source: NameSource,
+    /// Each thread's state letter (`proc::thread_state`), read after its stack.
+    pub states: HashMap<u32, Option<String>>,
+}
+
 #[derive(Serialize)]
 pub struct DumpReport {
     pub pid: u32,
@@ -48,6 +66,23 @@ pub struct DumpReport {
 }
 
 impl DumpReport {
+    /// The main thread (its TID is the PID) first, then by TID; each
+    /// stack innermost first.
+    pub fn of_snapshot(snapshot: Snapshot) -> Self {
+        let Snapshot { pid, version, samples, os_names, names, name_source, states } = snapshot;
+        let mut threads: Vec<ThreadStack> = samples
+            .into_iter()
+            .map(|s| {
+                let state = state_words(states.get(&s.tid).cloned().flatten());
+                let os_name = os_names.get(&s.tid).cloned().unwrap_or_else(|| "?".into());
+                let name = names.get(&s.tid).cloned().unwrap_or_else(|| os_name.clone());
+                ThreadStack { tid: s.tid, name, os_name, state, frames: s.frames.into_iter().rev().collect() }
+            })
+            .collect();
+        threads.sort_by_key(|t| (t.tid != pid, t.tid));
+        DumpReport { pid, python: PythonInfo { version, mode: "dump".into() }, threads, thread_names: name_source }
+    }
+
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("the report serializes") + "\n"
     }
@@ -72,5 +107,18 @@ impl DumpReport {
             out += &format!("\n{} {who} kernel name: their threading.Thread did not check out.\n", n.refused);
         }
         out
+    }
+}
+
+/// A thread's state letter said in words ("exited" when it has).
+fn state_words(code: Option<String>) -> String {
+    let Some(code) = code else { return "exited".into() };
+    match code.as_str() {
+        "R" => "running".into(),
+        "S" => "sleeping".into(),
+        "D" => "waiting on disk".into(),
+        "T" | "t" => "stopped".into(),
+        "Z" => "exiting".into(),
+        _ => code,
     }
 }

@@ -1,16 +1,24 @@
 //! What every tracing subcommand does around its BPF program: check that
 //! tracing is possible at all, find or start the target (`launch`), run
 //! the session's poll loop (`driver`, through `Live`), and decide when to
-//! stop (target exit, --duration, Ctrl-C or SIGTERM). Two runs are whole
-//! here, being more than one session's wiring: `sampling` (one target or
-//! every CPython) and `compare` (calls and the sampler at once).
+//! stop (target exit, --duration, Ctrl-C or SIGTERM). Whole runs, from the
+//! target to what was gathered, so that a command only wires its options
+//! to one and its result to a report: `calls` (the calls program inside
+//! the eval-frame hook's lifecycle, `hook`; shared by `calls`, `top
+//! --calls` and `compare`), `compare` (calls and the sampler at once),
+//! `sampling` (one target or every CPython), `gc`, and `snapshot` (one
+//! read of every thread, for `dump`).
 
+mod calls;
 mod compare;
 pub mod driver;
+mod gc;
+mod hook;
 mod launch;
 mod sampling;
+mod snapshot;
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
@@ -18,15 +26,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
-use crate::python::eval_hook::{EvalHook, Guardian, Installed};
-use crate::python::hook_owner::HookLock;
 use crate::python::{thread_names, Python};
 use launch::Launched;
 use crate::process::proc;
-use crate::tracing::{Mode, Tracing};
+use crate::tracing::Tracing;
 
-pub use compare::{trace_and_sample, TracedAndSampled};
+pub use calls::{CallsOptions, CallsRun, CallsTarget};
+pub use compare::trace_and_sample;
+pub use gc::trace_gc;
 pub use sampling::sample;
+pub use snapshot::snapshot;
 
 pub enum TargetSpec {
     Pid(u32),
@@ -337,126 +346,5 @@ impl<'p> Progress<'p> {
         let (pid, python) = self.threads_of?;
         thread_names::merge(pid, python, &mut self.names);
         Some(self.names)
-    }
-}
-
-/// The eval-frame hook around a calls session (src/python/eval_hook.rs): on
-/// 3.11+ in uprobe mode it is owned (one run at a time), set once the probes
-/// are attached, watched while tracing and restored at the end, in the
-/// target and its children; a guardian restores it if pytrace dies first.
-pub struct HookedRelease {
-    hook: Option<EvalHook>,
-    guardian: RefCell<Option<Guardian>>,
-    armed: Cell<bool>,
-    installed: RefCell<Installed>,
-    last_check: Cell<Option<Instant>>,
-}
-
-/// What the hook went through in a run, for the report.
-#[derive(Debug, Default)]
-pub struct HookOutcome {
-    /// Why the counts are incomplete, if they are.
-    pub incomplete: Option<String>,
-    /// Everything else worth saying about the hook.
-    pub notes: Vec<String>,
-}
-
-impl HookedRelease {
-    /// Takes ownership of the hook and forks the guardian if the hook is
-    /// needed: call before any BPF object or thread exists.
-    pub fn new(target: &Target, python: &Python, mode: Mode) -> Result<Self> {
-        let hook = if mode == Mode::Uprobe && python.inlines_calls() { Some(EvalHook::new(target.pid, python)?) } else { None };
-        let guardian = match &hook {
-            Some(hook) => Some(hook.spawn_guardian(HookLock::acquire(target.pid)?)?),
-            None => None,
-        };
-        Ok(HookedRelease {
-            hook,
-            guardian: RefCell::new(guardian),
-            armed: Cell::new(false),
-            installed: RefCell::new(Installed::default()),
-            last_check: Cell::new(None),
-        })
-    }
-
-    /// A command we start has no interpreter yet to set the hook in: the BPF
-    /// program stops it at its first frame evaluation and `release` sets it then.
-    pub fn stop_at_first_eval(&self, target: &Target) -> bool {
-        self.hook.is_some() && target.started_by_us()
-    }
-
-    /// Once every probe is attached: sets the hook and lets the target run.
-    pub fn release(&self, target: &mut Target) -> Result<()> {
-        self.armed.set(self.hook.is_some());
-        let install = |hook: &EvalHook| -> Result<()> {
-            *self.installed.borrow_mut() = hook.install()?;
-            Ok(())
-        };
-        match &self.hook {
-            Some(hook) if target.started_by_us() => target.release_at_first_eval(|| install(hook)),
-            Some(hook) => {
-                install(hook)?;
-                target.release()
-            }
-            None => target.release(),
-        }
-    }
-
-    /// A process the target forked while traced: it inherited the hook.
-    pub fn watch_child(&self, child: u32) {
-        if let Some(guardian) = self.guardian.borrow_mut().as_mut() {
-            guardian.watch_child(child);
-        }
-    }
-
-    /// Between polls: reads the hook back (at most every 100 ms), so a
-    /// change by someone else is reported.
-    pub fn watch(&self) {
-        let Some(hook) = self.hook.as_ref().filter(|_| self.armed.get()) else { return };
-        if self.last_check.get().is_some_and(|t| t.elapsed() < Duration::from_millis(100)) {
-            return;
-        }
-        self.last_check.set(Some(Instant::now()));
-        hook.verify();
-    }
-
-    /// Puts the hook back (once the probes are detached) in the target and
-    /// its children, and ends the guardian; says what happened to the hook.
-    pub fn restore(self, target: &Target) -> HookOutcome {
-        let mut outcome = HookOutcome::default();
-        let guardian = self.guardian.into_inner();
-        let Some(hook) = self.hook.as_ref().filter(|_| self.armed.get()) else {
-            if let Some(g) = guardian {
-                g.finish();
-            }
-            return outcome;
-        };
-        if target.is_running() {
-            if let Err(e) = hook.restore() {
-                eprintln!("pytrace: warning: could not restore interp->eval_frame in PID {}: {e:#}", target.pid);
-            }
-        }
-        if let Some(g) = guardian {
-            hook.restore_children(&g.children);
-            g.finish();
-        }
-        let installed = self.installed.into_inner();
-        outcome.incomplete = hook.changed();
-        if !installed.foreign.is_empty() {
-            let values: Vec<String> = installed.foreign.iter().map(|v| format!("{v:#x}")).collect();
-            let why = format!(
-                "interp->eval_frame in process {} already held another tool's PEP 523 hook ({}), which pytrace left as it was: calls that hook runs without _PyEval_EvalFrameDefault were not seen, so counts may be incomplete",
-                target.pid,
-                values.join(", ")
-            );
-            outcome.incomplete.get_or_insert(why);
-        }
-        if installed.adopted > 0 {
-            outcome.notes.push(format!(
-                "interp->eval_frame in process {} already held pytrace's value, left by an earlier run that could not put it back; this run restored it",
-                target.pid
-            ));
-        }
-        outcome
     }
 }

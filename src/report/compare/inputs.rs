@@ -8,11 +8,33 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
-use crate::model::functions::Function;
+use crate::model::functions::{CallsData, Function};
+use crate::model::hook::HookOutcome;
 use crate::report::calls::{CallsReport, SortKey};
 use crate::report::profile::Profile;
 use crate::report::{PythonInfo, ReportKind};
-use crate::session::TracedAndSampled;
+use crate::tracing::calls::Mode;
+use crate::tracing::sample::SampleData;
+
+/// What a live run (src/session/compare.rs) gathered with both programs
+/// over the same time, and about what.
+pub struct TracedAndSampled {
+    pub pid: u32,
+    pub version: String,
+    /// How calls saw the calls.
+    pub mode: Mode,
+    pub hz: u64,
+    pub elapsed_ns: u64,
+    pub calls: CallsData,
+    /// Samples taken inside pytrace's probes are set apart.
+    pub samples: SampleData,
+    /// What happened to the eval-frame hook.
+    pub hook: HookOutcome,
+    /// The target's CPU time while traced (`Target::cpu_ns`).
+    pub cpu_ns: Option<u64>,
+    /// pytrace's exit code (`Target::exit_code`).
+    pub exit_code: i32,
+}
 
 /// What compare reads of a `pytrace calls --json` report.
 #[derive(Deserialize, Debug, PartialEq)]
@@ -136,9 +158,7 @@ impl SampledReport {
 /// `--sampled-json` save).
 pub fn live_reports(run: TracedAndSampled) -> (CallsReport, Profile) {
     let python = |mode: &str| PythonInfo { version: run.version.clone(), mode: mode.into() };
-    let mut traced = CallsReport::new(run.pid, python(run.mode.name()), run.elapsed_ns, run.calls, SortKey::Total);
-    traced.caveats.extend(run.hook.notes);
-    traced.incomplete = run.hook.incomplete;
+    let traced = CallsReport::new(run.pid, python(run.mode.name()), run.elapsed_ns, run.calls, SortKey::Total).noting(Vec::new(), &run.hook);
     let samples = &run.samples;
     let mut profile = Profile::new(run.pid, python("sample"), run.hz, run.elapsed_ns, samples.counters.clone(), &samples.samples, None);
     profile.bpf_ns_per_sample = samples.bpf_ns_per_sample;

@@ -7,13 +7,14 @@
 //! One room per job: `inputs` (the two reports, saved or live),
 //! `probe_cost` (the probes' cost per call and the corrected times),
 //! `flags` (what one side sees and the other cannot), `table` (the terminal
-//! output); here, the join itself. A live `pytrace compare` hands its
+//! output), `outputs` (the files it writes); here, the join itself. A live `pytrace compare` hands its
 //! reports over in memory, equal to what they read back as when saved, so
 //! a saved pair (`--traced A --sampled B`) gives exactly the result of the
 //! run that wrote it.
 
 mod flags;
 mod inputs;
+mod outputs;
 mod probe_cost;
 mod table;
 
@@ -25,7 +26,8 @@ use super::{thousands, PythonInfo, ReportKind};
 use crate::model::functions::FunctionStats;
 pub use flags::Flag;
 use flags::flags;
-pub use inputs::{live_reports, SampledReport, TracedReport};
+pub use inputs::{live_reports, SampledReport, TracedAndSampled, TracedReport};
+pub use outputs::CompareOutputs;
 pub use probe_cost::Overhead;
 use probe_cost::{corrected_self, corrected_total};
 

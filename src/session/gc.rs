@@ -1,0 +1,68 @@
+//! A `gc` run from start to end: the target found or started, the gc
+//! program attached (USDT probes, or a watchpoint set once the interpreter
+//! exists), every collection handed on as it arrives, until the target
+//! exits, the duration runs out or a stop signal comes.
+
+use std::cell::Cell;
+use std::mem::MaybeUninit;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::{Live, Target, TargetSpec};
+use crate::model::events::Collection;
+use crate::report::PythonInfo;
+use crate::tracing::gc::{self, GcData, Mode};
+use crate::tracing::monotonic_ns;
+
+/// What a gc run was (what it gathered comes beside it).
+pub struct GcRun {
+    pub pid: u32,
+    pub version: String,
+    /// How collections were seen.
+    pub mode: Mode,
+    pub elapsed: Duration,
+    target: Target,
+}
+
+impl GcRun {
+    /// Its Python and mode, as reports name them.
+    pub fn python_info(&self) -> PythonInfo {
+        PythonInfo { version: self.version.clone(), mode: self.mode.name().into() }
+    }
+
+    /// pytrace's exit code (`Target::exit_code`).
+    pub fn exit_code(&self) -> i32 {
+        self.target.exit_code()
+    }
+}
+
+/// Traces `spec`'s collections in `requested` mode (None: the USDT probes
+/// where they exist), giving each to `on_collection` with how long after
+/// the target was let run it began.
+pub fn trace_gc(spec: TargetSpec, duration: Option<Duration>, requested: Option<Mode>, on_collection: impl Fn(&Collection, u64)) -> Result<(GcRun, GcData)> {
+    let (mut target, python) = Target::prepare(spec)?;
+    let (mode, _why) = gc::choose_mode(&python, requested)?;
+    let pid = target.pid;
+    let attached_at = Cell::new(monotonic_ns());
+    let each = |c: Collection| on_collection(&c, c.start_ns.saturating_sub(attached_at.get()));
+    let started_by_us = target.started_by_us();
+    let live = Live::new(&mut target, &python, mode.name(), duration);
+    let mut object = MaybeUninit::uninit();
+    let session = gc::Session::start(&mut object, pid, &python, mode, started_by_us, &each)?;
+    let release = |session: &gc::Session, target: &mut Target| {
+        // Watchpoint mode on a command we started: its interpreter exists
+        // only once it runs Python; it stops there for the watchpoint.
+        match session.waits_for_first_eval() {
+            true => target.release_at_first_eval(|| session.watch_at_first_eval())?,
+            false => target.release()?,
+        }
+        session.released();
+        attached_at.set(monotonic_ns());
+        Ok(())
+    };
+    let data = live.drive(session, release, |_| Ok(true))?;
+    let elapsed = live.elapsed();
+    drop(live);
+    Ok((GcRun { pid, version: python.version.to_string(), mode, elapsed, target }, data))
+}

@@ -27,7 +27,7 @@ pub fn run(opts: Options) -> Result<i32> {
     // memory: said before anything is loaded.
     crate::kernel::Kernel::get().require(crate::kernel::Feature::CopyFromUserTask, "pytrace dump")?;
     let python = Python::from_pid(opts.pid)?;
-    let sample_opts = SampleOptions { hz: 1, kernel: false, idle: true, native: opts.native, threads: true, gil: false, states: false };
+    let sample_opts = SampleOptions { hz: 1, kernel: false, idle: true, native: opts.native, threads: true, gil: false, states: false, async_tasks: false };
     let data = sample::snapshot(Targets::One(opts.pid, &python), &sample_opts)?;
     let mut kernel_names = HashMap::new();
     proc::thread_names(opts.pid, &mut kernel_names);

@@ -44,7 +44,7 @@ pub fn trace_and_sample(spec: TargetSpec, duration: Option<Duration>, hz: u64) -
     let on_child = |child| hook.watch_child(child);
     let plan = Plan { pid, python: &python, mode, stop_at_first_eval: hook.stop_at_first_eval(&target), empty_probe: false, count_edges: false, on_child: &on_child };
     // Kernel stacks show which samples fell inside the probes.
-    let sample_opts = sample::Options { hz, kernel: true, idle: false, native: false, threads: false, gil: false, states: false };
+    let sample_opts = sample::Options { hz, kernel: true, idle: false, native: false, threads: false, gil: false, states: false, async_tasks: false };
     let live = Live::new(&mut target, &python, &format!("{} and sample", mode.name()), duration);
     let (mut calls_object, mut sample_object) = (MaybeUninit::uninit(), MaybeUninit::uninit());
     let result = tracer::Session::start(&mut calls_object, &plan)

@@ -8,20 +8,23 @@
  * frames. User space names the task (and the tasks awaiting it) when the
  * stack arrives (src/python/asyncio_tasks.rs), from the task object's
  * layout in _asyncio's debug section, which may be mapped only later than
- * the program is loaded. One thread-state look-up (cached per thread by
- * the walk) and one read per sample. */
+ * the program is loaded. Per sample: one map look-up and two reads. */
 
 static __always_inline __u64 WALK(add_running_task)(const struct sample_target *t, struct sample_stack *rec, __u32 tid,
 						    struct task_struct *task, __u64 thread_pointer, __u64 hash)
 {
-	__u64 tstate, running = 0;
+	__u64 id = 0, running = 0, *tstate;
 
 	rec->running_task = 0;
 	if (!cfg.async_tasks || t->tstate_running_task == PY_NO_FIELD)
 		return hash;
-	tstate = WALK(thread_state)(t, tid, task, thread_pointer);
-	if (tstate)
-		running = WALK(read_ptr)(tstate, t->tstate_running_task, task);
+	/* The walk just found (and cached) the thread's state, if it has one:
+	 * the cached entry, checked as the walk checks it, without a second
+	 * copy of its search loop for the verifier to walk through. */
+	tstate = bpf_map_lookup_elem(&thread_states, &tid);
+	if (tstate && !WALK_READ(&id, sizeof(id), (const void *)(*tstate + t->tstate_thread_id), task) &&
+	    id == thread_pointer)
+		running = WALK(read_ptr)(*tstate, t->tstate_running_task, task);
 	rec->running_task = running;
 	return running ? mix(mix(hash, HASH_TASK), running) : hash;
 }

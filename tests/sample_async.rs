@@ -61,7 +61,8 @@ fn tasks_carry_their_names_chains_and_shares(py: Interpreter) {
     );
     let table = String::from_utf8_lossy(&out.stdout);
     let report = read_json(&json);
-    let unreadable: Vec<&str> = std::fs::read_to_string(&folded).unwrap().leak().lines().filter(|l| l.starts_with("[task unreadable]")).collect();
+    let stacks = std::fs::read_to_string(&folded).unwrap();
+    let unreadable: Vec<&str> = stacks.lines().filter(|l| l.starts_with("[task unreadable]")).collect();
     assert_eq!(report["counters"]["tasks_unreadable"].as_f64(), Some(0.0), "{label}: {unreadable:?}\n{table}");
     let truth: HashMap<String, f64> = serde_json::from_slice(&std::fs::read(&truth_path).unwrap()).unwrap();
     let by = samples_by_task(&label, &folded);

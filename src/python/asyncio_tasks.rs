@@ -241,6 +241,68 @@ mod tests {
         [0xa8, 0x88, 0x60, 0x6c, 0x6d, 0x80, 0x98, 0x37248, 0x2a80, 0x3a8, 0x360, running, 0x370]
     }
 
+    /// Objects laid out as the 3.14 row and Debian's task layout say, in
+    /// this process's memory, read back through /proc as a target's are.
+    struct Fakes {
+        task: Vec<u64>,
+        task_type: Vec<u64>,
+        int_type: Vec<u64>,
+        number: Vec<u64>,
+        type_name: Vec<u8>,
+    }
+
+    fn fakes(type_name: &str) -> Box<Fakes> {
+        let mut f = Box::new(Fakes { task: vec![0; 0xa8 / 8], task_type: vec![0; 64], int_type: vec![0; 64], number: vec![0; 4], type_name: format!("{type_name}\0").into_bytes() });
+        let l = row((3, 14));
+        let o = &l.objects;
+        f.task_type[(o.type_basicsize as usize - 8) / 8] = f.type_name.as_ptr() as u64;
+        f.int_type[o.type_flags as usize / 8] = TPFLAGS_LONG;
+        f.number[l.object_type as usize / 8] = f.int_type.as_ptr() as u64;
+        f.number[o.long_size as usize / 8] = 1 << 3;
+        f.number[o.long_digits as usize / 8] = 7;
+        f.task[l.object_type as usize / 8] = f.task_type.as_ptr() as u64;
+        f.task[0x88 / 8] = f.number.as_ptr() as u64;
+        // is_task (0x6c) = 1, awaited_by_is_set (0x6d) = 0.
+        f.task[0x68 / 8] = 1 << 32;
+        f
+    }
+
+    fn reader() -> TaskReader {
+        let l = row((3, 14));
+        TaskReader::new(Memory::open(std::process::id()).unwrap(), l.clone(), TaskLayout::parse(&section(debian_314(l.tstate_asyncio_running_task as u64)), l).unwrap())
+    }
+
+    #[test]
+    fn an_unnamed_task_is_task_n_and_a_cycle_of_awaiters_is_cut() {
+        let mut f = fakes("_asyncio.Task");
+        assert_eq!(reader().chain(f.task.as_ptr() as u64).unwrap(), TaskChain { name: "Task-7".into(), awaiters: vec![], cut: false });
+        // Awaited by itself: a crafted cycle ends at MAX_AWAITERS.
+        f.task[0x60 / 8] = f.task.as_ptr() as u64;
+        let chain = reader().chain(f.task.as_ptr() as u64).unwrap();
+        assert!(chain.cut && chain.awaiters.len() == MAX_AWAITERS, "{chain:?}");
+        // A set of awaiters is not followed.
+        f.task[0x68 / 8] |= 1 << 40;
+        assert_eq!(reader().chain(f.task.as_ptr() as u64).unwrap(), TaskChain { name: "Task-7".into(), awaiters: vec![], cut: true });
+    }
+
+    #[test]
+    fn objects_that_are_not_tasks_or_names_are_refused() {
+        let f = fakes("_asyncio.Taskette");
+        assert!(reader().chain(f.task.as_ptr() as u64).is_err(), "another type's object");
+        let mut f = fakes("_asyncio.Task");
+        f.task[0x68 / 8] = 0;
+        assert!(reader().chain(f.task.as_ptr() as u64).is_err(), "is_task not set");
+        let mut f = fakes("_asyncio.Task");
+        f.number[2] = 2 << 3;
+        assert!(reader().chain(f.task.as_ptr() as u64).is_err(), "a two-digit number");
+        let mut f = fakes("_asyncio.Task");
+        f.int_type[row((3, 14)).objects.type_flags as usize / 8] = 0;
+        assert!(reader().chain(f.task.as_ptr() as u64).is_err(), "a name neither str nor int");
+        let mut f = fakes("_asyncio.Task");
+        f.task[0x88 / 8] = 8;
+        assert!(reader().chain(f.task.as_ptr() as u64).is_err(), "a name pointer into nothing");
+    }
+
     #[test]
     fn a_section_that_agrees_with_the_headers_is_read() {
         let l = row((3, 14));

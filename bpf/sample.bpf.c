@@ -139,6 +139,7 @@ enum thread_state _thread_state = 0;
 #define HASH_ENTRY 4
 #define HASH_KERNEL 5
 #define HASH_STATE 6
+#define HASH_TASK 7
 
 static __always_inline __u64 mix(__u64 hash, __u64 word)
 {
@@ -200,6 +201,7 @@ static __always_inline struct py_frame_ref *frame_slot(struct sample_stack *rec,
 #define WALK_READ(dst, size, src, task) bpf_probe_read_user(dst, size, src)
 #include "sample_walk.bpf.h"
 #include "sample_gil.bpf.h"
+#include "sample_async.bpf.h"
 #undef WALK
 #undef WALK_READ
 
@@ -208,6 +210,7 @@ static __always_inline struct py_frame_ref *frame_slot(struct sample_stack *rec,
 #define WALK_READ(dst, size, src, task) bpf_copy_from_user_task(dst, size, src, task, 0)
 #include "sample_walk.bpf.h"
 #include "sample_gil.bpf.h"
+#include "sample_async.bpf.h"
 #undef WALK
 #undef WALK_READ
 
@@ -358,6 +361,7 @@ int sample_thread(struct bpf_perf_event_data *ctx)
 	if (leave_out_for_gil_current(t, tid, task, BPF_CORE_READ(task, thread.fsbase)))
 		return 0;
 	hash = walk_python_current(t, s, tid, task, BPF_CORE_READ(task, thread.fsbase));
+	hash = add_running_task_current(t, &s->rec, tid, task, BPF_CORE_READ(task, thread.fsbase), hash);
 	s->rec.kernel_frames = 0;
 	if (cfg.kernel_stacks)
 		hash = add_kernel_stack(ctx, &s->rec, hash);
@@ -431,6 +435,7 @@ int sample_all_threads(struct bpf_iter__task *ctx)
 		return 0;
 	known.pid = key.pid = pid;
 	known.hash = key.hash = walk_python_task(t, s, tid, task, task->thread.fsbase);
+	known.hash = key.hash = add_running_task_task(t, &s->rec, tid, task, task->thread.fsbase, key.hash);
 	if (cfg.thread_states) {
 		s->rec.thread_state = thread_state_of_task(t, tid, task, task->thread.fsbase, &s->rec.syscall);
 		known.hash = key.hash = mix(mix(key.hash, HASH_STATE + s->rec.thread_state), (__u32)s->rec.syscall);

@@ -59,6 +59,9 @@ struct sample_stack {
 	__u8 thread_state;    /* --idle --states: enum thread_state, else 0 */
 	__u8 pad;
 	__s32 syscall;        /* THREAD_RELEASED: the system call it is in, or -1 */
+	/* --async: the asyncio task (TaskObj address) the thread was running,
+	 * 0 for none; part of the hash, so each task's samples count apart. */
+	__u64 running_task;
 	/* Bit i (of word i / 64): frame i is the first one its C-level
 	 * _PyEval_EvalFrameDefault call ran, so it and the frames inside it up to
 	 * the previous such frame are that call's (--native merges by it). */
@@ -143,6 +146,9 @@ struct sample_target {
 	__u32 gil_last_holder; /* the PyThreadState that took it last */
 	__u32 gil_locked;      /* an int: 1 while held */
 	__u32 gil_size;
+	/* --async: _PyThreadStateImpl.asyncio_running_task, PY_NO_FIELD
+	 * before 3.14. */
+	__u32 tstate_running_task;
 };
 
 #define MAX_PROCESSES 4096
@@ -169,7 +175,8 @@ struct sample_config {
 	__u8 task_pt_regs;     /* --native: use bpf_task_pt_regs (else the kernel stack's top, as before 5.15) */
 	__u8 gil_only;         /* --gil: count only samples of threads holding the GIL */
 	__u8 thread_states;    /* --idle --states: mark each sample with its thread's state */
-	__u8 pad[2];
+	__u8 async_tasks;      /* --async: record the asyncio task each thread is running */
+	__u8 pad[1];
 };
 
 #endif

@@ -162,7 +162,7 @@ run() {
 # kernel, compare, --pstats's call edges; gil on pyenv's 3.11, Debian's
 # being stripped) and on bullseye's 3.9 in a chroot (calls in uprobe and
 # usdt mode, gc, imports, the sampling split, --native's shares, compare),
-# plus what `info` says of the kernel. --native runs at the rate an
+# plus what `info` says of the kernel, and `sample --async` on sid's 3.15. --native runs at the rate an
 # emulated machine's user space keeps up with (tests/common's native_rate).
 smoke_tests=(
   "info kernel_features_are_those_of_its_release"
@@ -178,6 +178,7 @@ smoke_tests=(
   "compare numbers_are_the_two_reports_combined_when_pytrace_starts_the_command"
   "formats pstats_equal_cprofile_on_this_machines_3_11_builds"
   "sample cpu_shares_match_the_known_split_within_two_points"
+  "sample_async async_tasks_debian_3_15"
   "gil threads_own_measures_3_11"
   "matrix python_3_9::calls_equal_cprofile"
   "matrix python_3_9::usdt_mode_counts_equal_cprofile"

@@ -48,6 +48,7 @@ typedef struct {
 #if PY_VERSION_HEX >= 0x030E0000
 #include <internal/pycore_interpframe_structs.h>
 #include <internal/pycore_stackref.h>
+#include <internal/pycore_tstate.h>
 #endif
 
 #define FIELD(name, value) printf("    %s: %zu,\n", name, (size_t)(value))
@@ -247,6 +248,15 @@ int main(void)
     FIELD("gil_last_holder", offsetof(struct _gil_runtime_state, last_holder));
     FIELD("gil_locked", offsetof(struct _gil_runtime_state, locked));
     FIELD("gil_size", sizeof(struct _gil_runtime_state));
+    /* `sample --async` (3.14+): the asyncio task a thread is running, in
+     * the thread state's private part (_asyncio sets it around each step of
+     * a task). The task object's own layout is in _asyncio's debug section,
+     * read from the target's file (python/asyncio_tasks.rs). */
+#if PY_VERSION_HEX >= 0x030E0000
+    FIELD("tstate_asyncio_running_task", offsetof(_PyThreadStateImpl, asyncio_running_task));
+#else
+    printf("    tstate_asyncio_running_task: NO_FIELD,\n");
+#endif
     /* A frame's local variables (its arguments first): `pytrace imports`
      * without USDT probes reads the module name, importlib's
      * _find_and_load's first argument, there. */

@@ -196,6 +196,10 @@ struct SampleArgs {
     /// released (in a named system call)
     #[arg(long, requires = "idle")]
     states: bool,
+    /// CPython 3.14+: put each sample of a thread running an asyncio task
+    /// under the task's name, then the tasks awaiting it, as root frames
+    #[arg(long = "async")]
+    async_tasks: bool,
     /// A frame per line running in folded stacks, the flamegraph and
     /// speedscope (default: one frame per function)
     #[arg(long)]
@@ -389,7 +393,7 @@ impl Cli {
                 commands::sample::run(commands::sample::Options {
                     target,
                     duration,
-                    sampling: crate::tracing::sample::Options { hz: args.rate, kernel: args.kernel, idle: args.idle, native: args.native, threads: args.threads, gil: args.gil, states: args.states },
+                    sampling: crate::tracing::sample::Options { hz: args.rate, kernel: args.kernel, idle: args.idle, native: args.native, threads: args.threads, gil: args.gil, states: args.states, async_tasks: args.async_tasks },
                     view: crate::report::profile::FrameView { lines: args.lines, full_paths: args.full_paths, cwd: None },
                     top: args.top,
                     outputs: formats.into_iter().filter_map(|(format, path)| Some((format, path?))).collect(),

@@ -31,7 +31,7 @@ pub fn run(opts: Options) -> Result<i32> {
     let live = Live::new(&mut target, &python, "sample", opts.duration);
     let mut screen = LiveScreen::default();
     let mut object = MaybeUninit::uninit();
-    let sampling = SampleOptions { hz: opts.hz, kernel: false, idle: false, native: false, threads: false, gil: false, states: false };
+    let sampling = SampleOptions { hz: opts.hz, kernel: false, idle: false, native: false, threads: false, gil: false, states: false, async_tasks: false };
     let session = sample::Session::start(&mut object, Targets::One(pid, &python), &sampling)?;
     live.drive(session, |_, target| target.release(), |session| {
         screen.round(&mut view, |view| {

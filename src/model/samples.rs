@@ -28,6 +28,10 @@ pub enum Frame {
     /// for the GIL, released in a system call), as the root frame (under
     /// the process with --all).
     ThreadState(String),
+    /// With --async: the asyncio task the thread was running (`task NAME`),
+    /// the root frame (under the process with --all), then the tasks
+    /// awaiting it (`awaited by task NAME`), outermost first.
+    AsyncTask(String),
     /// A sample taken inside pytrace's own uprobes, while `calls` traces
     /// the same target (`pytrace compare` sets these apart).
     Probes,

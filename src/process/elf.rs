@@ -56,6 +56,9 @@ pub struct ElfFile {
     /// table of addresses (the interpreter's opcode handlers) is zeros in
     /// such a file and holds these addends once loaded.
     relative_relocs: HashMap<u64, u64>,
+    /// Each named section's file offset and size (the few a reader looks
+    /// up by name, such as _asyncio's `.AsyncioDebug`).
+    sections: Vec<(String, u64, u64)>,
 }
 
 /// x86-64's "base address plus addend" relocation type.
@@ -71,7 +74,7 @@ impl ElfFile {
     pub fn read(file: CheckedFile) -> Result<Self> {
         let bytes = file.read_all()?;
         let name = file.name.clone();
-        let (symbols, segments, is_shared_object, needed, rpaths, runpaths, usdt_probes, relative_relocs) = {
+        let (symbols, segments, is_shared_object, needed, rpaths, runpaths, usdt_probes, relative_relocs, sections) = {
             let elf = Elf::parse(&bytes).with_context(|| format!("{name} is not an ELF file"))?;
             let mut symbols = HashMap::new();
             for (syms, strtab) in [(&elf.dynsyms, &elf.dynstrtab), (&elf.syms, &elf.strtab)] {
@@ -99,7 +102,13 @@ impl ElfFile {
                 .filter(|r| r.r_type == R_X86_64_RELATIVE)
                 .filter_map(|r| Some((r.r_offset, u64::try_from(r.r_addend?).ok()?)))
                 .collect();
-            (symbols, segments, elf.header.e_type == goblin::elf::header::ET_DYN, needed, rpaths, runpaths, usdt_probes, relative_relocs)
+            let sections = elf
+                .section_headers
+                .iter()
+                .filter(|sh| sh.sh_type != goblin::elf::section_header::SHT_NOBITS)
+                .filter_map(|sh| Some((elf.shdr_strtab.get_at(sh.sh_name)?.to_string(), sh.sh_offset, sh.sh_size)))
+                .collect();
+            (symbols, segments, elf.header.e_type == goblin::elf::header::ET_DYN, needed, rpaths, runpaths, usdt_probes, relative_relocs, sections)
         };
         Ok(Self {
             path: file.fd_path(),
@@ -115,7 +124,15 @@ impl ElfFile {
             runpaths,
             usdt_probes,
             relative_relocs,
+            sections,
         })
+    }
+
+    /// The bytes a section holds in the file, by name (None: no such
+    /// section, or one that runs past the file's end).
+    pub fn section(&self, name: &str) -> Option<&[u8]> {
+        let &(_, offset, size) = self.sections.iter().find(|(n, ..)| n == name)?;
+        self.bytes.get(usize::try_from(offset).ok()?..usize::try_from(offset.checked_add(size)?).ok()?)
     }
 
     /// Link-time address of a symbol, from .dynsym or .symtab.

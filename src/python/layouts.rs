@@ -120,6 +120,9 @@ pub struct Layout {
     /// In the GIL: an int, 1 while held.
     pub gil_locked: u32,
     pub gil_size: u32,
+    /// `_PyThreadStateImpl.asyncio_running_task` (3.14+): the asyncio task
+    /// the thread is running, or NULL; NO_FIELD before 3.14.
+    pub tstate_asyncio_running_task: u32,
     /// A frame's local variables, its arguments first.
     pub frame_localsplus: u32,
     /// `_PyRuntime.interpreters.main`: the main interpreter.

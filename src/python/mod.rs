@@ -2,6 +2,7 @@
 //! holds it (the executable, or a shared libpython), its version, where it is
 //! loaded, its USDT probes, and the layout of its structures.
 
+pub mod asyncio_tasks;
 pub mod code;
 pub mod eval_frame_offset;
 pub mod eval_hook;

@@ -19,7 +19,7 @@ pub fn trace_and_sample(spec: TargetSpec, duration: Option<Duration>, hz: u64) -
     let (target, python) = CallsTarget::prepare(spec, None)?;
     let pid = target.pid();
     // Kernel stacks show which samples fell inside the probes.
-    let sample_opts = sample::Options { hz, kernel: true, idle: false, native: false, threads: false, gil: false, states: false };
+    let sample_opts = sample::Options { hz, kernel: true, idle: false, native: false, threads: false, gil: false, states: false, async_tasks: false };
     let mut sample_object = MaybeUninit::uninit();
     let counting = CallsOptions { duration, ..Default::default() };
     let (run, gathered) = target.trace_beside(&python, &counting, "sample", || sample::Session::start(&mut sample_object, Targets::One(pid, &python), &sample_opts));

@@ -19,7 +19,7 @@ pub fn snapshot(pid: u32, native: bool) -> Result<Snapshot> {
     // anything is loaded.
     Kernel::get().require(Feature::CopyFromUserTask, "pytrace dump")?;
     let python = Python::from_pid(pid)?;
-    let opts = Options { hz: 1, kernel: false, idle: true, native, threads: true, gil: false, states: false };
+    let opts = Options { hz: 1, kernel: false, idle: true, native, threads: true, gil: false, states: false, async_tasks: false };
     let samples = sample::snapshot(Targets::One(pid, &python), &opts)?.samples;
     let mut os_names = HashMap::new();
     proc::thread_names(pid, &mut os_names);

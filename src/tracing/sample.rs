@@ -5,6 +5,7 @@
 //! DRAIN_EVERY (counts.rs) and added up (stacks.rs), for one target or,
 //! with --all, for every CPython found (discovery.rs).
 
+mod async_tasks;
 mod clock;
 mod counts;
 mod discovery;
@@ -73,6 +74,9 @@ pub struct Options {
     /// --idle: put each sample under its thread's state (running, waiting
     /// for the GIL, released in a system call).
     pub states: bool,
+    /// Put each sample of a thread running an asyncio task under the task
+    /// and the tasks awaiting it (3.14+).
+    pub async_tasks: bool,
 }
 
 pub struct SampleData {
@@ -120,6 +124,11 @@ impl<'obj, 'a> Session<'obj, 'a> {
                 );
             }
         }
+        if let (true, Targets::One(_, python)) = (opts.async_tasks, &targets) {
+            if let Some(refusal) = crate::python::asyncio_tasks::unsupported(python) {
+                anyhow::bail!(refusal);
+            }
+        }
         let mut open = SampleSkelBuilder::default().open(object).context("failed to open the sample BPF program")?;
         let rodata = open.maps.rodata_data.as_deref_mut().context("the sample BPF program has no rodata")?;
         rodata.cfg.kernel_stacks = opts.kernel as u8;
@@ -127,6 +136,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
         rodata.cfg.per_thread = opts.threads as u8;
         rodata.cfg.gil_only = opts.gil as u8;
         rodata.cfg.thread_states = (opts.idle && opts.states) as u8;
+        rodata.cfg.async_tasks = opts.async_tasks as u8;
         rodata.cfg.task_pt_regs = crate::kernel::Kernel::get().has(crate::kernel::Feature::TaskPtRegs) as u8;
         if let Targets::One(pid, _) = targets {
             rodata.only_pid = pid;
@@ -346,6 +356,11 @@ impl<'obj, 'a> Session<'obj, 'a> {
         counters.push("profile_full", Lost, "samples lost (new stacks past the profile's memory cap)", counts::samples_of(c.profile_full));
         counters.push("stacks_forgotten", Informational, "stacks forgotten to bound memory, sent again when seen", c.forgotten);
         counters.push("stacks_renamed", Informational, "stacks named again (a code object freed and another made at its address)", c.renamed);
+        if self.opts.async_tasks {
+            let unreadable = processes.by_pid.values().map(|p| p.tasks.unreadable).sum();
+            counters.push("tasks_unreadable", Informational, "--async: asyncio tasks that could not be named (shown as `task unreadable`)", unreadable);
+            counters.push("tasks_renamed", Informational, "--async: stacks named again, their task renamed or ended", c.tasks_renamed);
+        }
         let cache = processes.cache_counts();
         counters.push("line_tables_not_kept", Informational, "line tables too large to cache, read again when needed", cache.line_tables_not_kept);
         counters.push("code_cache_flushes", Informational, "code object caches emptied at their memory cap", cache.code_cache_flushes);

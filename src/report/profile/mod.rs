@@ -135,7 +135,7 @@ pub fn label(frame: &Frame) -> String {
         Frame::Truncated => "[truncated]".into(),
         Frame::NoPython => "[no Python code]".into(),
         Frame::Process(name) => name.clone(),
-        Frame::ThreadState(state) => format!("[{state}]"),
+        Frame::ThreadState(state) | Frame::AsyncTask(state) => format!("[{state}]"),
         Frame::Probes => "[pytrace probes]".into(),
         Frame::NativeIncomplete => "[native stack incomplete]".into(),
         Frame::NativeUnmatched => "[native stack unmatched]".into(),

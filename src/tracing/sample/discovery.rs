@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, MapFlags};
 
+use super::async_tasks::TaskNames;
 use super::resolve::{CacheCounts, CodeResolver};
 use crate::bpf::sample::types::{py_layout, sample_target};
 use crate::python::layouts::NO_FIELD;
@@ -54,6 +55,16 @@ pub struct Process<'a> {
     started: Option<u64>,
     /// The drain at which its exit was seen.
     exited_at: Option<u64>,
+    /// --async: the names of the asyncio tasks its threads ran.
+    pub tasks: TaskNames,
+}
+
+impl Process<'_> {
+    /// --async: the root frames of a stack whose thread ran the asyncio
+    /// task at `task` in this process (`pid`); `naming` a new stack.
+    pub fn task_frames(&mut self, pid: u32, task: u64, naming: bool) -> Rc<[Rc<Frame>]> {
+        self.tasks.frames(pid, &self.python, task, naming)
+    }
 }
 
 /// What happened to processes over the run, for the report's counters.
@@ -96,7 +107,7 @@ impl<'a> Processes<'a> {
         let label = Rc::new(Frame::Process(format!("{} ({pid})", proc::command_name(pid))));
         let resolver = CodeResolver::new(pid, python.layout.clone());
         let started = start_time(pid);
-        self.by_pid.insert(pid, Process { python, resolver, label, located: false, started, exited_at: None });
+        self.by_pid.insert(pid, Process { python, resolver, label, located: false, started, exited_at: None, tasks: TaskNames::default() });
         Ok(())
     }
 
@@ -238,6 +249,7 @@ fn target_entry(python: &Python, interpreters_head: u64) -> sample_target {
         tstate_thread_id: l.tstate_thread_id,
         interp_threads_head: l.interp_threads_head,
         tstate_next: l.tstate_next,
+        tstate_running_task: l.tstate_asyncio_running_task,
         ..gil_fields(l, interpreters_head)
     }
 }

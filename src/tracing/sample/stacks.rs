@@ -39,6 +39,12 @@ struct RawStack {
     no_python: bool,
     /// --idle --states: the thread's state, the root (under the process).
     state: Option<Rc<Frame>>,
+    /// --async: the asyncio task the thread ran (0: none), and its root
+    /// frames as named on arrival (the task, then the tasks awaiting it).
+    task: u64,
+    task_frames: Rc<[Rc<Frame>]>,
+    /// The drain in which the task's names were last read.
+    task_checked: u64,
     /// Named on arrival, innermost first.
     kernel: Vec<Rc<Frame>>,
     /// The Python frames as named on arrival, innermost first, and the
@@ -51,6 +57,8 @@ struct RawStack {
     reads_seen: u64,
     /// One of them changed: BPF was told to send this stack again.
     retired: bool,
+    /// --async: what changed was the task's name.
+    task_renamed: bool,
     /// The profile's stack for these frames (not with --native, where each
     /// sample's native frames differ).
     interned: Option<StackId>,
@@ -145,6 +153,9 @@ pub struct StackCounts {
     /// Stacks whose code object was replaced by another at its address
     /// since they were named: sent again, named again.
     pub renamed: u64,
+    /// --async: of those, stacks whose task has another name now (it
+    /// ended and another task was made at its address, or was renamed).
+    pub tasks_renamed: u64,
 }
 
 pub struct Stacks {
@@ -240,6 +251,9 @@ impl Stacks {
             truncated: rec.truncated != 0,
             no_python: rec.no_python != 0,
             state: super::thread_states::label(rec.thread_state, rec.syscall).map(|s| Rc::new(Frame::ThreadState(s))),
+            task: rec.running_task,
+            task_frames: Rc::from([]),
+            task_checked: self.drain,
             kernel,
             // Named by name_new, with the other stacks of this read of the ring.
             named: Vec::new(),
@@ -247,6 +261,7 @@ impl Stacks {
             checked: self.drain,
             reads_seen: 0,
             retired: false,
+            task_renamed: false,
             interned: None,
             used: self.drain,
         };
@@ -271,6 +286,7 @@ impl Stacks {
         for group in unnamed.chunk_by(|a, b| a.0 == b.0) {
             let pid = group[0].0;
             let Some(process) = processes.by_pid.get_mut(&pid) else { continue };
+            process.tasks.forget_reads();
             let codes = group.iter().filter_map(|k| self.raw.get(k)).flat_map(|s| s.python.iter().map(|f| f.code));
             process.resolver.refresh(codes, None);
             for key in group {
@@ -282,6 +298,9 @@ impl Stacks {
                     .unzip();
                 stack.named = named;
                 stack.generations = generations;
+                if stack.task != 0 {
+                    stack.task_frames = process.task_frames(pid, stack.task, true);
+                }
                 stack.reads_seen = process.resolver.reads();
             }
         }
@@ -363,6 +382,7 @@ impl Stacks {
         for pid in pids {
             if let Some(process) = processes.by_pid.get_mut(&pid) {
                 process.resolver.check_all(drain);
+                process.tasks.forget_reads();
             }
         }
         let waiting = std::mem::take(&mut self.pending);
@@ -379,7 +399,7 @@ impl Stacks {
             // Counted under the names it had: its samples were taken before
             // the change was seen (or soon after, if the new code object runs
             // at the very same addresses: BPF then sends it again).
-            let retire = stale(raw, drain, process);
+            let retire = stale(raw, drain, process) || task_renamed(raw, drain, process, key.pid);
             if raw.interned.is_none() {
                 raw.interned = self.profile.intern(key.pid, full_stack(raw, &self.markers, self.label_processes.then(|| process.label.clone())));
             }
@@ -389,6 +409,7 @@ impl Stacks {
             }
             if retire {
                 self.counts.renamed += 1;
+                self.counts.tasks_renamed += raw.task_renamed as u64;
                 self.retire(key.pid, key.hash);
             }
         }
@@ -492,12 +513,33 @@ fn stale(raw: &mut RawStack, drain: u64, process: &mut super::discovery::Process
     changed
 }
 
-/// A stack's frames, outermost first: its process (with --all), its
-/// thread's state (--states), the truncation marker, the Python frames, the no-Python marker, the kernel
+/// --async: whether the task a stack was named after is named otherwise
+/// now, read once per drain as code objects are checked (`stale`): per-request
+/// tasks end, and a new one made at a freed task's address would run the
+/// same code, so BPF would count its samples under the old stack. Caught
+/// here, the stack is sent again and named anew, its samples until this
+/// drain staying under the name they were taken under. A task that ended
+/// reads as unreadable: its stack is retired too, and sent again only if
+/// its address runs a task again.
+fn task_renamed(raw: &mut RawStack, drain: u64, process: &mut super::discovery::Process, pid: u32) -> bool {
+    if raw.task == 0 || raw.retired || raw.task_checked == drain {
+        return false;
+    }
+    raw.task_checked = drain;
+    let now = process.task_frames(pid, raw.task, false);
+    let changed = now.len() != raw.task_frames.len() || now.iter().zip(raw.task_frames.iter()).any(|(a, b)| a != b);
+    raw.retired = changed;
+    raw.task_renamed = changed;
+    changed
+}
+
+/// A stack's frames, outermost first: its process (with --all), its asyncio
+/// task and the tasks awaiting it (--async), its thread's state (--states), the truncation marker, the Python frames, the no-Python marker, the kernel
 /// frames.
 fn full_stack(raw: &RawStack, markers: &Markers, label: Option<Rc<Frame>>) -> Vec<Rc<Frame>> {
     let mut frames = Vec::with_capacity(raw.named.len() + raw.kernel.len() + 3);
     frames.extend(label);
+    frames.extend(raw.task_frames.iter().cloned());
     frames.extend(raw.state.clone());
     if raw.truncated {
         frames.push(markers.truncated.clone());

@@ -1,0 +1,329 @@
+//! `sample --async` (CPython 3.14+): the asyncio task a sample's thread was
+//! running, named from outside the target, and the tasks awaiting it.
+//!
+//! The BPF sampler records the running task's address per sample
+//! (`_PyThreadStateImpl.asyncio_running_task`, an offset of the layout
+//! row). The task object's own layout is not in any installed header: it
+//! is in `_asyncio`'s debug section (`.AsyncioDebug`,
+//! `_Py_AsyncioModuleDebugOffsets`), which CPython compiles into the
+//! interpreter (3.15 as Debian builds it) or into the `_asyncio` extension
+//! module (3.14), mapped once asyncio is imported. It is read from the
+//! mapped file on disk, checked against the layout row (its running-task
+//! offset must be the row's: two sources that agree), and every offset in
+//! it bounded by the task's size.
+//!
+//! The target is not trusted: a task must be an `_asyncio.Task` (its
+//! type's `tp_name` says so and its `is_task` flag is set), a name a str or
+//! (an unnamed task, named lazily as `Task-N`) a one-digit int, the
+//! awaiter chain at most MAX_AWAITERS long. Whatever does not check out is
+//! an error, shown as an unreadable task, never a guessed name.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::{bail, ensure, Context, Result};
+
+use super::code::read_str;
+use super::layouts::{Layout, NO_FIELD};
+use super::Python;
+use crate::process::elf::ElfFile;
+use crate::process::files;
+use crate::process::proc::{self, Memory};
+
+/// The section `_asyncio` puts its debug offsets in.
+const SECTION: &str = ".AsyncioDebug";
+
+/// `_Py_AsyncioModuleDebugOffsets` as 3.14 and 3.15 declare it: 13
+/// 64-bit words (the task object's size and 6 offsets, the interpreter
+/// state's size and 1, the thread state's size and 3). A section of
+/// another size is a layout this reader does not know.
+const SECTION_WORDS: usize = 13;
+
+/// Tasks awaiting tasks, followed up from the running one: deeper chains
+/// are cut (and marked) rather than walked without end through a crafted
+/// cycle.
+pub const MAX_AWAITERS: usize = 16;
+
+/// What the type of every task object says its name is.
+const TASK_TYPE_NAME: &[u8] = b"_asyncio.Task";
+
+/// Py_TPFLAGS_LONG_SUBCLASS and Py_TPFLAGS_UNICODE_SUBCLASS (object.h, the
+/// same in every version).
+const TPFLAGS_LONG: u64 = 1 << 24;
+const TPFLAGS_UNICODE: u64 = 1 << 28;
+
+/// Where a task object's fields are (TaskObj in Modules/_asynciomodule.c).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskLayout {
+    pub size: u64,
+    pub name: u64,
+    pub awaited_by: u64,
+    /// A byte: 1 in a Task, 0 in a plain Future.
+    pub is_task: u64,
+    /// A byte: `awaited_by` is a set of awaiters, not one.
+    pub awaited_by_is_set: u64,
+}
+
+impl TaskLayout {
+    /// From the bytes of `.AsyncioDebug`, checked against the thread state's
+    /// running-task offset of the layout row.
+    pub fn parse(section: &[u8], layout: &Layout) -> Result<Self> {
+        ensure!(section.len() == SECTION_WORDS * 8, "{SECTION} holds {} bytes, not the {} of the layout this pytrace reads", section.len(), SECTION_WORDS * 8);
+        let word = |i: usize| u64::from_ne_bytes(section[i * 8..i * 8 + 8].try_into().unwrap());
+        let task = TaskLayout { size: word(0), name: word(1), awaited_by: word(2), is_task: word(3), awaited_by_is_set: word(4) };
+        let (tstate_size, running_task) = (word(9), word(11));
+        ensure!(layout.tstate_asyncio_running_task != NO_FIELD, "Python {}.{} has no running asyncio task in its thread state", layout.version.0, layout.version.1);
+        ensure!(
+            running_task == layout.tstate_asyncio_running_task as u64 && running_task + 8 <= tstate_size,
+            "{SECTION} puts the running task at {running_task} in the thread state, where this Python's headers say {}",
+            layout.tstate_asyncio_running_task
+        );
+        ensure!((48..=4096).contains(&task.size), "{SECTION} gives a task object {} bytes", task.size);
+        for (field, width) in [(task.name, 8), (task.awaited_by, 8), (task.is_task, 1), (task.awaited_by_is_set, 1)] {
+            ensure!(field >= 16 && field + width <= task.size, "{SECTION} puts a task field at {field}, outside a task of {} bytes", task.size);
+        }
+        Ok(task)
+    }
+
+    /// The target's: from the interpreter's own file, else from the mapped
+    /// `_asyncio` extension module (an error until asyncio is imported).
+    pub fn find(pid: u32, python: &Python) -> Result<Self> {
+        if let Some(section) = python.elf.section(SECTION) {
+            return Self::parse(section, &python.layout);
+        }
+        let maps = proc::file_mappings(pid)?;
+        let module = maps
+            .iter()
+            .filter(|m| m.offset == 0)
+            .find(|m| Path::new(&m.path).file_name().is_some_and(|n| n.to_string_lossy().starts_with("_asyncio.")))
+            .context("the target has not imported asyncio's C module (_asyncio) yet")?;
+        let elf = ElfFile::read(files::open_mapping(pid, module)?)?;
+        let section = elf.section(SECTION).with_context(|| format!("{} has no {SECTION} section", module.path))?;
+        Self::parse(section, &python.layout)
+    }
+}
+
+/// Names tasks in one process's memory.
+pub struct TaskReader {
+    mem: Memory,
+    layout: Layout,
+    task: TaskLayout,
+    /// Types already checked: whether each is `_asyncio.Task`.
+    task_types: HashMap<u64, bool>,
+}
+
+/// A running task and those awaiting it, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskChain {
+    /// The running task's name.
+    pub name: String,
+    /// The tasks awaiting it, outermost first.
+    pub awaiters: Vec<String>,
+    /// The chain went on past what is shown: more awaiters than
+    /// MAX_AWAITERS, or a task awaited by several at once (a set, not
+    /// followed).
+    pub cut: bool,
+}
+
+impl TaskReader {
+    pub fn new(mem: Memory, layout: Layout, task: TaskLayout) -> Self {
+        TaskReader { mem, layout, task, task_types: HashMap::new() }
+    }
+
+    /// The task at `addr`, and the chain of tasks awaiting it.
+    pub fn chain(&mut self, addr: u64) -> Result<TaskChain> {
+        let name = self.name(addr)?;
+        let mut awaiters = Vec::new();
+        let mut at = addr;
+        let mut cut = false;
+        loop {
+            if self.byte(at + self.task.awaited_by_is_set)? != 0 {
+                cut = true;
+                break;
+            }
+            let awaiter = self.word(at + self.task.awaited_by)?;
+            if awaiter == 0 || !self.is_task(awaiter)? {
+                break;
+            }
+            if awaiters.len() == MAX_AWAITERS {
+                cut = true;
+                break;
+            }
+            awaiters.push(self.name(awaiter)?);
+            at = awaiter;
+        }
+        awaiters.reverse();
+        Ok(TaskChain { name, awaiters, cut })
+    }
+
+    /// A task's name: a str, or for a task not given one, the int its
+    /// `get_name()` would format as `Task-N`.
+    fn name(&mut self, task: u64) -> Result<String> {
+        ensure!(self.is_task(task)?, "the object at {task:#x} is not an asyncio task");
+        let name = self.word(task + self.task.name)?;
+        let flags = self.word(self.word(name + self.layout.object_type as u64)? + self.layout.objects.type_flags as u64)?;
+        if flags & TPFLAGS_UNICODE != 0 {
+            return read_str(&self.mem, &self.layout, name);
+        }
+        if flags & TPFLAGS_LONG != 0 {
+            let o = &self.layout.objects;
+            // lv_tag (3.12+, so every version with tasks to read): the
+            // digit count above three flag bits, the sign in the low two
+            // (0: positive); 3.14 marks a cached small int in the third.
+            let tag = self.word(name + o.long_size as u64)?;
+            ensure!(tag >> 3 == 1 && tag & 3 == 0, "a task's number is not a one-digit positive int");
+            let mut digit = [0u8; 4];
+            self.mem.read(name + o.long_digits as u64, &mut digit)?;
+            let n = u32::from_ne_bytes(digit);
+            ensure!(n >> o.long_shift == 0, "garbage in a task's number");
+            return Ok(format!("Task-{n}"));
+        }
+        bail!("the name of the task at {task:#x} is neither a str nor an int")
+    }
+
+    /// An `_asyncio.Task` (or a subclass whose tp_name says so), with its
+    /// is_task flag set.
+    fn is_task(&mut self, obj: u64) -> Result<bool> {
+        let ty = self.word(obj + self.layout.object_type as u64)?;
+        let is_task_type = match self.task_types.get(&ty) {
+            Some(&known) => known,
+            None => {
+                // tp_name is the word before tp_basicsize in every layout.
+                let tp_name = self.word(ty + self.layout.objects.type_basicsize as u64 - 8)?;
+                let mut bytes = [0u8; TASK_TYPE_NAME.len() + 1];
+                self.mem.read(tp_name, &mut bytes)?;
+                let known = bytes[..TASK_TYPE_NAME.len()] == *TASK_TYPE_NAME && bytes[TASK_TYPE_NAME.len()] == 0;
+                self.task_types.insert(ty, known);
+                known
+            }
+        };
+        Ok(is_task_type && self.byte(obj + self.task.is_task)? == 1)
+    }
+
+    fn word(&self, addr: u64) -> Result<u64> {
+        ensure!(addr != 0, "NULL pointer");
+        self.mem.read_u64(addr)
+    }
+
+    fn byte(&self, addr: u64) -> Result<u8> {
+        let mut b = [0u8];
+        self.mem.read(addr, &mut b)?;
+        Ok(b[0])
+    }
+}
+
+/// The refusal for a Python without asyncio's debug offsets, or None.
+pub fn unsupported(python: &Python) -> Option<String> {
+    (python.layout.tstate_asyncio_running_task == NO_FIELD).then(|| {
+        format!(
+            "sample --async needs CPython 3.14 or later, which exposes asyncio's debug offsets; this target runs {}.{}",
+            python.version.major, python.version.minor
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::python::layouts::LAYOUTS;
+
+    fn row(version: (u32, u32)) -> &'static Layout {
+        LAYOUTS.iter().find(|l| l.version == version && !l.free_threaded).unwrap()
+    }
+
+    fn section(words: [u64; SECTION_WORDS]) -> Vec<u8> {
+        words.iter().flat_map(|w| w.to_ne_bytes()).collect()
+    }
+
+    /// The words Debian's 3.14 _asyncio module holds, with `running` as
+    /// its running-task offset.
+    fn debian_314(running: u64) -> [u64; SECTION_WORDS] {
+        [0xa8, 0x88, 0x60, 0x6c, 0x6d, 0x80, 0x98, 0x37248, 0x2a80, 0x3a8, 0x360, running, 0x370]
+    }
+
+    /// Objects laid out as the 3.14 row and Debian's task layout say, in
+    /// this process's memory, read back through /proc as a target's are.
+    struct Fakes {
+        task: Vec<u64>,
+        task_type: Vec<u64>,
+        int_type: Vec<u64>,
+        number: Vec<u64>,
+        type_name: Vec<u8>,
+    }
+
+    fn fakes(type_name: &str) -> Box<Fakes> {
+        let mut f = Box::new(Fakes { task: vec![0; 0xa8 / 8], task_type: vec![0; 64], int_type: vec![0; 64], number: vec![0; 4], type_name: format!("{type_name}\0").into_bytes() });
+        let l = row((3, 14));
+        let o = &l.objects;
+        f.task_type[(o.type_basicsize as usize - 8) / 8] = f.type_name.as_ptr() as u64;
+        f.int_type[o.type_flags as usize / 8] = TPFLAGS_LONG;
+        f.number[l.object_type as usize / 8] = f.int_type.as_ptr() as u64;
+        f.number[o.long_size as usize / 8] = 1 << 3;
+        f.number[o.long_digits as usize / 8] = 7;
+        f.task[l.object_type as usize / 8] = f.task_type.as_ptr() as u64;
+        f.task[0x88 / 8] = f.number.as_ptr() as u64;
+        // is_task (0x6c) = 1, awaited_by_is_set (0x6d) = 0.
+        f.task[0x68 / 8] = 1 << 32;
+        f
+    }
+
+    fn reader() -> TaskReader {
+        let l = row((3, 14));
+        TaskReader::new(Memory::open(std::process::id()).unwrap(), l.clone(), TaskLayout::parse(&section(debian_314(l.tstate_asyncio_running_task as u64)), l).unwrap())
+    }
+
+    #[test]
+    fn an_unnamed_task_is_task_n_and_a_cycle_of_awaiters_is_cut() {
+        let mut f = fakes("_asyncio.Task");
+        assert_eq!(reader().chain(f.task.as_ptr() as u64).unwrap(), TaskChain { name: "Task-7".into(), awaiters: vec![], cut: false });
+        // Awaited by itself: a crafted cycle ends at MAX_AWAITERS.
+        f.task[0x60 / 8] = f.task.as_ptr() as u64;
+        let chain = reader().chain(f.task.as_ptr() as u64).unwrap();
+        assert!(chain.cut && chain.awaiters.len() == MAX_AWAITERS, "{chain:?}");
+        // A set of awaiters is not followed.
+        f.task[0x68 / 8] |= 1 << 40;
+        assert_eq!(reader().chain(f.task.as_ptr() as u64).unwrap(), TaskChain { name: "Task-7".into(), awaiters: vec![], cut: true });
+    }
+
+    #[test]
+    fn objects_that_are_not_tasks_or_names_are_refused() {
+        let f = fakes("_asyncio.Taskette");
+        assert!(reader().chain(f.task.as_ptr() as u64).is_err(), "another type's object");
+        let mut f = fakes("_asyncio.Task");
+        f.task[0x68 / 8] = 0;
+        assert!(reader().chain(f.task.as_ptr() as u64).is_err(), "is_task not set");
+        let mut f = fakes("_asyncio.Task");
+        f.number[2] = 2 << 3;
+        assert!(reader().chain(f.task.as_ptr() as u64).is_err(), "a two-digit number");
+        let mut f = fakes("_asyncio.Task");
+        f.int_type[row((3, 14)).objects.type_flags as usize / 8] = 0;
+        assert!(reader().chain(f.task.as_ptr() as u64).is_err(), "a name neither str nor int");
+        let mut f = fakes("_asyncio.Task");
+        f.task[0x88 / 8] = 8;
+        assert!(reader().chain(f.task.as_ptr() as u64).is_err(), "a name pointer into nothing");
+    }
+
+    #[test]
+    fn a_section_that_agrees_with_the_headers_is_read() {
+        let l = row((3, 14));
+        let t = TaskLayout::parse(&section(debian_314(l.tstate_asyncio_running_task as u64)), l).unwrap();
+        assert_eq!(t, TaskLayout { size: 0xa8, name: 0x88, awaited_by: 0x60, is_task: 0x6c, awaited_by_is_set: 0x6d });
+    }
+
+    #[test]
+    fn a_section_that_disagrees_or_is_out_of_bounds_is_refused() {
+        let l = row((3, 14));
+        let good = debian_314(l.tstate_asyncio_running_task as u64);
+        let mut other = good;
+        other[11] += 8;
+        assert!(TaskLayout::parse(&section(other), l).is_err(), "a running-task offset the headers do not give");
+        let mut outside = good;
+        outside[1] = 0xa8;
+        assert!(TaskLayout::parse(&section(outside), l).is_err(), "a name past the task's end");
+        let mut huge = good;
+        huge[0] = 1 << 40;
+        assert!(TaskLayout::parse(&section(huge), l).is_err(), "a task of a terabyte");
+        assert!(TaskLayout::parse(&section(good)[..96], l).is_err(), "a short section");
+        assert!(TaskLayout::parse(&section(good), row((3, 13))).is_err(), "3.13 has no running task");
+    }
+}

@@ -1,0 +1,131 @@
+//! `sample --async` against what fixtures/async_tasks.py measures of
+//! itself: two named tasks, each running its own coroutine chain on one
+//! event-loop thread, awaited by a task named "main" (itself awaited by the
+//! unnamed task `asyncio.run` makes, `Task-1`), each timing the CPU it
+//! spends (time.thread_time). Every sample taken in a task's code must be
+//! under that task's name and awaiter chain, and the tasks' shares of the
+//! samples must be their shares of the CPU time. On Debian's 3.14 (the
+//! task layout in the `_asyncio` extension module, mapped only once asyncio
+//! is imported: after pytrace started sampling) and 3.15 (in the
+//! interpreter). Before 3.14, one sentence and a non-zero exit.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use common::matrix::Interpreter;
+use common::*;
+
+const RATE: &str = "499";
+
+/// The root frames each task's samples must carry: the task, then the
+/// tasks awaiting it, outermost first.
+fn roots(task: &str) -> String {
+    format!("[task {task}];[awaited by task Task-1];[awaited by task main];")
+}
+
+/// Samples by (task whose code ran, the frames before its chain), from
+/// folded stacks; the chain must be the task's own, in order.
+fn samples_by_task(label: &str, folded: &Path) -> HashMap<(String, String), f64> {
+    let chains = [("alpha", "alpha_outer (", &["alpha_middle (", "alpha_spin ("][..]), ("beta", "beta_outer (", &["beta_spin ("][..])];
+    let mut by = HashMap::new();
+    for line in std::fs::read_to_string(folded).unwrap().lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap();
+        let frames: Vec<&str> = stack.split(';').collect();
+        for (task, outer, inner) in chains {
+            let Some(at) = frames.iter().position(|f| f.starts_with(outer)) else { continue };
+            // Inside the outer coroutine: the spin's samples, with the chain
+            // leading to it in order.
+            let Some(spin) = frames.iter().position(|f| f.starts_with(inner[inner.len() - 1])) else { continue };
+            let chain: Vec<&str> = frames[at + 1..=spin].iter().map(|f| f.split(' ').next().unwrap()).collect();
+            let want: Vec<&str> = inner.iter().map(|f| f.trim_end_matches(" (")).collect();
+            assert_eq!(chain, want, "{label}: {task}'s chain in {line}");
+            let before = frames[..at].iter().take_while(|f| f.starts_with('[')).fold(String::new(), |s, f| s + f + ";");
+            *by.entry((task.to_string(), before)).or_insert(0.0) += n.parse::<f64>().unwrap();
+        }
+    }
+    by
+}
+
+fn tasks_carry_their_names_chains_and_shares(py: Interpreter) {
+    let label = format!("debian {}", py.version);
+    let dir = tempfile::tempdir().unwrap();
+    let folded = dir.path().join("async.folded");
+    let json = dir.path().join("async.json");
+    let (inside, truth_path) = py.output("async-truth.json");
+    let out = py.pytrace(
+        &["sample", "--async", "-r", RATE, "--folded", folded.to_str().unwrap(), "--json", json.to_str().unwrap()],
+        "async_tasks.py",
+        &[&inside, &longer(2.0)],
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    let report = read_json(&json);
+    let stacks = std::fs::read_to_string(&folded).unwrap();
+    let unreadable: Vec<&str> = stacks.lines().filter(|l| l.starts_with("[task unreadable]")).collect();
+    assert_eq!(report["counters"]["tasks_unreadable"].as_f64(), Some(0.0), "{label}: {unreadable:?}\n{table}");
+    let truth: HashMap<String, f64> = serde_json::from_slice(&std::fs::read(&truth_path).unwrap()).unwrap();
+    let by = samples_by_task(&label, &folded);
+    // Every sample of a task's code is under its own name and awaiters.
+    for ((task, before), n) in &by {
+        assert_eq!(*before, roots(task), "{label}: {n} samples of {task}'s code under other roots: {by:?}");
+    }
+    let got = |task: &str| by.get(&(task.to_string(), roots(task))).copied().unwrap_or(0.0);
+    let n = got("alpha") + got("beta");
+    let cpu = truth["alpha"] + truth["beta"];
+    assert!(n >= 300.0, "{label}: {n} samples of the tasks' spins: {by:?}\n{table}");
+    for task in ["alpha", "beta"] {
+        let p = truth[task] / cpu;
+        let share = got(task) / n;
+        // Four binomial standard errors, plus two points.
+        let bound = 4.0 * (p * (1.0 - p) / n).sqrt() + 0.02;
+        assert!((share - p).abs() <= bound, "{label}: {task} has {share:.3} of the samples, {p:.3} of the CPU time (bound {bound:.3}): {by:?}");
+    }
+}
+
+#[test]
+fn async_tasks_debian_3_14() {
+    tasks_carry_their_names_chains_and_shares(Interpreter::debian("3.14"));
+}
+
+#[test]
+fn async_tasks_debian_3_15() {
+    tasks_carry_their_names_chains_and_shares(Interpreter::debian("3.15"));
+}
+
+/// Attached by PID to a loop already running (its `_asyncio` module mapped
+/// before pytrace looks): the same names and chains.
+#[test]
+fn async_tasks_by_pid_debian_3_14() {
+    let py = Interpreter::debian("3.14");
+    let (inside, _) = py.output("async-truth.json");
+    let target = py.start_waiting("async_tasks.py", &[&inside, &longer(4.0)]);
+    let dir = tempfile::tempdir().unwrap();
+    let folded = dir.path().join("async.folded");
+    let pid = target.pid().to_string();
+    let out = pytrace(&["sample", "--async", "-r", RATE, "-d", "1", "-p", &pid, "--folded", folded.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let by = samples_by_task("debian 3.14 by PID", &folded);
+    for ((task, before), n) in &by {
+        assert_eq!(*before, roots(task), "{n} samples of {task}'s code under other roots: {by:?}");
+    }
+    for task in ["alpha", "beta"] {
+        assert!(by.get(&(task.to_string(), roots(task))).copied().unwrap_or(0.0) >= 10.0, "{task}: {by:?}");
+    }
+}
+
+fn refused(label: &str, argv: Vec<String>, version: &str) {
+    let mut args = vec!["sample", "--async", "-d", "1", "--"];
+    args.extend(argv.iter().map(String::as_str));
+    let out = pytrace(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{label}: {err}");
+    let sentence = format!("sample --async needs CPython 3.14 or later, which exposes asyncio's debug offsets; this target runs {version}");
+    assert!(err.contains(&sentence) && !err.contains("panicked"), "{label}: {err}");
+}
+
+#[test]
+fn async_is_refused_before_3_14() {
+    refused("debian 3.11", vec!["/usr/bin/python3.11".into(), "-c".into(), "import time; time.sleep(0.5)".into()], "3.11");
+    refused("debian 3.13", Interpreter::debian("3.13").argv("async_tasks.py", &["/dev/null", "0.1"]), "3.13");
+}

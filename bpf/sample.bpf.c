@@ -82,7 +82,10 @@ struct {
 	__type(value, __u32);
 } sample_weights SEC(".maps");
 
-/* (pid, stack hash) of the stacks whose frames user space was sent. */
+/* (pid, stack hash) of the stacks whose frames user space was sent. Asked
+ * only for a stack not counted yet in the counts map of the moment: one
+ * counted there was sent before its first count (or is being sent again,
+ * once user space forgot it, by the first sample after the next swap). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, MAX_KNOWN_STACKS);
@@ -105,10 +108,14 @@ struct {
 
 struct walk_scratch {
 	struct sample_stack rec;
+	/* The first bytes of the thread's PyThreadState. */
+	__u64 tstate_head[SAMPLE_TSTATE_HEAD / 8];
 	/* The bytes of the frame being read, when read alone. */
 	__u64 frame_head[SAMPLE_FRAME_HEAD / 8];
-	/* A page of the thread's frames, read at page_base (0: none). */
+	/* The first page_len bytes of a page of the thread's frames, read at
+	 * page_base (0: none). */
 	__u64 page_base;
+	__u64 page_len;
 	__u8 page[WALK_PAGE];
 };
 
@@ -160,6 +167,16 @@ static __always_inline __u64 word_at(const __u64 *words, __u32 offset)
 	barrier_var(i);
 	i &= SAMPLE_FRAME_HEAD / 8 - 1;
 	return (offset & 7) || offset >= SAMPLE_FRAME_HEAD ? 0 : words[i];
+}
+
+/* The same for a PyThreadState's first bytes. */
+static __always_inline __u64 tstate_word(const __u64 *words, __u32 offset)
+{
+	__u32 i = offset >> 3;
+
+	barrier_var(i);
+	i &= SAMPLE_TSTATE_HEAD / 8 - 1;
+	return (offset & 7) || offset >= SAMPLE_TSTATE_HEAD ? 0 : words[i];
 }
 
 static __always_inline __u8 byte_at(const __u64 *words, __u32 offset)
@@ -286,22 +303,27 @@ static __always_inline bool send_stack(struct sample_stack *rec, struct stack_ke
 	return true;
 }
 
-static __always_inline void count_stack(void *counts_map, struct stack_key *key, __u64 weight)
+/* Adds a sample to its stack's count; false if the stack is not counted
+ * yet in this map (nothing added). In the steady state this one look-up is
+ * all a sample costs beyond the walk: a stack with a count here was sent
+ * before it was counted, so known_stacks need not be asked. */
+static __always_inline bool add_to_count(void *counts_map, struct stack_key *key, __u64 weight)
 {
 	__u64 *n = bpf_map_lookup_elem(counts_map, key);
 
-	if (n) {
-		__sync_fetch_and_add(n, weight);
-		return;
-	}
-	if (!bpf_map_update_elem(counts_map, key, &weight, BPF_NOEXIST))
+	if (!n)
+		return false;
+	__sync_fetch_and_add(n, weight);
+	return true;
+}
+
+/* Counts a stack's first sample in this map. */
+static __always_inline void start_count(void *counts_map, struct stack_key *key, __u64 weight)
+{
+	if (!bpf_map_update_elem(counts_map, key, &weight, BPF_NOEXIST) || add_to_count(counts_map, key, weight))
 		return;
 	/* Another CPU added it first, or the map is full. */
-	n = bpf_map_lookup_elem(counts_map, key);
-	if (n)
-		__sync_fetch_and_add(n, weight);
-	else
-		count(SAMPLE_COUNTS_FULL);
+	count(SAMPLE_COUNTS_FULL);
 }
 
 /* --native: a sample's record (reserved by the caller: older verifiers
@@ -349,8 +371,9 @@ int sample_thread(struct bpf_perf_event_data *ctx)
 	struct task_struct *task;
 	struct walk_scratch *s;
 	struct stack_key key = {}, known = {};
-	void *counts_map;
-	__u64 hash;
+	void *counts_map = 0;
+	__u32 cpu, *weight = 0;
+	__u64 hash, thread_pointer;
 
 	if (only_pid && pid != only_pid)
 		return 0;
@@ -358,16 +381,26 @@ int sample_thread(struct bpf_perf_event_data *ctx)
 	if (!t || !(s = bpf_map_lookup_elem(&scratch, &zero)))
 		return 0;
 	task = (struct task_struct *)bpf_get_current_task();
-	if (leave_out_for_gil_current(t, tid, task, BPF_CORE_READ(task, thread.fsbase)))
+	thread_pointer = BPF_CORE_READ(task, thread.fsbase);
+	if (leave_out_for_gil_current(t, s, tid, task, thread_pointer))
 		return 0;
-	hash = walk_python_current(t, s, tid, task, BPF_CORE_READ(task, thread.fsbase));
-	hash = add_running_task_current(t, &s->rec, tid, task, BPF_CORE_READ(task, thread.fsbase), hash);
+	hash = walk_python_current(t, s, tid, task, thread_pointer);
+	hash = add_running_task_current(t, &s->rec, tid, task, thread_pointer, hash);
 	s->rec.kernel_frames = 0;
 	if (cfg.kernel_stacks)
 		hash = add_kernel_stack(ctx, &s->rec, hash);
 	known.pid = key.pid = pid;
 	known.hash = key.hash = hash;
 	key.tid = cfg.per_thread || cfg.native ? tid : 0;
+	if (!cfg.native) {
+		counts_map = bpf_map_lookup_elem(&counts, &zero);
+		if (!counts_map)
+			return 0;
+		cpu = bpf_get_smp_processor_id();
+		weight = bpf_map_lookup_elem(&sample_weights, &cpu);
+		if (add_to_count(counts_map, &key, weight && *weight ? *weight : SAMPLE_WEIGHT))
+			return 0;
+	}
 	if (!SEND_IF_NEW(&s->rec, &known, t, task, read_names_current))
 		return 0;
 	if (cfg.native) {
@@ -401,13 +434,7 @@ int sample_thread(struct bpf_perf_event_data *ctx)
 		bpf_ringbuf_submit(r, ring_submit_flags(&records));
 		return 0;
 	}
-	counts_map = bpf_map_lookup_elem(&counts, &zero);
-	if (counts_map) {
-		__u32 cpu = bpf_get_smp_processor_id();
-		__u32 *weight = bpf_map_lookup_elem(&sample_weights, &cpu);
-
-		count_stack(counts_map, &key, weight && *weight ? *weight : SAMPLE_WEIGHT);
-	}
+	start_count(counts_map, &key, weight && *weight ? *weight : SAMPLE_WEIGHT);
 	return 0;
 }
 
@@ -431,17 +458,20 @@ int sample_all_threads(struct bpf_iter__task *ctx)
 	t = bpf_map_lookup_elem(&processes, &pid);
 	if (!t || !(s = bpf_map_lookup_elem(&scratch, &zero)))
 		return 0;
-	if (leave_out_for_gil_task(t, tid, task, task->thread.fsbase))
+	if (leave_out_for_gil_task(t, s, tid, task, task->thread.fsbase))
 		return 0;
 	known.pid = key.pid = pid;
 	known.hash = key.hash = walk_python_task(t, s, tid, task, task->thread.fsbase);
 	known.hash = key.hash = add_running_task_task(t, &s->rec, tid, task, task->thread.fsbase, key.hash);
 	if (cfg.thread_states) {
-		s->rec.thread_state = thread_state_of_task(t, tid, task, task->thread.fsbase, &s->rec.syscall);
+		s->rec.thread_state = thread_state_of_task(t, s, tid, task, task->thread.fsbase, &s->rec.syscall);
 		known.hash = key.hash = mix(mix(key.hash, HASH_STATE + s->rec.thread_state), (__u32)s->rec.syscall);
 	}
 	key.tid = cfg.per_thread || cfg.native ? tid : 0;
 	s->rec.kernel_frames = 0;
+	/* Every thread once per tick: each sample is one mean period. */
+	if (!cfg.native && add_to_count(&counts_a, &key, SAMPLE_WEIGHT))
+		return 0;
 	if (!SEND_IF_NEW(&s->rec, &known, t, task, read_names_task))
 		return 0;
 	if (cfg.native) {
@@ -468,7 +498,6 @@ int sample_all_threads(struct bpf_iter__task *ctx)
 		bpf_ringbuf_submit(r, ring_submit_flags(&records));
 		return 0;
 	}
-	/* Every thread once per tick: each sample is one mean period. */
-	count_stack(&counts_a, &key, SAMPLE_WEIGHT);
+	start_count(&counts_a, &key, SAMPLE_WEIGHT);
 	return 0;
 }

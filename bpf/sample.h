@@ -10,6 +10,9 @@
 #define MAX_KERNEL_FRAMES 128
 /* Bytes of a frame read at once: every field the walk needs lies in them. */
 #define SAMPLE_FRAME_HEAD 128
+/* Bytes of a PyThreadState read at once: its thread id and its current
+ * frame (or cframe) pointer lie in them in every layout. */
+#define SAMPLE_TSTATE_HEAD 256
 #define MAX_THREAD_SCAN 512
 
 /* --native: the user stack copied per sample, in whole pages from the one
@@ -135,6 +138,13 @@ struct sample_target {
 	__u32 frame_is_entry;  /* PY_NO_FIELD but on 3.11 */
 	__u32 frames_contiguous; /* 3.11+: a thread's frames are laid out one after another */
 	__u32 tstate_thread_id;
+	/* The bytes of a PyThreadState read in one go, from tstate_read_start:
+	 * they hold its thread id and its current frame (or cframe) pointer,
+	 * at these offsets from tstate_read_start. */
+	__u32 tstate_read_start;
+	__u32 tstate_read_size;
+	__u32 tstate_id_in_read;
+	__u32 tstate_current_in_read;
 	__u32 interp_threads_head;
 	__u32 tstate_next;
 	/* --gil: where the GIL's state is. 3.9-3.11: one for the runtime, at

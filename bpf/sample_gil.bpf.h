@@ -50,7 +50,8 @@ static __always_inline int WALK(holds_gil)(const struct sample_target *t, __u64 
 }
 
 /* --gil: true if the sample is to be left out (counted why). */
-static __always_inline bool WALK(leave_out_for_gil)(const struct sample_target *t, __u32 tid, struct task_struct *task,
+static __always_inline bool WALK(leave_out_for_gil)(const struct sample_target *t, struct walk_scratch *scratch,
+						    __u32 tid, struct task_struct *task,
 						    __u64 thread_pointer)
 {
 	__u64 tstate;
@@ -58,7 +59,7 @@ static __always_inline bool WALK(leave_out_for_gil)(const struct sample_target *
 
 	if (!cfg.gil_only)
 		return false;
-	tstate = WALK(thread_state)(t, tid, task, thread_pointer);
+	tstate = WALK(thread_state)(t, scratch, tid, task, thread_pointer);
 	if (!tstate) {
 		count(SAMPLE_GIL_NOT_HELD);
 		return true;
@@ -78,10 +79,11 @@ static __always_inline bool WALK(leave_out_for_gil)(const struct sample_target *
  * system call it sleeps in. For a thread that is not running, its entry
  * into the kernel saved its registers: orig_ax holds the system call's
  * number (negative for an interrupt), di its first argument. */
-static __always_inline __u8 WALK(thread_state_of)(const struct sample_target *t, __u32 tid, struct task_struct *task,
+static __always_inline __u8 WALK(thread_state_of)(const struct sample_target *t, struct walk_scratch *scratch,
+						  __u32 tid, struct task_struct *task,
 						  __u64 thread_pointer, __s32 *syscall)
 {
-	__u64 tstate = WALK(thread_state)(t, tid, task, thread_pointer), gil = 0;
+	__u64 tstate = WALK(thread_state)(t, scratch, tid, task, thread_pointer), gil = 0;
 	struct pt_regs *regs;
 	long nr;
 

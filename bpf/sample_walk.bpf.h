@@ -19,17 +19,37 @@ static __always_inline __u64 WALK(read_ptr)(__u64 base, __u32 offset, struct tas
 	return value;
 }
 
-/* The thread's PyThreadState: cached per thread, else found by walking the
- * main interpreter's thread list for the one whose id (pthread_self, the fs
+/* Reads the first bytes of the PyThreadState at `tstate` (its thread id
+ * and current frame pointer among them) into the scratch; false if they
+ * cannot be read. One read for both: each read of the target costs about
+ * as much as a map look-up. */
+static __always_inline bool WALK(read_tstate_head)(const struct sample_target *t, struct walk_scratch *scratch,
+						   __u64 tstate, struct task_struct *task)
+{
+	/* Read and bounded where it is used (see walk_python). */
+	__u64 size = *(volatile const __u32 *)&t->tstate_read_size;
+
+	barrier_var(size);
+	if (size > SAMPLE_TSTATE_HEAD || size < 8)
+		return false;
+	return !WALK_READ(scratch->tstate_head, size, (const void *)(tstate + t->tstate_read_start), task);
+}
+
+/* The thread's PyThreadState, its first bytes in the scratch (see
+ * read_tstate_head): cached per thread, else found by walking the main
+ * interpreter's thread list for the one whose id (pthread_self, the fs
  * base) is `want`. */
-static __always_inline __u64 WALK(thread_state)(const struct sample_target *t, __u32 tid,
+static __always_inline __u64 WALK(thread_state)(const struct sample_target *t, struct walk_scratch *scratch, __u32 tid,
 						struct task_struct *task, __u64 want)
 {
 	__u64 id = 0, tstate, interp, *cached = bpf_map_lookup_elem(&thread_states, &tid);
 
-	if (cached && !WALK_READ(&id, sizeof(id), (const void *)(*cached + t->tstate_thread_id), task) &&
-	    id == want)
-		return *cached;
+	if (cached) {
+		tstate = *cached;
+		if (WALK(read_tstate_head)(t, scratch, tstate, task) &&
+		    tstate_word(scratch->tstate_head, t->tstate_id_in_read) == want)
+			return tstate;
+	}
 	if (!t->interpreters_head)
 		return 0;
 	interp = WALK(read_ptr)(t->interpreters_head, 0, task);
@@ -40,6 +60,8 @@ static __always_inline __u64 WALK(thread_state)(const struct sample_target *t, _
 		if (WALK_READ(&id, sizeof(id), (const void *)(tstate + t->tstate_thread_id), task))
 			return 0;
 		if (id == want) {
+			if (!WALK(read_tstate_head)(t, scratch, tstate, task))
+				return 0;
 			bpf_map_update_elem(&thread_states, &tid, &tstate, BPF_ANY);
 			return tstate;
 		}
@@ -68,10 +90,10 @@ static __always_inline __u64 WALK(walk_python)(const struct sample_target *t, st
 	scratch->page_base = 0;
 	for (int i = 0; i < MAX_FRAMES / 64; i++)
 		rec->entry[i] = 0;
-	tstate = WALK(thread_state)(t, tid, task, thread_pointer);
+	tstate = WALK(thread_state)(t, scratch, tid, task, thread_pointer);
 	if (!tstate)
 		count(SAMPLE_NO_THREAD);
-	frame = tstate ? WALK(read_ptr)(tstate, l->tstate_current, task) : 0;
+	frame = tstate ? tstate_word(scratch->tstate_head, t->tstate_current_in_read) : 0;
 	if (frame && l->cframe_current_frame != PY_NO_FIELD)
 		frame = WALK(read_ptr)(frame, l->cframe_current_frame, task);
 	if (!frame) {
@@ -94,30 +116,37 @@ static __always_inline __u64 WALK(walk_python)(const struct sample_target *t, st
 		addr = frame + t->frame_read_start;
 		off = addr & (WALK_PAGE - 1);
 		barrier_var(off);
-		if (scratch->page_base && scratch->page_base == addr - off && off <= WALK_PAGE - SAMPLE_FRAME_HEAD) {
+		/* Read and bounded right where it is used, in 64 bits: older
+		 * verifiers (5.10, 6.1) lose a bound checked on a copy (one clang
+		 * kept from before the loop, or a zero-extended one). */
+		size = *(volatile const __u32 *)&t->frame_read_size;
+		barrier_var(size);
+		if (size > SAMPLE_FRAME_HEAD)
+			size = SAMPLE_FRAME_HEAD;
+		if (scratch->page_base && scratch->page_base == addr - off && off <= WALK_PAGE - SAMPLE_FRAME_HEAD &&
+		    off + size <= scratch->page_len) {
+			words = (const __u64 *)(scratch->page + off);
+		} else if (t->frames_contiguous && off <= WALK_PAGE - SAMPLE_FRAME_HEAD) {
+			/* From 3.11 a thread's frames sit one after another on its data
+			 * stack, each caller's below its callee's: one read, from the
+			 * start of the frame's page to its end, holds the frame and
+			 * the callers below it in that page. */
+			__u64 len = off + size;
+
+			barrier_var(len);
+			if (len > WALK_PAGE || len < 8 ||
+			    WALK_READ(scratch->page, len, (const void *)(addr - off), task)) {
+				count(SAMPLE_BAD_FRAME);
+				return mix(hash, HASH_BAD_FRAME);
+			}
+			scratch->page_base = addr - off;
+			scratch->page_len = len;
 			words = (const __u64 *)(scratch->page + off);
 		} else {
-			/* Read and bounded right where it is used, in 64 bits: older
-			 * verifiers (5.10, 6.1) lose a bound checked on a copy (one
-			 * clang kept from before the loop, or a zero-extended one). */
-			size = *(volatile const __u32 *)&t->frame_read_size;
-			barrier_var(size);
-			if (size > SAMPLE_FRAME_HEAD)
-				size = SAMPLE_FRAME_HEAD;
 			words = scratch->frame_head;
 			if (WALK_READ(scratch->frame_head, size, (const void *)addr, task)) {
 				count(SAMPLE_BAD_FRAME);
 				return mix(hash, HASH_BAD_FRAME);
-			}
-			/* From 3.11 a thread's frames sit next to each other on its
-			 * data stack: when the caller's frame is in this one's page,
-			 * read the whole page once for the frames that follow. */
-			if (t->frames_contiguous) {
-				__u64 next = word_at(words, t->frame_previous) + t->frame_read_start;
-
-				if ((next & ~(__u64)(WALK_PAGE - 1)) == addr - off &&
-				    !WALK_READ(scratch->page, WALK_PAGE, (const void *)(addr - off), task))
-					scratch->page_base = addr - off;
 			}
 		}
 		if (t->frame_owner == PY_NO_FIELD || byte_at(words, t->frame_owner) < t->layout.frame_owned_not_code) {

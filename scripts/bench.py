@@ -333,22 +333,27 @@ def steady_cost_table():
                 samples, bpf = (folded_samples(out)[0] if os.path.exists(out) else 0), None
             in_window = samples * (ended - marked) / (ended - began)
             if in_window > 0:
-                results[s].append(((cpu_end - cpu_marked) / in_window * 1e6, samples, bpf, (cpu_end - cpu_marked) / (ended - marked) * 1e3))
+                results[s].append(((cpu_end - cpu_marked) / in_window * 1e6, samples, bpf, (cpu_end - cpu_marked) / (ended - marked) * 1e3, os.getloadavg()[0]))
+    # Medians, with the range over the repeats: the machine is shared, and
+    # the spread says how far one run can be trusted.
+    def spread(values, digits=1):
+        text = f"{median(values):.{digits}f}"
+        return text if len(values) < 2 else f"{text} ({min(values):.{digits}f}–{max(values):.{digits}f})"
     for s in samplers:
         r = results[s]
         if not r:
-            rows.append(f"| {s} | 0 | – | – | – | – |")
+            rows.append(f"| {s} | 0 | – | – | – | – | – |")
             continue
-        cpu = median([x[0] for x in r])
         bpf = [x[2] / 1000 for x in r if x[2]]
-        bpf_text = f"{median(bpf):.1f}" if bpf else "–"
-        total = cpu + (median(bpf) if bpf else 0)
-        rows.append(f"| {s} | {median([x[1] for x in r]):.0f} | {median([x[3] for x in r]):.1f} | {cpu:.1f} | {bpf_text} | {total:.1f} |")
+        bpf_text = spread(bpf) if bpf else "–"
+        totals = [x[0] + x[2] / 1000 for x in r if x[2]] or [x[0] for x in r]
+        loads = [x[4] for x in r]
+        rows.append(f"| {s} | {median([x[1] for x in r]):.0f} | {spread([x[3] for x in r])} | {spread([x[0] for x in r])} | {bpf_text} | {spread(totals)} | {min(loads):.1f}–{max(loads):.1f} |")
     # Per second too: a profiler's fixed costs (waking to read, draining)
     # spread over fewer samples when the target gets less than a CPU.
     return (
-        f"| profiler | samples in {STEADY_SECONDS} s | profiler CPU, steady (ms per s) | profiler CPU per sample, steady (µs) | BPF per sample (µs) | total per sample (µs) |\n"
-        "|---|---|---|---|---|---|\n" + "\n".join(rows)
+        f"| profiler | samples in {STEADY_SECONDS} s | profiler CPU, steady (ms per s) | profiler CPU per sample, steady (µs) | BPF per sample (µs) | total per sample (µs) | load average at the end |\n"
+        "|---|---|---|---|---|---|---|\n" + "\n".join(rows)
     )
 
 

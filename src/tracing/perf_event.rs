@@ -29,6 +29,7 @@ pub const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
 pub const INHERIT: u64 = 1 << 1;
 pub const EXCLUDE_KERNEL: u64 = 1 << 5;
 pub const EXCLUDE_HV: u64 = 1 << 6;
+pub const EXCLUDE_IDLE: u64 = 1 << 7;
 pub const HW_BREAKPOINT_W: u32 = 2;
 const PERF_FLAG_FD_CLOEXEC: u64 = 1 << 3;
 

@@ -233,6 +233,7 @@ fn target_entry(python: &Python, interpreters_head: u64) -> sample_target {
     let start = present().min().unwrap_or(0) & !7;
     let end = present().map(|o| o + 8).max().unwrap_or(8);
     let relative = |o: u32| if o == NO_FIELD { NO_FIELD } else { o - start };
+    let tstate = TstateRead::of(l);
     sample_target {
         layout: super::super::py_layout!(py_layout, l),
         interpreters_head,
@@ -247,10 +248,31 @@ fn target_entry(python: &Python, interpreters_head: u64) -> sample_target {
         // each caller's right below its callee's.
         frames_contiguous: (l.frame_owner != NO_FIELD) as u32,
         tstate_thread_id: l.tstate_thread_id,
+        tstate_read_start: tstate.start,
+        tstate_read_size: tstate.size,
+        tstate_id_in_read: l.tstate_thread_id - tstate.start,
+        tstate_current_in_read: l.tstate_current - tstate.start,
         interp_threads_head: l.interp_threads_head,
         tstate_next: l.tstate_next,
         tstate_running_task: l.tstate_asyncio_running_task,
         ..gil_fields(l, interpreters_head)
+    }
+}
+
+/// The bytes of a PyThreadState the walk reads at once: from its thread
+/// id's word to its current frame pointer's (in either order), so that
+/// finding a thread's state and its running frame cost one read of the
+/// target. Larger than bpf/sample.h's SAMPLE_TSTATE_HEAD (no layout is,
+/// see the test below), BPF would find no thread state and count it.
+struct TstateRead {
+    start: u32,
+    size: u32,
+}
+
+impl TstateRead {
+    fn of(l: &crate::python::Layout) -> Self {
+        let start = l.tstate_thread_id.min(l.tstate_current);
+        TstateRead { start, size: l.tstate_thread_id.max(l.tstate_current) + 8 - start }
     }
 }
 
@@ -351,6 +373,21 @@ mod tests {
             assert!(end - start <= 128, "{:?}: {} bytes", l.version, end - start);
             for f in [l.frame_code, l.frame_previous, l.frame_instr] {
                 assert_eq!((f - start) % 8, 0, "{:?}: 8-byte fields stay aligned", l.version);
+            }
+        }
+    }
+
+    /// Each version's thread id and current frame pointer, read in one go,
+    /// fit bpf/sample.h's SAMPLE_TSTATE_HEAD (256 bytes) and stay 8-byte
+    /// words there.
+    #[test]
+    fn thread_state_reads_fit_and_hold_both_fields() {
+        for l in crate::python::layouts::LAYOUTS {
+            let read = TstateRead::of(l);
+            assert!(read.size >= 8 && read.size <= 256, "{:?}: {} bytes", l.version, read.size);
+            for f in [l.tstate_thread_id, l.tstate_current] {
+                assert!(f >= read.start && f + 8 <= read.start + read.size, "{:?}", l.version);
+                assert_eq!((f - read.start) % 8, 0, "{:?}: 8-byte fields stay aligned", l.version);
             }
         }
     }

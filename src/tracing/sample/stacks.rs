@@ -426,8 +426,11 @@ impl Stacks {
     /// sent them again since), and if the reported stacks hold more than
     /// RAW_BYTES, retires the least recently counted half. A stack is
     /// retired in two steps: BPF forgets it now (in `known`), so it sends it
-    /// again if it is sampled again; its frames here are dropped at the next
-    /// drain, once the counts taken before BPF forgot it have been read.
+    /// again if it is sampled again (once it is not in the counts map BPF
+    /// counts into: BPF asks `known` only for stacks not counted there yet,
+    /// so a stack counted since the last swap is sent again after the next
+    /// one); its frames here are dropped at the next drain, once the counts
+    /// taken before BPF forgot it have been read.
     pub fn end_drain(&mut self, known: &dyn MapCore) {
         for key in std::mem::take(&mut self.retiring) {
             if self.raw.get(&key).is_some_and(|s| s.retired) {

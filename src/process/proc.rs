@@ -7,7 +7,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 
 /// One line of /proc/PID/maps that maps a file (or the vDSO).
 #[derive(Debug, Clone)]
@@ -217,6 +217,19 @@ impl Memory {
         let mut buf = [0u8; 8];
         self.read(addr, &mut buf)?;
         Ok(u64::from_ne_bytes(buf))
+    }
+
+    /// The 8 bytes a pointer read from the target points at: NULL, common
+    /// in a hostile or half-built object, is refused before any read.
+    pub fn read_u64_non_null(&self, addr: u64) -> Result<u64> {
+        ensure!(addr != 0, "NULL pointer");
+        self.read_u64(addr)
+    }
+
+    pub fn read_u8(&self, addr: u64) -> Result<u8> {
+        let mut buf = [0u8];
+        self.read(addr, &mut buf)?;
+        Ok(buf[0])
     }
 
     /// One aligned 8-byte write: the target sees the old value or the new.

@@ -137,11 +137,11 @@ impl TaskReader {
         let mut at = addr;
         let mut cut = false;
         loop {
-            if self.byte(at + self.task.awaited_by_is_set)? != 0 {
+            if self.mem.read_u8(at + self.task.awaited_by_is_set)? != 0 {
                 cut = true;
                 break;
             }
-            let awaiter = self.word(at + self.task.awaited_by)?;
+            let awaiter = self.mem.read_u64_non_null(at + self.task.awaited_by)?;
             if awaiter == 0 || !self.is_task(awaiter)? {
                 break;
             }
@@ -160,8 +160,8 @@ impl TaskReader {
     /// `get_name()` would format as `Task-N`.
     fn name(&mut self, task: u64) -> Result<String> {
         ensure!(self.is_task(task)?, "the object at {task:#x} is not an asyncio task");
-        let name = self.word(task + self.task.name)?;
-        let flags = self.word(self.word(name + self.layout.object_type as u64)? + self.layout.objects.type_flags as u64)?;
+        let name = self.mem.read_u64_non_null(task + self.task.name)?;
+        let flags = self.mem.read_u64_non_null(self.mem.read_u64_non_null(name + self.layout.object_type as u64)? + self.layout.objects.type_flags as u64)?;
         if flags & TPFLAGS_UNICODE != 0 {
             return read_str(&self.mem, &self.layout, name);
         }
@@ -170,7 +170,7 @@ impl TaskReader {
             // lv_tag (3.12+, so every version with tasks to read): the
             // digit count above three flag bits, the sign in the low two
             // (0: positive); 3.14 marks a cached small int in the third.
-            let tag = self.word(name + o.long_size as u64)?;
+            let tag = self.mem.read_u64_non_null(name + o.long_size as u64)?;
             ensure!(tag >> 3 == 1 && tag & 3 == 0, "a task's number is not a one-digit positive int");
             let mut digit = [0u8; 4];
             self.mem.read(name + o.long_digits as u64, &mut digit)?;
@@ -184,12 +184,12 @@ impl TaskReader {
     /// An `_asyncio.Task` (or a subclass whose tp_name says so), with its
     /// is_task flag set.
     fn is_task(&mut self, obj: u64) -> Result<bool> {
-        let ty = self.word(obj + self.layout.object_type as u64)?;
+        let ty = self.mem.read_u64_non_null(obj + self.layout.object_type as u64)?;
         let is_task_type = match self.task_types.get(&ty) {
             Some(&known) => known,
             None => {
                 // tp_name is the word before tp_basicsize in every layout.
-                let tp_name = self.word(ty + self.layout.objects.type_basicsize as u64 - 8)?;
+                let tp_name = self.mem.read_u64_non_null(ty + self.layout.objects.type_basicsize as u64 - 8)?;
                 let mut bytes = [0u8; TASK_TYPE_NAME.len() + 1];
                 self.mem.read(tp_name, &mut bytes)?;
                 let known = bytes[..TASK_TYPE_NAME.len()] == *TASK_TYPE_NAME && bytes[TASK_TYPE_NAME.len()] == 0;
@@ -197,18 +197,7 @@ impl TaskReader {
                 known
             }
         };
-        Ok(is_task_type && self.byte(obj + self.task.is_task)? == 1)
-    }
-
-    fn word(&self, addr: u64) -> Result<u64> {
-        ensure!(addr != 0, "NULL pointer");
-        self.mem.read_u64(addr)
-    }
-
-    fn byte(&self, addr: u64) -> Result<u8> {
-        let mut b = [0u8];
-        self.mem.read(addr, &mut b)?;
-        Ok(b[0])
+        Ok(is_task_type && self.mem.read_u8(obj + self.task.is_task)? == 1)
     }
 }
 

@@ -73,15 +73,15 @@ struct Reader<'l> {
 
 impl Reader<'_> {
     fn names(&self, runtime: u64) -> Result<PythonThreadNames> {
-        let interp = self.word(runtime + self.layout.runtime_interpreters_main as u64).context("no main interpreter")?;
+        let interp = self.mem.read_u64_non_null(runtime + self.layout.runtime_interpreters_main as u64).context("no main interpreter")?;
         ensure!(interp != 0, "the interpreter has not started");
-        let modules = self.word(interp + self.o.interp_modules as u64)?;
+        let modules = self.mem.read_u64_non_null(interp + self.o.interp_modules as u64)?;
         let Some(threading) = self.dict_get(modules, "threading")? else {
             // No thread was started through `threading`: nothing to name.
             return Ok(PythonThreadNames::default());
         };
         ensure!(self.type_of(threading)? == self.module_type, "sys.modules['threading'] is not a module");
-        let namespace = self.word(threading + self.o.module_dict as u64)?;
+        let namespace = self.mem.read_u64_non_null(threading + self.o.module_dict as u64)?;
         let active = self.dict_get(namespace, "_active")?.context("threading has no _active")?;
         let mut found = PythonThreadNames::default();
         for (_ident, thread) in self.dict_items(active)? {
@@ -120,30 +120,30 @@ impl Reader<'_> {
         let o = self.o;
         let ty = self.type_of(obj)?;
         if o.instance_dict == InstanceDict::TypeOffset {
-            let offset = self.word(ty + o.type_dictoffset as u64)? as i64;
+            let offset = self.mem.read_u64_non_null(ty + o.type_dictoffset as u64)? as i64;
             ensure!(offset > 0 && (offset as u64) < MAX_OBJECT_OFFSET, "no instance dict");
-            return self.dict_items(self.word(obj + offset as u64)?);
+            return self.dict_items(self.mem.read_u64_non_null(obj + offset as u64)?);
         }
-        let flags = self.word(ty + o.type_flags as u64)?;
+        let flags = self.mem.read_u64_non_null(ty + o.type_flags as u64)?;
         ensure!(flags & o.flag_managed_dict as u64 != 0, "no managed dict");
-        let dict = self.word(obj.wrapping_sub(o.managed_dict_before as u64))?;
+        let dict = self.mem.read_u64_non_null(obj.wrapping_sub(o.managed_dict_before as u64))?;
         let values = match o.instance_dict {
             // _PyDictOrValues_SetValues stores the values' address minus one.
             InstanceDict::TaggedValues if dict & 1 == 1 => dict + 1,
             _ if dict != 0 => return self.dict_items(dict),
-            InstanceDict::ValuesPointer => self.word(obj.wrapping_sub(o.managed_values_before as u64))?,
+            InstanceDict::ValuesPointer => self.mem.read_u64_non_null(obj.wrapping_sub(o.managed_values_before as u64))?,
             InstanceDict::InlineValues => {
                 ensure!(o.flag_inline_values != NO_FIELD && flags & o.flag_inline_values as u64 != 0, "no inline values");
-                let size = self.word(ty + o.type_basicsize as u64)?;
+                let size = self.mem.read_u64_non_null(ty + o.type_basicsize as u64)?;
                 ensure!(size > 0 && size < MAX_OBJECT_OFFSET, "garbage tp_basicsize");
                 let values = obj + size;
-                ensure!(self.byte(values + o.values_valid as u64)? == 1, "inline values not valid");
+                ensure!(self.mem.read_u8(values + o.values_valid as u64)? == 1, "inline values not valid");
                 values
             }
             _ => bail!("no attributes"),
         };
         ensure!(values != 0, "no values");
-        let keys = self.word(ty + o.heaptype_cached_keys as u64)?;
+        let keys = self.mem.read_u64_non_null(ty + o.heaptype_cached_keys as u64)?;
         self.keys_items(keys, Some(values + o.values_array as u64))
     }
 
@@ -160,8 +160,8 @@ impl Reader<'_> {
     /// A dict's (key, value) pairs, combined or split.
     fn dict_items(&self, dict: u64) -> Result<Vec<(u64, u64)>> {
         ensure!(self.type_of(dict)? == self.dict_type, "not a dict");
-        let keys = self.word(dict + self.o.dict_keys as u64)?;
-        let values = self.word(dict + self.o.dict_values as u64)?;
+        let keys = self.mem.read_u64_non_null(dict + self.o.dict_keys as u64)?;
+        let values = self.mem.read_u64_non_null(dict + self.o.dict_values as u64)?;
         self.keys_items(keys, (values != 0).then(|| values + self.o.values_array as u64))
     }
 
@@ -170,7 +170,7 @@ impl Reader<'_> {
     fn keys_items(&self, keys: u64, values: Option<u64>) -> Result<Vec<(u64, u64)>> {
         let o = self.o;
         let (size, index_bytes, general) = if o.keys_size != NO_FIELD {
-            let size = self.word(keys + o.keys_size as u64)?;
+            let size = self.mem.read_u64_non_null(keys + o.keys_size as u64)?;
             ensure!(size.is_power_of_two() && size <= 1 << MAX_LOG2_SIZE, "garbage dict size");
             // Objects/dict-common.h's DK_IXSIZE: the narrowest index that holds the size.
             let width = match size {
@@ -180,12 +180,12 @@ impl Reader<'_> {
             };
             (size, size * width, true)
         } else {
-            let log2 = self.byte(keys + o.keys_log2_size as u64)?;
-            let log2_index = self.byte(keys + o.keys_log2_index_bytes as u64)?;
+            let log2 = self.mem.read_u8(keys + o.keys_log2_size as u64)?;
+            let log2_index = self.mem.read_u8(keys + o.keys_log2_index_bytes as u64)?;
             ensure!(log2 <= MAX_LOG2_SIZE && (log2..=log2 + 3).contains(&log2_index), "garbage dict size");
-            (1u64 << log2, 1u64 << log2_index, self.byte(keys + o.keys_kind as u64)? as u32 == o.keys_kind_general)
+            (1u64 << log2, 1u64 << log2_index, self.mem.read_u8(keys + o.keys_kind as u64)? as u32 == o.keys_kind_general)
         };
-        let count = self.word(keys + o.keys_nentries as u64)?;
+        let count = self.mem.read_u64_non_null(keys + o.keys_nentries as u64)?;
         ensure!(count <= size && count <= MAX_ENTRIES, "garbage or huge dict ({count} entries)");
         let (entry_size, key_at, value_at) =
             if general { (o.entry_size, o.entry_key, o.entry_value) } else { (o.unicode_entry_size, o.unicode_entry_key, o.unicode_entry_value) };
@@ -217,7 +217,7 @@ impl Reader<'_> {
     /// A positive int below 2**30 (a TID is below 2**22).
     fn small_int(&self, obj: u64) -> Result<u32> {
         ensure!(self.type_of(obj)? == self.int_type, "not an int");
-        ensure!(self.word(obj + self.o.long_size as u64)? == self.o.long_one_digit as u64, "not a one-digit positive int");
+        ensure!(self.mem.read_u64_non_null(obj + self.o.long_size as u64)? == self.o.long_one_digit as u64, "not a one-digit positive int");
         let mut digit = [0u8; 4];
         self.mem.read(obj + self.o.long_digits as u64, &mut digit)?;
         let value = u32::from_ne_bytes(digit);
@@ -230,18 +230,7 @@ impl Reader<'_> {
     }
 
     fn type_of(&self, obj: u64) -> Result<u64> {
-        self.word(obj + self.layout.object_type as u64)
-    }
-
-    fn word(&self, addr: u64) -> Result<u64> {
-        ensure!(addr != 0, "NULL pointer");
-        self.mem.read_u64(addr)
-    }
-
-    fn byte(&self, addr: u64) -> Result<u8> {
-        let mut b = [0u8];
-        self.mem.read(addr, &mut b)?;
-        Ok(b[0])
+        self.mem.read_u64_non_null(obj + self.layout.object_type as u64)
     }
 }
 

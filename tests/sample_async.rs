@@ -62,8 +62,20 @@ fn tasks_carry_their_names_chains_and_shares(py: Interpreter) {
     let table = String::from_utf8_lossy(&out.stdout);
     let report = read_json(&json);
     let stacks = std::fs::read_to_string(&folded).unwrap();
+    // A task that ends before its stack is named (within about 100 ms) is
+    // unreadable by design, and asyncio makes such tasks of its own (the
+    // runner's shut-down runs `shutdown_asyncgens` in one, 6.12's CI VM
+    // sampled it once). The fixture's tasks live on for NAMING_GRACE after
+    // their last spin: none of their code may be unreadable, and what is
+    // must stay a trace.
     let unreadable: Vec<&str> = stacks.lines().filter(|l| l.starts_with("[task unreadable]")).collect();
-    assert_eq!(report["counters"]["tasks_unreadable"].as_f64(), Some(0.0), "{label}: {unreadable:?}\n{table}");
+    let ours = |l: &str| ["alpha_", "beta_", "spin ("].iter().any(|f| l.contains(f));
+    assert!(!unreadable.iter().any(|l| ours(l)), "{label}: the fixture's tasks unreadable: {unreadable:?}\n{table}");
+    let count = |l: &str| l.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap();
+    let unreadable_samples: f64 = unreadable.iter().map(|l| count(l)).sum();
+    let samples: f64 = stacks.lines().map(count).sum();
+    assert!(unreadable_samples <= 0.005 * samples, "{label}: {unreadable_samples} of {samples} samples unreadable: {unreadable:?}\n{table}");
+    assert!(report["counters"]["tasks_unreadable"].as_f64().is_some(), "{label}: no tasks_unreadable counter\n{table}");
     let truth: HashMap<String, f64> = serde_json::from_slice(&std::fs::read(&truth_path).unwrap()).unwrap();
     let by = samples_by_task(&label, &folded);
     // Every sample of a task's code is under its own name and awaiters.

@@ -2,14 +2,19 @@
 
 use anyhow::{Context, Result};
 
+use inferno::flamegraph::color::{Color, PaletteMap};
+
 use super::Profile;
+use crate::model::samples::Frame;
 
 impl Profile {
     /// An SVG flamegraph: Python frames green, native aqua, kernel orange,
-    /// markers red.
+    /// markers red; with --states each thread state has its own colour.
     pub fn to_flamegraph(&self) -> Result<Vec<u8>> {
         let folded = self.to_folded(true);
+        let mut state_colours = self.state_colours();
         let mut opts = inferno::flamegraph::Options::default();
+        opts.palette_map = Some(&mut state_colours);
         opts.title = format!("pytrace sample: {}, {}", self.subject(), crate::report::counted(self.total, "sample"));
         opts.colors = inferno::flamegraph::Palette::Multi(inferno::flamegraph::color::MultiPalette::Java);
         opts.count_name = "samples".into();
@@ -26,6 +31,26 @@ impl Profile {
             inferno::flamegraph::from_lines(&mut opts, folded.lines(), &mut svg).context("failed to draw the flamegraph")?;
         }
         Ok(svg)
+    }
+
+    /// The thread-state root frames (--states), coloured by what the
+    /// thread did, so a glance tells running from waiting: running with the
+    /// GIL red, running without it yellow, waiting for the GIL purple,
+    /// released (I/O, sleeps, preempted) blue. Every other frame keeps the
+    /// palette's colour by kind.
+    fn state_colours(&self) -> PaletteMap {
+        let mut map = PaletteMap::default();
+        for frame in self.stacks.keys().flat_map(|(_, stack)| stack.iter()) {
+            let Frame::ThreadState(state) = frame.as_ref() else { continue };
+            let (r, g, b) = match state.as_str() {
+                s if s.starts_with("running (GIL held") => (230, 80, 60),
+                s if s.starts_with("running") => (235, 200, 60),
+                s if s.starts_with("waiting for the GIL") => (150, 90, 200),
+                _ => (90, 140, 220),
+            };
+            map.insert(self.view.label(frame), Color { r, g, b });
+        }
+        map
     }
 }
 
@@ -56,5 +81,28 @@ mod tests {
         let do_get = texts.iter().find(|t| t.contains("do_GET")).unwrap_or_else(|| panic!("{texts:?}"));
         assert!(do_get.starts_with("do_GET (") && do_get.ends_with(".."), "{do_get:?}");
         assert!(svg.contains("var truncate_text_right = true;"), "the script cuts labels on the left");
+    }
+
+    /// Each thread state's root frame is drawn in its state's colour, the
+    /// same for every sample in that state.
+    #[test]
+    fn thread_states_have_their_own_colours() {
+        let main = Rc::new(Frame::Python { name: "main".into(), file: "/srv/app.py".into(), line: 1, first_line: 1 });
+        let samples: Vec<Sample> = [("running (GIL held)", 5), ("waiting for the GIL", 3), ("released: read", 2), ("running (GIL released)", 1)]
+            .into_iter()
+            .map(|(state, count)| Sample { pid: 7, tid: 1, frames: vec![Rc::new(Frame::ThreadState(state.into())), main.clone()], count })
+            .collect();
+        let info = crate::report::PythonInfo { version: "3.11.2".into(), mode: "sample".into() };
+        let svg = String::from_utf8(Profile::new(7, info, 99, 1, Default::default(), &samples, None).to_flamegraph().unwrap()).unwrap();
+        // Each frame's title, then its rectangle's fill.
+        let fill_of = |label: &str| {
+            let at = svg.find(&format!("<title>[{label}]")).unwrap_or_else(|| panic!("no {label} in {svg}"));
+            let rest = &svg[at..];
+            rest[rest.find("fill=\"").unwrap() + 6..].split('"').next().unwrap().to_string()
+        };
+        assert_eq!(fill_of("running (GIL held)"), "rgb(230,80,60)");
+        assert_eq!(fill_of("running (GIL released)"), "rgb(235,200,60)");
+        assert_eq!(fill_of("waiting for the GIL"), "rgb(150,90,200)");
+        assert_eq!(fill_of("released: read"), "rgb(90,140,220)");
     }
 }

@@ -290,17 +290,38 @@ def cpu_of_running(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def bpf_run_ns(pid):
+    """Run time so far (kernel.bpf_stats_enabled) of every BPF program a
+    process holds, from its file descriptors' fdinfo: read twice, it gives
+    the BPF time of a window while the process still runs."""
+    total = 0
+    fd_dir = f"/proc/{pid}/fdinfo"
+    for fd in os.listdir(fd_dir):
+        try:
+            with open(os.path.join(fd_dir, fd)) as f:
+                info = f.read()
+        except OSError:
+            continue
+        found = re.search(r"^run_time_ns:\s+(\d+)", info, re.M)
+        if found and "prog_type:" in info:
+            total += int(found.group(1))
+    return total
+
+
 STEADY_SECONDS = 12
 STEADY_FROM = 4
+STEADY_TO = 10
 
 
 def steady_cost_table():
     """Steady-state cost at 1000 Hz, attached by PID to a CPU-bound 3.11
-    target (callgraph.py): each profiler runs for STEADY_SECONDS; its CPU is
-    read at STEADY_FROM seconds and at its exit, and that difference over the
-    samples taken in between (its samples times the share of its sampling
-    time that falls in the window) is its cost per sample, start-up left out
-    and shut-down (resolving, writing) kept in."""
+    target (callgraph.py): each profiler samples for STEADY_SECONDS; its CPU
+    (and pytrace's BPF run time) is read at STEADY_FROM and STEADY_TO
+    seconds, while it still runs, and that difference over the samples
+    taken in between (its samples times the window's share of its sampling
+    time) is its steady cost per sample: start-up and shut-down (resolving
+    and writing the profile) left out. The whole run's CPU after start-up,
+    shut-down included, is shown beside it."""
     rows = []
     samplers = ["pytrace", "pytrace --native", "py-spy", "py-spy --native"]
     results = {s: [] for s in samplers}
@@ -310,30 +331,40 @@ def steady_cost_table():
             target = start(DEBIAN.argv("callgraph.py", "--rounds", 100000000))
             time.sleep(0.5)
             native = ["--native"] if s.endswith("--native") else []
-            began = time.monotonic()
-            if s.startswith("pytrace"):
+            is_pytrace = s.startswith("pytrace")
+            if is_pytrace:
                 out = os.path.join(TMP, "steady.json")
                 prof = start([PYTRACE, "sample", "-p", str(target.pid), "-r", "1000", "-d", str(STEADY_SECONDS), "--json", out, *native])
                 wait_for(prof.stderr, "attached to PID")
-                began = time.monotonic()
             else:
                 out = os.path.join(TMP, "steady.txt")
                 prof = start([PY_SPY, "record", "--pid", str(target.pid), "-r", "1000", "-d", str(STEADY_SECONDS), "--format", "raw", "-o", out, *native])
-            time.sleep(max(0.0, began + STEADY_FROM - time.monotonic()))
-            marked, cpu_marked = time.monotonic(), cpu_of_running(prof.pid)
+            began = time.monotonic()
+            marks = []
+            for at in (STEADY_FROM, STEADY_TO):
+                time.sleep(max(0.0, began + at - time.monotonic()))
+                marks.append((time.monotonic(), cpu_of_running(prof.pid), bpf_run_ns(prof.pid) if is_pytrace else 0))
             prof.stderr.read()
             cpu_end, _ = usage_of(prof)
             ended = time.monotonic()
             target.kill()
             target.wait()
-            if s.startswith("pytrace"):
-                report = json.load(open(out))
-                samples, bpf = report["samples"], report.get("bpf_ns_per_sample")
+            if is_pytrace:
+                samples = json.load(open(out))["samples"]
             else:
-                samples, bpf = (folded_samples(out)[0] if os.path.exists(out) else 0), None
-            in_window = samples * (ended - marked) / (ended - began)
+                samples = folded_samples(out)[0] if os.path.exists(out) else 0
+            (t0, cpu0, bpf0), (t1, cpu1, bpf1) = marks
+            in_window = samples * (t1 - t0) / STEADY_SECONDS
+            after_start = samples * (STEADY_SECONDS - STEADY_FROM) / STEADY_SECONDS
             if in_window > 0:
-                results[s].append(((cpu_end - cpu_marked) / in_window * 1e6, samples, bpf, (cpu_end - cpu_marked) / (ended - marked) * 1e3, os.getloadavg()[0]))
+                results[s].append({
+                    "samples": samples,
+                    "ms_per_s": (cpu1 - cpu0) / (t1 - t0) * 1e3,
+                    "cpu_us": (cpu1 - cpu0) / in_window * 1e6,
+                    "bpf_us": (bpf1 - bpf0) / in_window / 1e3 if is_pytrace else None,
+                    "with_exit_us": (cpu_end - cpu0) / after_start * 1e6,
+                    "load": os.getloadavg()[0],
+                })
     # Medians, with the range over the repeats: the machine is shared, and
     # the spread says how far one run can be trusted.
     def spread(values, digits=1):
@@ -342,18 +373,21 @@ def steady_cost_table():
     for s in samplers:
         r = results[s]
         if not r:
-            rows.append(f"| {s} | 0 | – | – | – | – | – |")
+            rows.append(f"| {s} | 0 | – | – | – | – | – | – |")
             continue
-        bpf = [x[2] / 1000 for x in r if x[2]]
-        bpf_text = spread(bpf) if bpf else "–"
-        totals = [x[0] + x[2] / 1000 for x in r if x[2]] or [x[0] for x in r]
-        loads = [x[4] for x in r]
-        rows.append(f"| {s} | {median([x[1] for x in r]):.0f} | {spread([x[3] for x in r])} | {spread([x[0] for x in r])} | {bpf_text} | {spread(totals)} | {min(loads):.1f}–{max(loads):.1f} |")
+        bpf = [x["bpf_us"] for x in r if x["bpf_us"] is not None]
+        totals = [x["cpu_us"] + (x["bpf_us"] or 0) for x in r]
+        loads = [x["load"] for x in r]
+        rows.append(
+            f"| {s} | {median([x['samples'] for x in r]):.0f} | {spread([x['ms_per_s'] for x in r])} | {spread([x['cpu_us'] for x in r])} "
+            f"| {spread(bpf) if bpf else '–'} | {spread(totals)} | {spread([x['with_exit_us'] for x in r])} | {min(loads):.1f}–{max(loads):.1f} |"
+        )
     # Per second too: a profiler's fixed costs (waking to read, draining)
     # spread over fewer samples when the target gets less than a CPU.
     return (
-        f"| profiler | samples in {STEADY_SECONDS} s | profiler CPU, steady (ms per s) | profiler CPU per sample, steady (µs) | BPF per sample (µs) | total per sample (µs) | load average at the end |\n"
-        "|---|---|---|---|---|---|---|\n" + "\n".join(rows)
+        f"| profiler | samples in {STEADY_SECONDS} s | profiler CPU, steady (ms per s) | profiler CPU per sample, steady (µs) | BPF per sample, steady (µs) "
+        "| total per sample, steady (µs) | profiler CPU per sample with its exit (µs) | load average at the end |\n"
+        "|---|---|---|---|---|---|---|---|\n" + "\n".join(rows)
     )
 
 
@@ -668,9 +702,11 @@ def main():
              "from 60, 30 and 10 percent."),
             ("`sample`: steady-state cost per sample at 1000 Hz", steady_cost_table,
              f"Debian's 3.11, fixtures/callgraph.py (CPU-bound), attached by PID at 1000 Hz. Each profiler runs for {STEADY_SECONDS} s "
-             f"on a fresh target; its CPU is read {STEADY_FROM} s after it attached and at its exit, over the samples taken in "
-             "between, so start-up is left out and shut-down (resolving, writing) is kept in. pytrace's BPF time is its program's run time (kernel.bpf_stats_enabled) "
-             "over the samples received, in the target's context; total is the two added."),
+             f"on a fresh target; its CPU, and pytrace's BPF run time (kernel.bpf_stats_enabled, from its programs' fdinfo), is read "
+             f"{STEADY_FROM} s and {STEADY_TO} s after it attached, while it samples, over the samples taken in between: start-up and "
+             "shut-down are left out; total is the two added. The BPF time is spent in the target's context, and includes the "
+             "program's runs for other tasks the CPUs' clocks fire in. \"With its exit\" is the profiler's CPU from "
+             f"{STEADY_FROM} s to its exit (resolving and writing the profile) over the samples after {STEADY_FROM} s."),
             ("Aliasing: a periodic workload's shares at every rate", aliasing_table,
              "fixtures/cpu_split.py splits every 10 ms of its CPU time 60/30/10, attached by PID on Debian's 3.11. "
              "A strictly periodic sampler locks in phase with it at rates whose period is a multiple of 10 ms (10, 50, 100 Hz) "

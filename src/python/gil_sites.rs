@@ -10,18 +10,23 @@
 //!   through it): it is the one direct call target that both exported
 //!   `PyEval_RestoreThread` and `PyEval_AcquireLock` share (3.9 to 3.15:
 //!   each calls `take_gil(tstate)` and nothing else they share).
-//! - `drop_gil` does not: with link-time optimisation Debian's builds copy
-//!   it into `PyEval_SaveThread` and into callers that inline that (the
-//!   3.11 has six copies: `_Py_read`, `_Py_write`...), so no probe on a
-//!   function sees every drop. Every copy lets go of the GIL by signalling
-//!   the GIL's condition variable `cond` (`COND_SIGNAL(gil->cond)`, right
-//!   after storing `locked = 0`), and a forced switch then waits on its
-//!   `switch_cond`, all through the interpreter's PLT stubs of
-//!   `pthread_cond_signal` and `pthread_cond_wait`. A stub is found by its
-//!   GOT slot (the .rela.plt relocation naming the function) and by code
-//!   (the stub's `jmp *slot(%rip)`), and must be what `PyEval_SaveThread`
-//!   calls; bpf/gil.bpf.c keeps only the calls whose first argument is the
-//!   GIL's own condition variable.
+//! - `drop_gil` has an out-of-line copy, which the eval loop's hand-over
+//!   calls: the one function both `PyEval_ReleaseThread` and
+//!   `PyEval_ReleaseLock` reach, directly or through tail jumps, that
+//!   signals the GIL's condition variable.
+//! - But with link-time optimisation Debian's builds also copy `drop_gil`
+//!   into `PyEval_SaveThread` and into callers that inline that (the 3.11
+//!   has five such copies: in `PyEval_SaveThread`, `_Py_read` and three
+//!   static functions), so no probe on a function sees every drop. Every
+//!   copy lets go of the GIL by signalling the GIL's condition variable
+//!   `cond` (`COND_SIGNAL(gil->cond)`, right after storing `locked = 0`),
+//!   and a forced switch then waits on its `switch_cond`, through the
+//!   interpreter's PLT stubs of `pthread_cond_signal` and
+//!   `pthread_cond_wait`. A stub is found by its GOT slot (the .rela.plt
+//!   relocation naming the function) and by code (the one `jmp
+//!   *slot(%rip)` in the PLT); `PyEval_SaveThread` must call both stubs
+//!   (its copy) or the `drop_gil` found. bpf/gil.bpf.c keeps only the calls
+//!   whose first argument is the GIL's own `cond` or `switch_cond`.
 
 use iced_x86::{FlowControl, Mnemonic, OpKind, Register};
 

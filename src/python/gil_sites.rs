@@ -67,6 +67,10 @@ const TAIL_JUMP_BUDGET: usize = 16;
 /// Tail jumps followed from a function an exported one calls.
 const TAIL_JUMP_CHAIN: usize = 3;
 
+/// A PLT larger than this (65,536 stubs; CPython's has under 1,000) is
+/// not decoded: the file is not what it claims.
+const PLT_MAX_BYTES: usize = 1 << 20;
+
 /// Why no site was taken, for the one sentence `gil` prints.
 pub type Missing = String;
 
@@ -181,6 +185,9 @@ impl Python {
         let mut stubs = Vec::new();
         for section in [".plt", ".plt.sec"] {
             let Some((at, bytes)) = self.elf.section_at(section) else { continue };
+            if bytes.len() > PLT_MAX_BYTES {
+                return Err(format!("its {section} is {} bytes, more than a PLT", bytes.len()));
+            }
             jumps.extend(plt_jumps_through(bytes, at, slot));
             stubs.extend(plt_stub_starts(bytes, at));
         }

@@ -63,6 +63,9 @@ pub struct ElfFile {
     /// each names, and the GOT slot the loader writes its address to, which
     /// the function's PLT stub jumps through.
     plt_slots: HashMap<String, u64>,
+    /// The addresses .dynsym defines: what the file exports (a static
+    /// function never is).
+    exported: std::collections::HashSet<u64>,
 }
 
 /// x86-64's "base address plus addend" relocation type.
@@ -80,7 +83,7 @@ impl ElfFile {
     pub fn read(file: CheckedFile) -> Result<Self> {
         let bytes = file.read_all()?;
         let name = file.name.clone();
-        let (symbols, segments, is_shared_object, needed, rpaths, runpaths, usdt_probes, relative_relocs, sections, plt_slots) = {
+        let (symbols, segments, is_shared_object, needed, rpaths, runpaths, usdt_probes, relative_relocs, sections, plt_slots, exported) = {
             let elf = Elf::parse(&bytes).with_context(|| format!("{name} is not an ELF file"))?;
             let mut symbols = HashMap::new();
             for (syms, strtab) in [(&elf.dynsyms, &elf.dynstrtab), (&elf.syms, &elf.strtab)] {
@@ -120,7 +123,8 @@ impl ElfFile {
                 .filter(|r| r.r_type == R_X86_64_JUMP_SLOT)
                 .filter_map(|r| Some((elf.dynstrtab.get_at(elf.dynsyms.get(r.r_sym)?.st_name)?.to_string(), r.r_offset)))
                 .collect();
-            (symbols, segments, elf.header.e_type == goblin::elf::header::ET_DYN, needed, rpaths, runpaths, usdt_probes, relative_relocs, sections, plt_slots)
+            let exported = elf.dynsyms.iter().filter(|s| s.st_value != 0).map(|s| s.st_value).collect();
+            (symbols, segments, elf.header.e_type == goblin::elf::header::ET_DYN, needed, rpaths, runpaths, usdt_probes, relative_relocs, sections, plt_slots, exported)
         };
         Ok(Self {
             path: file.fd_path(),
@@ -138,6 +142,7 @@ impl ElfFile {
             relative_relocs,
             sections,
             plt_slots,
+            exported,
         })
     }
 
@@ -152,6 +157,11 @@ impl ElfFile {
     pub fn section_at(&self, name: &str) -> Option<(u64, &[u8])> {
         let &(_, _, _, address) = self.sections.iter().find(|(n, ..)| n == name)?;
         Some((address, self.section(name)?))
+    }
+
+    /// Whether .dynsym names something at `address` (an exported function).
+    pub fn is_exported(&self, address: u64) -> bool {
+        self.exported.contains(&address)
     }
 
     /// The GOT slot through which the PLT stub of imported function `name`

@@ -33,9 +33,9 @@ pub enum GilProbes {
     /// A build whose symbol table names both functions: their entries and
     /// returns.
     Symbols { take_gil: u64, drop_gil: u64 },
-    /// A stripped build (python/gil_sites.rs): take_gil found by its
-    /// exported callers, the drops seen where the GIL's condition variable
-    /// is signalled (drop_gil is inlined there).
+    /// A stripped build (python/gil_sites.rs): both functions found by
+    /// their exported callers, and the copies of drop_gil inlined elsewhere
+    /// seen where they signal the GIL's condition variable.
     CodeSearch(GilSites),
 }
 
@@ -44,8 +44,7 @@ impl GilProbes {
     pub fn describe(&self) -> &'static str {
         match self {
             GilProbes::Symbols { .. } => "uprobes on take_gil and drop_gil",
-            GilProbes::CodeSearch(GilSites { drop_gil: Some(_), .. }) => "uprobes on take_gil, drop_gil and the GIL's condition variable, found by code search",
-            GilProbes::CodeSearch(_) => "uprobes on take_gil and the GIL's condition variable, found by code search",
+            GilProbes::CodeSearch(_) => "uprobes on take_gil, drop_gil and the GIL's condition variable, found by code search",
         }
     }
 }
@@ -56,9 +55,9 @@ impl GilProbes {
         match self {
             GilProbes::Symbols { take_gil, drop_gil } => format!("take_gil at {take_gil:#x}, drop_gil at {drop_gil:#x}, by symbol"),
             GilProbes::CodeSearch(s) => format!(
-                "take_gil at {:#x}, {}pthread_cond_signal's PLT stub at {:#x}, pthread_cond_wait's at {:#x}",
+                "take_gil at {:#x}, drop_gil at {:#x}, pthread_cond_signal's PLT stub at {:#x}, pthread_cond_wait's at {:#x}",
                 s.take_gil,
-                s.drop_gil.map(|d| format!("drop_gil at {d:#x}, ")).unwrap_or_default(),
+                s.drop_gil,
                 s.cond_signal,
                 s.cond_wait
             ),
@@ -224,11 +223,9 @@ impl<'obj, 'p> Session<'obj, 'p> {
                 links.push(attach(&p.gil_switch_wait_return, true, cond_wait, "pthread_cond_wait's PLT stub")?);
                 links.push(attach(&p.gil_switch_wait, false, cond_wait, "pthread_cond_wait's PLT stub")?);
                 links.push(attach(&p.gil_cond_signal, false, cond_signal, "pthread_cond_signal's PLT stub")?);
-                if let Some(drop_gil) = sites.drop_gil {
-                    let drop_gil = offset_of(drop_gil)?;
-                    links.push(attach(&p.drop_gil_return, true, drop_gil, DROP_GIL)?);
-                    links.push(attach(&p.drop_gil_entry, false, drop_gil, DROP_GIL)?);
-                }
+                let drop_gil = offset_of(sites.drop_gil)?;
+                links.push(attach(&p.drop_gil_return, true, drop_gil, DROP_GIL)?);
+                links.push(attach(&p.drop_gil_entry, false, drop_gil, DROP_GIL)?);
             }
         }
         links.push(attach(&p.take_gil_entry, false, take_gil, TAKE_GIL)?);

@@ -26,6 +26,18 @@ const volatile __u32 target_tgid = 0;
 /* The version's offsets, to read a thread's running code object. */
 const volatile struct py_layout layout = {};
 
+/* A stripped build's drops (src/python/gil_sites.rs): the offsets in the
+ * GIL of the condition variable drop_gil signals as it lets go and of the
+ * one a forced switch waits on; and, 3.12+, of the pointer to its GIL in
+ * an interpreter (PY_NO_FIELD before: the runtime's one GIL is known_gil). */
+const volatile __u32 gil_cond_offset = 0;
+const volatile __u32 gil_switch_cond_offset = 0;
+const volatile __u32 interp_gil_offset = PY_NO_FIELD;
+
+/* The GIL last asked for by any thread, for a thread that lets go before
+ * it was seen asking; to 3.11, the runtime's GIL, set by user space. */
+__u64 known_gil = 0;
+
 struct gil_window window = {};
 
 struct gil_holder_period periods[GIL_HOLDER_RING] = {};
@@ -266,8 +278,19 @@ int BPF_UPROBE(take_gil_entry, void *tstate)
 
 	if (!now || !(t = thread_record(tid, now, GIL_RELEASED)))
 		return 0;
+	if (t->state == GIL_HELD)
+		count(GIL_DROP_UNSEEN);
 	enter(t, GIL_WAITING, now);
 	t->tstate = (__u64)tstate;
+	if (interp_gil_offset != PY_NO_FIELD && tstate) {
+		void *interp = read_ptr(tstate, layout.tstate_interp);
+		__u64 gil = interp ? (__u64)read_ptr(interp, interp_gil_offset) : 0;
+
+		if (gil) {
+			t->gil = gil;
+			known_gil = gil;
+		}
+	}
 	t->wait_code = running_code((__u64)tstate);
 	t->take_since_ns = now;
 	return 0;
@@ -297,15 +320,9 @@ int take_gil_return(void *ctx)
 	return 0;
 }
 
-SEC("uprobe")
-int drop_gil_entry(void *ctx)
+/* The thread lets go of the GIL at `now`: its holding period ends. */
+static __always_inline void let_go(struct gil_thread *t, __u64 now)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	__u64 now = now_in_window();
-	struct gil_thread *t;
-
-	if (!now || !(t = thread_record(tid, now, GIL_HELD)))
-		return 0;
 	if (t->state == GIL_HELD) {
 		__u32 slot = next_period;
 		struct gil_holder_period *p = &periods[slot & (GIL_HOLDER_RING - 1)];
@@ -315,10 +332,25 @@ int drop_gil_entry(void *ctx)
 		p->code = running_code(t->tstate);
 		next_period = slot + 1;
 		add_to_function(p->code, 0, now > t->since_ns ? now - t->since_ns : 0);
+	} else if (t->state == GIL_RELEASED) {
+		count(GIL_TAKE_UNSEEN);
 	}
-	enter(t, GIL_WAITING, now);
 	t->drops++;
 	bpf_get_current_comm(t->comm, sizeof(t->comm));
+}
+
+SEC("uprobe")
+int drop_gil_entry(void *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 now = now_in_window();
+	struct gil_thread *t;
+
+	if (!now || !(t = thread_record(tid, now, GIL_HELD)))
+		return 0;
+	let_go(t, now);
+	enter(t, GIL_WAITING, now);
+	t->in_drop = 1;
 	return 0;
 }
 
@@ -332,6 +364,66 @@ int drop_gil_return(void *ctx)
 	if (!now || !(t = thread_record(tid, now, GIL_WAITING)))
 		return 0;
 	enter(t, GIL_RELEASED, now);
+	t->in_drop = 0;
+	return 0;
+}
+
+/* Whether `addr` is, at `offset`, in the GIL this thread asked for last
+ * (or, before it asked in the session, the last GIL any thread asked for). */
+static __always_inline bool in_gil(const struct gil_thread *t, __u64 addr, __u32 offset)
+{
+	__u64 gil = t && t->gil ? t->gil : known_gil;
+
+	return gil && addr == gil + offset;
+}
+
+/* A stripped build: pthread_cond_signal's PLT stub. drop_gil signals the
+ * GIL's `cond` right after unlocking it, in every copy of it the compiler
+ * made: the thread has let go. Inside the out-of-line drop_gil, where one
+ * was found and probed, its own probes have counted it. */
+SEC("uprobe")
+int BPF_UPROBE(gil_cond_signal, void *cond)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 now = now_in_window();
+	struct gil_thread *t = bpf_map_lookup_elem(&threads, &tid);
+
+	if (!now || (t && t->in_drop) || !in_gil(t, (__u64)cond, gil_cond_offset) || !(t = thread_record(tid, now, GIL_HELD)))
+		return 0;
+	let_go(t, now);
+	enter(t, GIL_RELEASED, now);
+	return 0;
+}
+
+/* pthread_cond_wait's PLT stub: on the GIL's switch_cond, a forced switch
+ * waits until the thread that asked has taken the GIL (what drop_gil's
+ * probes count as waiting inside drop_gil). */
+SEC("uprobe")
+int BPF_UPROBE(gil_switch_wait, void *cond)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 now = now_in_window();
+	struct gil_thread *t = bpf_map_lookup_elem(&threads, &tid);
+
+	if (!now || (t && t->in_drop) || !in_gil(t, (__u64)cond, gil_switch_cond_offset) || !(t = thread_record(tid, now, GIL_RELEASED)))
+		return 0;
+	enter(t, GIL_WAITING, now);
+	t->switch_wait = 1;
+	return 0;
+}
+
+SEC("uretprobe")
+int gil_switch_wait_return(void *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 now = now_in_window();
+	struct gil_thread *t = bpf_map_lookup_elem(&threads, &tid);
+
+	if (!t || !t->switch_wait)
+		return 0;
+	t->switch_wait = 0;
+	if (now)
+		enter(t, GIL_RELEASED, now);
 	return 0;
 }
 

@@ -34,7 +34,10 @@ struct gil_thread {
 	__u64 tstate;       /* the PyThreadState it last asked for the GIL with */
 	__u64 wait_code;    /* the code object it was running when it asked (0: none known) */
 	__u64 take_since_ns; /* when it asked */
+	__u64 gil;          /* the GIL it last asked for (3.12+: its interpreter's), or 0 */
 	__u32 state;        /* enum gil_state */
+	__u32 switch_wait;  /* 1 while in a forced switch's wait on the GIL's switch_cond */
+	__u32 in_drop;      /* 1 between drop_gil's entry and return (its own probes cover what happens inside) */
 	__u32 pad;
 	char comm[16];      /* its name (/proc/PID/task/TID/comm) when last seen */
 };
@@ -81,6 +84,8 @@ enum gil_counter {
 	GIL_FUNCTIONS_FULL,   /* a function's wait or hold not counted: its map was full */
 	GIL_BLAME_FULL,       /* a holder's share of a wait not counted: the blame map was full */
 	GIL_BLAME_TRUNCATED,  /* a wait longer than the last GIL_HOLDER_RING hand-overs: its oldest holders not blamed */
+	GIL_TAKE_UNSEEN,      /* a thread let the GIL go that no probe saw take it (its held time counted as released) */
+	GIL_DROP_UNSEEN,      /* a thread asked for the GIL that no probe saw let it go (its released time counted as held) */
 	GIL_COUNTER_COUNT,
 };
 

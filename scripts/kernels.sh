@@ -159,8 +159,8 @@ run() {
 # cProfile, gc against gc.callbacks in both modes, the import tree in both
 # modes, --native's shares against the CPU the fixture measured in and out
 # of zlib and its kernel frames above the native frames that entered the
-# kernel, compare, --pstats's call edges; gil on pyenv's 3.11, Debian's
-# being stripped) and on bullseye's 3.9 in a chroot (calls in uprobe and
+# kernel, compare, --pstats's call edges; gil on pyenv's 3.11 by symbol and
+# on Debian's stripped one through its code search's sites) and on bullseye's 3.9 in a chroot (calls in uprobe and
 # usdt mode, gc, imports, the sampling split, --native's shares, compare),
 # plus what `info` says of the kernel, and `sample --async` on sid's 3.15. --native runs at the rate an
 # emulated machine's user space keeps up with (tests/common's native_rate).
@@ -180,6 +180,7 @@ smoke_tests=(
   "sample cpu_shares_match_the_known_split_within_two_points"
   "sample_async async_tasks_debian_3_15"
   "gil threads_own_measures_3_11"
+  "gil stripped_threads_own_measures_debian_3_11"
   "matrix python_3_9::calls_equal_cprofile"
   "matrix python_3_9::usdt_mode_counts_equal_cprofile"
   "matrix python_3_9::gc_equals_gc_callbacks"

@@ -247,6 +247,10 @@ int main(void)
 #endif
     FIELD("gil_last_holder", offsetof(struct _gil_runtime_state, last_holder));
     FIELD("gil_locked", offsetof(struct _gil_runtime_state, locked));
+    /* `gil` on a stripped build (python/gil_sites.rs): drop_gil signals
+     * `cond` as it lets go; a forced switch waits on `switch_cond`. */
+    FIELD("gil_cond", offsetof(struct _gil_runtime_state, cond));
+    FIELD("gil_switch_cond", offsetof(struct _gil_runtime_state, switch_cond));
     FIELD("gil_size", sizeof(struct _gil_runtime_state));
     /* `sample --async` (3.14+): the asyncio task a thread is running, in
      * the thread state's private part (_asyncio sets it around each step of

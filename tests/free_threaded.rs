@@ -44,6 +44,7 @@ fn info_says_free_threaded_and_how_each_subcommand_sees_it() {
     assert_eq!(info["eval_frame_now"], "not set");
     assert!(info["gc_mode"].as_str().unwrap().starts_with("watchpoint"), "{info}");
     assert!(info["imports_mode"].as_str().unwrap().starts_with("uprobe"), "{info}");
+    assert!(info["gil_mode"].as_str().unwrap().starts_with("unavailable: ") && info["gil_mode"].as_str().unwrap().contains("free-threaded build: it has no GIL"), "{info}");
     let text = String::from_utf8(pytrace(&["info", "--binary", python.to_str().unwrap()]).stdout).unwrap();
     assert!(text.contains("free-threaded"), "{text}");
     // Its default-build sibling is told apart: Debian's 3.11 is not free-threaded.

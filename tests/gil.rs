@@ -3,8 +3,11 @@
 //! sleeps, and the kernel's schedstat (time on CPU, time runnable waiting
 //! for a CPU). On every build with take_gil and drop_gil in its symbol
 //! table that the tests have (pyenv's 3.10, 3.12, 3.13 and the 3.11 without
-//! probes); Debian's stripped 3.11 and the free-threaded 3.13t get their
-//! one sentence and a non-zero exit.
+//! probes), and on Debian's stripped builds, whose probe sites are found by
+//! code search (this machine's 3.11, bullseye's 3.9, sid's 3.13 to 3.15); a
+//! copy of Debian's 3.11 patched so that the code search's two sources
+//! disagree, and the free-threaded 3.13t, get their one sentence and a
+//! non-zero exit.
 
 mod common;
 
@@ -39,24 +42,48 @@ fn nodtrace_311() -> PathBuf {
     path
 }
 
+/// Where the fixture runs: a CPython on this machine, or one of Debian's
+/// in its root (chroot), with /proc mounted there in a mount namespace of
+/// its own (the fixture reads its threads' schedstat), unseen by other
+/// tests sharing the root.
+enum Place {
+    Host(PathBuf),
+    Root(common::matrix::Interpreter),
+}
+
+impl Place {
+    /// The command that runs the fixture, and its truth file as the
+    /// target and as the test see it.
+    fn fixture_argv(&self, dir: &std::path::Path, spin_seconds: &str) -> (Vec<String>, PathBuf) {
+        match self {
+            Place::Host(python) => {
+                let truth = dir.join("truth.json");
+                (vec![python.to_string_lossy().into_owned(), fixture("gil_threads.py"), truth.to_string_lossy().into_owned(), spin_seconds.into()], truth)
+            }
+            Place::Root(py) => {
+                let (inside, truth) = py.output("truth.json");
+                // chroot ROOT PYTHON SCRIPT ARGS: ROOT is $1 of the shell.
+                let chrooted = py.argv("gil_threads.py", &[&inside, spin_seconds]);
+                let mount = r#"mount --bind /proc "$2/proc" && exec "$@""#;
+                let argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", mount, "sh"].iter().map(|s| s.to_string()).chain(chrooted).collect();
+                (argv, truth)
+            }
+        }
+    }
+}
+
 /// Runs the fixture under `pytrace gil -- ...`; returns the report and
 /// the fixture's own measurements, by TID.
-fn traced_fixture(python: &std::path::Path, spin_seconds: &str) -> (serde_json::Value, HashMap<u32, serde_json::Value>) {
+fn traced_fixture(place: &Place, spin_seconds: &str) -> (serde_json::Value, HashMap<u32, serde_json::Value>) {
     let dir = tempfile::tempdir().unwrap();
-    let truth_path = dir.path().join("truth.json");
     let report_path = dir.path().join("gil.json");
-    let out = pytrace(&[
-        "gil",
-        "--json",
-        report_path.to_str().unwrap(),
-        "--",
-        python.to_str().unwrap(),
-        &fixture("gil_threads.py"),
-        truth_path.to_str().unwrap(),
-        spin_seconds,
-    ]);
+    let (argv, truth_path) = place.fixture_argv(dir.path(), spin_seconds);
+    let mut args = vec!["gil", "--json", report_path.to_str().unwrap(), "--"];
+    args.extend(argv.iter().map(String::as_str));
+    let out = pytrace(&args);
     assert!(out.status.success(), "pytrace gil: {}", String::from_utf8_lossy(&out.stderr));
     let table = String::from_utf8_lossy(&out.stdout);
+    // Also: no hand-over the probes missed (takes_unseen, drops_unseen).
     assert!(table.contains("dropped: nothing"), "{table}");
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&report_path).unwrap()).unwrap();
     let truth: HashMap<String, serde_json::Value> = serde_json::from_slice(&std::fs::read(&truth_path).unwrap()).unwrap();
@@ -70,10 +97,11 @@ fn ns(v: &serde_json::Value, key: &str) -> f64 {
 /// Every bound below holds on a loaded machine: a thread descheduled while
 /// it holds the GIL holds it longer than its CPU time, and a thread woken
 /// to take the GIL may wait for a CPU too, so each truth is an interval.
-fn assert_matches_the_threads_own_measures(version: &str, python: &std::path::Path) {
-    let (report, truth) = traced_fixture(python, &longer(0.4));
+fn assert_matches_the_threads_own_measures(version: &str, place: &Place, mode: &str) {
+    let (report, truth) = traced_fixture(place, &longer(0.4));
     let label = format!("Python {version}");
     assert_eq!(report["kind"], "gil", "{label}");
+    assert_eq!(report["python"]["mode"], mode, "{label}: {}", report["python"]);
     assert_eq!(report["lost_events"], 0, "{label}");
     let threads: HashMap<u32, &serde_json::Value> = report["threads"].as_array().unwrap().iter().map(|t| (t["tid"].as_u64().unwrap() as u32, t)).collect();
     // One GIL: no two threads hold it at once.
@@ -181,20 +209,30 @@ fn assert_functions_and_blame(label: &str, report: &serde_json::Value, truth: &H
     assert!(blamed(hasher, "spin_a") + blamed(hasher, "spin_b") >= 0.3 * ns(hasher, "wait_ns"), "{label}: {hasher}");
 }
 
+/// The report's mode on a build with symbols, and on a stripped one
+/// (every one here has an out-of-line drop_gil the search agrees on).
+const BY_SYMBOL: &str = "uprobes on take_gil and drop_gil";
+const BY_CODE_SEARCH: &str = "uprobes on take_gil, drop_gil and the GIL's condition variable, found by code search";
+
 macro_rules! matrix {
-    ($($name:ident => $python:expr, $version:literal;)*) => {$(
+    ($($name:ident => $place:expr, $version:literal, $mode:expr;)*) => {$(
         #[test]
         fn $name() {
-            assert_matches_the_threads_own_measures($version, &$python);
+            assert_matches_the_threads_own_measures($version, &$place, $mode);
         }
     )*};
 }
 
 matrix! {
-    threads_own_measures_3_10 => pyenv("3.10"), "3.10";
-    threads_own_measures_3_11 => nodtrace_311(), "3.11";
-    threads_own_measures_3_12 => pyenv("3.12"), "3.12";
-    threads_own_measures_3_13 => pyenv("3.13"), "3.13";
+    threads_own_measures_3_10 => Place::Host(pyenv("3.10")), "3.10", BY_SYMBOL;
+    threads_own_measures_3_11 => Place::Host(nodtrace_311()), "3.11", BY_SYMBOL;
+    threads_own_measures_3_12 => Place::Host(pyenv("3.12")), "3.12", BY_SYMBOL;
+    threads_own_measures_3_13 => Place::Host(pyenv("3.13")), "3.13", BY_SYMBOL;
+    stripped_threads_own_measures_debian_3_11 => Place::Host(PathBuf::from("/usr/bin/python3.11")), "3.11", BY_CODE_SEARCH;
+    stripped_threads_own_measures_debian_3_9 => Place::Root(common::matrix::Interpreter::debian("3.9")), "3.9", BY_CODE_SEARCH;
+    stripped_threads_own_measures_debian_3_13 => Place::Root(common::matrix::Interpreter::debian("3.13")), "3.13", BY_CODE_SEARCH;
+    stripped_threads_own_measures_debian_3_14 => Place::Root(common::matrix::Interpreter::debian("3.14")), "3.14", BY_CODE_SEARCH;
+    stripped_threads_own_measures_debian_3_15 => Place::Root(common::matrix::Interpreter::debian("3.15")), "3.15", BY_CODE_SEARCH;
 }
 
 fn refused(args: &[&str]) -> String {
@@ -224,23 +262,66 @@ fn a_free_threaded_build_has_no_gil_to_measure() {
     assert!(std::path::Path::new(&format!("/proc/{}", target.pid())).exists());
 }
 
+/// A copy of Debian's stripped 3.11 whose PyEval_AcquireLock tail-jumps 16
+/// bytes past take_gil (the interpreter still runs: nothing calls that
+/// deprecated function): its two callers no longer agree on take_gil, so
+/// gil probes nothing, launched or by PID, and the target runs on.
 #[test]
-fn a_build_without_the_symbols_says_what_is_missing() {
-    // Debian's 3.11: stripped, take_gil and drop_gil unnamed (and drop_gil
-    // inlined into PyEval_SaveThread).
-    let target = start_waiting(std::path::Path::new("/usr/bin/python3.11"), "callgraph.py", &["--rounds", "1"]);
-    let err = refused(&["gil", "-p", &target.pid().to_string()]);
-    assert!(err.contains("no symbol table naming take_gil and drop_gil"), "{err}");
+fn a_stripped_build_whose_callers_disagree_gets_no_probe() {
+    let dir = tempfile::tempdir().unwrap();
+    let patched = dir.path().join("python3.11");
+    let mut bytes = std::fs::read("/usr/bin/python3.11").unwrap();
+    let (restore_calls, at) = {
+        let elf = goblin::elf::Elf::parse(&bytes).unwrap();
+        let function = |name: &str| elf.dynsyms.iter().find(|s| elf.dynstrtab.get_at(s.st_name) == Some(name)).map(|s| (s.st_value, s.st_size)).unwrap();
+        let file_offset = |vaddr: u64| {
+            let ph = elf.program_headers.iter().find(|ph| ph.p_type == goblin::elf::program_header::PT_LOAD && vaddr >= ph.p_vaddr && vaddr < ph.p_vaddr + ph.p_filesz).unwrap();
+            (vaddr - ph.p_vaddr + ph.p_offset) as usize
+        };
+        let decode = |(address, size): (u64, u64)| {
+            let code = &bytes[file_offset(address)..file_offset(address) + size as usize];
+            iced_x86::Decoder::with_ip(64, code, address, iced_x86::DecoderOptions::NONE).into_iter().collect::<Vec<_>>()
+        };
+        let calls: Vec<u64> = decode(function("PyEval_RestoreThread")).iter().filter(|i| i.mnemonic() == iced_x86::Mnemonic::Call).map(|i| i.near_branch_target()).collect();
+        let jump = decode(function("PyEval_AcquireLock")).into_iter().find(|i| i.mnemonic() == iced_x86::Mnemonic::Jmp && i.len() == 5 && calls.contains(&i.near_branch_target())).expect("PyEval_AcquireLock's tail jump to take_gil");
+        (calls, file_offset(jump.ip()) + 1)
+    };
+    assert_eq!(restore_calls.len(), 1, "PyEval_RestoreThread calls take_gil alone");
+    let displacement = i32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) + 16;
+    bytes[at..at + 4].copy_from_slice(&displacement.to_le_bytes());
+    std::fs::write(&patched, &bytes).unwrap();
+    std::fs::set_permissions(&patched, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+
+    let info = pytrace(&["info", "--binary", patched.to_str().unwrap()]);
+    let info = String::from_utf8_lossy(&info.stdout);
+    assert!(info.contains("gil mode:        unavailable:") && info.contains("do not agree"), "{info}");
+    let ran = dir.path().join("ran");
+    let err = refused(&["gil", "--", patched.to_str().unwrap(), "-c", &format!("open({:?}, 'w')", ran.to_str().unwrap())]);
+    assert!(err.contains("PyEval_RestoreThread") && err.contains("do not agree on one function that would be take_gil") && err.contains("probes nothing rather than guess"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "one sentence: {err}");
+    assert!(!ran.exists(), "a command gil cannot measure never runs");
+    let target = start_waiting(&patched, "callgraph.py", &["--rounds", "1"]);
+    let err = refused(&["gil", "-p", &target.pid().to_string()]);
+    assert!(err.contains("do not agree"), "{err}");
+    assert!(std::path::Path::new(&format!("/proc/{}", target.pid())).exists(), "the target runs on");
 }
 
 /// Attached by PID to threads already running: each one's state before its
 /// first event in the session is inferred from that event, so every thread
 /// alive throughout has the whole session as its life, split exactly; and
-/// the target runs on to its normal end.
+/// the target runs on to its normal end: with symbols, and on Debian's
+/// stripped 3.11 through the code search's sites.
 #[test]
 fn attached_by_pid_threads_already_running_are_split_over_the_whole_session() {
-    let python = pyenv("3.12");
+    attached_by_pid(pyenv("3.12"));
+}
+
+#[test]
+fn stripped_attached_by_pid_threads_already_running_are_split_over_the_whole_session() {
+    attached_by_pid(PathBuf::from("/usr/bin/python3.11"));
+}
+
+fn attached_by_pid(python: PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let truth_path = dir.path().join("truth.json");
     let mut target = Proc(Command::new(&python).arg(fixture("gil_threads.py")).arg(&truth_path).arg(longer(2.0)).spawn().unwrap());
@@ -255,6 +336,7 @@ fn attached_by_pid_threads_already_running_are_split_over_the_whole_session() {
     let out = pytrace(&["gil", "-p", &target.pid().to_string(), "-d", "1", "--json", "-"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["lost_events"], 0, "no hand-over the probes missed: {report}");
     let status = target.0.wait().unwrap();
     assert!(status.success(), "the target did not run on to its end: {status}");
     let truth: HashMap<String, serde_json::Value> = serde_json::from_slice(&std::fs::read(&truth_path).unwrap()).unwrap();

@@ -34,6 +34,8 @@ fn finds_probes_and_mode_for_each_build() {
                 assert_eq!(live["function_probes"], "entry probe misses inlined calls (3.11)");
                 assert!(live["gc_mode"].as_str().unwrap().starts_with("usdt"), "{live}");
                 assert!(live["imports_mode"].as_str().unwrap().starts_with("usdt"), "{live}");
+                // Stripped: gil's sites by code search (gil_sites.rs's tests check the addresses).
+                assert!(live["gil_mode"].as_str().unwrap().contains("found by code search (take_gil at 0x"), "{live}");
             }
             // pyenv (or scripts/pythons.sh) builds without probes, with a
             // shared libpython.
@@ -44,6 +46,7 @@ fn finds_probes_and_mode_for_each_build() {
                 assert_eq!(live["function_probes"], "missing");
                 assert!(live["gc_mode"].as_str().unwrap().starts_with("watchpoint"), "{live}");
                 assert!(live["imports_mode"].as_str().unwrap().starts_with("uprobe"), "{live}");
+                assert!(live["gil_mode"].as_str().unwrap().ends_with(", by symbol)"), "{live}");
             }
         }
     }

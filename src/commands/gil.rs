@@ -18,8 +18,6 @@ pub struct Options {
     pub json: Option<PathBuf>,
 }
 
-/// How the report names the way it saw the GIL.
-const MODE: &str = "uprobes on take_gil and drop_gil";
 
 pub fn run(opts: Options) -> Result<i32> {
     let mut json = opts.json.as_deref().map(Output::create).transpose()?;
@@ -41,7 +39,7 @@ pub fn run(opts: Options) -> Result<i32> {
     let report = GilReport {
         kind: ReportKind::Gil,
         pid,
-        python: PythonInfo { version: python.version.to_string(), mode: MODE.into() },
+        python: PythonInfo { version: python.version.to_string(), mode: probes.describe().into() },
         duration_ns: data.window_ns,
         held_ns: threads.iter().map(|t| t.thread.held_ns).sum(),
         lost_events: data.counters.lost(),

@@ -56,13 +56,22 @@ pub struct ElfFile {
     /// table of addresses (the interpreter's opcode handlers) is zeros in
     /// such a file and holds these addends once loaded.
     relative_relocs: HashMap<u64, u64>,
-    /// Each named section's file offset and size (the few a reader looks
-    /// up by name, such as _asyncio's `.AsyncioDebug`).
-    sections: Vec<(String, u64, u64)>,
+    /// Each named section's file offset, size and link-time address (the
+    /// few a reader looks up by name, such as _asyncio's `.AsyncioDebug`).
+    sections: Vec<(String, u64, u64, u64)>,
+    /// R_X86_64_JUMP_SLOT relocations (.rela.plt): the imported function
+    /// each names, and the GOT slot the loader writes its address to, which
+    /// the function's PLT stub jumps through.
+    plt_slots: HashMap<String, u64>,
+    /// The addresses .dynsym defines: what the file exports (a static
+    /// function never is).
+    exported: std::collections::HashSet<u64>,
 }
 
 /// x86-64's "base address plus addend" relocation type.
 const R_X86_64_RELATIVE: u32 = 8;
+/// x86-64's "the address of a symbol, in a GOT slot of the PLT" type.
+const R_X86_64_JUMP_SLOT: u32 = 7;
 
 impl ElfFile {
     /// A file on pytrace's own command line (`info --binary`, tests).
@@ -74,7 +83,7 @@ impl ElfFile {
     pub fn read(file: CheckedFile) -> Result<Self> {
         let bytes = file.read_all()?;
         let name = file.name.clone();
-        let (symbols, segments, is_shared_object, needed, rpaths, runpaths, usdt_probes, relative_relocs, sections) = {
+        let (symbols, segments, is_shared_object, needed, rpaths, runpaths, usdt_probes, relative_relocs, sections, plt_slots, exported) = {
             let elf = Elf::parse(&bytes).with_context(|| format!("{name} is not an ELF file"))?;
             let mut symbols = HashMap::new();
             for (syms, strtab) in [(&elf.dynsyms, &elf.dynstrtab), (&elf.syms, &elf.strtab)] {
@@ -106,9 +115,16 @@ impl ElfFile {
                 .section_headers
                 .iter()
                 .filter(|sh| sh.sh_type != goblin::elf::section_header::SHT_NOBITS)
-                .filter_map(|sh| Some((elf.shdr_strtab.get_at(sh.sh_name)?.to_string(), sh.sh_offset, sh.sh_size)))
+                .filter_map(|sh| Some((elf.shdr_strtab.get_at(sh.sh_name)?.to_string(), sh.sh_offset, sh.sh_size, sh.sh_addr)))
                 .collect();
-            (symbols, segments, elf.header.e_type == goblin::elf::header::ET_DYN, needed, rpaths, runpaths, usdt_probes, relative_relocs, sections)
+            let plt_slots = elf
+                .pltrelocs
+                .iter()
+                .filter(|r| r.r_type == R_X86_64_JUMP_SLOT)
+                .filter_map(|r| Some((elf.dynstrtab.get_at(elf.dynsyms.get(r.r_sym)?.st_name)?.to_string(), r.r_offset)))
+                .collect();
+            let exported = elf.dynsyms.iter().filter(|s| s.st_value != 0).map(|s| s.st_value).collect();
+            (symbols, segments, elf.header.e_type == goblin::elf::header::ET_DYN, needed, rpaths, runpaths, usdt_probes, relative_relocs, sections, plt_slots, exported)
         };
         Ok(Self {
             path: file.fd_path(),
@@ -125,14 +141,33 @@ impl ElfFile {
             usdt_probes,
             relative_relocs,
             sections,
+            plt_slots,
+            exported,
         })
     }
 
     /// The bytes a section holds in the file, by name (None: no such
     /// section, or one that runs past the file's end).
     pub fn section(&self, name: &str) -> Option<&[u8]> {
-        let &(_, offset, size) = self.sections.iter().find(|(n, ..)| n == name)?;
+        let &(_, offset, size, _) = self.sections.iter().find(|(n, ..)| n == name)?;
         self.bytes.get(usize::try_from(offset).ok()?..usize::try_from(offset.checked_add(size)?).ok()?)
+    }
+
+    /// A section's link-time address and the bytes it holds in the file.
+    pub fn section_at(&self, name: &str) -> Option<(u64, &[u8])> {
+        let &(_, _, _, address) = self.sections.iter().find(|(n, ..)| n == name)?;
+        Some((address, self.section(name)?))
+    }
+
+    /// Whether .dynsym names something at `address` (an exported function).
+    pub fn is_exported(&self, address: u64) -> bool {
+        self.exported.contains(&address)
+    }
+
+    /// The GOT slot through which the PLT stub of imported function `name`
+    /// jumps (its R_X86_64_JUMP_SLOT relocation), if the file imports it so.
+    pub fn plt_slot(&self, name: &str) -> Option<u64> {
+        self.plt_slots.get(name).copied()
     }
 
     /// Link-time address of a symbol, from .dynsym or .symtab.

@@ -119,6 +119,11 @@ pub struct Layout {
     pub gil_last_holder: u32,
     /// In the GIL: an int, 1 while held.
     pub gil_locked: u32,
+    /// In the GIL: the condition variable drop_gil signals as it lets go,
+    /// and the one a forced switch waits on until another thread took it
+    /// (`gil` on a stripped build probes where they are used).
+    pub gil_cond: u32,
+    pub gil_switch_cond: u32,
     pub gil_size: u32,
     /// `_PyThreadStateImpl.asyncio_running_task` (3.14+): the asyncio task
     /// the thread is running, or NULL; NO_FIELD before 3.14.

@@ -8,6 +8,7 @@ pub mod eval_frame_offset;
 pub mod eval_hook;
 pub mod hook_owner;
 pub mod generator_close;
+pub mod gil_sites;
 pub mod inlined_getitem;
 pub mod inlined_init;
 pub mod opcode_table;

@@ -48,6 +48,9 @@ pub struct Findings {
     gc_mode: String,
     /// How `pytrace imports` would see imports, or why it cannot.
     imports_mode: String,
+    /// How `pytrace gil` would see the GIL taken and dropped (and where),
+    /// or why it cannot.
+    gil_mode: String,
     kernel: KernelFindings,
 }
 
@@ -123,6 +126,10 @@ impl Findings {
                 Ok((mode, why)) => format!("{} ({why})", mode.name()),
                 Err(e) => format!("unavailable: {e}"),
             },
+            gil_mode: match crate::tracing::gil::probe_points(python) {
+                Ok(probes) => format!("{} ({})", probes.describe(), probes.sites()),
+                Err(e) => format!("unavailable: {e}"),
+            },
             kernel: KernelFindings::get(),
             eval_frame_now: match pid {
                 Some(pid) if python.inlines_calls() => Some(match EvalHook::new(pid, python) {
@@ -170,6 +177,7 @@ impl Findings {
         }
         out.push(format!("gc mode:         {}", self.gc_mode));
         out.push(format!("imports mode:    {}", self.imports_mode));
+        out.push(format!("gil mode:        {}", self.gil_mode));
         out.push(format!("sample mode:     {}", self.sample_mode));
         if let Some(now) = &self.eval_frame_now {
             out.push(format!("eval_frame now:  {now}"));

@@ -17,6 +17,8 @@ use crate::model::counters::Counters;
 use crate::model::counters::Kind::{Lost, Refused};
 use crate::process::proc::Memory;
 use crate::python::code::Code;
+use crate::python::gil_sites::GilSites;
+use crate::python::layouts::NO_FIELD;
 use crate::python::Python;
 
 /// The static functions of Python/ceval_gil.c every GIL hand-over goes
@@ -27,9 +29,40 @@ const DROP_GIL: &str = "drop_gil";
 
 /// Where the probes go (link-time addresses in the interpreter's file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GilProbes {
-    pub take_gil: u64,
-    pub drop_gil: u64,
+pub enum GilProbes {
+    /// A build whose symbol table names both functions: their entries and
+    /// returns.
+    Symbols { take_gil: u64, drop_gil: u64 },
+    /// A stripped build (python/gil_sites.rs): both functions found by
+    /// their exported callers, and the copies of drop_gil inlined elsewhere
+    /// seen where they signal the GIL's condition variable.
+    CodeSearch(GilSites),
+}
+
+impl GilProbes {
+    /// How the report names the way it saw the GIL.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            GilProbes::Symbols { .. } => "uprobes on take_gil and drop_gil",
+            GilProbes::CodeSearch(_) => "uprobes on take_gil, drop_gil and the GIL's condition variable, found by code search",
+        }
+    }
+}
+
+impl GilProbes {
+    /// Where the probes go, for `info`.
+    pub fn sites(&self) -> String {
+        match self {
+            GilProbes::Symbols { take_gil, drop_gil } => format!("take_gil at {take_gil:#x}, drop_gil at {drop_gil:#x}, by symbol"),
+            GilProbes::CodeSearch(s) => format!(
+                "take_gil at {:#x}, drop_gil at {:#x}, pthread_cond_signal's PLT stub at {:#x}, pthread_cond_wait's at {:#x}",
+                s.take_gil,
+                s.drop_gil,
+                s.cond_signal,
+                s.cond_wait
+            ),
+        }
+    }
 }
 
 /// The probe points in this interpreter, or the one sentence saying why
@@ -42,10 +75,13 @@ pub fn probe_points(python: &Python) -> Result<GilProbes> {
             python.target_path
         );
     }
-    match (python.elf.symbol(TAKE_GIL), python.elf.symbol(DROP_GIL)) {
-        (Some(take_gil), Some(drop_gil)) => Ok(GilProbes { take_gil, drop_gil }),
-        _ => bail!(
-            "{} (Python {}) has no symbol table naming {TAKE_GIL} and {DROP_GIL}, the static functions where CPython takes and drops the GIL, so `pytrace gil` cannot find where to probe; a build that keeps its symbol table (pyenv's, python.org's, a source build) works",
+    if let (Some(take_gil), Some(drop_gil)) = (python.elf.symbol(TAKE_GIL), python.elf.symbol(DROP_GIL)) {
+        return Ok(GilProbes::Symbols { take_gil, drop_gil });
+    }
+    match python.gil_sites() {
+        Ok(sites) => Ok(GilProbes::CodeSearch(sites)),
+        Err(missing) => bail!(
+            "{} (Python {}) has no symbol table naming {TAKE_GIL} and {DROP_GIL}, and its code does not show them either ({missing}), so `pytrace gil` probes nothing rather than guess; `pytrace sample --idle --states` shows who runs and who waits for the GIL, sampled",
             python.target_path,
             python.version
         ),
@@ -129,6 +165,25 @@ pub struct Session<'obj, 'p> {
     links: Links,
     /// Code objects are named while the target lives (it may exit first).
     names: RefCell<CodeNames<'p>>,
+    /// To 3.11 on a stripped build: the runtime's GIL, whose condition
+    /// variables the drop probes look for, once the target maps it.
+    runtime_gil: RefCell<Option<RuntimeGil<'p>>>,
+}
+
+/// The runtime's one GIL (3.9 to 3.11), at its run-time address: known
+/// once the interpreter's file is mapped (a launched command with a shared
+/// libpython maps it only as it starts; until then drops go unseen, and
+/// are counted as such).
+struct RuntimeGil<'p> {
+    pid: u32,
+    python: &'p Python,
+}
+
+impl RuntimeGil<'_> {
+    fn address(&self) -> Option<u64> {
+        let runtime = self.python.elf.symbol(crate::python::RUNTIME_SYMBOL)?;
+        Some(runtime.wrapping_add(self.python.load_bias_in(self.pid).ok()?).wrapping_add(self.python.layout.gil_in_runtime as u64))
+    }
 }
 
 impl<'obj, 'p> Session<'obj, 'p> {
@@ -137,29 +192,65 @@ impl<'obj, 'p> Session<'obj, 'p> {
         let rodata = open.maps.rodata_data.as_deref_mut().context("the gil BPF program has no rodata")?;
         rodata.target_tgid = pid;
         rodata.layout = super::py_layout!(py_layout, &python.layout);
+        rodata.gil_cond_offset = python.layout.gil_cond;
+        rodata.gil_switch_cond_offset = python.layout.gil_switch_cond;
+        rodata.interp_gil_offset = python.layout.gil_pointer_in_interp;
         let mut skel = crate::bpf::load::load("gil", open)?;
 
         let path = &python.elf.path;
         let offset_of = |addr: u64| -> Result<usize> { Ok(entry_probe_offset(python.elf.read_static(addr, 8)?, python.elf.file_offset(addr)? as usize)) };
-        let take = offset_of(probes.take_gil)?;
-        let drop_ = offset_of(probes.drop_gil)?;
         let what = |f: &str| format!("failed to attach to {f} in {}", python.target_path);
+        let attach = |prog: &libbpf_rs::ProgramMut<'obj>, retprobe: bool, offset: usize, name: &str| -> Result<Link> {
+            prog.attach_uprobe(retprobe, pid as i32, path, offset).map_err(|e| attach_error(pid, e)).with_context(|| what(name))
+        };
         let p = &skel.progs;
-        let mut links: Vec<Link> = vec![
-            p.take_gil_return.attach_uprobe(true, pid as i32, path, take).map_err(|e| attach_error(pid, e)).with_context(|| what(TAKE_GIL))?,
-            p.drop_gil_return.attach_uprobe(true, pid as i32, path, drop_).map_err(|e| attach_error(pid, e)).with_context(|| what(DROP_GIL))?,
-            p.take_gil_entry.attach_uprobe(false, pid as i32, path, take).map_err(|e| attach_error(pid, e)).with_context(|| what(TAKE_GIL))?,
-            p.drop_gil_entry.attach_uprobe(false, pid as i32, path, drop_).map_err(|e| attach_error(pid, e)).with_context(|| what(DROP_GIL))?,
-        ];
+        let take_gil = match probes {
+            GilProbes::Symbols { take_gil, .. } | GilProbes::CodeSearch(GilSites { take_gil, .. }) => offset_of(take_gil)?,
+        };
+        // Returns first: an entry seen without its return would leave a
+        // thread waiting for ever.
+        let mut links: Vec<Link> = vec![attach(&p.take_gil_return, true, take_gil, TAKE_GIL)?];
+        match probes {
+            GilProbes::Symbols { drop_gil, .. } => {
+                let drop_gil = offset_of(drop_gil)?;
+                links.push(attach(&p.drop_gil_return, true, drop_gil, DROP_GIL)?);
+                links.push(attach(&p.drop_gil_entry, false, drop_gil, DROP_GIL)?);
+            }
+            GilProbes::CodeSearch(sites) => {
+                // The PLT jumps themselves, as found (not past a push: a stub has none).
+                let cond_wait = python.elf.file_offset(sites.cond_wait)? as usize;
+                let cond_signal = python.elf.file_offset(sites.cond_signal)? as usize;
+                links.push(attach(&p.gil_switch_wait_return, true, cond_wait, "pthread_cond_wait's PLT stub")?);
+                links.push(attach(&p.gil_switch_wait, false, cond_wait, "pthread_cond_wait's PLT stub")?);
+                links.push(attach(&p.gil_cond_signal, false, cond_signal, "pthread_cond_signal's PLT stub")?);
+                let drop_gil = offset_of(sites.drop_gil)?;
+                links.push(attach(&p.drop_gil_return, true, drop_gil, DROP_GIL)?);
+                links.push(attach(&p.drop_gil_entry, false, drop_gil, DROP_GIL)?);
+            }
+        }
+        links.push(attach(&p.take_gil_entry, false, take_gil, TAKE_GIL)?);
         links.push(p.thread_exited.attach().map_err(|e| attach_error(pid, e)).context("failed to attach to the sched_process_exit tracepoint")?);
         ensure_still_running(pid)?;
         let bss = skel.maps.bss_data.take();
-        Ok(Session { skel, bss: RefCell::new(bss), links: Links::new(links), names: RefCell::new(CodeNames::new(pid, python)) })
+        let in_runtime = matches!(probes, GilProbes::CodeSearch(_)) && python.layout.gil_in_runtime != NO_FIELD;
+        let runtime_gil = RefCell::new(in_runtime.then_some(RuntimeGil { pid, python }));
+        Ok(Session { skel, bss: RefCell::new(bss), links: Links::new(links), names: RefCell::new(CodeNames::new(pid, python)), runtime_gil })
     }
 
     /// Opens the window: every sum starts now.
     pub fn open(&self) -> Result<()> {
+        self.set_runtime_gil()?;
         self.bss.borrow_mut().as_mut().context("the gil BPF program has no .bss")?.window = gil_window { start_ns: monotonic_ns(), stop_ns: 0 };
+        Ok(())
+    }
+
+    /// Gives the drop probes the runtime's GIL once it is known.
+    fn set_runtime_gil(&self) -> Result<()> {
+        let mut pending = self.runtime_gil.borrow_mut();
+        if let Some(address) = pending.as_ref().and_then(RuntimeGil::address) {
+            self.bss.borrow_mut().as_mut().context("the gil BPF program has no .bss")?.known_gil = address;
+            *pending = None;
+        }
         Ok(())
     }
 }
@@ -185,6 +276,7 @@ impl Tracing for Session<'_, '_> {
     }
 
     fn between_polls(&self) -> Result<()> {
+        self.set_runtime_gil()?;
         self.names.borrow_mut().name_new(&self.skel.maps.functions);
         Ok(())
     }
@@ -227,6 +319,8 @@ impl Tracing for Session<'_, '_> {
                 ("functions_untracked", Lost, "waits or holds not counted per function (function map full)", gil_counter::GIL_FUNCTIONS_FULL.0),
                 ("blame_untracked", Lost, "holders' shares of a wait not counted (blame map full)", gil_counter::GIL_BLAME_FULL.0),
                 ("blame_truncated", Refused, "waits longer than the last 64 hand-overs (their oldest holders not blamed)", gil_counter::GIL_BLAME_TRUNCATED.0),
+                ("takes_unseen", Lost, "GIL drops by a thread no probe saw take it (held time counted as released)", gil_counter::GIL_TAKE_UNSEEN.0),
+                ("drops_unseen", Lost, "GIL requests by a thread no probe saw let it go (released time counted as held)", gil_counter::GIL_DROP_UNSEEN.0),
             ],
         )?;
         Ok(GilData { threads, functions, counters, window_ns: stop_ns.saturating_sub(start_ns) })

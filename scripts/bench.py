@@ -659,7 +659,10 @@ def gil_table():
     two threads handing it to each other. The probes run in the target's
     context, so the added time is the cost."""
     rows = []
-    pythons = (Python("3.11 without probes (symbols)", NODTRACE), Python("pyenv 3.12", PYENV_312))
+    # take_gil and drop_gil by symbol, and Debian's stripped 3.11, where gil
+    # probes them found by code search and the inlined drops at the PLT
+    # stub of pthread_cond_signal.
+    pythons = (Python("3.11 without probes (symbols)", NODTRACE), Python("pyenv 3.12", PYENV_312), Python("Debian 3.11 (stripped: code search)", DEBIAN.exe))
     for python in pythons:
         for threads in (1, 2):
             progress(f"gil, {threads} thread(s), on {python.label}")

@@ -348,6 +348,9 @@ impl<'obj, 'a> Session<'obj, 'a> {
             names.push(("native_no_user_regs", Informational, "samples with no user registers: no native frames", sample_counter::SAMPLE_NO_USER_REGS.0));
             names.push(("native_on_cpu", Informational, "--idle samples of threads running on another CPU: no native frames", sample_counter::SAMPLE_NATIVE_ON_CPU.0));
         }
+        if self.opts.async_tasks && self.opts.idle {
+            names.push(("task_switched", Lost, "--async --idle: samples lost, their thread switched asyncio tasks while it was read", sample_counter::SAMPLE_TASK_SWITCHED.0));
+        }
         let mut counters = read_counters(&self.skel.maps.counters, &names)?;
         let stacks = self.stacks.into_inner();
         let processes = self.processes.into_inner();

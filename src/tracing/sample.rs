@@ -370,6 +370,9 @@ impl<'obj, 'a> Session<'obj, 'a> {
             names.push(("task_switched", Lost, "--async --idle: samples lost, their thread switched asyncio tasks while it was read", sample_counter::SAMPLE_TASK_SWITCHED.0));
         }
         let mut counters = read_counters(&self.skel.maps.counters, &names)?;
+        if let Some(ticks) = self.ticks.borrow().as_ref() {
+            counters.push("idle_ticks_missed", Informational, "--idle: ticks skipped, pytrace itself late (a busy machine): what the target ran meanwhile is under-sampled", ticks.missed);
+        }
         let stacks = self.stacks.into_inner();
         let processes = self.processes.into_inner();
         let c = stacks.counts;

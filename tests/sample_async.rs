@@ -126,6 +126,56 @@ fn async_tasks_by_pid_debian_3_14() {
     }
 }
 
+/// A task awaited by several at once (asyncio keeps them in a set):
+/// fixtures/async_dump.py's "shared", awaited by "waiter-1" and
+/// "waiter-2", spinning now and then in its own loop's thread, beside the
+/// main thread's loop of one-by-one awaiters. Each sample of a task's code
+/// carries the awaiters asyncio's own capture_call_graph gives it.
+#[test]
+fn a_task_awaited_by_several_carries_them_all_debian_3_14() {
+    let py = Interpreter::debian("3.14");
+    let (inside, truth_path) = py.output("async-dump-truth.json");
+    let target = py.start_waiting("async_dump.py", &[&inside]);
+    let truth: serde_json::Value = read_json(&truth_path);
+    let dir = tempfile::tempdir().unwrap();
+    let folded = dir.path().join("several.folded");
+    let out = pytrace(&["sample", "--async", "-r", RATE, "-d", &longer(2.0), "-p", &target.pid().to_string(), "--folded", folded.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The roots asyncio's graph gives each task's samples: one-by-one
+    // awaiters outermost first, the several at once (sorted) in one frame.
+    let roots = |task: &str| {
+        let mut chain = Vec::new();
+        let mut at = task.to_string();
+        let mut several = String::new();
+        loop {
+            let awaiters: Vec<String> = truth["tasks"][&at]["awaited_by"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect();
+            match awaiters.len() {
+                0 => break,
+                1 => at = awaiters[0].clone(),
+                _ => {
+                    several = format!("[awaited by tasks {}];", awaiters.join(", "));
+                    break;
+                }
+            }
+            chain.push(format!("[awaited by task {at}];"));
+        }
+        chain.reverse();
+        format!("[task {task}];{several}{}", chain.concat())
+    };
+    let mut seen: HashMap<&str, f64> = HashMap::new();
+    for line in std::fs::read_to_string(&folded).unwrap().lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap();
+        for (task, code) in [("shared", "shared_work ("), ("alpha", "alpha_spin ("), ("beta", "beta_spin (")] {
+            if stack.contains(code) {
+                assert!(stack.starts_with(&roots(task)), "{task}'s code not under {}: {line}", roots(task));
+                *seen.entry(task).or_insert(0.0) += n.parse::<f64>().unwrap();
+            }
+        }
+    }
+    // shared spins 1 ms in 11: about 90 samples in 2 s at 499 Hz.
+    assert!(seen.get("shared").copied().unwrap_or(0.0) >= 20.0 && seen.get("alpha").copied().unwrap_or(0.0) >= 20.0, "{seen:?}");
+}
+
 /// --async --idle, the wall-clock view of fixtures/async_idle.py's event
 /// loop: while it waits in its selector no task runs, so those samples are
 /// under no task; while a task's code runs, on CPU or blocked in a system

@@ -45,6 +45,13 @@ const SECTION_WORDS: usize = 13;
 /// cycle.
 pub const MAX_AWAITERS: usize = 16;
 
+/// Tasks named from a set of tasks awaiting one task: more are counted, not
+/// shown.
+pub const MAX_SET_AWAITERS: usize = 16;
+
+/// Slots of a set of awaiters read at most (its table: 16 bytes a slot).
+const MAX_SET_SLOTS: u64 = 4096;
+
 /// Pending tasks read from one list: a longer list (or a crafted cycle
 /// that never comes back to its head) is cut there, and says so.
 pub const MAX_TASKS: usize = 10_000;
@@ -54,6 +61,7 @@ const TASK_TYPE_NAME: &[u8] = b"_asyncio.Task";
 /// The types of a native coroutine and of a code object.
 const COROUTINE_TYPE_NAME: &[u8] = b"coroutine";
 const CODE_TYPE_NAME: &[u8] = b"code";
+const SET_TYPE_NAME: &[u8] = b"set";
 
 /// Py_TPFLAGS_LONG_SUBCLASS and Py_TPFLAGS_UNICODE_SUBCLASS (object.h, the
 /// same in every version).
@@ -157,9 +165,13 @@ pub struct TaskChain {
     pub name: String,
     /// The tasks awaiting it, outermost first.
     pub awaiters: Vec<String>,
+    /// The outermost task shown (the running one if `awaiters` is empty)
+    /// is awaited by several tasks at once: their names, sorted. The chain
+    /// is not followed past them (it forks).
+    pub several: Vec<String>,
     /// The chain went on past what is shown: more awaiters than
-    /// MAX_AWAITERS, or a task awaited by several at once (a set, not
-    /// followed).
+    /// MAX_AWAITERS, more awaiting one task than MAX_SET_AWAITERS, or a set
+    /// of awaiters that could not be read.
     pub cut: bool,
 }
 
@@ -177,16 +189,20 @@ pub struct PendingTasks {
 pub const UNREADABLE_LABEL: &str = "task unreadable";
 const TASK_LABEL: &str = "task ";
 const AWAITER_LABEL: &str = "awaited by task ";
+const SEVERAL_LABEL: &str = "awaited by tasks ";
+const SEVERAL_SEPARATOR: &str = ", ";
 const CUT_LABEL: &str = "awaited by more tasks";
 
 impl TaskChain {
     /// The root frames `sample --async` puts a stack of this task under:
-    /// the task, then (if cut) a marker, then the tasks awaiting it,
-    /// outermost first.
+    /// the task, then the several tasks awaiting the outermost one shown
+    /// (one frame, `awaited by tasks A, B`), then (if cut) a marker, then
+    /// the tasks awaiting it one by one, outermost first.
     pub fn labels(&self) -> Vec<String> {
+        let several = (!self.several.is_empty()).then(|| format!("{SEVERAL_LABEL}{}", self.several.join(SEVERAL_SEPARATOR)));
         let cut = self.cut.then(|| CUT_LABEL.to_string());
         let awaiters = self.awaiters.iter().map(|name| format!("{AWAITER_LABEL}{name}"));
-        [format!("{TASK_LABEL}{}", self.name)].into_iter().chain(cut).chain(awaiters).collect()
+        [format!("{TASK_LABEL}{}", self.name)].into_iter().chain(several).chain(cut).chain(awaiters).collect()
     }
 
     /// The chain `labels` made (None: no task, or an unreadable one).
@@ -197,9 +213,12 @@ impl TaskChain {
             return None;
         }
         let name = first.strip_prefix(TASK_LABEL)?.to_string();
+        // (A name holding the separator reads back as two: the frame is for
+        // people; JSON reports carry what was read.)
+        let several = labels.next_if(|l| l.starts_with(SEVERAL_LABEL)).map(|l| l[SEVERAL_LABEL.len()..].split(SEVERAL_SEPARATOR).map(str::to_string).collect()).unwrap_or_default();
         let cut = labels.next_if_eq(&CUT_LABEL).is_some();
         let awaiters = labels.map_while(|l| l.strip_prefix(AWAITER_LABEL).map(str::to_string)).collect();
-        Some(TaskChain { name, awaiters, cut })
+        Some(TaskChain { name, awaiters, several, cut })
     }
 }
 
@@ -279,10 +298,13 @@ impl TaskReader {
         let name = self.name(addr)?;
         let mut awaiters = Vec::new();
         let mut at = addr;
-        let mut cut = false;
+        let (mut cut, mut several) = (false, Vec::new());
         loop {
             if self.mem.read_u8(at + self.task.awaited_by_is_set)? != 0 {
-                cut = true;
+                match self.awaiting_set(at) {
+                    Ok((names, complete)) => (several, cut) = (names, !complete),
+                    Err(_) => cut = true,
+                }
                 break;
             }
             let awaiter = self.mem.read_u64_non_null(at + self.task.awaited_by)?;
@@ -297,7 +319,38 @@ impl TaskReader {
             at = awaiter;
         }
         awaiters.reverse();
-        Ok(TaskChain { name, awaiters, cut })
+        Ok(TaskChain { name, awaiters, several, cut })
+    }
+
+    /// The names of the tasks in the set awaiting the task at `task`,
+    /// sorted, and whether they are all there (at most MAX_SET_AWAITERS;
+    /// the set's own count of entries must be met). Slots that hold no
+    /// task (empty, or the dummy key of a removed entry) are skipped.
+    fn awaiting_set(&mut self, task: u64) -> Result<(Vec<String>, bool)> {
+        let o = self.layout.objects.clone();
+        let set = self.mem.read_u64_non_null(task + self.task.awaited_by)?;
+        ensure!(self.type_name_is(set, SET_TYPE_NAME)?, "a task's awaiters at {set:#x} are not a set");
+        let (used, mask) = (self.mem.read_u64_non_null(set + o.set_used as u64)?, self.mem.read_u64_non_null(set + o.set_mask as u64)?);
+        ensure!(mask < MAX_SET_SLOTS && (mask + 1).is_power_of_two() && used <= mask + 1, "a set of {used} awaiters in {} slots", mask.wrapping_add(1));
+        let table = self.mem.read_u64_non_null(set + o.set_table as u64)?;
+        let entry = o.set_entry_size as usize;
+        ensure!(entry >= o.set_entry_key as usize + 8, "a set entry of {entry} bytes");
+        let mut slots = vec![0u8; (mask as usize + 1) * entry];
+        self.mem.read(table, &mut slots)?;
+        let mut names = Vec::new();
+        let mut found = 0;
+        for slot in slots.chunks_exact(entry) {
+            let key = u64::from_ne_bytes(slot[o.set_entry_key as usize..o.set_entry_key as usize + 8].try_into().unwrap());
+            if key == 0 || !self.is_task(key).unwrap_or(false) {
+                continue;
+            }
+            found += 1;
+            if names.len() < MAX_SET_AWAITERS {
+                names.push(self.name(key)?);
+            }
+        }
+        names.sort();
+        Ok((names, found == used && found as usize <= MAX_SET_AWAITERS))
     }
 
     /// A task's name: a str, or for a task not given one, the int its
@@ -367,8 +420,11 @@ pub struct PendingTask {
     /// Its coroutine function's qualified name, None if not readable (or
     /// not a native coroutine).
     pub coroutine: Option<String>,
-    /// The tasks awaiting it, the nearest first.
+    /// The tasks awaiting it one by one, the nearest first.
     pub awaited_by: Vec<String>,
+    /// The tasks awaiting the last of `awaited_by` (or this task, if that
+    /// is empty) when several do at once, sorted; not followed further.
+    pub awaited_by_several: Vec<String>,
     /// The awaiters went on past those shown.
     pub more_awaiters: bool,
 }
@@ -407,6 +463,7 @@ impl TaskList {
                     state: if task == running { "running" } else { "waiting" },
                     coroutine: reader.coroutine(task).ok(),
                     awaited_by: chain.as_ref().map(|c| c.awaiters.iter().rev().cloned().collect()).unwrap_or_default(),
+                    awaited_by_several: chain.as_ref().map(|c| c.several.clone()).unwrap_or_default(),
                     more_awaiters: chain.is_some_and(|c| c.cut),
                 });
             }
@@ -468,14 +525,51 @@ mod tests {
     #[test]
     fn an_unnamed_task_is_task_n_and_a_cycle_of_awaiters_is_cut() {
         let mut f = fakes("_asyncio.Task");
-        assert_eq!(reader().chain(f.task.as_ptr() as u64).unwrap(), TaskChain { name: "Task-7".into(), awaiters: vec![], cut: false });
+        assert_eq!(reader().chain(f.task.as_ptr() as u64).unwrap(), TaskChain { name: "Task-7".into(), awaiters: vec![], several: vec![], cut: false });
         // Awaited by itself: a crafted cycle ends at MAX_AWAITERS.
         f.task[0x60 / 8] = f.task.as_ptr() as u64;
         let chain = reader().chain(f.task.as_ptr() as u64).unwrap();
         assert!(chain.cut && chain.awaiters.len() == MAX_AWAITERS, "{chain:?}");
-        // A set of awaiters is not followed.
+        // Awaiters said to be a set that is not one: cut.
         f.task[0x68 / 8] |= 1 << 40;
-        assert_eq!(reader().chain(f.task.as_ptr() as u64).unwrap(), TaskChain { name: "Task-7".into(), awaiters: vec![], cut: true });
+        assert_eq!(reader().chain(f.task.as_ptr() as u64).unwrap(), TaskChain { name: "Task-7".into(), awaiters: vec![], several: vec![], cut: true });
+    }
+
+    #[test]
+    fn a_set_of_awaiters_is_named_whole_or_cut() {
+        let l = row((3, 14));
+        let o = &l.objects;
+        let mut awaited = fakes("_asyncio.Task");
+        let (first, mut second) = (fakes("_asyncio.Task"), fakes("_asyncio.Task"));
+        second.number[o.long_digits as usize / 8] = 9;
+        let set_name = b"set\0".to_vec();
+        let mut set_type = vec![0u64; 64];
+        set_type[(o.type_basicsize as usize - 8) / 8] = set_name.as_ptr() as u64;
+        // Eight slots: the two tasks, a removed entry's dummy key (an int
+        // here: not a task) and empty ones.
+        let mut table = vec![0u64; 8 * o.set_entry_size as usize / 8];
+        let slot = |i: usize| (i * o.set_entry_size as usize + o.set_entry_key as usize) / 8;
+        table[slot(1)] = first.task.as_ptr() as u64;
+        table[slot(4)] = first.number.as_ptr() as u64;
+        table[slot(6)] = second.task.as_ptr() as u64;
+        let mut set = vec![0u64; 32];
+        set[l.object_type as usize / 8] = set_type.as_ptr() as u64;
+        set[o.set_used as usize / 8] = 2;
+        set[o.set_mask as usize / 8] = 7;
+        set[o.set_table as usize / 8] = table.as_ptr() as u64;
+        awaited.task[0x60 / 8] = set.as_ptr() as u64;
+        awaited.task[0x68 / 8] |= 1 << 40;
+        let at = awaited.task.as_ptr() as u64;
+        let want = |cut| TaskChain { name: "Task-7".into(), awaiters: vec![], several: vec!["Task-7".into(), "Task-9".into()], cut };
+        assert_eq!(reader().chain(at).unwrap(), want(false));
+        // The set counts an entry that is not there: named, and cut.
+        set[o.set_used as usize / 8] = 3;
+        assert_eq!(reader().chain(at).unwrap(), want(true));
+        // A table too large to be a set's, or not a power of two: cut.
+        for mask in [1 << 40, 6] {
+            set[o.set_mask as usize / 8] = mask;
+            assert_eq!(reader().chain(at).unwrap(), TaskChain { name: "Task-7".into(), awaiters: vec![], several: vec![], cut: true });
+        }
     }
 
     #[test]
@@ -505,9 +599,11 @@ mod tests {
     #[test]
     fn chains_read_back_from_their_labels() {
         for chain in [
-            TaskChain { name: "alpha".into(), awaiters: vec!["Task-1".into(), "main".into()], cut: false },
-            TaskChain { name: "Task-7".into(), awaiters: vec!["outer".into()], cut: true },
-            TaskChain { name: "lonely".into(), awaiters: vec![], cut: false },
+            TaskChain { name: "alpha".into(), awaiters: vec!["Task-1".into(), "main".into()], several: vec![], cut: false },
+            TaskChain { name: "Task-7".into(), awaiters: vec!["outer".into()], several: vec![], cut: true },
+            TaskChain { name: "lonely".into(), awaiters: vec![], several: vec![], cut: false },
+            TaskChain { name: "shared".into(), awaiters: vec!["main".into()], several: vec!["waiter-1".into(), "waiter-2".into()], cut: false },
+            TaskChain { name: "wide".into(), awaiters: vec![], several: vec!["a".into(), "b".into()], cut: true },
         ] {
             let labels = chain.labels();
             assert_eq!(TaskChain::from_labels(labels.iter().map(String::as_str)), Some(chain));

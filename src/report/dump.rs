@@ -37,8 +37,11 @@ pub struct RunningTask {
     /// None: the task could not be named (it did not check out, or ended
     /// before it was read).
     pub name: Option<String>,
-    /// The tasks awaiting it, the nearest first.
+    /// The tasks awaiting it one by one, the nearest first.
     pub awaited_by: Vec<String>,
+    /// The tasks awaiting the last of `awaited_by` (or this task) when
+    /// several do at once, sorted.
+    pub awaited_by_several: Vec<String>,
     /// The awaiters went on past those shown.
     pub more_awaiters: bool,
 }
@@ -53,19 +56,30 @@ impl RunningTask {
         }
         let labels: Vec<String> = frames.drain(..roots).map(|f| if let Frame::AsyncTask(l) = f.as_ref() { l.clone() } else { unreachable!() }).collect();
         Some(match TaskChain::from_labels(labels.iter().map(String::as_str)) {
-            Some(chain) => RunningTask { name: Some(chain.name), awaited_by: chain.awaiters.into_iter().rev().collect(), more_awaiters: chain.cut },
-            None => RunningTask { name: None, awaited_by: Vec::new(), more_awaiters: false },
+            Some(chain) => RunningTask { name: Some(chain.name), awaited_by: chain.awaiters.into_iter().rev().collect(), awaited_by_several: chain.several, more_awaiters: chain.cut },
+            None => RunningTask { name: None, awaited_by: Vec::new(), awaited_by_several: Vec::new(), more_awaiters: false },
         })
     }
 
     fn describe(&self) -> String {
         let name = self.name.as_deref().unwrap_or("unreadable");
-        let mut awaiters = self.awaited_by.join(" <- ");
-        if self.more_awaiters {
-            awaiters += if awaiters.is_empty() { "more tasks" } else { " <- more tasks" };
-        }
+        let awaiters = awaiter_words(&self.awaited_by, &self.awaited_by_several, self.more_awaiters);
         if awaiters.is_empty() { format!("task {name}") } else { format!("task {name}, awaited by {awaiters}") }
     }
+}
+
+/// A task's awaiters in a line: the chain nearest first (`main <- Task-1`),
+/// then the several awaiting its end at once (`(waiter-1, waiter-2)`), then
+/// `more tasks` if cut.
+fn awaiter_words(chain: &[String], several: &[String], more: bool) -> String {
+    let mut parts: Vec<String> = chain.to_vec();
+    if !several.is_empty() {
+        parts.push(if parts.is_empty() { several.join(", ") } else { format!("({})", several.join(", ")) });
+    }
+    if more {
+        parts.push("more tasks".into());
+    }
+    parts.join(" <- ")
 }
 
 /// --async: every pending asyncio task of the target, or why they could
@@ -195,10 +209,7 @@ impl AsyncioTasks {
             .tasks
             .iter()
             .map(|t| {
-                let mut awaiters = t.awaited_by.join(" <- ");
-                if t.more_awaiters {
-                    awaiters += if awaiters.is_empty() { "more tasks" } else { " <- more tasks" };
-                }
+                let awaiters = awaiter_words(&t.awaited_by, &t.awaited_by_several, t.more_awaiters);
                 [
                     t.tid.map_or("exited".into(), |tid| tid.to_string()),
                     t.state.into(),

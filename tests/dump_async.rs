@@ -142,3 +142,22 @@ fn dump_async_is_refused_before_3_14() {
         assert!(target.0.try_wait().unwrap().is_none(), "{version}: the target did not survive");
     }
 }
+
+/// A 3.14 program that never imported asyncio: its stacks, and one
+/// sentence saying why there are no tasks, with a zero exit (nothing is
+/// wrong with the target).
+#[test]
+fn dump_async_without_asyncio_says_why() {
+    let py = Interpreter::debian("3.14");
+    let mut argv = py.argv("sleep_and_spin.py", &[]);
+    argv.truncate(3);
+    argv.extend(["-c".to_string(), "import time; time.sleep(30)".to_string()]);
+    let target = Proc(std::process::Command::new(&argv[0]).args(&argv[1..]).spawn().unwrap());
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let out = pytrace(&["dump", "--async", "-p", &target.pid().to_string(), "--json", "-"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let dump: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(dump["asyncio"]["tasks"].as_array().map(Vec::len), Some(0), "{dump}");
+    assert_eq!(dump["asyncio"]["error"], "the target has not imported asyncio's C module (_asyncio) yet", "{dump}");
+    assert!(dump["threads"][0]["frames"].as_array().is_some_and(|f| !f.is_empty()), "{dump}");
+}

@@ -54,7 +54,7 @@ impl RunningTask {
         if roots == 0 {
             return None;
         }
-        let labels: Vec<String> = frames.drain(..roots).map(|f| if let Frame::AsyncTask(l) = f.as_ref() { l.clone() } else { unreachable!() }).collect();
+        let labels: Vec<String> = frames.drain(..roots).filter_map(|f| if let Frame::AsyncTask(l) = f.as_ref() { Some(l.clone()) } else { None }).collect();
         Some(match TaskChain::from_labels(labels.iter().map(String::as_str)) {
             Some(chain) => RunningTask { name: Some(chain.name), awaited_by: chain.awaiters.into_iter().rev().collect(), awaited_by_several: chain.several, more_awaiters: chain.cut },
             None => RunningTask { name: None, awaited_by: Vec::new(), awaited_by_several: Vec::new(), more_awaiters: false },

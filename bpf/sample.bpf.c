@@ -108,6 +108,8 @@ struct {
 
 struct walk_scratch {
 	struct sample_stack rec;
+	/* The thread's PyThreadState the walk found (and checked), 0: none. */
+	__u64 tstate;
 	/* The first bytes of the thread's PyThreadState. */
 	__u64 tstate_head[SAMPLE_TSTATE_HEAD / 8];
 	/* The bytes of the frame being read, when read alone. */
@@ -216,18 +218,18 @@ static __always_inline struct py_frame_ref *frame_slot(struct sample_stack *rec,
  * memory (the perf-event sampler)... */
 #define WALK(name) CAT(name, _current)
 #define WALK_READ(dst, size, src, task) bpf_probe_read_user(dst, size, src)
+#include "sample_async.bpf.h"
 #include "sample_walk.bpf.h"
 #include "sample_gil.bpf.h"
-#include "sample_async.bpf.h"
 #undef WALK
 #undef WALK_READ
 
 /* ...and another thread's, from a sleepable task iterator (--idle). */
 #define WALK(name) CAT(name, _task)
 #define WALK_READ(dst, size, src, task) bpf_copy_from_user_task(dst, size, src, task, 0)
+#include "sample_async.bpf.h"
 #include "sample_walk.bpf.h"
 #include "sample_gil.bpf.h"
-#include "sample_async.bpf.h"
 #undef WALK
 #undef WALK_READ
 
@@ -385,7 +387,8 @@ int sample_thread(struct bpf_perf_event_data *ctx)
 	if (leave_out_for_gil_current(t, s, tid, task, thread_pointer))
 		return 0;
 	hash = walk_python_current(t, s, tid, task, thread_pointer);
-	hash = add_running_task_current(t, &s->rec, tid, task, thread_pointer, hash);
+	/* The thread is interrupted: its task cannot change under the walk. */
+	hash = add_running_task_current(&s->rec, hash);
 	s->rec.kernel_frames = 0;
 	if (cfg.kernel_stacks)
 		hash = add_kernel_stack(ctx, &s->rec, hash);
@@ -462,7 +465,11 @@ int sample_all_threads(struct bpf_iter__task *ctx)
 		return 0;
 	known.pid = key.pid = pid;
 	known.hash = key.hash = walk_python_task(t, s, tid, task, task->thread.fsbase);
-	known.hash = key.hash = add_running_task_task(t, &s->rec, tid, task, task->thread.fsbase, key.hash);
+	if (task_switched_task(t, s, task)) {
+		count(SAMPLE_TASK_SWITCHED);
+		return 0;
+	}
+	known.hash = key.hash = add_running_task_task(&s->rec, key.hash);
 	if (cfg.thread_states) {
 		s->rec.thread_state = thread_state_of_task(t, s, tid, task, task->thread.fsbase, &s->rec.syscall);
 		known.hash = key.hash = mix(mix(key.hash, HASH_STATE + s->rec.thread_state), (__u32)s->rec.syscall);

@@ -116,6 +116,7 @@ enum sample_counter {
 	SAMPLE_KERNEL_STACK_FAILED, /* --kernel: bpf_get_stack failed; the sample has no kernel frames */
 	SAMPLE_GIL_NOT_HELD,  /* --gil: samples left out, their thread not holding the GIL */
 	SAMPLE_GIL_UNREADABLE, /* --gil: samples left out, the GIL's state not readable (or not a GIL's) */
+	SAMPLE_TASK_SWITCHED, /* --async --idle: samples left out, their thread switched asyncio tasks while read */
 	SAMPLE_COUNTER_COUNT,
 };
 

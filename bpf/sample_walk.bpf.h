@@ -91,8 +91,12 @@ static __always_inline __u64 WALK(walk_python)(const struct sample_target *t, st
 	for (int i = 0; i < MAX_FRAMES / 64; i++)
 		rec->entry[i] = 0;
 	tstate = WALK(thread_state)(t, scratch, tid, task, thread_pointer);
+	scratch->tstate = tstate;
 	if (!tstate)
 		count(SAMPLE_NO_THREAD);
+	/* --async (sample_async.bpf.h): the task before the frames, so that a
+	 * thread read while it runs can be seen to have switched tasks. */
+	rec->running_task = WALK(running_task)(t, tstate, task);
 	frame = tstate ? tstate_word(scratch->tstate_head, t->tstate_current_in_read) : 0;
 	if (frame && l->cframe_current_frame != PY_NO_FIELD)
 		frame = WALK(read_ptr)(frame, l->cframe_current_frame, task);

@@ -191,10 +191,12 @@ smoke_tests=(
 )
 # Only from 5.18 (bpf_copy_from_user_task); on older kernels
 # sample_idle_needs_5_18_and_says_so checks --idle's refusal instead.
+# async_idle: --async's reads in the iterator's copy of the walk.
 newer_tests=(
   "sample idle_sees_sleeping_threads_and_on_cpu_does_not"
   "matrix python_3_9::sample_idle_sees_sleepers"
   "sample_gil states_debian_3_11"
+  "sample_async async_idle_debian_3_15"
 )
 
 smoke() {

@@ -406,6 +406,15 @@ int main(void)
     OBJ_NONE("flag_inline_values");
     OBJ_NONE("values_valid");
 #endif
+    /* A set (asyncio keeps the tasks awaiting one task in a set once there
+     * are several): its active entries' count, its table's mask, and the
+     * table of (key, hash) entries; an empty or deleted slot's key is NULL
+     * or the dummy key. */
+    OBJ("set_used", offsetof(PySetObject, used));
+    OBJ("set_mask", offsetof(PySetObject, mask));
+    OBJ("set_table", offsetof(PySetObject, table));
+    OBJ("set_entry_size", sizeof(setentry));
+    OBJ("set_entry_key", offsetof(setentry, key));
     printf("    },\n");
 #if PY_VERSION_HEX >= 0x030D0000
     /* 3.13+: where each of those fields sits inside _Py_DebugOffsets, the

@@ -294,6 +294,9 @@ struct DumpArgs {
     /// Add each thread's native (C) frames between the Python ones
     #[arg(long)]
     native: bool,
+    /// asyncio (CPython 3.14+): each thread's running task and its awaiters, and every pending task
+    #[arg(long = "async")]
+    async_tasks: bool,
     /// Write the stacks as JSON to FILE ("-" for standard output)
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -430,7 +433,7 @@ impl Cli {
                 }
                 commands::top::run(commands::top::Options { target, duration, hz: args.rate, calls: args.calls })
             }
-            Command::Dump(args) => commands::dump::run(commands::dump::Options { pid: args.pid, native: args.native, json: args.json }),
+            Command::Dump(args) => commands::dump::run(commands::dump::Options { pid: args.pid, native: args.native, async_tasks: args.async_tasks, json: args.json }),
             Command::Restore(args) => commands::restore::run(args.pid),
         }
     }

@@ -209,6 +209,13 @@ pub struct ObjectLayout {
     /// Py_TPFLAGS_INLINE_VALUES and PyDictValues.valid (3.13+).
     pub flag_inline_values: u32,
     pub values_valid: u32,
+    /// PySetObject: its active entries, its table's mask (slots - 1) and
+    /// the table, whose entries (setentry) hold a key pointer.
+    pub set_used: u32,
+    pub set_mask: u32,
+    pub set_table: u32,
+    pub set_entry_size: u32,
+    pub set_entry_key: u32,
 }
 
 /// Where an instance's attributes are when its type has a managed dict

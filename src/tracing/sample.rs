@@ -86,6 +86,9 @@ pub struct SampleData {
     /// The BPF program's total run time over the samples received, in ns,
     /// when kernel.bpf_stats_enabled is on.
     pub bpf_ns_per_sample: Option<u64>,
+    /// `snapshot` only: each thread's PyThreadState as the walk found and
+    /// checked it, by TID (where `dump --async` finds each thread's tasks).
+    pub thread_states: Vec<(u32, u64)>,
 }
 
 /// What to sample: one process, or every CPython on the machine.
@@ -125,7 +128,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
             }
         }
         if let (true, Targets::One(_, python)) = (opts.async_tasks, &targets) {
-            if let Some(refusal) = crate::python::asyncio_tasks::unsupported(python) {
+            if let Some(refusal) = crate::python::asyncio_tasks::unsupported(python, "sample --async") {
                 anyhow::bail!(refusal);
             }
         }
@@ -294,6 +297,21 @@ impl<'obj, 'a> Session<'obj, 'a> {
         self.stacks.borrow().total()
     }
 
+    /// Each thread's PyThreadState, as the walk cached it (the map holds
+    /// only the sampled processes' threads; an entry the walk could not
+    /// check again is read anyway, so its reader checks what it reads).
+    fn thread_states(&self) -> Vec<(u32, u64)> {
+        let map = &self.skel.maps.thread_states;
+        let word = |bytes: &[u8]| bytes.try_into().ok().map(u64::from_ne_bytes);
+        libbpf_rs::MapCore::keys(map)
+            .filter_map(|key| {
+                let tid = u32::from_ne_bytes(key.as_slice().try_into().ok()?);
+                let value = libbpf_rs::MapCore::lookup(map, &key, libbpf_rs::MapFlags::ANY).ok()??;
+                Some((tid, word(&value)?))
+            })
+            .collect()
+    }
+
     /// --idle: one pass of the thread iterator, one round of samples.
     fn sample_every_thread(&self) -> Result<()> {
         let links = self.links.borrow();
@@ -348,7 +366,13 @@ impl<'obj, 'a> Session<'obj, 'a> {
             names.push(("native_no_user_regs", Informational, "samples with no user registers: no native frames", sample_counter::SAMPLE_NO_USER_REGS.0));
             names.push(("native_on_cpu", Informational, "--idle samples of threads running on another CPU: no native frames", sample_counter::SAMPLE_NATIVE_ON_CPU.0));
         }
+        if self.opts.async_tasks && self.opts.idle {
+            names.push(("task_switched", Lost, "--async --idle: samples lost, their thread switched asyncio tasks while it was read", sample_counter::SAMPLE_TASK_SWITCHED.0));
+        }
         let mut counters = read_counters(&self.skel.maps.counters, &names)?;
+        if let Some(ticks) = self.ticks.borrow().as_ref() {
+            counters.push("idle_ticks_missed", Informational, "--idle: ticks skipped, pytrace itself late (a busy machine): what the target ran meanwhile is under-sampled", ticks.missed);
+        }
         let stacks = self.stacks.into_inner();
         let processes = self.processes.into_inner();
         let c = stacks.counts;
@@ -375,7 +399,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
             counters.push("native_unwind_lost", Informational, "native stacks ended at code without unwind information", c.unwind_lost);
             counters.push("native_unmatched", Informational, "native and Python frames not paired", c.unmatched);
         }
-        Ok(SampleData { samples: stacks.into_samples(), counters, bpf_ns_per_sample })
+        Ok(SampleData { samples: stacks.into_samples(), counters, bpf_ns_per_sample, thread_states: Vec::new() })
     }
 }
 
@@ -421,7 +445,8 @@ pub fn snapshot(targets: Targets, opts: &Options) -> Result<SampleData> {
     ring.consume().context("failed to read the sample ring buffer")?;
     session.after_poll();
     drop(ring);
-    session.finish()
+    let thread_states = session.thread_states();
+    Ok(SampleData { thread_states, ..session.finish()? })
 }
 
 impl Tracing for Session<'_, '_> {

@@ -7,7 +7,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use crate::model::samples::Frame;
-use crate::python::asyncio_tasks::{TaskLayout, TaskReader};
+use crate::python::asyncio_tasks::{TaskLayout, TaskReader, UNREADABLE_LABEL as UNREADABLE};
 use crate::python::Python;
 use crate::process::proc::Memory;
 
@@ -15,8 +15,6 @@ use crate::process::proc::Memory;
 /// at again (a `--` target imports asyncio after it starts).
 const RETRY_EVERY: Duration = Duration::from_secs(1);
 
-/// The root frame of a task that could not be named.
-const UNREADABLE: &str = "task unreadable";
 
 /// One process's task names.
 #[derive(Default)]
@@ -56,11 +54,7 @@ impl TaskNames {
             }
         }
         let frames: Rc<[Rc<Frame>]> = match self.reader.as_mut().map(|r| r.chain(task)) {
-            Some(Ok(chain)) => {
-                let cut = chain.cut.then(|| "awaited by more tasks".to_string());
-                let awaiters = chain.awaiters.into_iter().map(|name| format!("awaited by task {name}"));
-                [format!("task {}", chain.name)].into_iter().chain(cut).chain(awaiters).map(|l| Rc::new(Frame::AsyncTask(l))).collect()
-            }
+            Some(Ok(chain)) => chain.labels().into_iter().map(|l| Rc::new(Frame::AsyncTask(l))).collect(),
             _ => [Rc::new(Frame::AsyncTask(UNREADABLE.into()))].into(),
         };
         self.read.insert(task, frames.clone());

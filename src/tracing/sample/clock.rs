@@ -252,11 +252,15 @@ pub struct IdleTicks {
     period: f64,
     next: Instant,
     random: Random,
+    /// Ticks skipped because user space was late: on a busy machine that
+    /// is while the target itself holds the CPU, so what it runs then is
+    /// under-sampled by up to this many samples.
+    pub missed: u64,
 }
 
 impl IdleTicks {
     pub fn new(hz: u64) -> Self {
-        IdleTicks { period: period_ns(hz) as f64, next: Instant::now(), random: Random::new() }
+        IdleTicks { period: period_ns(hz) as f64, next: Instant::now(), random: Random::new(), missed: 0 }
     }
 
     pub fn next(&self) -> Instant {
@@ -268,6 +272,7 @@ impl IdleTicks {
     pub fn advance(&mut self, now: Instant) {
         self.next += Duration::from_nanos(self.random.around(self.period) as u64);
         if self.next < now {
+            self.missed += 1 + ((now - self.next).as_nanos() as f64 / self.period) as u64;
             self.next = now + Duration::from_nanos(self.random.around(self.period) as u64);
         }
     }

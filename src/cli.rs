@@ -284,6 +284,10 @@ struct TopArgs {
     /// tracing every call (as `pytrace calls` does) instead of sampling
     #[arg(long, conflicts_with = "rate")]
     calls: bool,
+    /// asyncio (CPython 3.14+): each asyncio task a row of its own, the
+    /// share of the samples its code ran in (`[task NAME]`), beside the functions
+    #[arg(long = "async", conflicts_with = "calls")]
+    async_tasks: bool,
 }
 
 #[derive(Args)]
@@ -431,7 +435,7 @@ impl Cli {
                 if !(1..=10_000).contains(&args.rate) {
                     bail!("--rate must be between 1 and 10000 samples per second");
                 }
-                commands::top::run(commands::top::Options { target, duration, hz: args.rate, calls: args.calls })
+                commands::top::run(commands::top::Options { target, duration, hz: args.rate, calls: args.calls, async_tasks: args.async_tasks })
             }
             Command::Dump(args) => commands::dump::run(commands::dump::Options { pid: args.pid, native: args.native, async_tasks: args.async_tasks, json: args.json }),
             Command::Restore(args) => commands::restore::run(args.pid),

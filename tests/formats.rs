@@ -353,6 +353,55 @@ fn top_shows_the_split_live_and_quits_on_q() {
     }
 }
 
+/// `top --async` (sid's 3.15) in an 80×24 terminal: each asyncio task of
+/// fixtures/async_tasks.py a row of its own, `[task alpha]` and `[task
+/// beta]`, whose times since the start split as the CPU time the fixture
+/// measured of each task's spins (four binomial standard errors plus three
+/// points: the screen is read while the fixture runs, its truth covers the
+/// whole run).
+#[test]
+fn top_async_shows_each_tasks_share() {
+    let py = common::matrix::Interpreter::debian("3.15");
+    let (inside, truth_path) = py.output("top-async-truth.json");
+    let mut target = py.start_waiting("async_tasks.py", &[&inside, &longer(6.0)]);
+    let terminal = Terminal::start("pytrace-top-async", &format!("{PYTRACE} top --async -r 499 -p {}; echo top exited with $?; sleep 60", target.pid()));
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    let screen = terminal.screen();
+    let seconds = |task: &str| -> f64 {
+        let line = screen.lines().find(|l| l.contains(&format!("[task {task}]"))).unwrap_or_else(|| panic!("no row for task {task}:\n{screen}"));
+        line.split_whitespace().nth(3).unwrap().trim_end_matches('s').parse().unwrap()
+    };
+    let (alpha, beta) = (seconds("alpha"), seconds("beta"));
+    assert!(target.0.wait().unwrap().success(), "the fixture failed");
+    let truth: HashMap<String, f64> = serde_json::from_slice(&std::fs::read(&truth_path).unwrap()).unwrap();
+    let n = (alpha + beta) * 499.0;
+    assert!(n >= 300.0, "{n} samples of the tasks:\n{screen}");
+    let p = truth["alpha"] / (truth["alpha"] + truth["beta"]);
+    let share = alpha / (alpha + beta);
+    let bound = 4.0 * (p * (1.0 - p) / n).sqrt() + 0.03;
+    assert!((share - p).abs() <= bound, "alpha has {share:.3} of the tasks' samples, {p:.3} of their CPU time (bound {bound:.3}):\n{screen}");
+}
+
+/// Before 3.14 `top --async` says in one sentence that it needs 3.14, and
+/// exits non-zero; the target runs on.
+#[test]
+fn top_async_before_3_14_says_what_it_needs() {
+    let (label, python) = pythons().remove(0);
+    let target = start_waiting(&python, "cpu_split.py", &["--seconds", "30"]);
+    let terminal = Terminal::start("pytrace-top-async-old", &format!("{PYTRACE} top --async -p {}; echo top exited with $?; sleep 60", target.pid()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let screen = loop {
+        let screen = terminal.screen();
+        if screen.contains("top exited with") {
+            break screen;
+        }
+        assert!(std::time::Instant::now() < deadline, "{label}: top --async did not end:\n{screen}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(screen.contains("top --async needs CPython 3.14 or later") && screen.contains("top exited with 1"), "{label}:\n{screen}");
+    assert!(std::path::Path::new(&format!("/proc/{}", target.pid())).exists(), "{label}: the target did not run on");
+}
+
 /// Without a terminal `top` says so in one sentence, before attaching.
 #[test]
 fn top_without_a_terminal_says_so() {

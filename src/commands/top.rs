@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
+use crate::python::asyncio_tasks;
 use crate::report::terminal::{require_terminal, LiveScreen};
 use crate::report::top::TopView;
 use crate::session::{Live, Target, TargetSpec};
@@ -18,6 +19,8 @@ pub struct Options {
     pub hz: u64,
     /// Exact counts from the calls session instead of samples.
     pub calls: bool,
+    /// Samples under their asyncio task's root frame (3.14+).
+    pub async_tasks: bool,
 }
 
 pub fn run(opts: Options) -> Result<i32> {
@@ -26,12 +29,15 @@ pub fn run(opts: Options) -> Result<i32> {
     }
     require_terminal("use `pytrace sample` to write a profile")?;
     let (mut target, python) = Target::prepare(opts.target)?;
+    if let Some(refusal) = opts.async_tasks.then(|| asyncio_tasks::unsupported(&python, "top --async")).flatten() {
+        anyhow::bail!(refusal);
+    }
     let pid = target.pid;
     let mut view = TopView::new(format!("pytrace top: PID {pid}, Python {}", python.version), opts.hz, target.cwd());
     let live = Live::new(&mut target, &python, "sample", opts.duration);
     let mut screen = LiveScreen::default();
     let mut object = MaybeUninit::uninit();
-    let sampling = SampleOptions { hz: opts.hz, kernel: false, idle: false, native: false, threads: false, gil: false, states: false, async_tasks: false };
+    let sampling = SampleOptions { hz: opts.hz, kernel: false, idle: false, native: false, threads: false, gil: false, states: false, async_tasks: opts.async_tasks };
     let session = sample::Session::start(&mut object, Targets::One(pid, &python), &sampling)?;
     live.drive(session, |_, target| target.release(), |session| {
         screen.round(&mut view, |view| {

@@ -201,9 +201,11 @@ fn assert_functions_and_blame(label: &str, report: &serde_json::Value, truth: &H
         // Only its own thread runs it; most of that thread's life is in it.
         assert!(ns(f, "wait_ns") <= ns(t, "wait_ns") + 1.0 && ns(f, "wait_ns") >= 0.6 * ns(t, "wait_ns"), "{who}: wait");
         assert!(ns(f, "held_ns") <= ns(t, "held_ns") + 1.0 && ns(f, "held_ns") >= 0.5 * ns(t, "held_ns"), "{who}: held");
-        // The other spinner blocked it most, and for no longer than it held.
-        let top = &f["blocked_by"][0];
-        assert!(top["name"] == other || (top["name"] == "(no holder: hand-over)" && f["blocked_by"][1]["name"] == other), "{who}: blocked by");
+        // The other spinner blocked it most of the holders (the hasher,
+        // which holds the GIL between its hashes, came within 0.1 % of it
+        // in a 5.10 VM: a tie counts), and for no longer than it held.
+        let most = f["blocked_by"].as_array().unwrap().iter().filter(|b| b["name"] != "(no holder: hand-over)").map(|b| ns(b, "ns")).fold(0.0, f64::max);
+        assert!(blamed(f, other) >= 0.95 * most, "{who}: blocked by");
         assert!(blamed(f, other) <= ns(function(other), "held_ns") + 1.0, "{who}: blamed {other} for more than it held");
         assert!(blamed(f, other) >= 0.3 * ns(f, "wait_ns"), "{who}: {other}'s share");
     }

@@ -47,9 +47,7 @@ impl GilProbes {
             GilProbes::CodeSearch(_) => "uprobes on take_gil, drop_gil and the GIL's condition variable, found by code search",
         }
     }
-}
 
-impl GilProbes {
     /// Where the probes go, for `info`.
     pub fn sites(&self) -> String {
         match self {
@@ -61,6 +59,18 @@ impl GilProbes {
                 s.cond_signal,
                 s.cond_wait
             ),
+        }
+    }
+
+    fn take_gil(&self) -> u64 {
+        match self {
+            GilProbes::Symbols { take_gil, .. } | GilProbes::CodeSearch(GilSites { take_gil, .. }) => *take_gil,
+        }
+    }
+
+    fn drop_gil(&self) -> u64 {
+        match self {
+            GilProbes::Symbols { drop_gil, .. } | GilProbes::CodeSearch(GilSites { drop_gil, .. }) => *drop_gil,
         }
     }
 }
@@ -204,30 +214,20 @@ impl<'obj, 'p> Session<'obj, 'p> {
             prog.attach_uprobe(retprobe, pid as i32, path, offset).map_err(|e| attach_error(pid, e)).with_context(|| what(name))
         };
         let p = &skel.progs;
-        let take_gil = match probes {
-            GilProbes::Symbols { take_gil, .. } | GilProbes::CodeSearch(GilSites { take_gil, .. }) => offset_of(take_gil)?,
-        };
+        let (take_gil, drop_gil) = (offset_of(probes.take_gil())?, offset_of(probes.drop_gil())?);
         // Returns first: an entry seen without its return would leave a
         // thread waiting for ever.
         let mut links: Vec<Link> = vec![attach(&p.take_gil_return, true, take_gil, TAKE_GIL)?];
-        match probes {
-            GilProbes::Symbols { drop_gil, .. } => {
-                let drop_gil = offset_of(drop_gil)?;
-                links.push(attach(&p.drop_gil_return, true, drop_gil, DROP_GIL)?);
-                links.push(attach(&p.drop_gil_entry, false, drop_gil, DROP_GIL)?);
-            }
-            GilProbes::CodeSearch(sites) => {
-                // The PLT jumps themselves, as found (not past a push: a stub has none).
-                let cond_wait = python.elf.file_offset(sites.cond_wait)? as usize;
-                let cond_signal = python.elf.file_offset(sites.cond_signal)? as usize;
-                links.push(attach(&p.gil_switch_wait_return, true, cond_wait, "pthread_cond_wait's PLT stub")?);
-                links.push(attach(&p.gil_switch_wait, false, cond_wait, "pthread_cond_wait's PLT stub")?);
-                links.push(attach(&p.gil_cond_signal, false, cond_signal, "pthread_cond_signal's PLT stub")?);
-                let drop_gil = offset_of(sites.drop_gil)?;
-                links.push(attach(&p.drop_gil_return, true, drop_gil, DROP_GIL)?);
-                links.push(attach(&p.drop_gil_entry, false, drop_gil, DROP_GIL)?);
-            }
+        if let GilProbes::CodeSearch(sites) = probes {
+            // The PLT jumps themselves, as found (not past a push: a stub has none).
+            let cond_wait = python.elf.file_offset(sites.cond_wait)? as usize;
+            let cond_signal = python.elf.file_offset(sites.cond_signal)? as usize;
+            links.push(attach(&p.gil_switch_wait_return, true, cond_wait, "pthread_cond_wait's PLT stub")?);
+            links.push(attach(&p.gil_switch_wait, false, cond_wait, "pthread_cond_wait's PLT stub")?);
+            links.push(attach(&p.gil_cond_signal, false, cond_signal, "pthread_cond_signal's PLT stub")?);
         }
+        links.push(attach(&p.drop_gil_return, true, drop_gil, DROP_GIL)?);
+        links.push(attach(&p.drop_gil_entry, false, drop_gil, DROP_GIL)?);
         links.push(attach(&p.take_gil_entry, false, take_gil, TAKE_GIL)?);
         links.push(p.thread_exited.attach().map_err(|e| attach_error(pid, e)).context("failed to attach to the sched_process_exit tracepoint")?);
         ensure_still_running(pid)?;

@@ -282,10 +282,14 @@ impl TaskReader {
         read_str(&self.mem, &self.layout, self.mem.read_u64_non_null(code + self.layout.code_qualname as u64)?)
     }
 
-    /// Whether the type of the object at `obj` is named `name` (its
-    /// tp_name, a C string, compared whole).
+    /// Whether the type of the object at `obj` is named `name`.
     fn type_name_is(&self, obj: u64, name: &[u8]) -> Result<bool> {
-        let ty = self.mem.read_u64_non_null(obj + self.layout.object_type as u64)?;
+        self.type_named(self.mem.read_u64_non_null(obj + self.layout.object_type as u64)?, name)
+    }
+
+    /// Whether the type object at `ty` is named `name` (its tp_name, a C
+    /// string, compared whole).
+    fn type_named(&self, ty: u64, name: &[u8]) -> Result<bool> {
         // tp_name is the word before tp_basicsize in every layout.
         let tp_name = self.mem.read_u64_non_null(ty + self.layout.objects.type_basicsize as u64 - 8)?;
         let mut bytes = vec![0u8; name.len() + 1];
@@ -385,7 +389,7 @@ impl TaskReader {
         let is_task_type = match self.task_types.get(&ty) {
             Some(&known) => known,
             None => {
-                let known = self.type_name_is(obj, TASK_TYPE_NAME)?;
+                let known = self.type_named(ty, TASK_TYPE_NAME)?;
                 self.task_types.insert(ty, known);
                 known
             }

@@ -36,6 +36,9 @@ export PYTRACE_NODTRACE_PYTHON PYTRACE_ROOT_39 PYTRACE_ROOT_SID PYTRACE_ROOT_TRI
 # Each test stage runs whatever the others give, so one run shows every
 # failure; the script fails if any did.
 failed=()
+# The documentation's relative links, anchors and command examples: no
+# build, no download, so it runs first.
+stage docs-check scripts/docs-check.sh || failed+=(docs-check)
 # Every row of the layout table regenerated from its CPython's own headers
 # (fetched and cached once) and compared: the table says what they say.
 stage layout-check scripts/layout-check.sh || failed+=(layout-check)

@@ -84,7 +84,7 @@ fn key(row: &Value) -> Key {
 }
 
 /// Recomputes every number of the comparison from the calls report `a`
-/// and the sample report `b`, the way the README defines them.
+/// and the sample report `b`, the way docs/commands/compare.md defines them.
 fn assert_compare_is_a_and_b(label: &str, cmp: &Value, a: &Value, b: &Value) {
     let rows: BTreeMap<Key, &Value> = cmp["functions"].as_array().unwrap().iter().map(|r| (key(r), r)).collect();
     assert_eq!(rows.len(), cmp["functions"].as_array().unwrap().len(), "{label}: one row per function");

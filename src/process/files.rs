@@ -183,7 +183,15 @@ pub fn open_in_root(pid: u32, path: &str) -> Result<CheckedFile> {
 
 fn open_in_root_raw(pid: u32, path: &str) -> std::io::Result<File> {
     let root = open_raw(Path::new(&format!("/proc/{pid}/root")), libc::O_PATH | libc::O_DIRECTORY)?;
-    let c = CString::new(path).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // openat2 refuses any flag O_PATH ignores.
+    openat2(root.as_raw_fd(), Path::new(path), libc::O_PATH | libc::O_CLOEXEC, libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS)
+}
+
+/// openat2(2): `path` opened from `dir` (AT_FDCWD for the working
+/// directory) with `resolve`'s restrictions on how it is walked. Retries
+/// the EAGAIN RESOLVE_IN_ROOT gives when a rename raced the walk.
+pub fn openat2(dir: std::os::fd::RawFd, path: &Path, flags: libc::c_int, resolve: u64) -> std::io::Result<File> {
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
     /// struct open_how of openat2(2).
     #[repr(C)]
     struct OpenHow {
@@ -191,15 +199,20 @@ fn open_in_root_raw(pid: u32, path: &str) -> std::io::Result<File> {
         mode: u64,
         resolve: u64,
     }
-    // openat2 refuses any flag O_PATH ignores.
-    let how = OpenHow { flags: (libc::O_PATH | libc::O_CLOEXEC) as u64, mode: 0, resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS };
-    // SAFETY: openat2(2) with a valid dirfd, path and open_how of the size we pass.
-    let fd = unsafe { libc::syscall(libc::SYS_openat2, root.as_raw_fd(), c.as_ptr(), &how as *const OpenHow, std::mem::size_of::<OpenHow>()) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
+    let how = OpenHow { flags: flags as u64, mode: 0, resolve };
+    for _ in 0..16 {
+        // SAFETY: openat2(2) with a dirfd, a NUL-terminated path and an open_how of the size we pass.
+        let fd = unsafe { libc::syscall(libc::SYS_openat2, dir, c.as_ptr(), &how as *const OpenHow, std::mem::size_of::<OpenHow>()) };
+        if fd >= 0 {
+            // SAFETY: a fresh fd we own.
+            return Ok(unsafe { File::from_raw_fd(fd as libc::c_int) });
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EAGAIN) {
+            return Err(e);
+        }
     }
-    // SAFETY: a fresh fd we own.
-    Ok(unsafe { File::from_raw_fd(fd as libc::c_int) })
+    Err(std::io::Error::from_raw_os_error(libc::EAGAIN))
 }
 
 /// Whether `path` exists inside process `pid`'s root (resolved as

@@ -57,12 +57,20 @@ pub struct CheckedFile {
     pub mtime: i64,
     /// What the target calls it, for messages.
     pub name: String,
+    /// The most pytrace reads of it.
+    max: u64,
 }
 
 impl CheckedFile {
     /// Checks a file opened with O_PATH (a regular file of at most
     /// MAX_FILE_BYTES, and `want` if given), then opens it for reading.
     fn new(path_fd: File, name: &str, want: Option<FileId>) -> Result<Self> {
+        Self::new_capped(path_fd, name, want, MAX_FILE_BYTES, "of one file")
+    }
+
+    /// As `new`, with a cap of `max` bytes, said as "the N MiB pytrace
+    /// reads {of_what}".
+    fn new_capped(path_fd: File, name: &str, want: Option<FileId>, max: u64, of_what: &str) -> Result<Self> {
         let meta = path_fd.metadata().with_context(|| format!("failed to stat {name}"))?;
         let mut id = FileId { dev: meta.dev(), ino: meta.ino() };
         if let Some(want) = want.filter(|&want| want != id && overlay_alias(&path_fd, want, id)) {
@@ -75,24 +83,24 @@ impl CheckedFile {
         if !meta.file_type().is_file() {
             bail!("{name} is not a regular file: pytrace reads only regular files");
         }
-        if meta.len() > MAX_FILE_BYTES {
-            bail!("{name} is {} MiB, more than the {} MiB pytrace reads of one file", meta.len() >> 20, MAX_FILE_BYTES >> 20);
+        if meta.len() > max {
+            bail!("{name} is {} MiB, more than the {} MiB pytrace reads {of_what}", meta.len() >> 20, max >> 20);
         }
         // The same inode, now open for reading (magic links are ours here).
         let fd_path = PathBuf::from(format!("/proc/self/fd/{}", path_fd.as_raw_fd()));
         let file = open_raw(&fd_path, 0).with_context(|| format!("failed to open {name} for reading"))?;
-        Ok(CheckedFile { file, id, size: meta.len(), mtime: meta.mtime(), name: name.to_string() })
+        Ok(CheckedFile { file, id, size: meta.len(), mtime: meta.mtime(), name: name.to_string(), max })
     }
 
-    /// The whole file, at most MAX_FILE_BYTES (a file that grew past its
-    /// checked size is refused rather than read on).
+    /// The whole file, at most the cap it was checked against (a file that
+    /// grew past it is refused rather than read on).
     pub fn read_all(&self) -> Result<Vec<u8>> {
-        let mut bytes = Vec::with_capacity(self.size as usize);
-        let mut reader = (&self.file).take(MAX_FILE_BYTES + 1);
+        let mut bytes = Vec::with_capacity(self.size.min(self.max) as usize);
+        let mut reader = (&self.file).take(self.max + 1);
         std::io::Seek::rewind(&mut &self.file).with_context(|| format!("failed to read {}", self.name))?;
         reader.read_to_end(&mut bytes).with_context(|| format!("failed to read {}", self.name))?;
-        if bytes.len() as u64 > MAX_FILE_BYTES {
-            bail!("{} grew past {} MiB while pytrace read it", self.name, MAX_FILE_BYTES >> 20);
+        if bytes.len() as u64 > self.max {
+            bail!("{} grew past {} MiB while pytrace read it", self.name, self.max >> 20);
         }
         Ok(bytes)
     }
@@ -234,6 +242,14 @@ pub fn list_dir_in_root(pid: u32, path: &str, max: usize) -> Vec<String> {
 pub fn open_local(path: &Path) -> Result<CheckedFile> {
     let file = open_raw(path, libc::O_PATH).with_context(|| format!("failed to open {}", path.display()))?;
     CheckedFile::new(file, &path.display().to_string(), None)
+}
+
+/// A report pytrace reads back (`compare --traced/--sampled`): a regular
+/// file (never a FIFO or device, which could block or never end) of at
+/// most `max` bytes, read whole.
+pub fn read_local_report(path: &Path, max: u64) -> Result<Vec<u8>> {
+    let file = open_raw(path, libc::O_PATH).with_context(|| format!("cannot read {}", path.display()))?;
+    CheckedFile::new_capped(file, &path.display().to_string(), None, max, "of a report")?.read_all()
 }
 
 #[cfg(test)]

@@ -367,12 +367,12 @@ fn unbounded_inputs_are_refused_at_once() {
     let link = dir.path().join("zero.json");
     std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
     let huge = dir.path().join("huge.json");
-    std::fs::File::create(&huge).unwrap().set_len((128 << 20) + 1).unwrap();
+    std::fs::File::create(&huge).unwrap().set_len(129 << 20).unwrap();
     for (input, want) in [
         ("/dev/zero", "/dev/zero is not a regular file".to_string()),
         (fifo.to_str().unwrap(), format!("{} is not a regular file", fifo.display())),
         (link.to_str().unwrap(), format!("{} is not a regular file", link.display())),
-        (huge.to_str().unwrap(), format!("{} is 128 MiB, more than the 128 MiB pytrace reads of a report", huge.display())),
+        (huge.to_str().unwrap(), format!("{} is 129 MiB, more than the 128 MiB pytrace reads of a report", huge.display())),
     ] {
         let started = std::time::Instant::now();
         let out = Command::new("timeout")

@@ -1,8 +1,9 @@
 //! pytrace against hostile targets and faults, each reproduced for real: a
 //! library replaced under a running target, a container that plants links
 //! and a FIFO where its files were, two runs on one target, a killed process
-//! group, a forking target, thread churn, outputs that are links or inputs,
-//! Ctrl-C with `--`. Each checks that the target is alive with its
+//! group, a forking target, thread churn, outputs that are links or inputs
+//! or lead out of a container, pipes and /dev/null as outputs, a full disk,
+//! a sparse executable, Ctrl-C with `--`. Each checks that the target is alive with its
 //! eval-frame hook back to NULL (read back by `pytrace info`), and that
 //! pytrace answers with an exact report or one clear sentence.
 

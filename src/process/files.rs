@@ -12,7 +12,9 @@
 //! - either way the opened file's (device, inode) must be the mapping's;
 //! - everything is first opened with O_PATH, which opens nothing (no FIFO
 //!   blocks, no device wakes up), and read only if fstat says it is a
-//!   regular file, and only up to MAX_FILE_BYTES.
+//!   regular file, and only up to MAX_FILE_BYTES;
+//! - an ELF file is read only where it holds data (read_image), so a
+//!   sparse hole, however large, costs no memory.
 //!
 //! libbpf gets `/proc/self/fd/N` of the checked file to attach uprobes to,
 //! which the kernel follows to that same inode.

@@ -344,3 +344,47 @@ fn bad_input_is_one_clear_sentence() {
     let cmp: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(cmp["functions"].as_array().unwrap().len(), 0);
 }
+
+/// Saved reports are read like every untrusted file: a device, a FIFO (a
+/// writer that never comes would block forever) or a link to either is
+/// refused in a sentence without reading a byte, and so is a file over
+/// the 128 MiB cap (a sparse one here, which read_to_string would have
+/// filled memory with), each at once and within bounded memory.
+#[test]
+fn unbounded_inputs_are_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let sample = dir.path().join("sample.json");
+    std::fs::write(
+        &sample,
+        r#"{"pid": 1, "python": {"version": "3.11.2", "mode": "sample"}, "hz": 99, "duration_ns": 1, "samples": 0, "lost_events": 0, "functions": []}"#,
+    )
+    .unwrap();
+    let sample = sample.to_str().unwrap();
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) on a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let link = dir.path().join("zero.json");
+    std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+    let huge = dir.path().join("huge.json");
+    std::fs::File::create(&huge).unwrap().set_len(129 << 20).unwrap();
+    for (input, want) in [
+        ("/dev/zero", "/dev/zero is not a regular file".to_string()),
+        (fifo.to_str().unwrap(), format!("{} is not a regular file", fifo.display())),
+        (link.to_str().unwrap(), format!("{} is not a regular file", link.display())),
+        (huge.to_str().unwrap(), format!("{} is 129 MiB, more than the 128 MiB pytrace reads of a report", huge.display())),
+    ] {
+        let started = std::time::Instant::now();
+        let out = Command::new("timeout")
+            .args(["20", "/usr/bin/time", "-f", "maxrss_kb=%M", PYTRACE, "compare", "--traced", input, "--sampled", sample])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{input}: {stderr}");
+        let (sentence, rest) = stderr.split_once('\n').unwrap();
+        assert!(sentence.starts_with("pytrace: ") && sentence.contains(&want), "{input}: expected {want:?} in {stderr:?}");
+        let rss: u64 = rest.lines().find_map(|l| l.strip_prefix("maxrss_kb=")).unwrap().trim().parse().unwrap();
+        assert!(rss < 64 * 1024, "{input}: pytrace peaked at {rss} KiB");
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "{input}: took {:?}", started.elapsed());
+    }
+}

@@ -1,8 +1,9 @@
 //! pytrace against hostile targets and faults, each reproduced for real: a
 //! library replaced under a running target, a container that plants links
 //! and a FIFO where its files were, two runs on one target, a killed process
-//! group, a forking target, thread churn, outputs that are links or inputs,
-//! Ctrl-C with `--`. Each checks that the target is alive with its
+//! group, a forking target, thread churn, outputs that are links or inputs
+//! or lead out of a container, pipes and /dev/null as outputs, a full disk,
+//! a sparse executable, Ctrl-C with `--`. Each checks that the target is alive with its
 //! eval-frame hook back to NULL (read back by `pytrace info`), and that
 //! pytrace answers with an exact report or one clear sentence.
 
@@ -660,4 +661,236 @@ fn access_refused_to_root_says_what_failed() {
     let line = one_sentence(&stderr);
     assert!(line.contains(&format!("the kernel refused pytrace access to process {}", target.pid())), "{line}");
     assert!(!line.contains("needs root"), "{line}");
+}
+
+/// A root for a chroot'ed "container" running the Debian 3.11 with the
+/// safety fixture: /usr, /etc and /dev bind-mounted in a mount namespace of
+/// its own (as a_container_that_plants_links_cannot_steer_pytrace does).
+fn chroot_container(r: &Path) -> Proc {
+    for dir in ["usr", "etc", "app", "proc", "dev", "tmp"] {
+        std::fs::create_dir(r.join(dir)).unwrap();
+    }
+    for link in ["lib", "lib64", "bin"] {
+        if let Ok(target) = std::fs::read_link(Path::new("/").join(link)) {
+            std::os::unix::fs::symlink(target, r.join(link)).unwrap();
+        }
+    }
+    std::fs::copy("/usr/bin/python3.11", r.join("app/python")).unwrap();
+    std::fs::copy(fixture("safety.py"), r.join("app/safety.py")).unwrap();
+    let script = format!(
+        "mount --bind /usr {r}/usr && mount --bind /etc {r}/etc && mount --bind /dev {r}/dev && exec chroot {r} /app/python /app/safety.py spin",
+        r = r.display()
+    );
+    let mut target = Proc(Command::new("unshare").args(["--mount", "--propagation", "private", "sh", "-c", &script]).stdout(Stdio::piped()).spawn().unwrap());
+    assert_eq!(read_line(&mut target), "spinning");
+    target
+}
+
+/// A report path through a symlinked directory is refused on the host (a
+/// link under /tmp can lead anywhere), and a path under /proc/PID/root is
+/// resolved inside that root: links the container plants to a host
+/// directory, absolute or climbing with "..", never lead out of it.
+#[test]
+fn outputs_never_follow_a_linked_directory_out_of_a_container() {
+    let host = tempfile::tempdir().unwrap();
+    let host_dir = host.path().join("host-reports");
+    std::fs::create_dir(&host_dir).unwrap();
+    let linked = host.path().join("linked");
+    std::os::unix::fs::symlink(&host_dir, &linked).unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let r = root.path();
+    let mut target = chroot_container(r);
+    let pid = target.pid().to_string();
+
+    let out = pytrace(&["info", "-p", &pid, "--json", linked.join("info.json").to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(one_sentence(&stderr).contains("a directory on its path is a symbolic link"), "{stderr}");
+
+    // The container plants links to the host's directory: absolute, and
+    // climbing out with "..".
+    let climbing = format!("{}{}", "../".repeat(r.components().count() + 2), host_dir.display());
+    for (label, planted) in [("absolute", host_dir.to_str().unwrap()), ("climbing", climbing.as_str())] {
+        let link = r.join("tmp/reports");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(planted, &link).unwrap();
+        let out = pytrace(&["info", "-p", &pid, "--json", &format!("/proc/{pid}/root/tmp/reports/info.json")]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // Inside the root the link names a directory that does not exist.
+        assert_eq!(out.status.code(), Some(1), "{label}: {stderr}");
+        assert!(one_sentence(&stderr).contains("No such file or directory"), "{label}: {stderr}");
+        assert_eq!(std::fs::read_dir(&host_dir).unwrap().count(), 0, "{label}: nothing written on the host");
+    }
+    // The same link, once the container has that directory, lands in it.
+    let in_container = r.join(host_dir.strip_prefix("/").unwrap());
+    std::fs::create_dir_all(&in_container).unwrap();
+    let out = pytrace(&["info", "-p", &pid, "--json", &format!("/proc/{pid}/root/tmp/reports/info.json")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(read_json(&in_container.join("info.json"))["version"], "3.11.2");
+    assert_eq!(std::fs::read_dir(&host_dir).unwrap().count(), 0, "nothing written on the host");
+    assert_alive(&mut target, "container outputs");
+}
+
+/// /dev/null, a FIFO and a process substitution (`>(...)`, /dev/fd/N: a
+/// link to a pipe) are written in place; a FIFO nobody reads is one
+/// sentence, not a hang.
+#[test]
+fn outputs_to_dev_null_fifos_and_process_substitution() {
+    let (_, python) = pythons().remove(0);
+    let target = waiting_target(&python, &["spin", "--wait"]);
+    let pid = target.pid().to_string();
+    let version = String::from_utf8(Command::new(&python).args(["-c", "import platform; print(platform.python_version(), end='')"]).output().unwrap().stdout).unwrap();
+
+    let out = pytrace(&["info", "-p", &pid, "--json", "/dev/null"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&version), "the table still goes to the terminal");
+
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) on a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let started = Instant::now();
+    let out = pytrace(&["info", "-p", &pid, "--json", fifo.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(one_sentence(&stderr).contains("is a FIFO that no process is reading"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let reader = Command::new("cat").arg(&fifo).stdout(Stdio::piped()).spawn().unwrap();
+    let mut out;
+    // cat opens the FIFO in its own time: until then pytrace is refused.
+    loop {
+        out = pytrace(&["info", "-p", &pid, "--json", fifo.to_str().unwrap()]);
+        if out.status.success() || started.elapsed() > Duration::from_secs(20) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let through_fifo: serde_json::Value = serde_json::from_slice(&reader.wait_with_output().unwrap().stdout).unwrap();
+    assert_eq!(through_fifo["version"], version.as_str());
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&std::fs::symlink_metadata(&fifo).unwrap().file_type()), "the FIFO stays a FIFO");
+
+    let script = format!("{PYTRACE} info -p {pid} --json >(cat > {}/substituted.json); wait $!", dir.path().display());
+    let out = Command::new("bash").args(["-c", &script]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(read_json(&dir.path().join("substituted.json"))["version"], version.as_str());
+}
+
+/// A tmpfs mounted by the test and unmounted when dropped.
+struct SmallTmpfs(tempfile::TempDir);
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+/// A full disk fails each output in its own sentence, but the table, which
+/// a `-p` trace cannot give again, still reaches the terminal; nothing is
+/// left on the disk, and an earlier report there survives.
+#[test]
+fn a_full_disk_keeps_the_table_and_names_each_failed_output() {
+    let (_, python) = pythons().remove(0);
+    let disk = SmallTmpfs(tempfile::tempdir().unwrap());
+    assert!(Command::new("mount").args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"]).arg(disk.0.path()).status().unwrap().success());
+    std::fs::write(disk.0.path().join("calls.json"), "earlier").unwrap();
+    // Fill it: tmpfs still makes empty files (inodes are counted apart).
+    let mut filler = std::fs::File::create(disk.0.path().join("filler")).unwrap();
+    while std::io::Write::write_all(&mut filler, &[0u8; 4096]).is_ok() {}
+    drop(filler);
+
+    let json = disk.0.path().join("calls.json");
+    let pstats = disk.0.path().join("calls.pstats");
+    let out = pytrace(&[
+        "calls",
+        "--sort",
+        "calls",
+        "--json",
+        json.to_str().unwrap(),
+        "--pstats",
+        pstats.to_str().unwrap(),
+        "--",
+        python.to_str().unwrap(),
+        "-c",
+        "def counted(): pass\nfor _ in range(1234): counted()",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    // (Less the "attached to PID" line a run with `--` starts with.)
+    let lines: Vec<&str> = stderr.trim_end().lines().filter(|l| l.starts_with("pytrace: ") && !l.starts_with("pytrace: attached")).collect();
+    assert_eq!(lines.len(), 2, "one sentence per failed output: {stderr}");
+    assert!(lines.iter().any(|l| l.contains(&format!("failed to write {}", json.display())) && l.contains("No space left")), "{stderr}");
+    assert!(lines.iter().any(|l| l.contains(&format!("failed to write {}", pstats.display()))), "{stderr}");
+    // The script's own count, in the table.
+    let row = stdout.lines().find(|l| l.contains(" counted (<string>:1)")).unwrap_or_else(|| panic!("no row for counted(): {stdout}"));
+    assert!(row.split_whitespace().any(|w| w.replace(',', "") == "1234"), "{row}");
+    assert_eq!(std::fs::read_to_string(&json).unwrap(), "earlier");
+    let mut left: Vec<String> = std::fs::read_dir(disk.0.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    left.sort();
+    assert_eq!(left, ["calls.json", "filler"], "no temporary file left");
+}
+
+/// One new file named two ways (`x.json` and `/abs/x.json`) is refused
+/// before anything runs, not one report silently lost.
+#[test]
+fn one_file_named_two_ways_is_refused_before_the_run() {
+    let (_, python) = pythons().remove(0);
+    let dir = tempfile::tempdir().unwrap();
+    let absolute = dir.path().join("x.json");
+    let out = Command::new(PYTRACE)
+        .current_dir(dir.path())
+        .args(["sample", "--json", "x.json", "--speedscope", absolute.to_str().unwrap(), "--", python.to_str().unwrap(), "-c", "print('ran')"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(one_sentence(&stderr).contains("are the same file, given as two outputs"), "{stderr}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"), "the command must not have run");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "no temporary file left");
+}
+
+/// pytrace's peak RSS in KiB running `args`, which must succeed, and its stdout.
+fn peak_rss_kib(args: &[&str]) -> (u64, Vec<u8>) {
+    let out = Command::new("/usr/bin/time").args(["-f", "maxrss_kb=%M", PYTRACE]).args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{args:?}: {stderr}");
+    (stderr.lines().find_map(|l| l.strip_prefix("maxrss_kb=")).unwrap().trim().parse().unwrap(), out.stdout)
+}
+
+/// A target whose executable is padded with a 504 MiB sparse hole (6.6 MB
+/// on disk) costs pytrace no more memory than the same executable without
+/// it: files are read only where they hold data (it was 540 MB a run), and
+/// info and sample still see it right.
+#[test]
+fn a_sparse_executable_costs_no_more_than_a_normal_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut peaks = Vec::new();
+    for (label, pad) in [("normal", 0u64), ("padded", 504 << 20)] {
+        let exe = dir.path().join(label);
+        std::fs::copy("/usr/bin/python3.11", &exe).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&exe).unwrap();
+        file.set_len(file.metadata().unwrap().len() + pad).unwrap();
+        drop(file);
+        let mut target = fixture_target(&exe, &["spin"]);
+        assert_eq!(read_line(&mut target), "spinning", "{label}");
+        let pid = target.pid().to_string();
+        let (info_rss, info) = peak_rss_kib(&["info", "-p", &pid, "--json", "-"]);
+        let info: serde_json::Value = serde_json::from_slice(&info).unwrap();
+        assert_eq!(info["version"], "3.11.2", "{label}");
+        let (sample_rss, sample) = peak_rss_kib(&["sample", "-p", &pid, "-d", "2", "-r", "999", "--json", "-"]);
+        let sample: serde_json::Value = serde_json::from_slice(&sample).unwrap();
+        // The fixture is on CPU about a tenth of the time (it sleeps 1 ms
+        // per 1,000 calls): two seconds at 999 Hz give some 200 samples,
+        // at least 20 even on a loaded machine.
+        let samples = sample["samples"].as_u64().unwrap();
+        assert!(samples >= 20, "{label}: only {samples} samples: {sample}");
+        assert!(sample["functions"].as_array().unwrap().iter().any(|f| f["name"] == "spin_forever"), "{label}: {sample}");
+        assert_alive(&mut target, label);
+        peaks.push((label, info_rss, sample_rss));
+    }
+    let (normal, padded) = (peaks[0], peaks[1]);
+    // The hole alone was 504 MiB a run; 32 MiB is noise between two runs.
+    assert!(padded.1 < normal.1 + 32 * 1024 && padded.2 < normal.2 + 32 * 1024, "peak RSS in KiB (label, info, sample): {peaks:?}");
 }

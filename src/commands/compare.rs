@@ -35,7 +35,7 @@ pub fn run(opts: Options) -> Result<i32> {
             let run = session::trace_and_sample(target, duration, hz)?;
             let status = run.exit_code;
             let (traced, sampled) = live_reports(run);
-            outputs.write_compared(&traced, &sampled)?;
+            outputs.write_compared(&traced, &sampled);
             // The same numbers a saved pair of these reports gives.
             (TracedReport::from(&traced), SampledReport::from(&sampled), status)
         }

@@ -41,7 +41,7 @@ pub struct ElfFile {
     pub id: FileId,
     /// Held open so that `path` stays this file.
     _file: CheckedFile,
-    bytes: Vec<u8>,
+    bytes: files::FileImage,
     /// Link-time address and size of each symbol.
     symbols: HashMap<String, (u64, u64)>,
     segments: Vec<Segment>,
@@ -81,7 +81,7 @@ impl ElfFile {
 
     /// Reads and parses a checked file (src/process/files.rs), keeping it open.
     pub fn read(file: CheckedFile) -> Result<Self> {
-        let bytes = file.read_all()?;
+        let bytes = file.read_image()?;
         let name = file.name.clone();
         let (symbols, segments, is_shared_object, needed, rpaths, runpaths, usdt_probes, relative_relocs, sections, plt_slots, exported) = {
             let elf = Elf::parse(&bytes).with_context(|| format!("{name} is not an ELF file"))?;
@@ -314,8 +314,10 @@ const MAX_CONF_BYTES: usize = 1 << 20;
 fn ld_so_conf_dirs(pid: u32) -> Vec<String> {
     let mut dirs = Vec::new();
     let read = |path: &str| -> Option<String> {
-        let bytes = files::open_in_root(pid, path).ok()?.read_all().ok()?;
-        (bytes.len() <= MAX_CONF_BYTES).then(|| String::from_utf8_lossy(&bytes).into_owned())
+        let file = files::open_in_root(pid, path).ok()?;
+        // Checked before reading: a larger "configuration" is never read.
+        let bytes = (file.size <= MAX_CONF_BYTES as u64).then(|| file.read_all().ok())??;
+        Some(String::from_utf8_lossy(&bytes).into_owned())
     };
     let mut texts = vec![read("/etc/ld.so.conf")];
     let mut confs: Vec<String> = files::list_dir_in_root(pid, "/etc/ld.so.conf.d", 256).iter().map(|n| format!("/etc/ld.so.conf.d/{n}")).collect();

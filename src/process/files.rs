@@ -12,7 +12,9 @@
 //! - either way the opened file's (device, inode) must be the mapping's;
 //! - everything is first opened with O_PATH, which opens nothing (no FIFO
 //!   blocks, no device wakes up), and read only if fstat says it is a
-//!   regular file, and only up to MAX_FILE_BYTES.
+//!   regular file, and only up to MAX_FILE_BYTES;
+//! - an ELF file is read only where it holds data (read_image), so a
+//!   sparse hole, however large, costs no memory.
 //!
 //! libbpf gets `/proc/self/fd/N` of the checked file to attach uprobes to,
 //! which the kernel follows to that same inode.
@@ -57,12 +59,20 @@ pub struct CheckedFile {
     pub mtime: i64,
     /// What the target calls it, for messages.
     pub name: String,
+    /// The most pytrace reads of it.
+    max: u64,
 }
 
 impl CheckedFile {
     /// Checks a file opened with O_PATH (a regular file of at most
     /// MAX_FILE_BYTES, and `want` if given), then opens it for reading.
     fn new(path_fd: File, name: &str, want: Option<FileId>) -> Result<Self> {
+        Self::new_capped(path_fd, name, want, MAX_FILE_BYTES, "of one file")
+    }
+
+    /// As `new`, with a cap of `max` bytes, said as "the N MiB pytrace
+    /// reads {of_what}".
+    fn new_capped(path_fd: File, name: &str, want: Option<FileId>, max: u64, of_what: &str) -> Result<Self> {
         let meta = path_fd.metadata().with_context(|| format!("failed to stat {name}"))?;
         let mut id = FileId { dev: meta.dev(), ino: meta.ino() };
         if let Some(want) = want.filter(|&want| want != id && overlay_alias(&path_fd, want, id)) {
@@ -75,32 +85,82 @@ impl CheckedFile {
         if !meta.file_type().is_file() {
             bail!("{name} is not a regular file: pytrace reads only regular files");
         }
-        if meta.len() > MAX_FILE_BYTES {
-            bail!("{name} is {} MiB, more than the {} MiB pytrace reads of one file", meta.len() >> 20, MAX_FILE_BYTES >> 20);
+        if meta.len() > max {
+            bail!("{name} is {} MiB, more than the {} MiB pytrace reads {of_what}", meta.len() >> 20, max >> 20);
         }
         // The same inode, now open for reading (magic links are ours here).
         let fd_path = PathBuf::from(format!("/proc/self/fd/{}", path_fd.as_raw_fd()));
         let file = open_raw(&fd_path, 0).with_context(|| format!("failed to open {name} for reading"))?;
-        Ok(CheckedFile { file, id, size: meta.len(), mtime: meta.mtime(), name: name.to_string() })
+        Ok(CheckedFile { file, id, size: meta.len(), mtime: meta.mtime(), name: name.to_string(), max })
     }
 
-    /// The whole file, at most MAX_FILE_BYTES (a file that grew past its
-    /// checked size is refused rather than read on).
+    /// The whole file, at most the cap it was checked against (a file that
+    /// grew past it is refused rather than read on).
     pub fn read_all(&self) -> Result<Vec<u8>> {
-        let mut bytes = Vec::with_capacity(self.size as usize);
-        let mut reader = (&self.file).take(MAX_FILE_BYTES + 1);
+        let mut bytes = Vec::with_capacity(self.size.min(self.max) as usize);
+        let mut reader = (&self.file).take(self.max + 1);
         std::io::Seek::rewind(&mut &self.file).with_context(|| format!("failed to read {}", self.name))?;
         reader.read_to_end(&mut bytes).with_context(|| format!("failed to read {}", self.name))?;
-        if bytes.len() as u64 > MAX_FILE_BYTES {
-            bail!("{} grew past {} MiB while pytrace read it", self.name, MAX_FILE_BYTES >> 20);
+        if bytes.len() as u64 > self.max {
+            bail!("{} grew past {} MiB while pytrace read it", self.name, self.max >> 20);
         }
         Ok(bytes)
+    }
+
+    /// The file's bytes at their own offsets, read only where the file
+    /// holds data (SEEK_DATA/SEEK_HOLE): in anonymous memory, whose pages
+    /// cost nothing until written, so a sparse hole (a hostile target's
+    /// 500 MiB of "binary" that is 6 MB on disk) costs nothing either.
+    /// Bytes past a file that shrank meanwhile read as zeros.
+    pub fn read_image(&self) -> Result<FileImage> {
+        let len = self.size.min(self.max) as usize;
+        let mut map = memmap2::MmapOptions::new().len(len.max(1)).no_reserve_swap().map_anon().with_context(|| format!("failed to make room for {}", self.name))?;
+        let fd = self.file.as_raw_fd();
+        let mut at = 0u64;
+        while at < len as u64 {
+            // SAFETY: lseek(2) on an fd we own.
+            let data = unsafe { libc::lseek(fd, at as libc::off_t, libc::SEEK_DATA) };
+            if data < 0 {
+                let e = std::io::Error::last_os_error();
+                // ENXIO: no data past `at`, the rest is a hole (or the file shrank).
+                if e.raw_os_error() == Some(libc::ENXIO) {
+                    break;
+                }
+                return Err(e).with_context(|| format!("failed to read {}", self.name));
+            }
+            // SAFETY: as above.
+            let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+            let end = if hole < 0 { len as u64 } else { (hole as u64).min(len as u64) };
+            let mut pos = data as u64;
+            while pos < end {
+                let n = std::os::unix::fs::FileExt::read_at(&self.file, &mut map[pos as usize..end as usize], pos).with_context(|| format!("failed to read {}", self.name))?;
+                if n == 0 {
+                    break;
+                }
+                pos += n as u64;
+            }
+            at = end.max(data as u64 + 1);
+        }
+        Ok(FileImage { map, len })
     }
 
     /// A path the kernel resolves to this very file for as long as it is
     /// open here: what libbpf and blazesym are given to open or attach to.
     pub fn fd_path(&self) -> PathBuf {
         PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+}
+
+/// A file's bytes (see CheckedFile::read_image).
+pub struct FileImage {
+    map: memmap2::MmapMut,
+    len: usize,
+}
+
+impl std::ops::Deref for FileImage {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.map[..self.len]
     }
 }
 
@@ -183,7 +243,15 @@ pub fn open_in_root(pid: u32, path: &str) -> Result<CheckedFile> {
 
 fn open_in_root_raw(pid: u32, path: &str) -> std::io::Result<File> {
     let root = open_raw(Path::new(&format!("/proc/{pid}/root")), libc::O_PATH | libc::O_DIRECTORY)?;
-    let c = CString::new(path).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // openat2 refuses any flag O_PATH ignores.
+    openat2(root.as_raw_fd(), Path::new(path), libc::O_PATH | libc::O_CLOEXEC, libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS)
+}
+
+/// openat2(2): `path` opened from `dir` (AT_FDCWD for the working
+/// directory) with `resolve`'s restrictions on how it is walked. Retries
+/// the EAGAIN RESOLVE_IN_ROOT gives when a rename raced the walk.
+pub fn openat2(dir: std::os::fd::RawFd, path: &Path, flags: libc::c_int, resolve: u64) -> std::io::Result<File> {
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
     /// struct open_how of openat2(2).
     #[repr(C)]
     struct OpenHow {
@@ -191,15 +259,20 @@ fn open_in_root_raw(pid: u32, path: &str) -> std::io::Result<File> {
         mode: u64,
         resolve: u64,
     }
-    // openat2 refuses any flag O_PATH ignores.
-    let how = OpenHow { flags: (libc::O_PATH | libc::O_CLOEXEC) as u64, mode: 0, resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS };
-    // SAFETY: openat2(2) with a valid dirfd, path and open_how of the size we pass.
-    let fd = unsafe { libc::syscall(libc::SYS_openat2, root.as_raw_fd(), c.as_ptr(), &how as *const OpenHow, std::mem::size_of::<OpenHow>()) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
+    let how = OpenHow { flags: flags as u64, mode: 0, resolve };
+    for _ in 0..16 {
+        // SAFETY: openat2(2) with a dirfd, a NUL-terminated path and an open_how of the size we pass.
+        let fd = unsafe { libc::syscall(libc::SYS_openat2, dir, c.as_ptr(), &how as *const OpenHow, std::mem::size_of::<OpenHow>()) };
+        if fd >= 0 {
+            // SAFETY: a fresh fd we own.
+            return Ok(unsafe { File::from_raw_fd(fd as libc::c_int) });
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EAGAIN) {
+            return Err(e);
+        }
     }
-    // SAFETY: a fresh fd we own.
-    Ok(unsafe { File::from_raw_fd(fd as libc::c_int) })
+    Err(std::io::Error::from_raw_os_error(libc::EAGAIN))
 }
 
 /// Whether `path` exists inside process `pid`'s root (resolved as
@@ -221,6 +294,14 @@ pub fn list_dir_in_root(pid: u32, path: &str, max: usize) -> Vec<String> {
 pub fn open_local(path: &Path) -> Result<CheckedFile> {
     let file = open_raw(path, libc::O_PATH).with_context(|| format!("failed to open {}", path.display()))?;
     CheckedFile::new(file, &path.display().to_string(), None)
+}
+
+/// A report pytrace reads back (`compare --traced/--sampled`): a regular
+/// file (never a FIFO or device, which could block or never end) of at
+/// most `max` bytes, read whole.
+pub fn read_local_report(path: &Path, max: u64) -> Result<Vec<u8>> {
+    let file = open_raw(path, libc::O_PATH).with_context(|| format!("cannot read {}", path.display()))?;
+    CheckedFile::new_capped(file, &path.display().to_string(), None, max, "of a report")?.read_all()
 }
 
 #[cfg(test)]
@@ -249,6 +330,7 @@ mod tests {
         let bytes = exe.read_all().unwrap();
         assert_eq!(bytes.len() as u64, exe.size);
         assert_eq!(&bytes[..4], b"\x7fELF");
+        assert_eq!(&exe.read_image().unwrap()[..], &bytes[..], "the image holds the same bytes");
         let local = std::fs::metadata(std::env::current_exe().unwrap()).unwrap();
         assert_eq!(exe.id, FileId { dev: local.dev(), ino: local.ino() });
         // The fd path reaches the same inode.
@@ -258,6 +340,23 @@ mod tests {
         let mut wrong = maps.iter().find(|m| m.offset == 0).unwrap().clone();
         wrong.inode ^= 1;
         assert!(format!("{:#}", open_mapping(me, &wrong).unwrap_err()).contains("is not the file the process mapped"));
+    }
+
+    #[test]
+    fn a_sparse_hole_is_never_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sparse");
+        let mut f = std::fs::File::create(&path).unwrap();
+        std::io::Write::write_all(&mut f, b"head").unwrap();
+        f.set_len(256 << 20).unwrap();
+        std::os::unix::fs::FileExt::write_at(&f, b"tail", (256 << 20) - 4).unwrap();
+        drop(f);
+        let rss = || std::fs::read_to_string("/proc/self/statm").unwrap().split(' ').nth(1).unwrap().parse::<u64>().unwrap() * 4096;
+        let before = rss();
+        let image = open_local(&path).unwrap().read_image().unwrap();
+        assert_eq!((&image[..4], &image[image.len() - 4..], image[100 << 20]), (&b"head"[..], &b"tail"[..], 0));
+        let grew = rss().saturating_sub(before);
+        assert!(grew < 16 << 20, "a 256 MiB file with 8 bytes of data cost {} MiB", grew >> 20);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::Result;
 use serde::Serialize;
 
-use super::output::{check_distinct, Output};
+use super::output::{all_written, check_distinct, Output};
 use super::{counted, human_ns, thousands, PythonInfo, ReportKind};
 use crate::model::counters::Counters;
 use crate::model::functions::{CallEdge, CallsData, Function, FunctionId, FunctionStats};
@@ -212,10 +212,10 @@ pub struct CallsOutputs {
 
 impl CallsOutputs {
     pub fn create(json: Option<&Path>, pprof: Option<&Path>, pstats: Option<&Path>) -> Result<Self> {
-        let paths: Vec<&Path> = [json, pprof, pstats].into_iter().flatten().collect();
-        check_distinct(&[], &paths)?;
         let create = |path: Option<&Path>| path.map(Output::create).transpose();
-        Ok(CallsOutputs { json: create(json)?, pprof: create(pprof)?, pstats: create(pstats)? })
+        let outputs = CallsOutputs { json: create(json)?, pprof: create(pprof)?, pstats: create(pstats)? };
+        check_distinct(&[], &[&outputs.json, &outputs.pprof, &outputs.pstats].into_iter().flatten().collect::<Vec<_>>())?;
+        Ok(outputs)
     }
 
     /// Whether caller->callee edges are wanted (only the pstats file has them).
@@ -223,13 +223,12 @@ impl CallsOutputs {
         self.pstats.is_some()
     }
 
+    /// Writes every output asked for, and the table, even when one fails
+    /// (a `-p` trace cannot be repeated); each failure is its own sentence.
     pub fn write(mut self, report: &CallsReport, top: Option<usize>) -> Result<()> {
-        if let Some(out) = self.pprof.as_mut() {
-            out.write_all(&report.to_pprof()?)?;
-        }
-        if let Some(out) = self.pstats.as_mut() {
-            out.write_all(&report.to_pstats())?;
-        }
-        super::emit(self.json.as_mut(), || report.to_json(), || report.to_table(top))
+        let pprof = self.pprof.as_mut().map(|out| out.write_all(&report.to_pprof()?));
+        let pstats = self.pstats.as_mut().map(|out| out.write_all(&report.to_pstats()));
+        let json = super::emit(self.json.as_mut(), || report.to_json(), || report.to_table(top));
+        all_written([pprof, pstats, Some(json)].into_iter().flatten())
     }
 }

@@ -56,16 +56,14 @@ pub struct PythonInfo {
 }
 
 /// Writes a report: JSON to `json` if given, and the table to stdout unless
-/// the JSON already went there.
+/// the JSON already went there, even when writing the JSON failed.
 pub fn emit(json: Option<&mut Output>, to_json: impl FnOnce() -> String, to_table: impl FnOnce() -> String) -> Result<()> {
     let table_on_stdout = !matches!(json, Some(Output::Stdout));
-    if let Some(out) = json {
-        out.write_all(to_json().as_bytes())?;
-    }
+    let written = json.map_or(Ok(()), |out| out.write_all(to_json().as_bytes()));
     if table_on_stdout {
         print!("{}", to_table());
     }
-    Ok(())
+    written
 }
 
 /// The non-zero counters of these kinds, each as "N what".

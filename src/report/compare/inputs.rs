@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use serde::Deserialize;
 
 use crate::model::functions::{CallsData, Function};
@@ -105,10 +105,16 @@ fn kind_of(v: &serde_json::Value) -> &'static str {
     }
 }
 
+/// The largest report compare reads. A calls report holds at most 16,384
+/// functions (a few MiB); a sample report's stacks are bounded likewise;
+/// parsing holds the text and its JSON tree at once, several times its size.
+pub const MAX_REPORT_BYTES: u64 = 128 << 20;
+
 /// Reads one report, checking it is the kind wanted ("`pytrace calls
 /// --json`"), with one sentence for each way it can be wrong.
 fn read_report<T: serde::de::DeserializeOwned>(path: &Path, want: &str, flag: &str) -> Result<(T, serde_json::Value)> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let bytes = crate::process::files::read_local_report(path, MAX_REPORT_BYTES)?;
+    let text = String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("{} is not JSON (it is not UTF-8 text)", path.display()))?;
     parse_report(&text, &path.display().to_string(), want, flag)
 }
 

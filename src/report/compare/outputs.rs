@@ -10,34 +10,37 @@ use anyhow::Result;
 
 use super::Comparison;
 use crate::report::calls::CallsReport;
-use crate::report::output::{check_distinct, Output};
+use crate::report::output::{all_written, check_distinct, Output};
 use crate::report::profile::Profile;
 
 pub struct CompareOutputs {
     json: Option<Output>,
     traced: Option<Output>,
     sampled: Option<Output>,
+    /// What failed of write_compared.
+    failed: Vec<anyhow::Error>,
 }
 
 impl CompareOutputs {
     /// `inputs`: the saved reports read; `traced` and `sampled`: where a
     /// live run's two reports go, if anywhere.
     pub fn create(inputs: &[&Path], json: Option<&Path>, traced: Option<&Path>, sampled: Option<&Path>) -> Result<Self> {
-        let outputs: Vec<&Path> = [traced, sampled, json].into_iter().flatten().collect();
-        check_distinct(inputs, &outputs)?;
         let create = |path: Option<&Path>| path.map(Output::create).transpose();
-        let json = create(json)?;
-        Ok(CompareOutputs { json, traced: create(traced)?, sampled: create(sampled)? })
+        let outputs = CompareOutputs { traced: create(traced)?, sampled: create(sampled)?, json: create(json)?, failed: Vec::new() };
+        check_distinct(inputs, &[&outputs.traced, &outputs.sampled, &outputs.json].into_iter().flatten().collect::<Vec<_>>())?;
+        Ok(outputs)
     }
 
-    /// A live run's two reports, where they were asked for.
-    pub fn write_compared(&mut self, traced: &CallsReport, sampled: &Profile) -> Result<()> {
-        self.traced.as_mut().map(|out| out.write_all(traced.to_json().as_bytes())).transpose()?;
-        self.sampled.as_mut().map(|out| out.write_all(sampled.to_json().as_bytes())).transpose()?;
-        Ok(())
+    /// A live run's two reports, where they were asked for; a failure is
+    /// kept for the end, so that the comparison is still written.
+    pub fn write_compared(&mut self, traced: &CallsReport, sampled: &Profile) {
+        let traced = self.traced.as_mut().map(|out| out.write_all(traced.to_json().as_bytes()));
+        let sampled = self.sampled.as_mut().map(|out| out.write_all(sampled.to_json().as_bytes()));
+        self.failed.extend([traced, sampled].into_iter().flatten().filter_map(Result::err));
     }
 
     pub fn write(mut self, comparison: &Comparison, top: usize) -> Result<()> {
-        crate::report::emit(self.json.as_mut(), || comparison.to_json(), || comparison.to_table(top))
+        let json = crate::report::emit(self.json.as_mut(), || comparison.to_json(), || comparison.to_table(top));
+        all_written(self.failed.drain(..).map(Err).chain([json]))
     }
 }

@@ -3,12 +3,12 @@
 //! already took standard output.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Result;
 
 use super::{Format, Profile};
-use crate::report::output::{check_distinct, Output};
+use crate::report::output::{all_written, check_distinct, Output};
 
 /// Every output of one run, created before sampling starts so that a bad
 /// path fails at once, in the order given.
@@ -17,22 +17,24 @@ pub struct Outputs(Vec<(Format, Output)>);
 impl Outputs {
     /// Refuses a path given twice, then creates each output.
     pub fn create(wanted: &[(Format, PathBuf)]) -> Result<Self> {
-        let paths: Vec<&Path> = wanted.iter().map(|(_, path)| path.as_path()).collect();
-        check_distinct(&[], &paths)?;
-        Ok(Outputs(wanted.iter().map(|(format, path)| Ok((*format, Output::create(path)?))).collect::<Result<_>>()?))
+        let outputs: Vec<(Format, Output)> = wanted.iter().map(|(format, path)| Ok((*format, Output::create(path)?))).collect::<Result<_>>()?;
+        check_distinct(&[], &outputs.iter().map(|(_, out)| out).collect::<Vec<_>>())?;
+        Ok(Outputs(outputs))
     }
 
     /// Writes `profile` in every format, then the top `top` functions as a
-    /// table on standard output unless a format went there.
+    /// table on standard output unless a format went there: all of them
+    /// even when one fails, each failure its own sentence.
     pub fn write(self, profile: &Profile, top: usize) -> Result<()> {
         let mut table_on_stdout = true;
+        let mut results = Vec::new();
         for (format, mut out) in self.0 {
             table_on_stdout &= !matches!(out, Output::Stdout);
-            out.write_all(&format.render(profile, top)?)?;
+            results.push(format.render(profile, top).and_then(|bytes| out.write_all(&bytes)));
         }
         if table_on_stdout {
-            std::io::stdout().write_all(&Format::Table.render(profile, top)?)?;
+            results.push(Format::Table.render(profile, top).and_then(|bytes| Ok(std::io::stdout().write_all(&bytes)?)));
         }
-        Ok(())
+        all_written(results)
     }
 }

@@ -22,7 +22,7 @@ fn main() {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             // One sentence, most specific cause last: "what failed: why".
-            eprintln!("pytrace: {e:#}");
+            report::console::err(&format!("pytrace: {e:#}\n"));
             std::process::exit(1);
         }
     }

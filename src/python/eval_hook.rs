@@ -296,7 +296,7 @@ impl EvalHook {
                     libc::poll(&mut pfd, 1, 10_000);
                 }
                 if let Err(e) = self.restore_in(self.pid) {
-                    eprintln!("pytrace guardian: could not restore interp->eval_frame in process {}: {e:#}", self.pid);
+                    crate::report::console::err(&format!("pytrace guardian: could not restore interp->eval_frame in process {}: {e:#}\n", self.pid));
                     code = 1;
                 }
                 self.restore_children(&children);
@@ -320,7 +320,7 @@ impl EvalHook {
         }
         for pid in all {
             if let Err(e) = self.restore_in(pid) {
-                eprintln!("pytrace: could not restore interp->eval_frame in process {pid}, a child of {}: {e:#}", self.pid);
+                crate::report::console::err(&format!("pytrace: could not restore interp->eval_frame in process {pid}, a child of {}: {e:#}\n", self.pid));
             }
         }
     }

@@ -3,6 +3,7 @@
 
 pub mod calls;
 pub mod compare;
+pub mod console;
 pub mod dump;
 pub mod gc;
 pub mod gil;
@@ -63,7 +64,7 @@ pub fn emit(json: Option<&mut Output>, to_json: impl FnOnce() -> String, to_tabl
         out.write_all(to_json().as_bytes())?;
     }
     if table_on_stdout {
-        print!("{}", to_table());
+        console::out(&to_table())?;
     }
     Ok(())
 }

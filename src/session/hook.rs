@@ -98,7 +98,7 @@ impl HookedRelease {
         };
         if target.is_running() {
             if let Err(e) = hook.restore() {
-                eprintln!("pytrace: warning: could not restore interp->eval_frame in PID {}: {e:#}", target.pid);
+                crate::report::console::err(&format!("pytrace: warning: could not restore interp->eval_frame in PID {}: {e:#}\n", target.pid));
             }
         }
         if let Some(g) = guardian {

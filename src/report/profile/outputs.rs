@@ -2,7 +2,6 @@
 //! file or standard output, and the table to the terminal unless a format
 //! already took standard output.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
@@ -31,7 +30,7 @@ impl Outputs {
             out.write_all(&format.render(profile, top)?)?;
         }
         if table_on_stdout {
-            std::io::stdout().write_all(&Format::Table.render(profile, top)?)?;
+            crate::report::console::out(&String::from_utf8_lossy(&Format::Table.render(profile, top)?))?;
         }
         Ok(())
     }

@@ -137,6 +137,10 @@ fn usdt_mode_is_refused_where_it_would_miss_calls() {
 fn missing_or_conflicting_target() {
     assert_fails_with(&["calls"], &[], "say which process to trace");
     assert_fails_with(&["calls", "-d", "0", "-p", "1"], &[], "--duration must be a positive number");
+    // A negative number is a value, not clap's tip to write `-- -5` (which
+    // would start a command named -5); a huge one is refused, not a panic.
+    assert_fails_with(&["calls", "-d", "-5", "-p", "1"], &[], "--duration must be a positive number of seconds, at most 31536000");
+    assert_fails_with(&["gil", "-d", "1e20", "-p", "1"], &[], "--duration must be a positive number of seconds, at most 31536000");
     assert_fails_with(&["info", "--binary", "/bin/ls"], &[], "/bin/ls is not a CPython executable or libpython");
 }
 

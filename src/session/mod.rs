@@ -82,7 +82,11 @@ pub fn preflight() -> Result<()> {
     if !std::path::Path::new(&btf).exists() {
         bail!("this kernel has no BTF ({btf} is missing): pytrace needs a kernel built with CONFIG_DEBUG_INFO_BTF=y");
     }
-    crate::kernel::Kernel::get().require(crate::kernel::Feature::Ringbuf, "pytrace")?;
+    let kernel = crate::kernel::Kernel::get();
+    if let Some(why) = &kernel.btf_unreadable {
+        bail!("could not read this kernel's BTF ({btf}): {why}");
+    }
+    kernel.require(crate::kernel::Feature::Ringbuf, "pytrace")?;
     if !has_tracing_privileges() {
         bail!("tracing needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE): run pytrace with sudo");
     }

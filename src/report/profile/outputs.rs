@@ -23,7 +23,10 @@ impl Outputs {
 
     /// Writes `profile` in every format, then the top `top` functions as a
     /// table on standard output unless a format went there.
-    pub fn write(self, profile: &Profile, top: usize) -> Result<()> {
+    pub fn write(mut self, profile: &Profile, top: usize) -> Result<()> {
+        // Files first: a reader of standard output that went away (`| head`)
+        // fails the run, but not before every file is written.
+        self.0.sort_by_key(|(_, out)| matches!(out, Output::Stdout));
         let mut table_on_stdout = true;
         for (format, mut out) in self.0 {
             table_on_stdout &= !matches!(out, Output::Stdout);

@@ -133,7 +133,7 @@ impl Findings {
             kernel: KernelFindings::get(),
             eval_frame_now: match pid {
                 Some(pid) if python.inlines_calls() => Some(match EvalHook::new(pid, python) {
-                    Ok(hook) => hook.state()?.describe(pid, HookLock::owner(pid)),
+                    Ok(hook) => hook.state()?.describe(pid, HookLock::owner_here_or_above(pid), HookLock::left_behind_by(pid)),
                     Err(e) => format!("unknown: {e:#}"),
                 }),
                 _ => None,

@@ -86,7 +86,7 @@ pub fn preflight() -> Result<()> {
     if let Some(why) = &kernel.btf_unreadable {
         bail!("could not read this kernel's BTF ({btf}): {why}");
     }
-    kernel.require(crate::kernel::Feature::Ringbuf, "pytrace")?;
+    kernel.require(crate::kernel::Feature::Ringbuf, "tracing")?;
     if !has_tracing_privileges() {
         bail!("tracing needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE): run pytrace with sudo");
     }

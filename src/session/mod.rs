@@ -88,12 +88,15 @@ pub fn preflight() -> Result<()> {
     }
     kernel.require(crate::kernel::Feature::Ringbuf, "tracing")?;
     if !has_tracing_privileges() {
-        bail!("tracing needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE): run pytrace with sudo");
+        bail!("{NEEDS_PRIVILEGES}");
     }
     Ok(())
 }
 
-fn has_tracing_privileges() -> bool {
+/// What tracing asks of whoever runs pytrace, as it is said when missing.
+pub const NEEDS_PRIVILEGES: &str = "tracing needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE): run pytrace with sudo";
+
+pub fn has_tracing_privileges() -> bool {
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         return true;

@@ -2,6 +2,9 @@
 //! vmlinux.h, the kernel's types for CO-RE, is dumped from this machine's BTF
 //! with bpftool into OUT_DIR; it is a build output, not a source file.
 
+// Cargo reads a build script's standard output: printing is its protocol.
+#![allow(clippy::disallowed_macros)]
+
 use std::env;
 use std::path::PathBuf;
 use std::process::Command;

@@ -62,10 +62,12 @@ enum Command {
 #[derive(Args)]
 struct TargetArgs {
     /// PID of the Python process to trace
-    #[arg(short, long, conflicts_with = "command")]
+    #[arg(short, long, conflicts_with = "command", allow_negative_numbers = true)]
     pid: Option<u32>,
     /// Stop after this many seconds (default: until the target exits or Ctrl-C)
-    #[arg(short, long, value_name = "SECONDS")]
+    // Negative numbers are taken as values, so `-d -5` gets the sentence
+    // below instead of clap's tip to write `-- -5` (which would start -5).
+    #[arg(short, long, value_name = "SECONDS", allow_negative_numbers = true)]
     duration: Option<f64>,
     /// Start this command and trace it from its first Python instruction
     #[arg(last = true, value_name = "COMMAND")]
@@ -102,7 +104,7 @@ struct CallsArgs {
     #[arg(long, value_enum, default_value = "auto")]
     mode: ModeArg,
     /// Show only the first N functions
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     top: Option<usize>,
     /// Order of the rows
     #[arg(long, value_enum, default_value = "total")]
@@ -154,7 +156,7 @@ struct ImportsArgs {
     #[command(flatten)]
     target: TargetArgs,
     /// Show only the N slowest top-level imports
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     top: Option<usize>,
     /// How to see imports: CPython's USDT probes, or a uprobe on the eval
     /// function (any build; the default without probes)
@@ -173,7 +175,7 @@ struct SampleArgs {
     #[arg(long, conflicts_with_all = ["pid", "command"])]
     all: bool,
     /// Samples per second per CPU (99 does not beat in step with timer ticks)
-    #[arg(short = 'r', long = "rate", value_name = "HZ", default_value_t = 99)]
+    #[arg(short = 'r', long = "rate", value_name = "HZ", default_value_t = 99, allow_negative_numbers = true)]
     rate: u64,
     /// Add kernel frames under the Python frames
     #[arg(long)]
@@ -209,7 +211,7 @@ struct SampleArgs {
     #[arg(long)]
     full_paths: bool,
     /// Rows in the terminal table
-    #[arg(long, value_name = "N", default_value_t = 20)]
+    #[arg(long, value_name = "N", default_value_t = 20, allow_negative_numbers = true)]
     top: usize,
     /// Write an SVG flamegraph (Python frames green, native aqua, kernel orange)
     #[arg(long, value_name = "FILE.svg")]
@@ -238,10 +240,10 @@ struct CompareArgs {
     #[command(flatten)]
     target: TargetArgs,
     /// Samples per second per CPU for the sampler
-    #[arg(short = 'r', long = "rate", value_name = "HZ", default_value_t = 99)]
+    #[arg(short = 'r', long = "rate", value_name = "HZ", default_value_t = 99, allow_negative_numbers = true)]
     rate: u64,
     /// Rows in the terminal table
-    #[arg(long, value_name = "N", default_value_t = 25)]
+    #[arg(long, value_name = "N", default_value_t = 25, allow_negative_numbers = true)]
     top: usize,
     /// Write the comparison as JSON ("-" for standard output)
     #[arg(long, value_name = "FILE")]
@@ -263,7 +265,7 @@ struct CompareArgs {
 #[derive(Args)]
 struct InfoArgs {
     /// PID of a Python process (with neither this nor --binary: the kernel only)
-    #[arg(short, long, conflicts_with = "binary")]
+    #[arg(short, long, conflicts_with = "binary", allow_negative_numbers = true)]
     pid: Option<u32>,
     /// A Python executable or libpython, inspected on disk
     #[arg(long, value_name = "PATH")]
@@ -278,7 +280,7 @@ struct TopArgs {
     #[command(flatten)]
     target: TargetArgs,
     /// Samples per second per CPU
-    #[arg(short = 'r', long = "rate", value_name = "HZ", default_value_t = 99)]
+    #[arg(short = 'r', long = "rate", value_name = "HZ", default_value_t = 99, allow_negative_numbers = true)]
     rate: u64,
     /// Exact calls per second, self time and latency percentiles from
     /// tracing every call (as `pytrace calls` does) instead of sampling
@@ -293,7 +295,7 @@ struct TopArgs {
 #[derive(Args)]
 struct DumpArgs {
     /// PID of the Python process
-    #[arg(short, long)]
+    #[arg(short, long, allow_negative_numbers = true)]
     pid: u32,
     /// Add each thread's native (C) frames between the Python ones
     #[arg(long)]
@@ -309,9 +311,14 @@ struct DumpArgs {
 #[derive(Args)]
 struct RestoreArgs {
     /// PID of the Python process whose interp->eval_frame pytrace left set
-    #[arg(short, long)]
+    #[arg(short, long, allow_negative_numbers = true)]
     pid: u32,
 }
+
+/// The longest --duration: a year. Longer ones would overflow the clock
+/// arithmetic of a deadline (1e20 s does), and a run meant to last that
+/// long is one without -d.
+const MAX_DURATION_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
 
 impl TargetArgs {
     fn into_parts(self) -> Result<(TargetSpec, Option<Duration>)> {
@@ -322,7 +329,9 @@ impl TargetArgs {
             (Some(_), false) => bail!("give either -p PID or -- COMMAND, not both"),
         };
         let duration = match self.duration {
-            Some(s) if !(s > 0.0 && s.is_finite()) => bail!("--duration must be a positive number of seconds"),
+            Some(s) if !(s > 0.0 && s <= MAX_DURATION_SECONDS) => {
+                bail!("--duration must be a positive number of seconds, at most {MAX_DURATION_SECONDS} (a year; leave it out to trace until the target exits)")
+            }
             Some(s) => Some(Duration::from_secs_f64(s)),
             None => None,
         };
@@ -331,6 +340,23 @@ impl TargetArgs {
 }
 
 impl Cli {
+    /// The command line, or exit: help and version go to standard output as
+    /// clap writes them; a mistake is one line on standard error, "pytrace:
+    /// " and clap's sentence (which names the argument and the value), and
+    /// exit code 2, as clap's own.
+    pub fn parse_or_exit() -> Cli {
+        match Cli::try_parse() {
+            Ok(cli) => cli,
+            Err(e) if !e.use_stderr() => e.exit(),
+            Err(e) => {
+                let rendered = e.render().to_string();
+                let sentence = rendered.lines().next().unwrap_or_default().trim_start_matches("error: ");
+                crate::report::console::err(&format!("pytrace: {sentence}\n"));
+                std::process::exit(2);
+            }
+        }
+    }
+
     /// Runs the chosen subcommand; returns the process exit code.
     pub fn run(self) -> Result<i32> {
         match self.command {

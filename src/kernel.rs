@@ -105,6 +105,11 @@ pub struct Kernel {
     /// Major and minor, e.g. "6.1".
     pub version: String,
     pub btf: bool,
+    /// Why the BTF could not be read, where it could not: every feature is
+    /// then unknown, not absent (under a low RLIMIT_AS, libbpf's parse of
+    /// it fails with ENOMEM on a kernel that has everything).
+    #[serde(skip)]
+    pub btf_unreadable: Option<String>,
     /// Every feature of `Feature::ALL`, and whether this kernel has it.
     #[serde(serialize_with = "features_as_map")]
     pub features: Vec<(Feature, bool)>,
@@ -129,7 +134,9 @@ impl Kernel {
     fn read() -> Kernel {
         let release = release();
         let numbers = parse_version(&release);
-        let btf = Btf::from_path(btf_path()).ok();
+        let read = Btf::from_path(btf_path());
+        let btf_unreadable = read.as_ref().err().map(|e| format!("{e:#}"));
+        let btf = read.ok();
         let features = Feature::ALL
             .iter()
             .map(|&f| {
@@ -141,7 +148,7 @@ impl Kernel {
                 (f, has)
             })
             .collect();
-        Kernel { version: format!("{}.{}", numbers.0, numbers.1), release, btf: btf.is_some(), features }
+        Kernel { version: format!("{}.{}", numbers.0, numbers.1), release, btf: btf.is_some(), btf_unreadable, features }
     }
 
     pub fn has(&self, feature: Feature) -> bool {
@@ -243,7 +250,7 @@ mod tests {
 
     #[test]
     fn a_missing_feature_names_the_release_it_needs() {
-        let k = Kernel { release: "5.10.0-46-amd64".into(), version: "5.10".into(), btf: true, features: vec![(Feature::CopyFromUserTask, false)] };
+        let k = Kernel { release: "5.10.0-46-amd64".into(), version: "5.10".into(), btf: true, btf_unreadable: None, features: vec![(Feature::CopyFromUserTask, false)] };
         assert_eq!(
             k.lacks(Feature::CopyFromUserTask, "sample --idle"),
             "sample --idle needs Linux 5.18 or newer (bpf_copy_from_user_task); this kernel is 5.10"

@@ -7,22 +7,24 @@ mod commands;
 mod kernel;
 mod model;
 mod native;
+mod out_of_memory;
 mod process;
 mod python;
 mod report;
 mod session;
 mod tracing;
 
-use clap::Parser;
+#[global_allocator]
+static ALLOCATOR: out_of_memory::ExitWhenExhausted = out_of_memory::ExitWhenExhausted;
 
 fn main() {
-    let cli = cli::Cli::parse();
+    let cli = cli::Cli::parse_or_exit();
     bpf::load::capture_libbpf_messages();
     match cli.run() {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             // One sentence, most specific cause last: "what failed: why".
-            eprintln!("pytrace: {e:#}");
+            report::console::err(&format!("pytrace: {e:#}\n"));
             std::process::exit(1);
         }
     }

@@ -76,6 +76,27 @@ fn python_version_not_supported() {
     assert_fails_with(&["info", "-p", &pid], &[], "Python 3.99.0");
 }
 
+/// A kernel thread (PF_KTHREAD) has no executable to read: it is not a
+/// CPython process, said as such, not as a failed read of /proc/PID/exe.
+#[test]
+fn kernel_thread_is_not_python() {
+    let kernel_thread = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let flags: u64 = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(6)?.parse().ok()).unwrap_or(0);
+            flags & 0x0020_0000 != 0
+        })
+        .expect("a kernel thread (kthreadd is on every Linux)");
+    let pid = kernel_thread.to_string();
+    for subcommand in ["calls", "info", "dump", "sample"] {
+        assert_fails_with(&[subcommand, "-p", &pid], &[], &format!("process {pid} ("));
+        assert_fails_with(&[subcommand, "-p", &pid], &[], "is not a CPython process: it is a kernel thread");
+    }
+}
+
 #[test]
 fn target_that_has_already_exited() {
     // Not reaped, so its PID still exists (a zombie), as when a target dies
@@ -137,6 +158,10 @@ fn usdt_mode_is_refused_where_it_would_miss_calls() {
 fn missing_or_conflicting_target() {
     assert_fails_with(&["calls"], &[], "say which process to trace");
     assert_fails_with(&["calls", "-d", "0", "-p", "1"], &[], "--duration must be a positive number");
+    // A negative number is a value, not clap's tip to write `-- -5` (which
+    // would start a command named -5); a huge one is refused, not a panic.
+    assert_fails_with(&["calls", "-d", "-5", "-p", "1"], &[], "--duration must be a positive number of seconds, at most 31536000");
+    assert_fails_with(&["gil", "-d", "1e20", "-p", "1"], &[], "--duration must be a positive number of seconds, at most 31536000");
     assert_fails_with(&["info", "--binary", "/bin/ls"], &[], "/bin/ls is not a CPython executable or libpython");
 }
 

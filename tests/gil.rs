@@ -120,6 +120,9 @@ fn assert_matches_the_threads_own_measures(version: &str, place: &Place, mode: &
         // ...and its life covers what it measured, plus at most its start and end.
         assert!(life >= wall && life <= wall + 100.0 * MS + 0.05 * wall, "{who}: lifetime");
         assert!(t["exited"] == true, "{who}");
+        // Every thread has ended by the time the command has: named from
+        // what was read while it ran, not by the kernel's name.
+        assert_eq!(t["name"], function, "{who}: named by threading.Thread.name");
         assert!(t["acquisitions"].as_u64().unwrap() >= 1, "{who}");
         let max = ns(&t["wait"], "max_ns");
         assert!(ns(&t["wait"], "p50_ns") <= ns(&t["wait"], "p99_ns") && ns(&t["wait"], "p99_ns") <= max && max <= wait, "{who}: wait distribution");

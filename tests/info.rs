@@ -140,3 +140,18 @@ fn inlined_getitem_caveat_names_the_release_cookies_need() {
         assert!(getitem.contains("those calls are counted where the instruction starts them"), "{getitem}");
     }
 }
+
+/// `info` runs without root, so it is where a user learns that tracing
+/// needs it: as `nobody` it says so; as root it does not.
+#[test]
+fn info_says_when_tracing_would_need_root() {
+    let out = std::process::Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups", PYTRACE, "info"]).output().unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(table.contains("privileges:      tracing needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE)"), "{table}");
+    let json = std::process::Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups", PYTRACE, "info", "--json", "-"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert!(v["kernel"]["privileges"].as_str().is_some_and(|p| p.starts_with("tracing needs root")), "{v}");
+    let as_root = pytrace(&["info"]);
+    assert!(!String::from_utf8_lossy(&as_root.stdout).contains("privileges:"), "root can trace");
+}

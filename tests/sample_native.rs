@@ -90,7 +90,7 @@ fn native_frames_sit_between_the_python_caller_and_the_leaf() {
                     if !frames.contains(&"[native stack incomplete]") {
                         libz_whole += n;
                     }
-                    named_entry += if above[z].starts_with("0x") { 0 } else { n };
+                    named_entry += if above[z].starts_with("libz.so") && above[z].contains("+0x") { 0 } else { n };
                 }
             }
             if frames.iter().any(|f| f.starts_with("spin_work (")) {
@@ -229,4 +229,21 @@ fn idle_shows_where_a_sleeping_thread_waits() {
     assert!(sleeper > 100, "{label}: only {sleeper} samples of the sleeper");
     assert!(in_libc as f64 >= sleeper as f64 * 0.9, "{label}: libc above sleeper in {in_libc} of {sleeper}");
     assert!(read_json(&json)["counters"]["native_on_cpu"].is_u64(), "{label}: running threads are counted");
+}
+
+/// A native function with no symbol (Debian's python3.11 is stripped) is
+/// named where it is, `python3.11+0x645690`, in the table: never a bare
+/// address with a line of 0 (`0x645690 (python3.11:0)`), nor the module
+/// twice. At least one such frame must show, so the check is not empty.
+#[test]
+fn unnamed_native_functions_are_module_plus_offset_in_the_table() {
+    let out = pytrace(&["sample", "--native", "-r", "499", "--top", "300", "--", "/usr/bin/python3.11", &fixture("native_split.py"), "--cpu-seconds", &longer(1.0)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<&str> = table.lines().filter(|l| l.contains('%')).collect();
+    let unnamed = rows.iter().filter(|l| l.split_whitespace().nth(2).is_some_and(|f| f.starts_with("python3.11+0x") && !l.contains(" ("))).count();
+    assert!(unnamed >= 1, "no unnamed function of the stripped interpreter:\n{table}");
+    for row in rows {
+        assert!(!row.contains(":0)") && !row.split_whitespace().nth(2).is_some_and(|f| f.starts_with("0x")), "{row}");
+    }
 }

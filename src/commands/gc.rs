@@ -25,13 +25,26 @@ pub struct Options {
 pub fn run(opts: Options) -> Result<i32> {
     let mut json = opts.json.as_deref().map(Output::create).transpose()?;
     let totals = RefCell::new(GcTotals::default());
+    let event_lines_failed = RefCell::new(None);
     let on_collection = |c: &Collection, since_attach_ns| {
-        if opts.events {
-            println!("{}", event_line(since_attach_ns, c));
-        }
         totals.borrow_mut().add(c);
+        if opts.events {
+            if let Err(e) = report::console::out(&format!("{}\n", event_line(since_attach_ns, c))) {
+                *event_lines_failed.borrow_mut() = Some(e);
+                return false;
+            }
+        }
+        true
     };
     let (run, data) = session::trace_gc(opts.target, opts.duration, opts.mode, on_collection)?;
+    if let Some(e) = event_lines_failed.into_inner() {
+        // Standard output is gone: the JSON file is still written.
+        if let Some(out) = json.as_mut().filter(|out| !matches!(out, Output::Stdout)) {
+            let report = totals.into_inner().into_report(run.pid, run.python_info(), run.elapsed.as_nanos() as u64, data.counters);
+            out.write_all(report.to_json().as_bytes())?;
+        }
+        return Err(e);
+    }
     let report = totals.into_inner().into_report(run.pid, run.python_info(), run.elapsed.as_nanos() as u64, data.counters);
     report::emit(json.as_mut(), || report.to_json(), || report.to_table())?;
     Ok(run.exit_code())

@@ -27,7 +27,7 @@ pub fn run(opts: Options) -> Result<i32> {
     };
     let (run, counted) = target.trace(&python, &CallsOptions { duration: opts.duration, ..Default::default() }, round);
     for note in run.hook.notes.iter().chain(&run.hook.incomplete) {
-        eprintln!("pytrace: {note}");
+        crate::report::console::err(&format!("pytrace: {note}\n"));
     }
     counted?;
     Ok(run.exit_code())

@@ -65,7 +65,8 @@ impl Symbols {
 
     /// The symbol holding `svma`; in a stripped file, where only exported
     /// functions are named, the start of the function its unwind entry
-    /// covers (so samples in one unnamed function stay together).
+    /// covers (so samples in one unnamed function stay together), as
+    /// `libc.so.6+0x85e50`: where in which file, as other tools write it.
     fn name(&self, module: &ModuleFile, svma: u64) -> String {
         if let Some(path) = &module.path {
             let src = Source::Elf(Elf::new(path));
@@ -75,6 +76,6 @@ impl Symbols {
         } else if let Some(name) = module.own_symbol(svma) {
             return name.to_string();
         }
-        format!("{:#x}", module.function_start(svma).unwrap_or(svma))
+        format!("{}+{:#x}", module.name, module.function_start(svma).unwrap_or(svma))
     }
 }

@@ -73,6 +73,18 @@ pub fn thread_state(pid: u32, tid: u32) -> Option<String> {
     stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next().map(str::to_string))
 }
 
+/// Whether the process is a kernel thread (PF_KTHREAD in field 9 of
+/// /proc/PID/stat): it has no executable and no memory of its own to read.
+pub fn is_kernel_thread(pid: u32) -> bool {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // Fields after the command name (in parentheses, which may hold anything).
+    stat.rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().nth(6))
+        .and_then(|flags| flags.parse::<u64>().ok())
+        .is_some_and(|flags| flags & PF_KTHREAD != 0)
+}
+
 /// The target's executable as the target names it (a name, never opened:
 /// see src/process/files.rs), and whether it was deleted or replaced since.
 pub fn exe_path(pid: u32) -> Result<(String, bool)> {
@@ -113,6 +125,12 @@ const DELETED: &str = " (deleted)";
 
 fn strip_deleted(path: &str) -> &str {
     path.strip_suffix(DELETED).unwrap_or(path)
+}
+
+/// The parent of process `pid`, from /proc/PID/stat; None once it is gone.
+pub fn parent(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().nth(1))?.parse().ok()
 }
 
 /// The processes descended from `roots` (children, their children, ...),

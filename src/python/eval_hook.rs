@@ -79,7 +79,7 @@ impl EvalHook {
     pub fn new(pid: u32, python: &Python) -> Result<Self> {
         let Some(eval_frame) = python.eval_frame_offset.agreed else {
             bail!(
-                "pytrace could not find interp->eval_frame in {} with two sources agreeing ({}), so it will not write it: calls needs that hook on Python {}",
+                "could not find interp->eval_frame in {} with two sources agreeing ({}), so it will not write it: calls needs that hook on Python {}",
                 python.target_path,
                 python.eval_frame_offset.describe(),
                 python.version
@@ -117,7 +117,13 @@ impl EvalHook {
         let mut interp = mem.read_u64(runtime + self.interpreters_head)?;
         let mut slots = Vec::new();
         while interp != 0 && slots.len() < MAX_INTERPRETERS {
-            slots.push(interp + self.interp_eval_frame);
+            let slot = interp + self.interp_eval_frame;
+            // A list that loops back (garbage, or crafted) ends where it
+            // repeats: a slot seen twice would read as set by someone else.
+            if slots.contains(&slot) {
+                break;
+            }
+            slots.push(slot);
             interp = mem.read_u64(interp + self.interp_next)?;
         }
         Ok(slots)
@@ -296,7 +302,7 @@ impl EvalHook {
                     libc::poll(&mut pfd, 1, 10_000);
                 }
                 if let Err(e) = self.restore_in(self.pid) {
-                    eprintln!("pytrace guardian: could not restore interp->eval_frame in process {}: {e:#}", self.pid);
+                    crate::report::console::err(&format!("pytrace guardian: could not restore interp->eval_frame in process {}: {e:#}\n", self.pid));
                     code = 1;
                 }
                 self.restore_children(&children);
@@ -320,7 +326,7 @@ impl EvalHook {
         }
         for pid in all {
             if let Err(e) = self.restore_in(pid) {
-                eprintln!("pytrace: could not restore interp->eval_frame in process {pid}, a child of {}: {e:#}", self.pid);
+                crate::report::console::err(&format!("pytrace: could not restore interp->eval_frame in process {pid}, a child of {}: {e:#}\n", self.pid));
             }
         }
     }
@@ -337,17 +343,26 @@ pub enum HookState {
 }
 
 impl HookState {
-    /// For `pytrace info`: with the owner's PID if a pytrace holds the hook.
-    pub fn describe(self, pid: u32, owner: Option<u32>) -> String {
-        match (self, owner) {
-            (HookState::Unset, _) => "not set".into(),
-            (HookState::Ours, Some(owner)) => {
+    /// For `pytrace info`: with the live pytrace that owns the hook, here
+    /// or in an ancestor it was inherited from (owner, traced process), and
+    /// the pytrace whose killed run left its lock file, if any. Only that
+    /// record makes a hook "stale": without it, it may be the build's own.
+    pub fn describe(self, pid: u32, owner: Option<(u32, u32)>, left_by: Option<u32>) -> String {
+        match (self, owner, left_by) {
+            (HookState::Unset, _, _) => "not set".into(),
+            (HookState::Ours, Some((owner, traced)), _) if traced == pid => {
                 format!("set to _PyEval_EvalFrameDefault by pytrace PID {owner} (pytrace calls is tracing this process)")
             }
-            (HookState::Ours, None) => format!(
-                "set to _PyEval_EvalFrameDefault with no pytrace tracing: left behind by a run that could not restore it (stale); `pytrace restore -p {pid}` puts NULL back"
+            (HookState::Ours, Some((owner, traced)), _) => format!(
+                "set to _PyEval_EvalFrameDefault, inherited from process {traced}, which pytrace PID {owner} is tracing: that run puts it back in this process too when it ends"
             ),
-            (HookState::Other(v), _) => format!("set by another tool to {v:#x} (a debugger or JIT's PEP 523 hook)"),
+            (HookState::Ours, None, Some(left_by)) => format!(
+                "set to _PyEval_EvalFrameDefault by pytrace PID {left_by}, which ended without putting it back (stale); `pytrace restore -p {pid}` puts NULL back"
+            ),
+            (HookState::Ours, None, None) => format!(
+                "set to _PyEval_EvalFrameDefault, by no pytrace run on record for this process (left by a run on a parent it forked from, or set by the build or another tool); `pytrace restore -p {pid}` puts NULL back"
+            ),
+            (HookState::Other(v), _, _) => format!("set by another tool to {v:#x} (a debugger or JIT's PEP 523 hook)"),
         }
     }
 }

@@ -28,6 +28,10 @@ const RUN_DIR: &str = "/run/pytrace";
 pub struct HookLock {
     file: File,
     path: PathBuf,
+    /// The pytrace that held this lock before and ended without releasing
+    /// it (killed with its guardian): the record that a hook of pytrace's
+    /// value in the target was left by a run, not set by something else.
+    pub previous_owner: Option<u32>,
 }
 
 fn lock_path(pid: u32) -> Result<PathBuf> {
@@ -111,9 +115,10 @@ impl HookLock {
             if !still_there {
                 continue;
             }
+            let previous_owner = read_owner(&file);
             file.set_len(0).with_context(what)?;
             file.write_all(format!("{}\n", std::process::id()).as_bytes()).with_context(what)?;
-            return Ok(HookLock { file, path });
+            return Ok(HookLock { file, path, previous_owner });
         }
         bail!("{}: the file kept being replaced", what())
     }
@@ -125,6 +130,28 @@ impl HookLock {
             Ok(()) => None,
             Err(_) => Some(read_owner(&file).unwrap_or(0)),
         }
+    }
+
+    /// The pytrace whose run left its lock file behind for process `pid`
+    /// (it ended without releasing it, so was killed), if none holds it now.
+    pub fn left_behind_by(pid: u32) -> Option<u32> {
+        let file = open_lock_file(&lock_path(pid).ok()?, false).ok()?;
+        flock(&file, libc::LOCK_SH | libc::LOCK_NB).ok()?;
+        read_owner(&file)
+    }
+
+    /// The pytrace that owns the hook of process `pid` or of one of its
+    /// ancestors (its hook inherited at a fork while traced, which that run
+    /// restores too), with the PID of the process it traces.
+    pub fn owner_here_or_above(pid: u32) -> Option<(u32, u32)> {
+        let mut process = pid;
+        for _ in 0..64 {
+            if let Some(owner) = HookLock::owner(process) {
+                return Some((owner, process));
+            }
+            process = proc::parent(process).filter(|&p| p > 1)?;
+        }
+        None
     }
 
     /// Ends ownership: the file goes, then the lock (closing the last fd;

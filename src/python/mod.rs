@@ -87,6 +87,9 @@ impl Python {
         if !proc::is_running(pid) {
             bail!("process {pid} has exited");
         }
+        if proc::is_kernel_thread(pid) {
+            bail!("process {pid} ({}) is not a CPython process: it is a kernel thread", proc::command_name(pid));
+        }
         let (exe, exe_deleted) = proc::exe_path(pid).map_err(|e| access_error(e, pid))?;
         let maps = proc::file_mappings(pid).map_err(|e| access_error(e, pid))?;
         // Each file once, by identity: the executable first, then libpython.
@@ -111,7 +114,7 @@ impl Python {
         }
         // A file that could not be read safely is the answer, not "not Python".
         if let Some(e) = refused {
-            return Err(e.context(format!("pytrace could not read the interpreter files of process {pid}")));
+            return Err(e.context(format!("could not read the interpreter files of process {pid}")));
         }
         bail!(
             "process {pid} ({}) is not a CPython process: neither its executable nor its libraries contain the CPython interpreter",

@@ -60,12 +60,17 @@ pub struct KernelFindings {
     #[serde(flatten)]
     kernel: &'static Kernel,
     limits: Vec<String>,
+    /// Said when this pytrace could not trace: `info` itself runs without
+    /// root, so it is where a user learns that the rest needs it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    privileges: Option<&'static str>,
 }
 
 impl KernelFindings {
     pub fn get() -> Self {
         let kernel = Kernel::get();
-        KernelFindings { kernel, limits: kernel.limits() }
+        let privileges = (!crate::session::has_tracing_privileges()).then_some(crate::session::NEEDS_PRIVILEGES);
+        KernelFindings { kernel, limits: kernel.limits(), privileges }
     }
 
     /// The kernel's lines of the table.
@@ -82,6 +87,9 @@ impl KernelFindings {
         }
         for limit in &self.limits {
             out.push(format!("kernel limit:    {limit}"));
+        }
+        if let Some(needs) = self.privileges {
+            out.push(format!("privileges:      {needs}"));
         }
         out.iter().map(|line| format!("{line}\n")).collect()
     }
@@ -133,7 +141,7 @@ impl Findings {
             kernel: KernelFindings::get(),
             eval_frame_now: match pid {
                 Some(pid) if python.inlines_calls() => Some(match EvalHook::new(pid, python) {
-                    Ok(hook) => hook.state()?.describe(pid, HookLock::owner(pid)),
+                    Ok(hook) => hook.state()?.describe(pid, HookLock::owner_here_or_above(pid), HookLock::left_behind_by(pid)),
                     Err(e) => format!("unknown: {e:#}"),
                 }),
                 _ => None,

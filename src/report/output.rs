@@ -100,6 +100,8 @@ impl Output {
     /// Writes the whole report; a file is then renamed into place.
     pub fn write_all(&mut self, bytes: &[u8]) -> Result<()> {
         match self {
+            // A file format (JSON, folded stacks), exact: not a terminal table.
+            #[allow(clippy::disallowed_methods)]
             Output::Stdout => io::stdout().write_all(bytes).context("failed to write to standard output"),
             Output::InPlace { shown, file } => {
                 let mut f = file.take().with_context(|| format!("{} was already written", shown.display()))?;

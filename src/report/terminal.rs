@@ -22,6 +22,7 @@ pub trait LiveView {
 /// Fails, saying what to use instead (`instead`), unless standard output
 /// is a terminal.
 pub fn require_terminal(instead: &str) -> Result<()> {
+    #[allow(clippy::disallowed_methods)]
     if !std::io::stdout().is_terminal() {
         bail!("pytrace top draws on a terminal and standard output is not one: {instead}");
     }
@@ -58,7 +59,10 @@ impl LiveScreen {
             redraw = true;
         }
         if redraw {
-            terminal.draw(|frame| view.draw(frame))?;
+            terminal.draw(|frame| {
+                view.draw(frame);
+                blank_unsafe_cells(frame.buffer_mut());
+            })?;
         }
         Ok(true)
     }
@@ -68,6 +72,18 @@ impl Drop for LiveScreen {
     fn drop(&mut self) {
         if self.terminal.is_some() {
             ratatui::restore();
+        }
+    }
+}
+
+/// Every cell of the screen about to be drawn whose text a terminal would
+/// act on, or that changes how the row reads (a name from the target with
+/// an escape sequence or a bidi override), is shown as U+FFFD instead:
+/// the one place every cell passes, whatever view drew it.
+fn blank_unsafe_cells(buffer: &mut ratatui::buffer::Buffer) {
+    for cell in buffer.content.iter_mut() {
+        if cell.symbol().chars().any(super::console::is_unsafe) {
+            cell.set_symbol("\u{fffd}");
         }
     }
 }

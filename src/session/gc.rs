@@ -39,13 +39,19 @@ impl GcRun {
 
 /// Traces `spec`'s collections in `requested` mode (None: the USDT probes
 /// where they exist), giving each to `on_collection` with how long after
-/// the target was let run it began.
-pub fn trace_gc(spec: TargetSpec, duration: Option<Duration>, requested: Option<Mode>, on_collection: impl Fn(&Collection, u64)) -> Result<(GcRun, GcData)> {
+/// the target was let run it began; the run ends early once it returns
+/// false (nowhere left to print).
+pub fn trace_gc(spec: TargetSpec, duration: Option<Duration>, requested: Option<Mode>, on_collection: impl Fn(&Collection, u64) -> bool) -> Result<(GcRun, GcData)> {
     let (mut target, python) = Target::prepare(spec)?;
     let (mode, _why) = gc::choose_mode(&python, requested)?;
     let pid = target.pid;
     let attached_at = Cell::new(monotonic_ns());
-    let each = |c: Collection| on_collection(&c, c.start_ns.saturating_sub(attached_at.get()));
+    let stopped = Cell::new(false);
+    let each = |c: Collection| {
+        if !stopped.get() && !on_collection(&c, c.start_ns.saturating_sub(attached_at.get())) {
+            stopped.set(true);
+        }
+    };
     let started_by_us = target.started_by_us();
     let live = Live::new(&mut target, &python, mode.name(), duration);
     let mut object = MaybeUninit::uninit();
@@ -61,7 +67,7 @@ pub fn trace_gc(spec: TargetSpec, duration: Option<Duration>, requested: Option<
         attached_at.set(monotonic_ns());
         Ok(())
     };
-    let data = live.drive(session, release, |_| Ok(true))?;
+    let data = live.drive(session, release, |_| Ok(!stopped.get()))?;
     let elapsed = live.elapsed();
     drop(live);
     Ok((GcRun { pid, version: python.version.to_string(), mode, elapsed, target }, data))

@@ -24,6 +24,8 @@ pub struct HookedRelease {
     armed: Cell<bool>,
     installed: RefCell<Installed>,
     last_check: Cell<Option<Instant>>,
+    /// The pytrace whose killed run left the hook's lock file, if one did.
+    left_by: Option<u32>,
 }
 
 impl HookedRelease {
@@ -31,9 +33,13 @@ impl HookedRelease {
     /// needed: call before any BPF object or thread exists.
     pub fn new(target: &Target, python: &Python, mode: Mode) -> Result<Self> {
         let hook = if mode == Mode::Uprobe && python.inlines_calls() { Some(EvalHook::new(target.pid, python)?) } else { None };
-        let guardian = match &hook {
-            Some(hook) => Some(hook.spawn_guardian(HookLock::acquire(target.pid)?)?),
-            None => None,
+        let (guardian, left_by) = match &hook {
+            Some(hook) => {
+                let lock = HookLock::acquire(target.pid)?;
+                let left_by = lock.previous_owner;
+                (Some(hook.spawn_guardian(lock)?), left_by)
+            }
+            None => (None, None),
         };
         Ok(HookedRelease {
             hook,
@@ -41,6 +47,7 @@ impl HookedRelease {
             armed: Cell::new(false),
             installed: RefCell::new(Installed::default()),
             last_check: Cell::new(None),
+            left_by,
         })
     }
 
@@ -98,7 +105,7 @@ impl HookedRelease {
         };
         if target.is_running() {
             if let Err(e) = hook.restore() {
-                eprintln!("pytrace: warning: could not restore interp->eval_frame in PID {}: {e:#}", target.pid);
+                crate::report::console::err(&format!("pytrace: warning: could not restore interp->eval_frame in PID {}: {e:#}\n", target.pid));
             }
         }
         if let Some(g) = guardian {
@@ -116,11 +123,18 @@ impl HookedRelease {
             );
             outcome.incomplete.get_or_insert(why);
         }
-        if installed.adopted > 0 {
-            outcome.notes.push(format!(
-                "interp->eval_frame in process {} already held pytrace's value, left by an earlier run that could not put it back; this run restored it",
+        // Only the lock file a killed run left says a run left the hook:
+        // without it, the value may be the build's or another tool's own.
+        match (installed.adopted, self.left_by) {
+            (0, _) => {}
+            (_, Some(left_by)) => outcome.notes.push(format!(
+                "interp->eval_frame in process {} already held pytrace's value, left by pytrace PID {left_by}, which ended without putting it back; this run restored it",
                 target.pid
-            ));
+            )),
+            (_, None) => outcome.notes.push(format!(
+                "interp->eval_frame in process {} already held _PyEval_EvalFrameDefault when this run began, with no pytrace run on record that set it (the build or another tool may set it); this run traced with it and put NULL, CPython's default, back at the end",
+                target.pid
+            )),
         }
         outcome
     }

@@ -20,7 +20,7 @@ mod snapshot;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -82,14 +82,21 @@ pub fn preflight() -> Result<()> {
     if !std::path::Path::new(&btf).exists() {
         bail!("this kernel has no BTF ({btf} is missing): pytrace needs a kernel built with CONFIG_DEBUG_INFO_BTF=y");
     }
-    crate::kernel::Kernel::get().require(crate::kernel::Feature::Ringbuf, "pytrace")?;
+    let kernel = crate::kernel::Kernel::get();
+    if let Some(why) = &kernel.btf_unreadable {
+        bail!("could not read this kernel's BTF ({btf}): {why}");
+    }
+    kernel.require(crate::kernel::Feature::Ringbuf, "tracing")?;
     if !has_tracing_privileges() {
-        bail!("tracing needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE): run pytrace with sudo");
+        bail!("{NEEDS_PRIVILEGES}");
     }
     Ok(())
 }
 
-fn has_tracing_privileges() -> bool {
+/// What tracing asks of whoever runs pytrace, as it is said when missing.
+pub const NEEDS_PRIVILEGES: &str = "tracing needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE): run pytrace with sudo";
+
+pub fn has_tracing_privileges() -> bool {
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         return true;
@@ -231,7 +238,7 @@ impl Target {
         }
         let signal = STOP_SIGNAL.load(Ordering::SeqCst);
         if self.launched.is_some() && signal != 0 {
-            eprintln!("pytrace: the command (PID {}) had not exited {} s after the stop signal; it was left running", self.pid, COMMAND_EXIT_GRACE.as_secs());
+            crate::report::console::err(&format!("pytrace: the command (PID {}) had not exited {} s after the stop signal; it was left running\n", self.pid, COMMAND_EXIT_GRACE.as_secs()));
             return 128 + signal;
         }
         0
@@ -283,13 +290,13 @@ impl<'t> Live<'t> {
 
     fn attached(&self, release: impl FnOnce(&mut Target) -> Result<()>) -> Result<()> {
         let Some(target) = &self.target else {
-            eprintln!("pytrace: sampling every CPython process");
+            crate::report::console::err("pytrace: sampling every CPython process\n");
             return Ok(());
         };
         let mut target = target.borrow_mut();
         release(&mut target)?;
         // The line a script waits for before it starts the traced work.
-        eprintln!("pytrace: attached to PID {} {}", target.pid, self.attached_as);
+        crate::report::console::err(&format!("pytrace: attached to PID {} {}\n", target.pid, self.attached_as));
         Ok(())
     }
 
@@ -322,7 +329,9 @@ pub struct Progress<'p> {
 
 impl<'p> Progress<'p> {
     pub fn new(threads_of: Option<(u32, &'p Python)>) -> Self {
-        Progress { tty: std::io::stderr().is_terminal(), threads_of, names: HashMap::new(), last: Instant::now() }
+        #[allow(clippy::disallowed_methods)]
+        let tty = std::io::stderr().is_terminal();
+        Progress { tty, threads_of, names: HashMap::new(), last: Instant::now() }
     }
 
     pub fn tick(&mut self, samples: u64, elapsed: Duration) {
@@ -334,14 +343,14 @@ impl<'p> Progress<'p> {
             thread_names::merge(pid, python, &mut self.names);
         }
         if self.tty {
-            eprint!("\rpytrace sample: {samples} samples, {:.1} s ", elapsed.as_secs_f64());
-            let _ = std::io::stderr().flush();
+            crate::report::console::err_rewind_line();
+            crate::report::console::err(&format!("pytrace sample: {samples} samples, {:.1} s ", elapsed.as_secs_f64()));
         }
     }
 
     pub fn finish(mut self) -> Option<HashMap<u32, String>> {
         if self.tty {
-            eprintln!();
+            crate::report::console::err("\n");
         }
         let (pid, python) = self.threads_of?;
         thread_names::merge(pid, python, &mut self.names);

@@ -178,6 +178,12 @@ pub struct Session<'obj, 'p> {
     /// To 3.11 on a stripped build: the runtime's GIL, whose condition
     /// variables the drop probes look for, once the target maps it.
     runtime_gil: RefCell<Option<RuntimeGil<'p>>>,
+    /// TID → threading.Thread.name, as last read while the target ran: a
+    /// thread that ended (always, by the end of a `--` command) is gone
+    /// from `threading._active`, and one reading can fail (a dict caught
+    /// mid-resize is refused), so the names are read at every poll and
+    /// each one kept from the last reading that had it.
+    thread_names: RefCell<HashMap<u32, String>>,
 }
 
 /// The runtime's one GIL (3.9 to 3.11), at its run-time address: known
@@ -187,6 +193,17 @@ pub struct Session<'obj, 'p> {
 struct RuntimeGil<'p> {
     pid: u32,
     python: &'p Python,
+}
+
+impl Session<'_, '_> {
+    /// Reads the threads' Python names now, keeping every earlier one the
+    /// reading lacks (a thread that ended; nothing, when it failed).
+    fn read_thread_names(&self) {
+        let names = self.names.borrow();
+        if let Ok(found) = crate::python::thread_names::read(names.pid, names.python) {
+            self.thread_names.borrow_mut().extend(found.names);
+        }
+    }
 }
 
 impl RuntimeGil<'_> {
@@ -234,7 +251,7 @@ impl<'obj, 'p> Session<'obj, 'p> {
         let bss = skel.maps.bss_data.take();
         let in_runtime = matches!(probes, GilProbes::CodeSearch(_)) && python.layout.gil_in_runtime != NO_FIELD;
         let runtime_gil = RefCell::new(in_runtime.then_some(RuntimeGil { pid, python }));
-        Ok(Session { skel, bss: RefCell::new(bss), links: Links::new(links), names: RefCell::new(CodeNames::new(pid, python)), runtime_gil })
+        Ok(Session { skel, bss: RefCell::new(bss), links: Links::new(links), names: RefCell::new(CodeNames::new(pid, python)), runtime_gil, thread_names: RefCell::default() })
     }
 
     /// Opens the window: every sum starts now.
@@ -278,6 +295,7 @@ impl Tracing for Session<'_, '_> {
     fn between_polls(&self) -> Result<()> {
         self.set_runtime_gil()?;
         self.names.borrow_mut().name_new(&self.skel.maps.functions);
+        self.read_thread_names();
         Ok(())
     }
 
@@ -304,11 +322,15 @@ impl Tracing for Session<'_, '_> {
                 t.wait_buckets = b.clone();
             }
         }
-        let mut names = self.names.into_inner();
-        // threading.Thread.name where the target still has it (the BPF program saw comm).
-        if let Ok(found) = crate::python::thread_names::read(names.pid, names.python) {
-            threads.iter_mut().for_each(|t| t.name = found.names.get(&t.tid).cloned().unwrap_or(std::mem::take(&mut t.name)));
+        // threading.Thread.name as last read (the BPF program saw comm).
+        self.read_thread_names();
+        let thread_names = self.thread_names.take();
+        for t in &mut threads {
+            if let Some(name) = thread_names.get(&t.tid) {
+                t.name = name.clone();
+            }
         }
+        let mut names = self.names.into_inner();
         names.name_new(&self.skel.maps.functions);
         let functions = read_functions(&self.skel.maps.functions, &self.skel.maps.blame, &names)?;
         let counters = read_counters(

@@ -91,9 +91,8 @@ impl Comparison {
         let pct = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{:.1}%", v * 100.0));
         let pts = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{:+.1}", v * 100.0));
         for r in self.functions.iter().take(top) {
-            let place = if r.file.is_empty() { String::new() } else { format!(" ({}:{})", r.file, r.line) };
             out += &format!(
-                "{:>12}  {:>7}{:>8}{:>8}{:>8}  {:>7}{:>8}  {:>7}{:>8}  {}{}\n",
+                "{:>12}  {:>7}{:>8}{:>8}{:>8}  {:>7}{:>8}  {:>7}{:>8}  {}\n",
                 r.calls.map_or("–".to_string(), thousands),
                 pct(r.traced_total_share),
                 pct(r.corrected_total_share),
@@ -103,8 +102,7 @@ impl Comparison {
                 pct(Some(r.sampled_self_share)),
                 pts(r.total_diff),
                 pts(r.self_diff),
-                r.name,
-                place
+                crate::report::profile::named_in(&r.name, &r.file, r.line)
             );
             for f in r.flags.iter().filter(|f| !SUMMARISED.contains(&f.kind)) {
                 out += &format!("{:>14} {}\n", "↳", f.message);

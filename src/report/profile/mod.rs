@@ -143,6 +143,19 @@ pub fn label(frame: &Frame) -> String {
     }
 }
 
+/// A function with where it is, for a table: `name (file:line)` for
+/// Python's; a native function has no line (0), so `name (module)`, or
+/// just the name where it already says the module (`libc.so.6+0x85e50`,
+/// an unnamed function); a marker, no file, is its name alone.
+pub fn named_in(name: &str, file: &str, line: u32) -> String {
+    match (file, line) {
+        ("", _) => name.to_string(),
+        (file, 0) if name.strip_prefix(file).is_some_and(|rest| rest.starts_with('+')) => name.to_string(),
+        (file, 0) => format!("{name} ({file})"),
+        (file, line) => format!("{name} ({file}:{line})"),
+    }
+}
+
 /// The function a frame belongs to, for the table: lines merged, functions
 /// told apart by name, file and first line (as `calls` does). Other
 /// frames have no file and line 0.
@@ -243,6 +256,14 @@ impl Profile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn native_functions_have_no_line_and_say_their_module_once() {
+        assert_eq!(named_in("leaf", "app.py", 12), "leaf (app.py:12)");
+        assert_eq!(named_in("deflate", "libz.so.1", 0), "deflate (libz.so.1)");
+        assert_eq!(named_in("libc.so.6+0x85e50", "libc.so.6", 0), "libc.so.6+0x85e50");
+        assert_eq!(named_in("[native stack incomplete]", "", 0), "[native stack incomplete]");
+    }
 
     fn py(name: &str, line: u32) -> Rc<Frame> {
         Rc::new(Frame::Python { name: name.into(), file: "f.py".into(), line, first_line: 1 })

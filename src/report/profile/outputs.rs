@@ -2,7 +2,6 @@
 //! file or standard output, and the table to the terminal unless a format
 //! already took standard output.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Result;
@@ -25,7 +24,10 @@ impl Outputs {
     /// Writes `profile` in every format, then the top `top` functions as a
     /// table on standard output unless a format went there: all of them
     /// even when one fails, each failure its own sentence.
-    pub fn write(self, profile: &Profile, top: usize) -> Result<()> {
+    pub fn write(mut self, profile: &Profile, top: usize) -> Result<()> {
+        // Files first: a reader of standard output that went away (`| head`)
+        // fails the run, but not before every file is written.
+        self.0.sort_by_key(|(_, out)| matches!(out, Output::Stdout));
         let mut table_on_stdout = true;
         let mut results = Vec::new();
         for (format, mut out) in self.0 {
@@ -33,7 +35,9 @@ impl Outputs {
             results.push(format.render(profile, top).and_then(|bytes| out.write_all(&bytes)));
         }
         if table_on_stdout {
-            results.push(Format::Table.render(profile, top).and_then(|bytes| Ok(std::io::stdout().write_all(&bytes)?)));
+            results.push(
+                Format::Table.render(profile, top).and_then(|bytes| crate::report::console::out(&String::from_utf8_lossy(&bytes))),
+            );
         }
         all_written(results)
     }

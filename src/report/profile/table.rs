@@ -16,8 +16,7 @@ impl Profile {
         out += &crate::report::counted_line(&self.counters);
         out += &format!("{:>7} {:>7}  {}\n", "self", "total", "function (file:line)");
         for f in self.functions().iter().take(top) {
-            let file = if f.file.is_empty() { String::new() } else { format!(" ({}:{})", f.file, f.line) };
-            out += &format!("{:>6.1}% {:>6.1}%  {}{}\n", f.self_share * 100.0, f.total_share * 100.0, f.name, file);
+            out += &format!("{:>6.1}% {:>6.1}%  {}\n", f.self_share * 100.0, f.total_share * 100.0, super::named_in(&f.name, &f.file, f.line));
         }
         out + &crate::report::dropped_line(&self.counters)
     }

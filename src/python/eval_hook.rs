@@ -21,6 +21,7 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
@@ -36,9 +37,17 @@ const MAX_INTERPRETERS: usize = 256;
 const MAX_CHILDREN: usize = 4096;
 
 /// What the guardian reads on its pipe: a child PID to watch too
-/// (CHILD then 4 bytes), or that pytrace restored everything itself (DONE).
+/// (CHILD then 4 bytes), that the hook is about to be set (ARMED; before
+/// that there is nothing of ours to restore), or that pytrace restored
+/// everything itself (DONE).
 const CHILD: u8 = b'C';
+const ARMED: u8 = b'A';
 const DONE: u8 = b'D';
+
+/// How long pytrace waits for the guardian to exit once told DONE. A
+/// guardian still there then (stopped, or starved) has nothing left to do
+/// and is killed, which frees the lock it shares.
+const GUARDIAN_EXIT_WAIT: Duration = Duration::from_secs(3);
 
 pub struct EvalHook {
     pid: u32,
@@ -268,10 +277,12 @@ impl EvalHook {
             let pidfd = libc::syscall(libc::SYS_pidfd_open, parent, 0) as libc::c_int;
             let mut children: Vec<(u32, u64)> = Vec::new();
             let mut done = false;
+            let mut armed = false;
             let mut byte = 0u8;
             while libc::read(pipe, (&mut byte as *mut u8).cast(), 1) == 1 {
                 match byte {
                     DONE => done = true,
+                    ARMED => armed = true,
                     CHILD => {
                         let mut pid = [0u8; 4];
                         if libc::read(pipe, pid.as_mut_ptr().cast(), 4) != 4 {
@@ -288,7 +299,7 @@ impl EvalHook {
                 }
             }
             let mut code = 0;
-            if !done {
+            if !done && armed {
                 // pytrace died. Wait until it has fully exited, so its BPF
                 // links are gone before the hook is removed.
                 if pidfd >= 0 {
@@ -375,16 +386,41 @@ impl Guardian {
         unsafe { libc::write(self.pipe, message.as_ptr().cast(), message.len()) };
     }
 
+    /// The hook is about to be set: from now on, should pytrace die, the
+    /// guardian restores.
+    pub fn arm(&self) {
+        // SAFETY: a write to our pipe.
+        unsafe { libc::write(self.pipe, [ARMED].as_ptr().cast(), 1) };
+    }
+
     /// pytrace restored everything itself: the guardian exits without
-    /// touching the target; then the lock is released.
+    /// touching the target (killed if it has not within
+    /// GUARDIAN_EXIT_WAIT); then the lock is released.
     pub fn finish(mut self) {
         // SAFETY: a write to and close of our pipe, then reaping our child.
         unsafe {
             libc::write(self.pipe, [DONE].as_ptr().cast(), 1);
             libc::close(self.pipe);
             self.pipe = -1;
+            let deadline = Instant::now() + GUARDIAN_EXIT_WAIT;
             let mut status = 0;
-            while libc::waitpid(self.pid, &mut status, 0) < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {}
+            loop {
+                let r = libc::waitpid(self.pid, &mut status, libc::WNOHANG);
+                if r == self.pid || (r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)) {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    eprintln!(
+                        "pytrace: warning: the guardian (PID {}) did not exit within {} s of being told the hook was restored (stopped?); it was killed",
+                        self.pid,
+                        GUARDIAN_EXIT_WAIT.as_secs()
+                    );
+                    libc::kill(self.pid, libc::SIGKILL);
+                    while libc::waitpid(self.pid, &mut status, 0) < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {}
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
         if let Some(lock) = self.lock.take() {
             lock.release();

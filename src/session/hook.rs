@@ -52,8 +52,13 @@ impl HookedRelease {
 
     /// Once every probe is attached: sets the hook and lets the target run.
     pub fn release(&self, target: &mut Target) -> Result<()> {
-        self.armed.set(self.hook.is_some());
+        // Armed only as the hook is set: a command killed before its first
+        // evaluation has nothing of ours to put back, and nothing is said.
         let install = |hook: &EvalHook| -> Result<()> {
+            self.armed.set(true);
+            if let Some(guardian) = self.guardian.borrow().as_ref() {
+                guardian.arm();
+            }
             *self.installed.borrow_mut() = hook.install()?;
             Ok(())
         };

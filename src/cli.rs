@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::commands;
 use crate::report::calls::SortKey;
-use crate::session::TargetSpec;
+use crate::session::{LaunchCommand, TargetSpec};
 use crate::tracing::calls::Mode;
 
 const EXAMPLES: &str = "\
@@ -67,6 +67,9 @@ struct TargetArgs {
     /// Stop after this many seconds (default: until the target exits or Ctrl-C)
     #[arg(short, long, value_name = "SECONDS")]
     duration: Option<f64>,
+    /// With -- COMMAND: leave the command running when pytrace stops first (by default it gets SIGINT, then SIGTERM, then SIGKILL)
+    #[arg(long, requires = "command")]
+    keep_running: bool,
     /// Start this command and trace it from its first Python instruction
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -315,16 +318,16 @@ struct RestoreArgs {
 
 impl TargetArgs {
     fn into_parts(self) -> Result<(TargetSpec, Option<Duration>)> {
-        let spec = match (self.pid, self.command.is_empty()) {
-            (Some(pid), true) => TargetSpec::Pid(pid),
-            (None, false) => TargetSpec::Command(self.command),
-            (None, true) => bail!("say which process to trace: -p PID, or -- COMMAND to start one"),
-            (Some(_), false) => bail!("give either -p PID or -- COMMAND, not both"),
-        };
         let duration = match self.duration {
             Some(s) if !(s > 0.0 && s.is_finite()) => bail!("--duration must be a positive number of seconds"),
             Some(s) => Some(Duration::from_secs_f64(s)),
             None => None,
+        };
+        let spec = match (self.pid, self.command.is_empty()) {
+            (Some(pid), true) => TargetSpec::Pid(pid),
+            (None, false) => TargetSpec::Command(LaunchCommand { argv: self.command, duration, keep_running: self.keep_running, give_terminal: true }),
+            (None, true) => bail!("say which process to trace: -p PID, or -- COMMAND to start one"),
+            (Some(_), false) => bail!("give either -p PID or -- COMMAND, not both"),
         };
         Ok((spec, duration))
     }
@@ -380,7 +383,7 @@ impl Cli {
             }
             Command::Sample(args) => {
                 let (target, duration) = if args.all {
-                    let duration = TargetArgs { pid: Some(0), duration: args.target.duration, command: vec![] }.into_parts()?.1;
+                    let duration = TargetArgs { pid: Some(0), duration: args.target.duration, keep_running: false, command: vec![] }.into_parts()?.1;
                     (None, duration)
                 } else {
                     let (target, duration) = args.target.into_parts()?;
@@ -431,7 +434,11 @@ impl Cli {
                 json: args.json,
             }),
             Command::Top(args) => {
-                let (target, duration) = args.target.into_parts()?;
+                let (mut target, duration) = args.target.into_parts()?;
+                // top reads its keys from the terminal: the command does not get it.
+                if let TargetSpec::Command(command) = &mut target {
+                    command.give_terminal = false;
+                }
                 if !(1..=10_000).contains(&args.rate) {
                     bail!("--rate must be between 1 and 10000 samples per second");
                 }

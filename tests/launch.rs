@@ -213,6 +213,9 @@ fn a_stopped_guardian_does_not_hold_back_the_report() {
     signal(target.pid(), libc::SIGUSR1);
     let guardian = guardian_of(tracer.child.pid());
     signal(guardian, libc::SIGSTOP);
+    // Rounds run traced before the stop.
+    assert!(eval_frame_now(target.pid()).contains("pytrace calls is tracing"), "{label}: hook set while tracing");
+    std::thread::sleep(Duration::from_millis(500));
     let asked = Instant::now();
     signal(tracer.child.pid(), libc::SIGINT);
     let (code, out, stderr) = tracer.finish();

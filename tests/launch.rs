@@ -264,3 +264,60 @@ fn a_command_killed_during_launch_gets_no_hook_message() {
         assert!(!err.contains("eval_frame") && !err.contains("guardian"), "{label}: {err}");
     }
 }
+
+/// A target that double-forks a daemon (fork, setsid, fork; the middle
+/// process exits, so the daemon is reparented away from the target) just
+/// before pytrace is SIGKILLed: the daemon inherited the eval-frame hook,
+/// and the guardian, which holds the calls program's map of followed
+/// children, puts it back without waiting for pytrace's next poll or the
+/// daemon's parentage.
+#[test]
+fn a_daemon_forked_just_before_pytrace_is_killed_gets_its_hook_back() {
+    use std::io::{BufRead, BufReader, Write};
+    let (label, python) = pythons().remove(1);
+    let script = r#"
+import os, sys, time
+def work(n):
+    return n + 1
+print("ready", flush=True)
+sys.stdin.readline()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        print(os.getpid(), flush=True)
+        end = time.time() + 60
+        while time.time() < end:
+            work(1)
+            time.sleep(0.001)
+    os._exit(0)
+end = time.time() + 60
+while time.time() < end:
+    work(1)
+    time.sleep(0.001)
+"#;
+    let mut target = std::process::Command::new(&python)
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _target_cleanup = KillOnDrop(target.id());
+    let mut stdout = BufReader::new(target.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let tracer = start_tracer(&["calls", "-p", &target.id().to_string()]);
+    assert!(eval_frame_now(target.id()).contains("pytrace calls is tracing"), "{label}: hook set while tracing");
+    target.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
+    let daemon: u32 = line.trim().parse().unwrap_or_else(|_| panic!("{label}: no daemon PID: {line:?}"));
+    let _daemon_cleanup = KillOnDrop(daemon);
+    signal(tracer.child.pid(), libc::SIGKILL);
+    let _ = tracer.finish();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while eval_frame_now(daemon) != "not set" || eval_frame_now(target.id()) != "not set" {
+        assert!(Instant::now() < deadline, "{label}: daemon {daemon}: {}; target: {}", eval_frame_now(daemon), eval_frame_now(target.id()));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

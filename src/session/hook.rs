@@ -79,6 +79,13 @@ impl HookedRelease {
         }
     }
 
+    /// The calls program's map of followed children, for the guardian.
+    pub fn share_children_map(&self, map: std::os::fd::BorrowedFd<'_>) {
+        if let Some(guardian) = self.guardian.borrow().as_ref() {
+            guardian.share_children_map(map);
+        }
+    }
+
     /// Between polls: reads the hook back (at most every 100 ms), so a
     /// change by someone else is reported.
     pub fn watch(&self) {

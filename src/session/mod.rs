@@ -214,7 +214,7 @@ impl Target {
 
     fn still_going(&mut self, duration: Option<Duration>) -> bool {
         let Some(l) = &mut self.launched else {
-            return !STOP_REQUESTED.load(Ordering::SeqCst) && !duration.is_some_and(|d| self.started.elapsed() >= d) && proc::is_running(self.pid);
+            return !STOP_REQUESTED.load(Ordering::SeqCst) && duration.is_none_or(|d| self.started.elapsed() < d) && proc::is_running(self.pid);
         };
         let python_running = l.python_running();
         if python_running && l.pid != l.command_pid {
@@ -236,7 +236,7 @@ impl Target {
             });
             return since.elapsed() < launch::STOP_STEP && STOPS.load(Ordering::SeqCst) < 2;
         }
-        !duration.is_some_and(|d| self.started.elapsed() >= d)
+        duration.is_none_or(|d| self.started.elapsed() < d)
     }
 
     /// Once tracing has ended, a command we started that still runs: one

@@ -142,13 +142,14 @@ pub fn launch(command: &Command) -> Result<(Launched, Python)> {
     // SAFETY: seizing our own child, blocked before its exec.
     let seized = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, 0, FOLLOW as libc::c_long) };
     let seize_error = std::io::Error::last_os_error();
+    // Before it runs anything that could read the terminal.
+    if seized == 0 && command.give_terminal {
+        launched.hand_terminal();
+    }
     // SAFETY: closing our end lets the child exec.
     unsafe { libc::close(gate[1]) };
     if seized != 0 {
         return Err(seize_error).context("failed to trace the command");
-    }
-    if command.give_terminal {
-        launched.hand_terminal();
     }
     let python = launched.follow_until_python(program, command.duration.map(|d| started + d))?;
     Ok((launched, python))

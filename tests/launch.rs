@@ -78,6 +78,17 @@ fn a_delayed_start_is_waited_for_and_said() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let leaf = find_row(&rows_for_file(&report, "fixtures/callgraph.py"), 24, "leaf").map(|r| r["calls"].clone());
     assert_eq!(leaf, Some(serde_json::json!(300)), "{label}");
+
+    // sample: the fixture's CPU second at 99 Hz, at least a third of it.
+    let dir = tempfile::tempdir().unwrap();
+    let folded = dir.path().join("p.folded");
+    let script = format!("sleep 1.5; {}", shell_running(&python, &format!("{} --cpu-seconds 1", fixture("cpu_split.py"))));
+    let out = pytrace(&["sample", "-r", "99", "-d", "60", "--folded", folded.to_str().unwrap(), "--", "bash", "-c", &script]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{label} sample: {err}");
+    assert!(err.contains("waiting for bash (PID"), "{label} sample: {err}");
+    let samples: u64 = std::fs::read_to_string(&folded).unwrap().lines().filter(|l| l.contains("cpu_split.py")).map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum();
+    assert!(samples >= 33, "{label} sample: {samples} samples of 1 CPU-second at 99 Hz");
 }
 
 /// A command that starts no CPython: one that exits says so with its

@@ -163,9 +163,13 @@ fn ctrl_c_mid_run_reaches_the_whole_tree() {
     for sub in ["sample", "calls"] {
         let dir = tempfile::tempdir().unwrap();
         let json = dir.path().join("r.json");
-        let tracer = start_tracer(&[sub, "--json", json.to_str().unwrap(), "--", "bash", "-c", &script]);
+        let mut tracer = start_tracer(&[sub, "--json", json.to_str().unwrap(), "--", "bash", "-c", &script]);
         let cpython = attached_pid(&tracer.stderr_head);
-        std::thread::sleep(Duration::from_millis(500));
+        // Mid-run: once the fixture spins (a slow VM was still importing
+        // site after half a second, and Python's startup then exits 1).
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(tracer.child.0.stdout.as_mut().unwrap()), &mut line).unwrap();
+        assert_eq!(line.trim(), "spinning", "{label} {sub}");
         let asked = Instant::now();
         signal(tracer.child.pid(), libc::SIGINT);
         let (code, _, stderr) = tracer.finish();

@@ -193,11 +193,10 @@ impl Target {
     }
 
     /// False once tracing should end: the target exited, the duration ran
-    /// out, or a stop
-    /// was requested. With a command we started, a stop (Ctrl-C) sends its
-    /// process group SIGINT and waits, still tracing its shutdown, for its
-    /// CPython to exit; for at most STOP_STEP, or until a second stop
-    /// signal.
+    /// out, or a stop was requested. With a command we started, a stop
+    /// (Ctrl-C) sends its process group SIGINT and waits, still tracing its
+    /// shutdown, for its CPython to exit; for at most STOP_STEP, or until a
+    /// second stop signal.
     pub fn keep_going(&mut self, duration: Option<Duration>) -> bool {
         let going = self.still_going(duration);
         if !going && self.cpu_at_end_ns.is_none() {

@@ -188,6 +188,9 @@ smoke_tests=(
   "matrix python_3_9::sample_split_threads_and_depth"
   "matrix python_3_9::sample_native_puts_c_frames_under_their_python_caller"
   "matrix python_3_9::compare_sees_the_split_on_both_sides"
+  "launch a_shell_that_forks_the_python_is_followed"
+  "launch ctrl_c_mid_run_reaches_the_whole_tree"
+  "launch a_daemon_forked_just_before_pytrace_is_killed_gets_its_hook_back"
 )
 # Only from 5.18 (bpf_copy_from_user_task); on older kernels
 # sample_idle_needs_5_18_and_says_so checks --idle's refusal instead.

@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::commands;
 use crate::report::calls::SortKey;
-use crate::session::TargetSpec;
+use crate::session::{LaunchCommand, TargetSpec};
 use crate::tracing::calls::Mode;
 
 const EXAMPLES: &str = "\
@@ -69,6 +69,9 @@ struct TargetArgs {
     // below instead of clap's tip to write `-- -5` (which would start -5).
     #[arg(short, long, value_name = "SECONDS", allow_negative_numbers = true)]
     duration: Option<f64>,
+    /// With -- COMMAND: leave the command running when pytrace stops first (by default it gets SIGINT, then SIGTERM, then SIGKILL)
+    #[arg(long, requires = "command")]
+    keep_running: bool,
     /// Start this command and trace it from its first Python instruction
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -322,18 +325,18 @@ const MAX_DURATION_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
 
 impl TargetArgs {
     fn into_parts(self) -> Result<(TargetSpec, Option<Duration>)> {
-        let spec = match (self.pid, self.command.is_empty()) {
-            (Some(pid), true) => TargetSpec::Pid(pid),
-            (None, false) => TargetSpec::Command(self.command),
-            (None, true) => bail!("say which process to trace: -p PID, or -- COMMAND to start one"),
-            (Some(_), false) => bail!("give either -p PID or -- COMMAND, not both"),
-        };
         let duration = match self.duration {
             Some(s) if !(s > 0.0 && s <= MAX_DURATION_SECONDS) => {
                 bail!("--duration must be a positive number of seconds, at most {MAX_DURATION_SECONDS} (a year; leave it out to trace until the target exits)")
             }
             Some(s) => Some(Duration::from_secs_f64(s)),
             None => None,
+        };
+        let spec = match (self.pid, self.command.is_empty()) {
+            (Some(pid), true) => TargetSpec::Pid(pid),
+            (None, false) => TargetSpec::Command(LaunchCommand { argv: self.command, duration, keep_running: self.keep_running, give_terminal: true }),
+            (None, true) => bail!("say which process to trace: -p PID, or -- COMMAND to start one"),
+            (Some(_), false) => bail!("give either -p PID or -- COMMAND, not both"),
         };
         Ok((spec, duration))
     }
@@ -406,7 +409,7 @@ impl Cli {
             }
             Command::Sample(args) => {
                 let (target, duration) = if args.all {
-                    let duration = TargetArgs { pid: Some(0), duration: args.target.duration, command: vec![] }.into_parts()?.1;
+                    let duration = TargetArgs { pid: Some(0), duration: args.target.duration, keep_running: false, command: vec![] }.into_parts()?.1;
                     (None, duration)
                 } else {
                     let (target, duration) = args.target.into_parts()?;
@@ -457,7 +460,11 @@ impl Cli {
                 json: args.json,
             }),
             Command::Top(args) => {
-                let (target, duration) = args.target.into_parts()?;
+                let (mut target, duration) = args.target.into_parts()?;
+                // top reads its keys from the terminal: the command does not get it.
+                if let TargetSpec::Command(command) = &mut target {
+                    command.give_terminal = false;
+                }
                 if !(1..=10_000).contains(&args.rate) {
                     bail!("--rate must be between 1 and 10000 samples per second");
                 }

@@ -21,6 +21,7 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
@@ -36,9 +37,19 @@ const MAX_INTERPRETERS: usize = 256;
 const MAX_CHILDREN: usize = 4096;
 
 /// What the guardian reads on its pipe: a child PID to watch too
-/// (CHILD then 4 bytes), or that pytrace restored everything itself (DONE).
+/// (CHILD then 4 bytes), that the hook is about to be set (ARMED; before
+/// that there is nothing of ours to restore), or that pytrace restored
+/// everything itself (DONE).
 const CHILD: u8 = b'C';
+const ARMED: u8 = b'A';
+/// Carries (SCM_RIGHTS) the calls program's map of followed children.
+const CHILDREN_MAP: u8 = b'M';
 const DONE: u8 = b'D';
+
+/// How long pytrace waits for the guardian to exit once told DONE. A
+/// guardian still there then (stopped, or starved) has nothing left to do
+/// and is killed, which frees the lock it shares.
+const GUARDIAN_EXIT_WAIT: Duration = Duration::from_secs(3);
 
 pub struct EvalHook {
     pid: u32,
@@ -238,8 +249,9 @@ impl EvalHook {
         let mut fds = [0; 2];
         // SAFETY: plain system calls on fds we own.
         unsafe {
-            if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-                return Err(std::io::Error::last_os_error()).context("failed to create the guardian's pipe");
+            // A socket, not a pipe: it can pass the guardian a map's fd.
+            if libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) != 0 {
+                return Err(std::io::Error::last_os_error()).context("failed to create the guardian's socket");
             }
             let parent = libc::getpid();
             match libc::fork() {
@@ -274,10 +286,14 @@ impl EvalHook {
             let pidfd = libc::syscall(libc::SYS_pidfd_open, parent, 0) as libc::c_int;
             let mut children: Vec<(u32, u64)> = Vec::new();
             let mut done = false;
+            let mut armed = false;
+            let mut children_map: Option<std::os::fd::OwnedFd> = None;
             let mut byte = 0u8;
-            while libc::read(pipe, (&mut byte as *mut u8).cast(), 1) == 1 {
+            while let Some(fd) = receive_byte(pipe, &mut byte) {
                 match byte {
                     DONE => done = true,
+                    ARMED => armed = true,
+                    CHILDREN_MAP => children_map = fd.or(children_map),
                     CHILD => {
                         let mut pid = [0u8; 4];
                         if libc::read(pipe, pid.as_mut_ptr().cast(), 4) != 4 {
@@ -294,7 +310,7 @@ impl EvalHook {
                 }
             }
             let mut code = 0;
-            if !done {
+            if !done && armed {
                 // pytrace died. Wait until it has fully exited, so its BPF
                 // links are gone before the hook is removed.
                 if pidfd >= 0 {
@@ -304,6 +320,17 @@ impl EvalHook {
                 if let Err(e) = self.restore_in(self.pid) {
                     crate::report::console::err(&format!("pytrace guardian: could not restore interp->eval_frame in process {}: {e:#}\n", self.pid));
                     code = 1;
+                }
+                // Children forked since pytrace's last poll, daemons
+                // reparented away included: the map has them all.
+                if let Some(map) = &children_map {
+                    for pid in map_keys(map, MAX_CHILDREN) {
+                        if children.len() < MAX_CHILDREN && !children.iter().any(|&(p, _)| p == pid) {
+                            if let Ok(start) = proc::start_time(pid) {
+                                children.push((pid, start));
+                            }
+                        }
+                    }
                 }
                 self.restore_children(&children);
             }
@@ -390,16 +417,66 @@ impl Guardian {
         unsafe { libc::write(self.pipe, message.as_ptr().cast(), message.len()) };
     }
 
+    /// Hands the guardian the calls program's map of followed children
+    /// (the fd travels in the message, so the map outlives pytrace).
+    pub fn share_children_map(&self, map: std::os::fd::BorrowedFd<'_>) {
+        use std::os::fd::AsRawFd;
+        let fd = map.as_raw_fd();
+        // SAFETY: sendmsg of one byte with one fd, all from locals.
+        unsafe {
+            let mut byte = CHILDREN_MAP;
+            let mut iov = libc::iovec { iov_base: (&mut byte as *mut u8).cast(), iov_len: 1 };
+            let space = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as usize;
+            let mut control = vec![0u8; space];
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = space as _;
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>(), fd);
+            libc::sendmsg(self.pipe, &msg, libc::MSG_NOSIGNAL);
+        }
+    }
+
+    /// The hook is about to be set: from now on, should pytrace die, the
+    /// guardian restores.
+    pub fn arm(&self) {
+        // SAFETY: a write to our pipe.
+        unsafe { libc::write(self.pipe, [ARMED].as_ptr().cast(), 1) };
+    }
+
     /// pytrace restored everything itself: the guardian exits without
-    /// touching the target; then the lock is released.
+    /// touching the target (killed if it has not within
+    /// GUARDIAN_EXIT_WAIT); then the lock is released.
     pub fn finish(mut self) {
         // SAFETY: a write to and close of our pipe, then reaping our child.
         unsafe {
             libc::write(self.pipe, [DONE].as_ptr().cast(), 1);
             libc::close(self.pipe);
             self.pipe = -1;
+            let deadline = Instant::now() + GUARDIAN_EXIT_WAIT;
             let mut status = 0;
-            while libc::waitpid(self.pid, &mut status, 0) < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {}
+            loop {
+                let r = libc::waitpid(self.pid, &mut status, libc::WNOHANG);
+                if r == self.pid || (r < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR)) {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    crate::report::console::err(&format!(
+                        "pytrace: warning: the guardian (PID {}) did not exit within {} s of being told the hook was restored (stopped?); it was killed\n",
+                        self.pid,
+                        GUARDIAN_EXIT_WAIT.as_secs()
+                    ));
+                    libc::kill(self.pid, libc::SIGKILL);
+                    while libc::waitpid(self.pid, &mut status, 0) < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {}
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
         if let Some(lock) = self.lock.take() {
             lock.release();
@@ -416,6 +493,68 @@ impl Drop for Guardian {
             unsafe { libc::close(self.pipe) };
         }
     }
+}
+
+/// Reads one byte from the guardian's socket into `byte`, with the fd it
+/// carries if any: None at the end (pytrace closed it, or died).
+fn receive_byte(socket: libc::c_int, byte: &mut u8) -> Option<Option<std::os::fd::OwnedFd>> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: recvmsg into locals; a received fd becomes ours.
+    unsafe {
+        let mut iov = libc::iovec { iov_base: (byte as *mut u8).cast(), iov_len: 1 };
+        let space = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as usize;
+        let mut control = vec![0u8; space];
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        loop {
+            match libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC) {
+                1 => break,
+                -1 if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => continue,
+                _ => return None,
+            }
+        }
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        if cmsg.is_null() || (*cmsg).cmsg_level != libc::SOL_SOCKET || (*cmsg).cmsg_type != libc::SCM_RIGHTS {
+            return Some(None);
+        }
+        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
+        Some(Some(std::os::fd::OwnedFd::from_raw_fd(fd)))
+    }
+}
+
+/// The keys (PIDs) of a BPF hash map keyed by u32, at most `max`.
+fn map_keys(map: &std::os::fd::OwnedFd, max: usize) -> Vec<u32> {
+    use std::os::fd::AsRawFd;
+    #[repr(C)]
+    struct NextKey {
+        map_fd: u32,
+        _pad: u32,
+        key: u64,
+        next_key: u64,
+    }
+    const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+    let mut keys = Vec::new();
+    let mut key: Option<u32> = None;
+    let mut next: u32 = 0;
+    while keys.len() < max {
+        let attr = NextKey {
+            map_fd: map.as_raw_fd() as u32,
+            _pad: 0,
+            key: key.as_ref().map_or(0, |k| k as *const u32 as u64),
+            next_key: &mut next as *mut u32 as u64,
+        };
+        // SAFETY: the bpf(2) command reads `attr` and writes `next`.
+        let r = unsafe { libc::syscall(libc::SYS_bpf, BPF_MAP_GET_NEXT_KEY, &attr as *const NextKey, std::mem::size_of::<NextKey>()) };
+        if r != 0 {
+            break;
+        }
+        keys.push(next);
+        key = Some(next);
+    }
+    keys
 }
 
 /// Puts NULL back by hand (`pytrace restore`): only where the hook holds

@@ -116,8 +116,9 @@ impl CallsTarget {
         let CallsTarget { mut target, mode, hook } = self;
         let pid = target.pid;
         let on_child = |child| hook.watch_child(child);
+        let on_children_map = |map: std::os::fd::BorrowedFd<'_>| hook.share_children_map(map);
         let stop_at_first_eval = hook.stop_at_first_eval(&target);
-        let plan = Plan { pid, python, mode, stop_at_first_eval, empty_probe: opts.empty_probe, count_edges: opts.count_edges, on_child: &on_child };
+        let plan = Plan { pid, python, mode, stop_at_first_eval, empty_probe: opts.empty_probe, count_edges: opts.count_edges, on_child: &on_child, on_children_map: &on_children_map };
         let live = Live::new(&mut target, python, attached_as, opts.duration);
         let mut object = MaybeUninit::uninit();
         let result = tracer::Session::start(&mut object, &plan).and_then(|calls| drive(calls, &Hooked { live: &live, hook: &hook }));

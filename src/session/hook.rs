@@ -59,8 +59,13 @@ impl HookedRelease {
 
     /// Once every probe is attached: sets the hook and lets the target run.
     pub fn release(&self, target: &mut Target) -> Result<()> {
-        self.armed.set(self.hook.is_some());
+        // Armed only as the hook is set: a command killed before its first
+        // evaluation has nothing of ours to put back, and nothing is said.
         let install = |hook: &EvalHook| -> Result<()> {
+            self.armed.set(true);
+            if let Some(guardian) = self.guardian.borrow().as_ref() {
+                guardian.arm();
+            }
             *self.installed.borrow_mut() = hook.install()?;
             Ok(())
         };
@@ -78,6 +83,13 @@ impl HookedRelease {
     pub fn watch_child(&self, child: u32) {
         if let Some(guardian) = self.guardian.borrow_mut().as_mut() {
             guardian.watch_child(child);
+        }
+    }
+
+    /// The calls program's map of followed children, for the guardian.
+    pub fn share_children_map(&self, map: std::os::fd::BorrowedFd<'_>) {
+        if let Some(guardian) = self.guardian.borrow().as_ref() {
+            guardian.share_children_map(map);
         }
     }
 

@@ -37,9 +37,11 @@ pub use gc::trace_gc;
 pub use sampling::sample;
 pub use snapshot::snapshot;
 
+pub use launch::Command as LaunchCommand;
+
 pub enum TargetSpec {
     Pid(u32),
-    Command(Vec<String>),
+    Command(LaunchCommand),
 }
 
 static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
@@ -53,19 +55,16 @@ extern "C" fn request_stop(sig: libc::c_int) {
     STOP_REQUESTED.store(true, Ordering::SeqCst);
 }
 
-/// How long a command pytrace started may take to exit after Ctrl-C (which
-/// reaches it too, through the terminal's process group) before pytrace
-/// stops waiting for its exit status. A second Ctrl-C stops waiting at once.
-const COMMAND_EXIT_GRACE: Duration = Duration::from_secs(10);
-
-/// Ctrl-C and SIGTERM end tracing and still write the report. No SA_RESTART,
-/// so a blocked poll returns at once.
+/// Ctrl-C, SIGTERM, SIGHUP (a closed terminal or ssh session), SIGQUIT
+/// and SIGUSR1/2 end tracing and still write the report (their default is
+/// to kill pytrace, losing it). No SA_RESTART, so a blocked poll returns
+/// at once.
 pub fn install_signal_handlers() {
-    // SAFETY: the handler only stores to an atomic.
+    // SAFETY: the handler only stores to atomics.
     unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = request_stop as *const () as usize;
-        for sig in [libc::SIGINT, libc::SIGTERM] {
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2] {
             libc::sigaction(sig, &action, std::ptr::null_mut());
         }
     }
@@ -118,10 +117,18 @@ pub fn has_tracing_privileges() -> bool {
 pub struct Target {
     pub pid: u32,
     launched: Option<Launched>,
+    /// The exit status of the command we started.
     exit_status: Option<i32>,
     started: Instant,
-    /// When a stop was asked for while a command we started still ran.
+    /// A command's --duration (which bounded the wait for its CPython too).
+    duration: Option<Duration>,
+    /// When the run must be done: its release plus --duration.
+    deadline: Option<Instant>,
+    /// When a stop was asked for while a command we started still ran (its
+    /// group was sent SIGINT then).
     stop_seen: Option<Instant>,
+    /// The CPython's CPU time when last seen running.
+    cpu_last_ns: Option<u64>,
     /// The target's CPU time when it was let run (see `cpu_ns`).
     cpu_at_start_ns: Option<u64>,
     cpu_at_end_ns: Option<u64>,
@@ -132,14 +139,18 @@ impl Target {
     /// holds it before its first Python instruction.
     pub fn prepare(spec: TargetSpec) -> Result<(Self, Python)> {
         preflight()?;
-        let (pid, python, launched) = match spec {
-            TargetSpec::Pid(pid) => (pid, Python::from_pid(pid)?, None),
-            TargetSpec::Command(argv) => {
-                let (launched, python) = launch::launch(&argv)?;
-                (launched.pid, python, Some(launched))
+        // From here a stop signal ends the run cleanly, the wait for a
+        // command's CPython included.
+        install_signal_handlers();
+        let (pid, python, launched, duration) = match spec {
+            TargetSpec::Pid(pid) => (pid, Python::from_pid(pid)?, None, None),
+            TargetSpec::Command(command) => {
+                let (launched, python) = launch::launch(&command)?;
+                (launched.pid, python, Some(launched), command.duration)
             }
         };
-        Ok((Self { pid, launched, exit_status: None, started: Instant::now(), stop_seen: None, cpu_at_start_ns: None, cpu_at_end_ns: None }, python))
+        let target = Self { pid, launched, exit_status: None, started: Instant::now(), duration, deadline: None, stop_seen: None, cpu_last_ns: None, cpu_at_start_ns: None, cpu_at_end_ns: None };
+        Ok((target, python))
     }
 
     /// Its working directory: the stack formats show its own files
@@ -155,6 +166,7 @@ impl Target {
     /// Lets a command we started run, once every probe is attached.
     pub fn release(&mut self) -> Result<()> {
         self.started = Instant::now();
+        self.deadline = self.duration.map(|d| self.started + d);
         self.cpu_at_start_ns = proc::cpu_time_ns(self.pid);
         if let Some(l) = &mut self.launched {
             l.resume()?;
@@ -166,6 +178,7 @@ impl Target {
     /// where the BPF program stops it; runs `at_stop`, then lets it go.
     pub fn release_at_first_eval(&mut self, at_stop: impl FnOnce() -> Result<()>) -> Result<()> {
         self.started = Instant::now();
+        self.deadline = self.duration.map(|d| self.started + d);
         self.cpu_at_start_ns = proc::cpu_time_ns(self.pid);
         match &mut self.launched {
             Some(l) => l.resume_until_stop(at_stop),
@@ -188,65 +201,85 @@ impl Target {
 
     /// False once tracing should end: the target exited, the duration ran
     /// out, or a stop was requested. With a command we started, a stop
-    /// (Ctrl-C) waits, still tracing, for the command to exit (the terminal
-    /// sent it the signal too), so that pytrace returns its exit status;
-    /// for at most COMMAND_EXIT_GRACE, or until a second stop signal.
+    /// (Ctrl-C) sends its process group SIGINT and waits, still tracing its
+    /// shutdown, for its CPython to exit; for at most STOP_STEP, or until a
+    /// second stop signal.
     pub fn keep_going(&mut self, duration: Option<Duration>) -> bool {
         let going = self.still_going(duration);
         if !going && self.cpu_at_end_ns.is_none() {
             self.cpu_at_end_ns = match &self.launched {
-                Some(l) if self.exit_status.is_some() => l.cpu_at_exit_ns,
+                Some(l) if self.exit_status.is_some() && l.pid == l.command_pid => l.cpu_at_exit_ns,
                 _ if proc::is_running(self.pid) => proc::cpu_time_ns(self.pid),
-                _ => None,
+                // A CPython the command started, gone: last seen running.
+                Some(_) => self.cpu_last_ns,
+                None => None,
             };
         }
         going
     }
 
     fn still_going(&mut self, duration: Option<Duration>) -> bool {
-        if STOP_REQUESTED.load(Ordering::SeqCst) {
-            let Some(l) = &mut self.launched else { return false };
-            if let Some(status) = l.try_wait() {
-                self.exit_status = Some(status);
-                return false;
-            }
-            let since = *self.stop_seen.get_or_insert_with(Instant::now);
-            return since.elapsed() < COMMAND_EXIT_GRACE && STOPS.load(Ordering::SeqCst) < 2;
+        let Some(l) = &mut self.launched else {
+            return !STOP_REQUESTED.load(Ordering::SeqCst) && duration.is_none_or(|d| self.started.elapsed() < d) && proc::is_running(self.pid);
+        };
+        let python_running = l.python_running();
+        if python_running && l.pid != l.command_pid {
+            self.cpu_last_ns = proc::cpu_time_ns(l.pid).or(self.cpu_last_ns);
         }
-        if duration.is_some_and(|d| self.started.elapsed() >= d) {
+        if let Some(status) = l.try_wait() {
+            self.exit_status = Some(status);
+        }
+        if !python_running {
             return false;
         }
-        match &mut self.launched {
-            Some(l) => {
-                if let Some(status) = l.try_wait() {
-                    self.exit_status = Some(status);
-                    return false;
-                }
-                true
+        if STOP_REQUESTED.load(Ordering::SeqCst) {
+            if l.keep_running() {
+                return false;
             }
-            None => proc::is_running(self.pid),
+            let since = *self.stop_seen.get_or_insert_with(|| {
+                l.signal_group(libc::SIGINT);
+                Instant::now()
+            });
+            return since.elapsed() < launch::STOP_STEP && STOPS.load(Ordering::SeqCst) < 2;
         }
+        duration.is_none_or(|d| self.started.elapsed() < d)
+    }
+
+    /// Once tracing has ended, a command we started that still runs: one
+    /// whose CPython exited is waited for (until the deadline or a stop
+    /// signal); otherwise, or past that, it is stopped (`Launched::stop`),
+    /// unless --keep-running.
+    fn end_command(&mut self) {
+        let Some(l) = &mut self.launched else { return };
+        if self.exit_status.is_some() {
+            return;
+        }
+        let mut status = None;
+        if !STOP_REQUESTED.load(Ordering::SeqCst) && !l.python_running() {
+            status = l.wait_until(self.deadline);
+        }
+        self.exit_status = status.or_else(|| l.stop(self.stop_seen.is_some()));
     }
 
     /// pytrace's own exit code: the command's status if it exited (130
-    /// when Ctrl-C killed it, as a shell says); a command still running
-    /// after a stop signal gets the shell's code for that signal, and a
-    /// sentence; otherwise 0.
+    /// when SIGINT ended it, as a shell says); a command left running
+    /// (--keep-running) after a stop signal gets the shell's code for that
+    /// signal, and a sentence; otherwise 0.
     pub fn exit_code(&self) -> i32 {
         if let Some(status) = self.exit_status {
             return status;
         }
-        let signal = STOP_SIGNAL.load(Ordering::SeqCst);
-        if self.launched.is_some() && signal != 0 {
-            crate::report::console::err(&format!("pytrace: the command (PID {}) had not exited {} s after the stop signal; it was left running\n", self.pid, COMMAND_EXIT_GRACE.as_secs()));
-            return 128 + signal;
+        let Some(l) = &self.launched else { return 0 };
+        crate::report::console::err(&format!("pytrace: the command (PID {}) was left running (--keep-running)\n", l.command_pid));
+        match STOP_SIGNAL.load(Ordering::SeqCst) {
+            0 => 0,
+            signal => 128 + signal,
         }
-        0
     }
 
     /// Whether the target is still alive (for restoring what we changed).
     pub fn is_running(&self) -> bool {
-        self.exit_status.is_none() && proc::is_running(self.pid)
+        proc::is_running(self.pid)
     }
 }
 
@@ -262,6 +295,16 @@ pub struct Live<'t> {
     duration: Option<Duration>,
     /// When an `everywhere` run began.
     started: Instant,
+}
+
+impl Drop for Live<'_> {
+    /// The probes are detached by now: a command we started that still
+    /// runs is waited for or stopped (`Target::end_command`).
+    fn drop(&mut self) {
+        if let Some(target) = &self.target {
+            target.borrow_mut().end_command();
+        }
+    }
 }
 
 impl<'t> Live<'t> {

@@ -58,6 +58,10 @@ pub struct Plan<'a> {
     /// Told each process the target forks while traced (it inherits the
     /// eval-frame hook), as the poll loop finds it.
     pub on_child: &'a dyn Fn(u32),
+    /// Given the map of followed children once loaded, before anything is
+    /// attached: the guardian keeps it, so it knows every child the moment
+    /// the fork happens, not at the next poll.
+    pub on_children_map: &'a dyn Fn(std::os::fd::BorrowedFd<'_>),
 }
 
 type Names = HashMap<(u64, u64, u32), (String, String)>;
@@ -119,6 +123,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
         open.progs.inline_frame.set_autoload(uprobe_mode && cookies && plan.python.inlined_getitem_probe().is_some());
         open.progs.skipped_close.set_autoload(uprobe_mode && cookies && matches!(plan.python.skipped_close_probe(), CloseProbe::Sites(_)));
         let skel = crate::bpf::load::load("calls", open)?;
+        (plan.on_children_map)(std::os::fd::AsFd::as_fd(&skel.maps.children));
         let links = attach(&skel.progs, plan)?;
         Ok(Session { skel, links: Links::new(links), names: RefCell::new(HashMap::new()), children_seen: RefCell::new(Default::default()), on_child: plan.on_child })
     }

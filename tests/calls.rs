@@ -4,6 +4,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -304,4 +305,124 @@ fn sigkill_of_pytrace_still_restores_the_target() {
 fn assert_target_still_correct(mut target: Proc) {
     std::thread::sleep(std::time::Duration::from_millis(500));
     assert!(target.0.try_wait().unwrap().is_none(), "the target died after tracing");
+}
+
+/// Whether this kernel has the uretprobe SRCU lease (Linux 6.13+): there a
+/// thread that keeps making probed calls under a pending return probe holds
+/// every uprobe detach on the host (see detach_links in src/tracing/mod.rs).
+fn kernel_has_uretprobe_lease() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release.trim().split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap(), parts.next().unwrap());
+    (major, minor) >= (6, 13)
+}
+
+/// Issue #21.1: run A traces a command whose main() began after A attached
+/// and keeps calling, so the kernel holds a return probe of A's pending on
+/// that thread, renewed at every call. Run B, on another process with
+/// `-d 1`, used to sit in close() of its link (state D, unkillable) until A
+/// ended, its target slowed by the hook and its report unwritten. Now B
+/// ends within its second plus a bounded detach, its report's duration is
+/// the traced second, and its target's hook is NULL while the kernel is
+/// still detaching B's probes (a process of its own, still alive then).
+#[test]
+fn another_runs_pending_return_probes_hold_neither_this_run_nor_its_target() {
+    let python = pyenv_python(12);
+    let loop_forever = "def f(): pass\ndef main():\n  while True: f()\nmain()";
+    let a = start_tracer(&["calls", "--json", "-", "--", python.to_str().unwrap(), "-c", loop_forever]);
+    let a_target: u32 = a.stderr_head.split("attached to PID ").nth(1).and_then(|s| s.split_whitespace().next()).and_then(|s| s.parse().ok()).expect("A's target PID");
+    std::thread::sleep(Duration::from_millis(500));
+
+    let target = start_waiting(&python, "callgraph.py", &["--rounds", "1000000"]);
+    signal(target.pid(), libc::SIGUSR1);
+    let b = start_tracer(&["calls", "-p", &target.pid().to_string(), "-d", "1", "--json", "-"]);
+    let attached = Instant::now();
+    // Without the fix B never ends while A runs: end A after a while, so
+    // the test fails on the bound below instead of hanging.
+    let b_pid = b.child.pid();
+    let watchdog = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::path::Path::new(&format!("/proc/{b_pid}/stat")).exists() && !is_zombie(b_pid) {
+            if Instant::now() > deadline {
+                // SAFETY: plain kill(2) of A's command.
+                unsafe { libc::kill(a_target as i32, libc::SIGKILL) };
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let (code, out, stderr) = b.finish();
+    let took = attached.elapsed();
+    let hook_after_b = eval_frame_now(target.pid());
+    let closer: Option<u32> = stderr.split("; process ").nth(1).and_then(|s| s.split_whitespace().next()).and_then(|s| s.parse().ok());
+    let closer_alive = closer.is_some_and(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
+    watchdog.join().unwrap();
+
+    assert_eq!(code, 0, "{stderr}");
+    // 1 s traced, at most 1 s waiting for the kernel's detach (DETACH_WAIT),
+    // and 2 s for reading the maps and writing the report on a loaded machine.
+    assert!(took < Duration::from_secs(4), "B took {took:?} after attaching:\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let duration = Duration::from_nanos(report["duration_ns"].as_u64().unwrap());
+    assert!(duration >= Duration::from_secs(1) && duration < Duration::from_millis(1300), "B's traced window was {duration:?}");
+    assert_eq!(hook_after_b, "not set", "B's target got its hook back");
+    if kernel_has_uretprobe_lease() {
+        // The kernel held B's detach (A's return probe), and B did not wait:
+        // the hook was NULL while that detach was still under way.
+        assert!(closer_alive, "the kernel's detach of B's probes was still held by A's pending return probe:\n{stderr}");
+    }
+
+    // A ends once its command does; then nothing is left waiting in the kernel.
+    signal(a_target, libc::SIGINT);
+    let (code, _, a_err) = a.finish();
+    assert!(code == 0 || code == 1 || code == 130, "A: {code}: {a_err}");
+    if let Some(pid) = closer {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::path::Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid) {
+            assert!(Instant::now() < deadline, "B's detaching process {pid} still runs after A ended");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    drop(target);
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+}
+
+/// Issue #21.10, on 3.11 to 3.13 (which inline calls unless the hook is
+/// set): a target busy at both ends of a `-p` run. Nothing is counted
+/// before the hook is set, so `inline` and `from_c`, which the fixture
+/// calls in strict alternation, differ by at most one (before, the calls
+/// from C made between attaching and setting the hook were counted and the
+/// inlined ones were not: thousands apart); and the calls still open at
+/// the end are closed there, so no function has more self than total time.
+#[test]
+fn a_run_attached_to_a_busy_target_counts_from_the_hook_on_and_closes_open_calls() {
+    for minor in [11, 12, 13] {
+        let python = pyenv_python(minor);
+        let label = format!("3.{minor}");
+        let target = start_waiting(&python, "edges.py", &[]);
+        signal(target.pid(), libc::SIGUSR1);
+        std::thread::sleep(Duration::from_millis(300));
+        let out = pytrace(&["calls", "-p", &target.pid().to_string(), "-d", "1", "--json", "-"]);
+        assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let rows = rows_for_file(&report, "fixtures/edges.py");
+        let calls = |name: &str| rows.iter().find(|r| r["name"] == name).map(|r| r["calls"].as_u64().unwrap()).unwrap_or(0);
+        let (inline, from_c) = (calls("inline"), calls("from_c"));
+        // At least one pass of the loop (5,000 of each) fell in the second.
+        assert!(inline >= 5_000, "{label}: inline {inline}");
+        assert!(inline.abs_diff(from_c) <= 1, "{label}: inline {inline} and from_c {from_c} alternate");
+        for row in &report["functions"].as_array().unwrap().iter().collect::<Vec<_>>() {
+            let (total, self_ns) = (row["total_ns"].as_u64().unwrap(), row["self_ns"].as_u64().unwrap());
+            assert!(self_ns <= total, "{label}: {} self {self_ns} > total {total}", row["name"]);
+        }
+        // rec is open at the end: its outermost call's time runs to the end
+        // (it misses only the pass already under way at the start, about
+        // 10 to 50 ms traced).
+        let rec_total = rows.iter().find(|r| r["name"] == "rec").map(|r| r["total_ns"].as_u64().unwrap()).unwrap_or(0);
+        let window = report["duration_ns"].as_u64().unwrap();
+        assert!(rec_total * 10 >= window * 8, "{label}: rec's total {rec_total} ns of a {window} ns window");
+    }
 }

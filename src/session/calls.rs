@@ -2,8 +2,9 @@
 //! `compare` share: the target found or started, its mode chosen and the
 //! eval-frame hook owned (hook.rs) before any BPF object exists; the calls
 //! program (and, for `compare`, the sampler beside it) attached; the hook
-//! set as the target is let run and watched between polls; the probes
-//! detached, then the hook put back, on every path out, errors included.
+//! set as the target is let run and watched between polls; counting
+//! stopped, the hook put back, then the probes detached, on every path
+//! out, errors included.
 
 use std::mem::MaybeUninit;
 use std::time::Duration;
@@ -108,8 +109,8 @@ impl CallsTarget {
     }
 
     /// The lifecycle both share; `drive` runs the started calls session.
-    /// The probes are gone (the session dropped, `live` ended) before the
-    /// hook is put back, whether the run failed or not: the run comes back
+    /// The hook is put back as the window ends, before the probes are
+    /// detached (or here, if the run failed before that): the run comes back
     /// either way (what the hook went through, the exit code), beside what
     /// it gathered or why that failed.
     fn run<D>(self, python: &Python, opts: &CallsOptions, attached_as: &str, drive: impl FnOnce(tracer::Session<'_, '_>, &Hooked<'_, '_>) -> Result<D>) -> (CallsRun, Result<D>) {
@@ -136,10 +137,16 @@ struct Hooked<'l, 't> {
 }
 
 impl Hooked<'_, '_> {
+    /// The hook is put back as the window ends, before the probes go.
     fn drive<T: Tracing>(&self, session: T, mut each: impl FnMut(&T) -> Result<bool>) -> Result<T::Data> {
-        self.live.drive(session, |_, target| self.hook.release(target), |session| {
-            self.hook.watch();
-            each(session)
-        })
+        self.live.drive_and_end(
+            session,
+            |session, target| self.hook.release(target, || session.start_counting()),
+            |session| {
+                self.hook.watch();
+                each(session)
+            },
+            |_, target| self.hook.put_back(target),
+        )
     }
 }

@@ -24,6 +24,8 @@ pub struct HookedRelease {
     armed: Cell<bool>,
     installed: RefCell<Installed>,
     last_check: Cell<Option<Instant>>,
+    /// The hook was put back (`put_back`).
+    put_back: Cell<bool>,
 }
 
 impl HookedRelease {
@@ -41,6 +43,7 @@ impl HookedRelease {
             armed: Cell::new(false),
             installed: RefCell::new(Installed::default()),
             last_check: Cell::new(None),
+            put_back: Cell::new(false),
         })
     }
 
@@ -50,20 +53,31 @@ impl HookedRelease {
         self.hook.is_some() && target.started_by_us()
     }
 
-    /// Once every probe is attached: sets the hook and lets the target run.
-    pub fn release(&self, target: &mut Target) -> Result<()> {
+    /// Once every probe is attached: sets the hook and lets the target
+    /// run, with `start_counting` called where the traced window opens: in
+    /// a running process, once the hook is set (before, 3.11+ inlined the
+    /// calls Python made and the probes saw those made from C); in a
+    /// command we started, before it runs any Python.
+    pub fn release(&self, target: &mut Target, start_counting: impl FnOnce()) -> Result<()> {
         self.armed.set(self.hook.is_some());
         let install = |hook: &EvalHook| -> Result<()> {
             *self.installed.borrow_mut() = hook.install()?;
             Ok(())
         };
         match &self.hook {
-            Some(hook) if target.started_by_us() => target.release_at_first_eval(|| install(hook)),
+            Some(hook) if target.started_by_us() => {
+                start_counting();
+                target.release_at_first_eval(|| install(hook))
+            }
             Some(hook) => {
                 install(hook)?;
+                start_counting();
                 target.release()
             }
-            None => target.release(),
+            None => {
+                start_counting();
+                target.release()
+            }
         }
     }
 
@@ -85,10 +99,30 @@ impl HookedRelease {
         hook.verify();
     }
 
-    /// Puts the hook back (once the probes are detached) in the target and
-    /// its children, and ends the guardian; says what happened to the hook.
+    /// Puts the hook back in the target and its children, once the traced
+    /// window has ended and before the probes are detached: the target
+    /// runs at full speed again at once, whatever the detach then waits
+    /// for. (Before, it was put back after the detach, so that no call
+    /// went unseen while the probes were on; now the probes count nothing
+    /// by then.) Once only.
+    pub fn put_back(&self, target: &Target) {
+        let Some(hook) = self.hook.as_ref().filter(|_| self.armed.get() && !self.put_back.get()) else { return };
+        self.put_back.set(true);
+        if target.is_running() {
+            if let Err(e) = hook.restore() {
+                eprintln!("pytrace: warning: could not restore interp->eval_frame in PID {}: {e:#}", target.pid);
+            }
+        }
+        if let Some(g) = self.guardian.borrow().as_ref() {
+            hook.restore_children(&g.children);
+        }
+    }
+
+    /// Puts the hook back if `put_back` has not (an error path), ends the
+    /// guardian, and says what happened to the hook.
     pub fn restore(self, target: &Target) -> HookOutcome {
         let mut outcome = HookOutcome::default();
+        self.put_back(target);
         let guardian = self.guardian.into_inner();
         let Some(hook) = self.hook.as_ref().filter(|_| self.armed.get()) else {
             if let Some(g) = guardian {
@@ -96,13 +130,7 @@ impl HookedRelease {
             }
             return outcome;
         };
-        if target.is_running() {
-            if let Err(e) = hook.restore() {
-                eprintln!("pytrace: warning: could not restore interp->eval_frame in PID {}: {e:#}", target.pid);
-            }
-        }
         if let Some(g) = guardian {
-            hook.restore_children(&g.children);
             g.finish();
         }
         let installed = self.installed.into_inner();

@@ -24,6 +24,8 @@ pub struct HookedRelease {
     armed: Cell<bool>,
     installed: RefCell<Installed>,
     last_check: Cell<Option<Instant>>,
+    /// Interpreters created while traced that the hook was set in.
+    late_interpreters: Cell<usize>,
     /// The hook was put back (`put_back`).
     put_back: Cell<bool>,
 }
@@ -43,6 +45,7 @@ impl HookedRelease {
             armed: Cell::new(false),
             installed: RefCell::new(Installed::default()),
             last_check: Cell::new(None),
+            late_interpreters: Cell::new(0),
             put_back: Cell::new(false),
         })
     }
@@ -88,15 +91,20 @@ impl HookedRelease {
         }
     }
 
-    /// Between polls: reads the hook back (at most every 100 ms), so a
-    /// change by someone else is reported.
+    /// Between polls (at most every 100 ms): reads the hook back, so a
+    /// change by someone else is reported, and sets it in interpreters
+    /// created since (subinterpreters).
     pub fn watch(&self) {
-        let Some(hook) = self.hook.as_ref().filter(|_| self.armed.get()) else { return };
+        let Some(hook) = self.hook.as_ref().filter(|_| self.armed.get() && !self.put_back.get()) else { return };
         if self.last_check.get().is_some_and(|t| t.elapsed() < Duration::from_millis(100)) {
             return;
         }
         self.last_check.set(Some(Instant::now()));
         hook.verify();
+        // A target that is exiting may have no list to read: nothing to hook.
+        if let Ok(added) = hook.install_new() {
+            self.late_interpreters.set(self.late_interpreters.get() + added);
+        }
     }
 
     /// Puts the hook back in the target and its children, once the traced
@@ -143,6 +151,13 @@ impl HookedRelease {
                 values.join(", ")
             );
             outcome.incomplete.get_or_insert(why);
+        }
+        let late = self.late_interpreters.get();
+        if late > 0 {
+            outcome.incomplete.get_or_insert(format!(
+                "{late} interpreter(s) created in process {} while it was traced (subinterpreters) got the eval-frame hook within 100 ms of appearing: calls CPython ran inline in them before that were not seen, so their counts may be incomplete",
+                target.pid
+            ));
         }
         if installed.adopted > 0 {
             outcome.notes.push(format!(

@@ -332,17 +332,22 @@ impl<'t> Live<'t> {
 
     fn attached(&self, release: impl FnOnce(&mut Target) -> Result<()>) -> Result<()> {
         let took = self.made.elapsed();
-        if took > crate::tracing::SAY_SLOW_STEP {
-            eprintln!("pytrace: attaching took {:.1} s (not part of the traced time)", took.as_secs_f64());
-        }
+        // After the line scripts wait for, which stays the first.
+        let say_took = || {
+            if took > crate::tracing::SAY_SLOW_STEP {
+                eprintln!("pytrace: attaching took {:.1} s (not part of the traced time)", took.as_secs_f64());
+            }
+        };
         let Some(target) = &self.target else {
             eprintln!("pytrace: sampling every CPython process");
+            say_took();
             return Ok(());
         };
         let mut target = target.borrow_mut();
         release(&mut target)?;
         // The line a script waits for before it starts the traced work.
         eprintln!("pytrace: attached to PID {} {}", target.pid, self.attached_as);
+        say_took();
         Ok(())
     }
 

@@ -456,3 +456,34 @@ fn subinterpreters_created_while_traced_are_hooked_and_counted() {
         assert!(report["incomplete"].as_str().is_some_and(|w| w.contains("2 interpreter(s) created")), "{label}: {}", report["incomplete"]);
     }
 }
+
+/// Issue #22.6: on a loaded machine `calls -p` once blamed a one-line
+/// function for a 1.95 s call. Measured here with a CPU-bound neighbour per
+/// core: `leaf` (`return x + 1`, p99 about 1 us) reached a maximum of 179
+/// ms, and `middle`, its caller, the same call plus 0.4 ms: the thread was
+/// taken off the CPU inside that leaf call (a call's time is wall time, as
+/// cProfile's is: waiting for a CPU, or for the GIL, is in it; `sample`
+/// shows on-CPU time). No return is lost: each leaf call lies inside its
+/// caller's, so leaf's longest call never outlasts middle's longest. At
+/// least 10,000 leaf calls are required for the check to mean anything.
+#[test]
+fn under_load_a_one_line_function_never_outlasts_its_caller() {
+    let python = pyenv_python(12);
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let _neighbours: Vec<Proc> = (0..cores)
+        .map(|_| Proc(std::process::Command::new(&python).args(["-c", "while True: pass"]).spawn().unwrap()))
+        .collect();
+    let target = start_waiting(&python, "callgraph.py", &["--rounds", "1000000"]);
+    let tracer = start_tracer(&["calls", "-p", &target.pid().to_string(), "-d", "3", "--json", "-"]);
+    signal(target.pid(), libc::SIGUSR1);
+    let (code, out, stderr) = tracer.finish();
+    assert_eq!(code, 0, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = rows_for_file(&report, "fixtures/callgraph.py");
+    let row = |line, name| find_row(&rows, line, name).unwrap_or_else(|| panic!("no {name} row"));
+    let (leaf, middle) = (row(24, "leaf"), row(28, "middle"));
+    assert!(leaf["calls"].as_u64().unwrap() >= 10_000, "too few leaf calls: {}", leaf["calls"]);
+    let max = |r: &serde_json::Value| r["max_ns"].as_u64().unwrap();
+    assert!(max(leaf) <= max(middle), "leaf's longest call {} ns outlasts middle's {} ns", max(leaf), max(middle));
+    assert!(leaf["total_ns"].as_u64().unwrap() <= middle["total_ns"].as_u64().unwrap());
+}

@@ -91,8 +91,9 @@ impl CallsTarget {
     /// Counts calls until the target exits, the duration runs out, a stop
     /// signal comes or `each` (given the session and the time run so far,
     /// between polls) says stop. `each` is dropped once the probes are
-    /// detached and before the hook is put back: a live screen it owns is
-    /// closed by then, so what restoring says is readable.
+    /// detached; the hook is put back before that, so a warning restoring
+    /// prints can land on a live screen `each` owns (rare: the target's
+    /// memory refused the write).
     pub fn trace(self, python: &Python, opts: &CallsOptions, mut each: impl FnMut(&tracer::Session<'_, '_>, Duration) -> Result<bool>) -> (CallsRun, Result<CallsData>) {
         let attached_as = self.mode.name().to_string();
         // `move`: the closure, and `each` with it, is used up by the drive.

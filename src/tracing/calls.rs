@@ -414,7 +414,7 @@ fn close_open_calls(
     stats: &mut HashMap<KeyId, (func_key, func_stats)>,
     edges: &mut HashMap<(KeyId, KeyId), (edge_key, edge_stats)>,
 ) -> Result<()> {
-    let flag = |f: slot_flag| f.0 as u32;
+    let flag = |f: slot_flag| f.0;
     for tid in skel.maps.stacks.keys() {
         let Some(value) = skel.maps.stacks.lookup(&tid, MapFlags::ANY)? else { continue };
         let mut stack = Box::<thread_stack>::default();

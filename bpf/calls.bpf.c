@@ -15,6 +15,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
 #include <bpf/usdt.bpf.h>
 #include "calls.h"
 #include "counters.bpf.h"
@@ -55,6 +56,7 @@ struct frame_slot {
 	__u64 start_ns;
 	__u64 child_ns;
 	__u64 entries_at_start; /* the thread's `entries` when this call began */
+	__u64 switches_at_start; /* the thread's context switches then */
 	__u32 flags;
 	__u32 children; /* evaluations entered directly from this call */
 };
@@ -361,6 +363,14 @@ static __always_inline void time_edge(const struct frame_slot *slot, __u64 elaps
 		__sync_fetch_and_add(&es->total_ns, elapsed);
 }
 
+/* How many times the calling thread has left its CPU, either way. */
+static __always_inline __u64 context_switches(void)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+
+	return BPF_CORE_READ(task, nvcsw) + BPF_CORE_READ(task, nivcsw);
+}
+
 /* Closes the top call of a thread's stack at `now`. `cas`: the kernel has
  * BPF's compare-and-swap (Linux 5.12+); a program that contains one does
  * not even load before that, so every caller passes a constant and each
@@ -413,6 +423,8 @@ static __always_inline void close_top(struct thread_stack *stack, __u64 now, con
 	__sync_fetch_and_add(&st->self_ns, self);
 	if (slot->children)
 		__sync_fetch_and_add(&st->child_calls, slot->children);
+	if (context_switches() != slot->switches_at_start)
+		__sync_fetch_and_add(&st->off_cpu_calls, 1);
 	bucket = hist_bucket(elapsed);
 	/* So the check and the index below are one register: the 6.1 verifier
 	 * loses the bound when clang tests a copy. */
@@ -566,6 +578,7 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 	slot->start_ns = now;
 	slot->child_ns = 0;
 	slot->entries_at_start = stack->entries;
+	slot->switches_at_start = context_switches();
 	slot->children = 0;
 	slot->flags = returns == RETURN_ALWAYS || (returns == RETURN_IF_SHALLOW && depth < URETPROBE_DEPTH) ? SLOT_RETURNS : 0;
 	if (!counted)

@@ -100,6 +100,9 @@ struct func_stats {
 	__u64 child_calls;     /* evaluations entered directly from this function's timed calls */
 	__u64 outermost_calls; /* timed calls whose time counts in total_ns */
 	__u64 nested_calls;    /* evaluations entered during those outermost calls */
+	/* Timed calls during which the thread left its CPU (preempted, or
+	 * waiting: for the GIL, a lock, I/O): their wall time includes that. */
+	__u64 off_cpu_calls;
 	__u64 hist[HIST_BUCKETS];
 };
 

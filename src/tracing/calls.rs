@@ -82,6 +82,7 @@ pub struct Session<'obj, 'a> {
     /// When counting stopped (CLOCK_MONOTONIC ns): the calls still open
     /// then are closed there. 0 while it runs.
     stopped_ns: Cell<u64>,
+    pid: u32,
 }
 
 impl<'obj, 'a> Session<'obj, 'a> {
@@ -140,6 +141,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
             on_child: plan.on_child,
             bss: RefCell::new(bss),
             stopped_ns: Cell::new(0),
+            pid: plan.pid,
         })
     }
 
@@ -229,7 +231,7 @@ impl Tracing for Session<'_, '_> {
     /// The totals, with the calls still open when counting stopped closed
     /// there (as cProfile closes them when it is disabled).
     fn finish(self) -> Result<CallsData> {
-        collect(&self.skel, &self.names.into_inner(), self.stopped_ns.get())
+        collect(&self.skel, &self.names.into_inner(), self.pid, self.stopped_ns.get())
     }
 }
 
@@ -344,7 +346,7 @@ fn record_name(names: &mut Names, bytes: &[u8]) {
     );
 }
 
-fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names, stopped_ns: u64) -> Result<CallsData> {
+fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names, pid: u32, stopped_ns: u64) -> Result<CallsData> {
     let mut stats = read_stats(skel)?;
     let mut edge_map = HashMap::new();
     for key_bytes in skel.maps.edges.keys() {
@@ -356,7 +358,7 @@ fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names, stopped_ns: u64) 
         edge_map.insert((id_of(&key.callee), id_of(&key.caller)), (key, stats));
     }
     if stopped_ns != 0 {
-        close_open_calls(skel, stopped_ns, &mut stats, &mut edge_map)?;
+        close_open_calls(skel, pid, stopped_ns, &mut stats, &mut edge_map)?;
     }
     let functions = stats.into_values().map(|(key, st)| function(names, &key, &st)).collect();
     let mut edges = Vec::new();
@@ -410,6 +412,7 @@ fn function(names: &Names, key: &func_key, stats: &func_stats) -> Function {
 /// its open callees.
 fn close_open_calls(
     skel: &crate::bpf::calls::CallsSkel,
+    pid: u32,
     stopped_ns: u64,
     stats: &mut HashMap<KeyId, (func_key, func_stats)>,
     edges: &mut HashMap<(KeyId, KeyId), (edge_key, edge_stats)>,
@@ -419,6 +422,9 @@ fn close_open_calls(
         let Some(value) = skel.maps.stacks.lookup(&tid, MapFlags::ANY)? else { continue };
         let mut stack = Box::<thread_stack>::default();
         plain::copy_from_bytes(&mut *stack, &value).map_err(|_| anyhow::anyhow!("bad thread stack size"))?;
+        // The thread's context switches now (a little after the stop: an
+        // upper bound); unknown for a thread that is gone.
+        let switches = <[u8; 4]>::try_from(tid.as_slice()).ok().and_then(|t| context_switches(pid, u32::from_ne_bytes(t)));
         // Calls past the slots have no time to close.
         let depth = (stack.depth as usize).min(stack.slots.len());
         for d in (0..depth).rev() {
@@ -448,12 +454,23 @@ fn close_open_calls(
             }
             st.self_ns += self_ns;
             st.child_calls += slot.children as u64;
+            if switches.is_some_and(|now| now != slot.switches_at_start) {
+                st.off_cpu_calls += 1;
+            }
             let bucket = hist_bucket(elapsed).min(st.hist.len() - 1);
             st.hist[bucket] += 1;
             st.max_ns = st.max_ns.max(elapsed);
         }
     }
     Ok(())
+}
+
+/// A thread's voluntary plus involuntary context switches, as the kernel
+/// counts them (the BPF side reads the same two counters).
+fn context_switches(pid: u32, tid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+    let count = |key: &str| status.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.trim().parse::<u64>().ok());
+    Some(count("voluntary_ctxt_switches:")? + count("nonvoluntary_ctxt_switches:")?)
 }
 
 /// hist_bucket of bpf/calls.bpf.c (its constants are calls.h's HIST_*).
@@ -497,6 +514,7 @@ impl From<&func_stats> for FunctionStats {
             child_calls: s.child_calls,
             outermost_calls: s.outermost_calls,
             nested_calls: s.nested_calls,
+            off_cpu_calls: s.off_cpu_calls,
             latency: Latency::from_kernel(&s.hist),
         }
     }

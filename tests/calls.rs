@@ -332,6 +332,8 @@ fn another_runs_pending_return_probes_hold_neither_this_run_nor_its_target() {
     let loop_forever = "def f(): pass\ndef main():\n  while True: f()\nmain()";
     let a = start_tracer(&["calls", "--json", "-", "--", python.to_str().unwrap(), "-c", loop_forever]);
     let a_target: u32 = a.stderr_head.split("attached to PID ").nth(1).and_then(|s| s.split_whitespace().next()).and_then(|s| s.parse().ok()).expect("A's target PID");
+    // A's command outlives A if the test fails: it never stops by itself.
+    let _a_command = KilledOnDrop(a_target);
     std::thread::sleep(Duration::from_millis(500));
 
     let target = start_waiting(&python, "callgraph.py", &["--rounds", "1000000"]);
@@ -398,6 +400,16 @@ fn another_runs_pending_return_probes_hold_neither_this_run_nor_its_target() {
         }
     }
     drop(target);
+}
+
+/// A process killed when this goes out of scope, whatever the test did.
+struct KilledOnDrop(u32);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: plain kill(2) of a process the test started.
+        unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
+    }
 }
 
 fn is_zombie(pid: u32) -> bool {

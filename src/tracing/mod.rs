@@ -288,6 +288,17 @@ pub fn detach_links(links: Vec<Link>) {
     }
     let started = Instant::now();
     let mut fds: Vec<libc::c_int> = links.iter().map(|l| l.as_fd().as_raw_fd()).collect();
+    // The child closes the links only once ours are closed (EOF on this
+    // pipe): if it closed first, ours would be the last references, and
+    // closing them would be the wait this is about.
+    let mut go = [-1; 2];
+    // SAFETY: pipe2 fills the array.
+    if unsafe { libc::pipe2(go.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        go = [-1, -1];
+    }
+    if go[0] >= 0 {
+        fds.push(go[0]);
+    }
     fds.sort_unstable();
     // SAFETY: opened before the fork, so the child only makes system calls.
     let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
@@ -315,6 +326,10 @@ pub fn detach_links(links: Vec<Link>) {
                 from = from.max(fd + 1);
             }
             libc::syscall(libc::SYS_close_range, from, libc::c_uint::MAX, 0);
+            if go[0] >= 0 {
+                let mut byte = 0u8;
+                while libc::read(go[0], (&mut byte as *mut u8).cast(), 1) < 0 && *libc::__errno_location() == libc::EINTR {}
+            }
             for &fd in &fds {
                 libc::close(fd);
             }
@@ -328,6 +343,12 @@ pub fn detach_links(links: Vec<Link>) {
     // Ours are not the last references when the child holds them: closing
     // them is quick. Without a child (fork failed), this is the detach.
     drop(links);
+    for fd in go {
+        if fd >= 0 {
+            // SAFETY: our own pipe's ends; closing the write end lets the child go.
+            unsafe { libc::close(fd) };
+        }
+    }
     if child < 0 {
         say_slow_detach(started.elapsed());
         return;

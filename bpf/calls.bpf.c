@@ -15,6 +15,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
 #include <bpf/usdt.bpf.h>
 #include "calls.h"
 #include "counters.bpf.h"
@@ -28,14 +29,22 @@ const volatile struct calls_config cfg = {};
 /* Set at the first frame evaluation, so the target is stopped only once. */
 __u32 first_eval_seen = 0;
 
+/* Calls are counted only while user space keeps this non-zero: from the
+ * moment the eval-frame hook is set (before it, on 3.11+, calls made from
+ * C were seen and inlined ones were not) to the end of the traced window,
+ * which comes before the hook is put back and the probes are detached
+ * (src/session/calls.rs). Outside the window the programs change nothing,
+ * and an entry arms no return probe. */
+__u32 counting = 0;
+
+static __always_inline int is_counting(void)
+{
+	return *(volatile __u32 *)&counting;
+}
+
 #define SIGSTOP 19
 
-#define SLOT_COUNTED 1   /* a call cProfile would count; else a generator's creation */
-#define SLOT_OUTERMOST 2 /* not a recursive call: its time counts in total_ns */
-#define SLOT_RETURNS 4   /* its return will be seen (within URETPROBE_DEPTH) */
-#define SLOT_EDGE 8      /* its caller->callee edge was counted: time it too */
-#define SLOT_EDGE_OUTERMOST 16 /* no call of the same edge was open: its time counts in total_ns */
-
+/* User space closes the calls still open when the window ends (src/tracing/calls.rs). */
 struct frame_slot {
 	struct func_key key;
 	/* The caller's key, when edges are counted: with `key` before it, the
@@ -47,6 +56,7 @@ struct frame_slot {
 	__u64 start_ns;
 	__u64 child_ns;
 	__u64 entries_at_start; /* the thread's `entries` when this call began */
+	__u64 switches_at_start; /* the thread's context switches then */
 	__u32 flags;
 	__u32 children; /* evaluations entered directly from this call */
 };
@@ -127,6 +137,7 @@ struct new_function _new_function = {};
 struct edge_key _edge_key = {};
 struct edge_stats _edge_stats = {};
 enum calls_counter _calls_counter = 0;
+enum slot_flag _slot_flag = 0;
 enum str_kind _str_kind = 0;
 
 /* floor(log2(v)) for v > 0, without a branch: the top bit smeared down,
@@ -352,6 +363,14 @@ static __always_inline void time_edge(const struct frame_slot *slot, __u64 elaps
 		__sync_fetch_and_add(&es->total_ns, elapsed);
 }
 
+/* How many times the calling thread has left its CPU, either way. */
+static __always_inline __u64 context_switches(void)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+
+	return BPF_CORE_READ(task, nvcsw) + BPF_CORE_READ(task, nivcsw);
+}
+
 /* Closes the top call of a thread's stack at `now`. `cas`: the kernel has
  * BPF's compare-and-swap (Linux 5.12+); a program that contains one does
  * not even load before that, so every caller passes a constant and each
@@ -404,6 +423,8 @@ static __always_inline void close_top(struct thread_stack *stack, __u64 now, con
 	__sync_fetch_and_add(&st->self_ns, self);
 	if (slot->children)
 		__sync_fetch_and_add(&st->child_calls, slot->children);
+	if (context_switches() != slot->switches_at_start)
+		__sync_fetch_and_add(&st->off_cpu_calls, 1);
 	bucket = hist_bucket(elapsed);
 	/* So the check and the index below are one register: the 6.1 verifier
 	 * loses the bound when clang tests a copy. */
@@ -557,6 +578,7 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 	slot->start_ns = now;
 	slot->child_ns = 0;
 	slot->entries_at_start = stack->entries;
+	slot->switches_at_start = context_switches();
 	slot->children = 0;
 	slot->flags = returns == RETURN_ALWAYS || (returns == RETURN_IF_SHALLOW && depth < URETPROBE_DEPTH) ? SLOT_RETURNS : 0;
 	if (!counted)
@@ -786,7 +808,7 @@ int BPF_UPROBE(inlined_init, const void *type)
 	__u32 flags;
 	int is_new;
 
-	if (cfg.empty_probe)
+	if (cfg.empty_probe || !is_counting())
 		return 0;
 	if (code_key(code, &key, &flags)) {
 		count(CALLS_BAD_CODE);
@@ -852,7 +874,7 @@ int inline_frame(struct pt_regs *ctx)
 	struct func_key key = {};
 	struct func_stats *st;
 
-	if (cfg.empty_probe)
+	if (cfg.empty_probe || !is_counting())
 		return 0;
 	st = frame_function(frame, &key);
 	if (!st)
@@ -879,7 +901,7 @@ int skipped_close(struct pt_regs *ctx)
 	struct func_key key = {};
 	struct func_stats *st;
 
-	if (cfg.empty_probe || zero != ((cookie >> 8) & 1))
+	if (cfg.empty_probe || !is_counting() || zero != ((cookie >> 8) & 1))
 		return 0;
 	st = frame_function(gen + cfg.gen_iframe, &key);
 	if (!st)
@@ -890,10 +912,13 @@ int skipped_close(struct pt_regs *ctx)
 }
 
 /* Entry and return of _PyEval_EvalFrameDefault, as one uprobe session (Linux
- * 6.13+). Not a uprobe plus a uretprobe where sessions exist: there (6.12+)
- * unregistering the entry probe waits (SRCU) for pending uretprobe
- * instances, which a target that keeps calling renews, so pytrace could not
- * detach. A session has one link, so one unregister. (A uprobe on the `ret`
+ * 6.13+). Not a uprobe plus a uretprobe where sessions exist: there
+ * unregistering a probe waits (SRCU) for pending uretprobe instances, which
+ * a target that keeps calling renews; a session has one link, so one
+ * unregister, and once `counting` is off its entries arm no return probe,
+ * so the run's own target stops renewing them. Other runs' targets may
+ * still: src/tracing/mod.rs (detach_links) closes links off the user's
+ * path. (A uprobe on the `ret`
  * instruction instead is single-stepped: 14 us a hit on a VM, against under
  * 1 us for a return probe.) The session cookie carries the depth of this
  * call's slot to its return. */
@@ -907,9 +932,13 @@ int BPF_UPROBE(eval_frame, const void *tstate, const void *frame)
 	if (cfg.empty_probe)
 		return 0;
 	if (bpf_session_is_return()) {
-		on_return(cookie ? *cookie : 0, 1);
+		if (is_counting())
+			on_return(cookie ? *cookie : 0, 1);
 		return 0;
 	}
+	/* 1: no return probe for this call, so no return instance (below). */
+	if (!is_counting())
+		return 1;
 	depth = eval_enter(tstate, frame, 1);
 	if (cookie)
 		*cookie = depth;
@@ -925,7 +954,7 @@ int BPF_UPROBE(eval_frame, const void *tstate, const void *frame)
 SEC("uprobe")								\
 int BPF_UPROBE(eval_entry##suffix, const void *tstate, const void *frame)	\
 {									\
-	if (cfg.empty_probe)						\
+	if (cfg.empty_probe || !is_counting())				\
 		return 0;						\
 	eval_enter(tstate, frame, cas);					\
 	return 0;							\
@@ -934,7 +963,7 @@ int BPF_UPROBE(eval_entry##suffix, const void *tstate, const void *frame)	\
 SEC("uretprobe")							\
 int BPF_URETPROBE(eval_return##suffix)					\
 {									\
-	if (cfg.empty_probe)						\
+	if (cfg.empty_probe || !is_counting())				\
 		return 0;						\
 	on_return(0, cas);						\
 	return 0;							\
@@ -966,14 +995,16 @@ static __always_inline void usdt_entry(const char *file, const char *name, int l
 SEC("usdt")								\
 int BPF_USDT(usdt_function_entry##suffix, const char *file, const char *name, int line) \
 {									\
-	usdt_entry(file, name, line, cas);				\
+	if (is_counting())						\
+		usdt_entry(file, name, line, cas);			\
 	return 0;							\
 }									\
 									\
 SEC("usdt")								\
 int BPF_USDT(usdt_function_return##suffix)				\
 {									\
-	on_return(0, cas);						\
+	if (is_counting())						\
+		on_return(0, cas);					\
 	return 0;							\
 }
 

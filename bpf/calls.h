@@ -61,6 +61,16 @@ enum calls_counter {
 	CALLS_COUNTER_COUNT,
 };
 
+/* What a shadow-stack slot (struct frame_slot in calls.bpf.c) holds: user
+ * space reads them too, to close the calls still open when tracing ends. */
+enum slot_flag {
+	SLOT_COUNTED = 1,   /* a call cProfile would count; else a generator's creation */
+	SLOT_OUTERMOST = 2, /* not a recursive call: its time counts in total_ns */
+	SLOT_RETURNS = 4,   /* its return will be seen (within URETPROBE_DEPTH) */
+	SLOT_EDGE = 8,      /* its caller->callee edge was counted: time it too */
+	SLOT_EDGE_OUTERMOST = 16, /* no call of the same edge was open: its time counts in total_ns */
+};
+
 /* One Python function. In uprobe mode `id` is the code object's address and
  * `aux` a fingerprint of its name and file: their addresses, and the name's
  * str hash and first characters. A function whose code object (and
@@ -90,6 +100,9 @@ struct func_stats {
 	__u64 child_calls;     /* evaluations entered directly from this function's timed calls */
 	__u64 outermost_calls; /* timed calls whose time counts in total_ns */
 	__u64 nested_calls;    /* evaluations entered during those outermost calls */
+	/* Timed calls during which the thread left its CPU (preempted, or
+	 * waiting: for the GIL, a lock, I/O): their wall time includes that. */
+	__u64 off_cpu_calls;
 	__u64 hist[HIST_BUCKETS];
 };
 

@@ -278,8 +278,9 @@ fn probe_cost_is_measured_taken_out_and_flagged() {
 }
 
 /// Stopped by -d while the target runs on: the target's eval-frame hook is
-/// put back, and main, still running, is flagged as not timed rather than
-/// compared.
+/// put back, and main, still running, is timed to the end of the traced
+/// window (as cProfile closes the calls open when it is disabled) and
+/// compared, where it used to be flagged as not timed.
 #[test]
 fn a_duration_ends_it_and_the_target_is_left_as_found() {
     for (label, python) in pythons() {
@@ -291,7 +292,8 @@ fn a_duration_ends_it_and_the_target_is_left_as_found() {
         assert_eq!(code, 0, "{label}: {stderr}");
         assert_eq!(eval_frame_now(target.pid()), "not set", "{label}");
         let cmp: Value = serde_json::from_str(&stdout).unwrap();
-        assert_eq!(flag_kinds(row(&cmp, "main", "cpu_split.py")), ["untimed_calls"], "{label}");
+        let main_flags = flag_kinds(row(&cmp, "main", "cpu_split.py"));
+        assert!(!main_flags.contains(&"untimed_calls"), "{label}: {main_flags:?}");
         // Traced while it ran (how many rounds 1.5 s allows depends on what
         // else this machine runs).
         assert!(u(&row(&cmp, "sixty", "cpu_split.py")["calls"]) > 0, "{label}");

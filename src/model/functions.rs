@@ -77,7 +77,8 @@ pub struct FunctionStats {
     #[serde(default)]
     pub primitive_calls: u64,
     /// Calls whose duration was measured (deeper than the timed stack, or
-    /// still running at the end, they are counted but not timed).
+    /// run inline where no probe sees them end, they are counted but not
+    /// timed; those still running at the end are timed to it).
     pub timed_calls: u64,
     pub total_ns: u64,
     pub self_ns: u64,
@@ -95,6 +96,11 @@ pub struct FunctionStats {
     pub outermost_calls: u64,
     #[serde(default)]
     pub nested_calls: u64,
+    /// Timed calls during which the thread left its CPU (preempted, or
+    /// waiting for the GIL, a lock, I/O, a sleep): their times include that
+    /// wait, so a short function's maximum can be one.
+    #[serde(default)]
+    pub off_cpu_calls: u64,
     /// Reports carry percentiles instead (src/report/calls.rs).
     #[serde(skip)]
     pub latency: Latency,
@@ -113,6 +119,7 @@ impl FunctionStats {
         self.child_calls += other.child_calls;
         self.outermost_calls += other.outermost_calls;
         self.nested_calls += other.nested_calls;
+        self.off_cpu_calls += other.off_cpu_calls;
         self.latency.add(&other.latency);
     }
 
@@ -133,8 +140,8 @@ mod tests {
 
     #[test]
     fn merging_adds_counts_and_times_and_keeps_the_longest_call() {
-        let a = FunctionStats { calls: 3, primitive_calls: 2, timed_calls: 2, total_ns: 30, self_ns: 20, max_ns: 15, child_calls: 1, outermost_calls: 2, nested_calls: 4, latency: Latency::from_kernel(&[0, 2]) };
-        let b = FunctionStats { calls: 1, primitive_calls: 1, timed_calls: 1, total_ns: 5, self_ns: 5, max_ns: 5, child_calls: 0, outermost_calls: 1, nested_calls: 0, latency: Latency::from_kernel(&[1]) };
+        let a = FunctionStats { calls: 3, primitive_calls: 2, timed_calls: 2, total_ns: 30, self_ns: 20, max_ns: 15, child_calls: 1, outermost_calls: 2, nested_calls: 4, off_cpu_calls: 1, latency: Latency::from_kernel(&[0, 2]) };
+        let b = FunctionStats { calls: 1, primitive_calls: 1, timed_calls: 1, total_ns: 5, self_ns: 5, max_ns: 5, child_calls: 0, outermost_calls: 1, nested_calls: 0, off_cpu_calls: 0, latency: Latency::from_kernel(&[1]) };
         let mut m = a.clone();
         m.merge(&b);
         assert_eq!((m.calls, m.primitive_calls, m.timed_calls, m.total_ns, m.self_ns, m.max_ns), (4, 3, 3, 35, 25, 15));
@@ -144,7 +151,7 @@ mod tests {
 
     #[test]
     fn a_function_reads_back_as_written() {
-        let f = Function { name: "f".into(), file: "app.py".into(), line: 3, stats: FunctionStats { calls: 2, primitive_calls: 2, timed_calls: 2, total_ns: 9, self_ns: 7, max_ns: 5, child_calls: 1, outermost_calls: 2, nested_calls: 1, latency: Latency::default() } };
+        let f = Function { name: "f".into(), file: "app.py".into(), line: 3, stats: FunctionStats { calls: 2, primitive_calls: 2, timed_calls: 2, total_ns: 9, self_ns: 7, max_ns: 5, child_calls: 1, outermost_calls: 2, nested_calls: 1, off_cpu_calls: 0, latency: Latency::default() } };
         let back: Function = serde_json::from_str(&serde_json::to_string(&f).unwrap()).unwrap();
         assert_eq!(back, f);
     }

@@ -164,15 +164,43 @@ impl EvalHook {
         Ok(installed)
     }
 
-    /// Reads back every slot pytrace set: the first one found changed by
-    /// someone else is remembered (`changed`). A target that exited has
-    /// nothing to check.
+    /// Sets the hook in the interpreters created since `install` (a
+    /// subinterpreter made while traced starts with NULL there, and 3.11+
+    /// inlines its calls), by install's rules: only a slot holding NULL,
+    /// read just before it is written. Forgets the slots of interpreters
+    /// that are gone, so that a new one at a freed one's address is hooked
+    /// and a freed slot is never read as "changed". Returns how many it set.
+    pub fn install_new(&self) -> Result<usize> {
+        let bias = self.load_bias(self.pid)?;
+        let ours = self.hook_value(bias);
+        let mem = Memory::open(self.pid)?;
+        let live = self.eval_frame_slots(&mem, bias)?;
+        self.set.borrow_mut().retain(|(slot, _)| live.contains(slot));
+        let mut added = 0;
+        for slot in live {
+            if self.set.borrow().iter().any(|&(s, _)| s == slot) {
+                continue;
+            }
+            if mem.read_u64(slot)? == 0 {
+                mem.write_u64(slot, ours)?;
+                self.set.borrow_mut().push((slot, ours));
+                added += 1;
+            }
+        }
+        Ok(added)
+    }
+
+    /// Reads back every slot pytrace set in an interpreter that still
+    /// exists: the first one found changed by someone else is remembered
+    /// (`changed`). A target that exited has nothing to check.
     pub fn verify(&self) {
         if self.changed.borrow().is_some() || self.set.borrow().is_empty() {
             return;
         }
         let Ok(mem) = Memory::open(self.pid) else { return };
-        for &(slot, ours) in self.set.borrow().iter() {
+        let Ok(bias) = self.load_bias(self.pid) else { return };
+        let Ok(live) = self.eval_frame_slots(&mem, bias) else { return };
+        for &(slot, ours) in self.set.borrow().iter().filter(|(slot, _)| live.contains(slot)) {
             match mem.read_u64(slot) {
                 Ok(v) if v != ours => {
                     let found = if v == 0 { "NULL".to_string() } else { format!("{v:#x}") };

@@ -2,8 +2,9 @@
 //! `compare` share: the target found or started, its mode chosen and the
 //! eval-frame hook owned (hook.rs) before any BPF object exists; the calls
 //! program (and, for `compare`, the sampler beside it) attached; the hook
-//! set as the target is let run and watched between polls; the probes
-//! detached, then the hook put back, on every path out, errors included.
+//! set as the target is let run and watched between polls; counting
+//! stopped, the hook put back, then the probes detached, on every path
+//! out, errors included.
 
 use std::mem::MaybeUninit;
 use std::time::Duration;
@@ -90,8 +91,9 @@ impl CallsTarget {
     /// Counts calls until the target exits, the duration runs out, a stop
     /// signal comes or `each` (given the session and the time run so far,
     /// between polls) says stop. `each` is dropped once the probes are
-    /// detached and before the hook is put back: a live screen it owns is
-    /// closed by then, so what restoring says is readable.
+    /// detached; the hook is put back before that, so a warning restoring
+    /// prints can land on a live screen `each` owns (rare: the target's
+    /// memory refused the write).
     pub fn trace(self, python: &Python, opts: &CallsOptions, mut each: impl FnMut(&tracer::Session<'_, '_>, Duration) -> Result<bool>) -> (CallsRun, Result<CallsData>) {
         let attached_as = self.mode.name().to_string();
         // `move`: the closure, and `each` with it, is used up by the drive.
@@ -108,8 +110,8 @@ impl CallsTarget {
     }
 
     /// The lifecycle both share; `drive` runs the started calls session.
-    /// The probes are gone (the session dropped, `live` ended) before the
-    /// hook is put back, whether the run failed or not: the run comes back
+    /// The hook is put back as the window ends, before the probes are
+    /// detached (or here, if the run failed before that): the run comes back
     /// either way (what the hook went through, the exit code), beside what
     /// it gathered or why that failed.
     fn run<D>(self, python: &Python, opts: &CallsOptions, attached_as: &str, drive: impl FnOnce(tracer::Session<'_, '_>, &Hooked<'_, '_>) -> Result<D>) -> (CallsRun, Result<D>) {
@@ -137,10 +139,16 @@ struct Hooked<'l, 't> {
 }
 
 impl Hooked<'_, '_> {
+    /// The hook is put back as the window ends, before the probes go.
     fn drive<T: Tracing>(&self, session: T, mut each: impl FnMut(&T) -> Result<bool>) -> Result<T::Data> {
-        self.live.drive(session, |_, target| self.hook.release(target), |session| {
-            self.hook.watch();
-            each(session)
-        })
+        self.live.drive_and_end(
+            session,
+            |session, target| self.hook.release(target, || session.start_counting()),
+            |session| {
+                self.hook.watch();
+                each(session)
+            },
+            |_, target| self.hook.put_back(target),
+        )
     }
 }

@@ -16,9 +16,17 @@ const POLL_AT_MOST: Duration = Duration::from_millis(100);
 
 /// Runs `session`: calls `attached` once its ring buffers are read (the
 /// command lets the target run there), then polls until `keep_going`
-/// (asked with the session, to read the profile so far) says stop;
-/// detaches, drains and collects, detaching even if polling failed.
-pub fn drive<T: Tracing>(session: T, attached: impl FnOnce(&T) -> Result<()>, mut keep_going: impl FnMut(&T) -> Result<bool>) -> Result<T::Data> {
+/// (asked with the session, to read the profile so far) says stop; ends
+/// the traced window, runs `ending` (put back what the run changed in the
+/// target, while the probes, which no longer count, are still attached:
+/// nothing then waits on the kernel's detach), detaches, drains and
+/// collects; all of it even if polling failed.
+pub fn drive<T: Tracing>(
+    session: T,
+    attached: impl FnOnce(&T) -> Result<()>,
+    mut keep_going: impl FnMut(&T) -> Result<bool>,
+    ending: impl FnOnce(&T),
+) -> Result<T::Data> {
     let what = session.what();
     let ring = match session.has_records() {
         true => {
@@ -29,6 +37,8 @@ pub fn drive<T: Tracing>(session: T, attached: impl FnOnce(&T) -> Result<()>, mu
         false => None,
     };
     let polled = attached(&session).and_then(|()| poll(&session, ring.as_ref(), &what, &mut keep_going));
+    session.stop_counting();
+    ending(&session);
     session.detach();
     polled?;
     if let Some(ring) = &ring {

@@ -26,6 +26,10 @@ pub struct HookedRelease {
     last_check: Cell<Option<Instant>>,
     /// The pytrace whose killed run left the hook's lock file, if one did.
     left_by: Option<u32>,
+    /// Interpreters created while traced that the hook was set in.
+    late_interpreters: Cell<usize>,
+    /// The hook was put back (`put_back`).
+    put_back: Cell<bool>,
 }
 
 impl HookedRelease {
@@ -48,6 +52,8 @@ impl HookedRelease {
             installed: RefCell::new(Installed::default()),
             last_check: Cell::new(None),
             left_by,
+            late_interpreters: Cell::new(0),
+            put_back: Cell::new(false),
         })
     }
 
@@ -57,8 +63,12 @@ impl HookedRelease {
         self.hook.is_some() && target.started_by_us()
     }
 
-    /// Once every probe is attached: sets the hook and lets the target run.
-    pub fn release(&self, target: &mut Target) -> Result<()> {
+    /// Once every probe is attached: sets the hook and lets the target
+    /// run, with `start_counting` called where the traced window opens: in
+    /// a running process, once the hook is set (before, 3.11+ inlined the
+    /// calls Python made and the probes saw those made from C); in a
+    /// command we started, before it runs any Python.
+    pub fn release(&self, target: &mut Target, start_counting: impl FnOnce()) -> Result<()> {
         // Armed only as the hook is set: a command killed before its first
         // evaluation has nothing of ours to put back, and nothing is said.
         let install = |hook: &EvalHook| -> Result<()> {
@@ -70,12 +80,19 @@ impl HookedRelease {
             Ok(())
         };
         match &self.hook {
-            Some(hook) if target.started_by_us() => target.release_at_first_eval(|| install(hook)),
+            Some(hook) if target.started_by_us() => {
+                start_counting();
+                target.release_at_first_eval(|| install(hook))
+            }
             Some(hook) => {
                 install(hook)?;
+                start_counting();
                 target.release()
             }
-            None => target.release(),
+            None => {
+                start_counting();
+                target.release()
+            }
         }
     }
 
@@ -93,21 +110,46 @@ impl HookedRelease {
         }
     }
 
-    /// Between polls: reads the hook back (at most every 100 ms), so a
-    /// change by someone else is reported.
+    /// Between polls (at most every 100 ms): reads the hook back, so a
+    /// change by someone else is reported, and sets it in interpreters
+    /// created since (subinterpreters).
     pub fn watch(&self) {
-        let Some(hook) = self.hook.as_ref().filter(|_| self.armed.get()) else { return };
+        let Some(hook) = self.hook.as_ref().filter(|_| self.armed.get() && !self.put_back.get()) else { return };
         if self.last_check.get().is_some_and(|t| t.elapsed() < Duration::from_millis(100)) {
             return;
         }
         self.last_check.set(Some(Instant::now()));
         hook.verify();
+        // A target that is exiting may have no list to read: nothing to hook.
+        if let Ok(added) = hook.install_new() {
+            self.late_interpreters.set(self.late_interpreters.get() + added);
+        }
     }
 
-    /// Puts the hook back (once the probes are detached) in the target and
-    /// its children, and ends the guardian; says what happened to the hook.
+    /// Puts the hook back in the target and its children, once the traced
+    /// window has ended and before the probes are detached: the target
+    /// runs at full speed again at once, whatever the detach then waits
+    /// for. (Before, it was put back after the detach, so that no call
+    /// went unseen while the probes were on; now the probes count nothing
+    /// by then.) Once only.
+    pub fn put_back(&self, target: &Target) {
+        let Some(hook) = self.hook.as_ref().filter(|_| self.armed.get() && !self.put_back.get()) else { return };
+        self.put_back.set(true);
+        if target.is_running() {
+            if let Err(e) = hook.restore() {
+                crate::report::console::err(&format!("pytrace: warning: could not restore interp->eval_frame in PID {}: {e:#}\n", target.pid));
+            }
+        }
+        if let Some(g) = self.guardian.borrow().as_ref() {
+            hook.restore_children(&g.children);
+        }
+    }
+
+    /// Puts the hook back if `put_back` has not (an error path), ends the
+    /// guardian, and says what happened to the hook.
     pub fn restore(self, target: &Target) -> HookOutcome {
         let mut outcome = HookOutcome::default();
+        self.put_back(target);
         let guardian = self.guardian.into_inner();
         let Some(hook) = self.hook.as_ref().filter(|_| self.armed.get()) else {
             if let Some(g) = guardian {
@@ -115,13 +157,7 @@ impl HookedRelease {
             }
             return outcome;
         };
-        if target.is_running() {
-            if let Err(e) = hook.restore() {
-                crate::report::console::err(&format!("pytrace: warning: could not restore interp->eval_frame in PID {}: {e:#}\n", target.pid));
-            }
-        }
         if let Some(g) = guardian {
-            hook.restore_children(&g.children);
             g.finish();
         }
         let installed = self.installed.into_inner();
@@ -134,6 +170,13 @@ impl HookedRelease {
                 values.join(", ")
             );
             outcome.incomplete.get_or_insert(why);
+        }
+        let late = self.late_interpreters.get();
+        if late > 0 {
+            outcome.incomplete.get_or_insert(format!(
+                "{late} interpreter(s) created in process {} while it was traced (subinterpreters) got the eval-frame hook within 100 ms of appearing: calls CPython ran inline in them before that were not seen, so their counts may be incomplete",
+                target.pid
+            ));
         }
         // Only the lock file a killed run left says a run left the hook:
         // without it, the value may be the build's or another tool's own.

@@ -129,6 +129,9 @@ pub struct Target {
     stop_seen: Option<Instant>,
     /// The CPython's CPU time when last seen running.
     cpu_last_ns: Option<u64>,
+    /// When tracing stopped: the traced window is `started` to this, the
+    /// detach after it excluded.
+    stopped: Option<Instant>,
     /// The target's CPU time when it was let run (see `cpu_ns`).
     cpu_at_start_ns: Option<u64>,
     cpu_at_end_ns: Option<u64>,
@@ -149,7 +152,7 @@ impl Target {
                 (launched.pid, python, Some(launched), command.duration)
             }
         };
-        let target = Self { pid, launched, exit_status: None, started: Instant::now(), duration, deadline: None, stop_seen: None, cpu_last_ns: None, cpu_at_start_ns: None, cpu_at_end_ns: None };
+        let target = Self { pid, launched, exit_status: None, started: Instant::now(), duration, deadline: None, stopped: None, stop_seen: None, cpu_last_ns: None, cpu_at_start_ns: None, cpu_at_end_ns: None };
         Ok((target, python))
     }
 
@@ -186,8 +189,15 @@ impl Target {
         }
     }
 
+    /// The traced window: from when the target was let run to when
+    /// tracing stopped (or now, while it runs).
     pub fn elapsed(&self) -> Duration {
-        self.started.elapsed()
+        self.stopped.unwrap_or_else(Instant::now).saturating_duration_since(self.started)
+    }
+
+    /// Tracing ends now, if it had not already.
+    fn stop_clock(&mut self) {
+        self.stopped.get_or_insert_with(Instant::now);
     }
 
     /// The CPU time the target used from when it was let run to when
@@ -206,6 +216,9 @@ impl Target {
     /// second stop signal.
     pub fn keep_going(&mut self, duration: Option<Duration>) -> bool {
         let going = self.still_going(duration);
+        if !going {
+            self.stop_clock();
+        }
         if !going && self.cpu_at_end_ns.is_none() {
             self.cpu_at_end_ns = match &self.launched {
                 Some(l) if self.exit_status.is_some() && l.pid == l.command_pid => l.cpu_at_exit_ns,
@@ -293,8 +306,12 @@ pub struct Live<'t> {
     /// What the line scripts wait for says after "attached to PID N".
     attached_as: String,
     duration: Option<Duration>,
-    /// When an `everywhere` run began.
+    /// When an `everywhere` run began, and when the run was made (its
+    /// attach is timed from here).
     started: Instant,
+    made: Instant,
+    /// When an `everywhere` run stopped.
+    stopped: std::cell::Cell<Option<Instant>>,
 }
 
 impl Drop for Live<'_> {
@@ -313,33 +330,74 @@ impl<'t> Live<'t> {
     pub fn new(target: &'t mut Target, python: &Python, mode: &str, duration: Option<Duration>) -> Self {
         install_signal_handlers();
         let attached_as = format!("(Python {}, {mode} mode)", python.version);
-        Live { target: Some(RefCell::new(target)), attached_as, duration, started: Instant::now() }
+        Live { target: Some(RefCell::new(target)), attached_as, duration, started: Instant::now(), made: Instant::now(), stopped: Default::default() }
     }
 
     /// A run on every CPython on the machine: it ends at the duration or a
     /// stop signal.
     pub fn everywhere(duration: Option<Duration>) -> Self {
         install_signal_handlers();
-        Live { target: None, attached_as: String::new(), duration, started: Instant::now() }
+        Live { target: None, attached_as: String::new(), duration, started: Instant::now(), made: Instant::now(), stopped: Default::default() }
     }
 
     /// Runs `session` (driver.rs): once it is attached, lets the target
     /// run with `release` (`Target::release`, or what the session needs
     /// first), says so, then polls while `each` (given the session, between
     /// polls) and `keep_going` say go on.
-    pub fn drive<T: Tracing>(&self, session: T, release: impl FnOnce(&T, &mut Target) -> Result<()>, mut each: impl FnMut(&T) -> Result<bool>) -> Result<T::Data> {
-        driver::drive(session, |session| self.attached(|target| release(session, target)), |session| Ok(each(session)? && self.keep_going()))
+    pub fn drive<T: Tracing>(&self, session: T, release: impl FnOnce(&T, &mut Target) -> Result<()>, each: impl FnMut(&T) -> Result<bool>) -> Result<T::Data> {
+        self.drive_and_end(session, release, each, |_, _| {})
+    }
+
+    /// `drive`, with `ending` (given the session and the target) run once
+    /// the traced window has ended and before the probes are detached
+    /// (driver.rs).
+    pub fn drive_and_end<T: Tracing>(
+        &self,
+        session: T,
+        release: impl FnOnce(&T, &mut Target) -> Result<()>,
+        mut each: impl FnMut(&T) -> Result<bool>,
+        ending: impl FnOnce(&T, &Target),
+    ) -> Result<T::Data> {
+        driver::drive(
+            session,
+            |session| self.attached(|target| release(session, target)),
+            |session| Ok(each(session)? && self.keep_going()),
+            |session| {
+                self.stop_clock();
+                if let Some(target) = &self.target {
+                    ending(session, &target.borrow());
+                }
+            },
+        )
+    }
+
+    fn stop_clock(&self) {
+        match &self.target {
+            Some(target) => target.borrow_mut().stop_clock(),
+            None => {
+                self.stopped.set(Some(self.stopped.get().unwrap_or_else(Instant::now)));
+            }
+        }
     }
 
     fn attached(&self, release: impl FnOnce(&mut Target) -> Result<()>) -> Result<()> {
+        let took = self.made.elapsed();
+        // After the line scripts wait for, which stays the first.
+        let say_took = || {
+            if took > crate::tracing::SAY_SLOW_STEP {
+                crate::report::console::err(&format!("pytrace: attaching took {:.1} s (not part of the traced time)\n", took.as_secs_f64()));
+            }
+        };
         let Some(target) = &self.target else {
             crate::report::console::err("pytrace: sampling every CPython process\n");
+            say_took();
             return Ok(());
         };
         let mut target = target.borrow_mut();
         release(&mut target)?;
         // The line a script waits for before it starts the traced work.
         crate::report::console::err(&format!("pytrace: attached to PID {} {}\n", target.pid, self.attached_as));
+        say_took();
         Ok(())
     }
 
@@ -355,7 +413,7 @@ impl<'t> Live<'t> {
     pub fn elapsed(&self) -> Duration {
         match &self.target {
             Some(target) => target.borrow().elapsed(),
-            None => self.started.elapsed(),
+            None => self.stopped.get().unwrap_or_else(Instant::now).saturating_duration_since(self.started),
         }
     }
 }

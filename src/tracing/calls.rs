@@ -1,16 +1,17 @@
 //! The `calls` BPF session (bpf/calls.bpf.c): load it for one target, attach
 //! it in uprobe or USDT mode, and turn its maps into per-function totals.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::SkelBuilder;
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder, UprobeOpts};
 
-use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, read_counters, CounterRow, Links, Tracing};
-use crate::bpf::calls::types::{calls_counter, edge_key, edge_stats, func_key, func_stats, new_function, py_layout};
+use super::{attach_entry_and_return, attach_error, entry_probe_offset, ensure_still_running, has_uprobe_sessions, monotonic_ns, read_counters, CounterRow, Links, Tracing};
+use crate::bpf::calls::types::{bss, calls_counter, edge_key, edge_stats, func_key, func_stats, new_function, py_layout, slot_flag, thread_stack};
 use crate::bpf::calls::{CallsSkel, CallsSkelBuilder};
 use crate::model::counters::Kind::{Informational, Lost, Refused};
 use crate::model::functions::{CallEdge, CallsData, EdgeStats, Function, FunctionId, FunctionStats};
@@ -66,6 +67,11 @@ pub struct Plan<'a> {
 
 type Names = HashMap<(u64, u64, u32), (String, String)>;
 
+/// How long a probe that saw `counting` set just before it was cleared
+/// may still be changing the maps: one program run is microseconds, so
+/// this is many times that even for a preempted one on a loaded machine.
+const PROBES_SETTLE: Duration = Duration::from_millis(5);
+
 /// The calls program loaded and attached to one target, in steps that the
 /// session driver (src/session/driver.rs) runs, alone or beside the sampler.
 pub struct Session<'obj, 'a> {
@@ -75,6 +81,12 @@ pub struct Session<'obj, 'a> {
     /// Children of the target already handed to `on_child`.
     children_seen: RefCell<std::collections::HashSet<u32>>,
     on_child: &'a dyn Fn(u32),
+    /// The program's .bss, where `counting` opens and closes the window.
+    bss: RefCell<&'obj mut bss>,
+    /// When counting stopped (CLOCK_MONOTONIC ns): the calls still open
+    /// then are closed there. 0 while it runs.
+    stopped_ns: Cell<u64>,
+    pid: u32,
 }
 
 impl<'obj, 'a> Session<'obj, 'a> {
@@ -122,10 +134,44 @@ impl<'obj, 'a> Session<'obj, 'a> {
         let cookies = has_attach_cookies();
         open.progs.inline_frame.set_autoload(uprobe_mode && cookies && plan.python.inlined_getitem_probe().is_some());
         open.progs.skipped_close.set_autoload(uprobe_mode && cookies && matches!(plan.python.skipped_close_probe(), CloseProbe::Sites(_)));
-        let skel = crate::bpf::load::load("calls", open)?;
+        let mut skel = crate::bpf::load::load("calls", open)?;
         (plan.on_children_map)(std::os::fd::AsFd::as_fd(&skel.maps.children));
+        let bss = skel.maps.bss_data.take().context("the calls BPF program has no .bss")?;
         let links = attach(&skel.progs, plan)?;
-        Ok(Session { skel, links: Links::new(links), names: RefCell::new(HashMap::new()), children_seen: RefCell::new(Default::default()), on_child: plan.on_child })
+        Ok(Session {
+            skel,
+            links: Links::new(links),
+            names: RefCell::new(HashMap::new()),
+            children_seen: RefCell::new(Default::default()),
+            on_child: plan.on_child,
+            bss: RefCell::new(bss),
+            stopped_ns: Cell::new(0),
+            pid: plan.pid,
+        })
+    }
+
+    /// Opens the window: calls are counted from here on (once the hook is
+    /// set, on an interpreter that needs it).
+    pub fn start_counting(&self) {
+        let mut bss = self.bss.borrow_mut();
+        // SAFETY: a mapped .bss field the probes read; volatile so that the
+        // store is made, now.
+        unsafe { std::ptr::write_volatile(&mut bss.counting, 1) };
+    }
+
+    /// Closes the window: no probe changes anything after this returns
+    /// (PROBES_SETTLE), though the probes stay attached. Idempotent.
+    pub fn stop_counting(&self) {
+        if self.stopped_ns.get() != 0 {
+            return;
+        }
+        {
+            let mut bss = self.bss.borrow_mut();
+            // SAFETY: as in start_counting.
+            unsafe { std::ptr::write_volatile(&mut bss.counting, 0) };
+        }
+        self.stopped_ns.set(monotonic_ns());
+        std::thread::sleep(PROBES_SETTLE);
     }
 
     /// Between polls: hands the target's new children to `plan.on_child`.
@@ -179,9 +225,18 @@ impl Tracing for Session<'_, '_> {
         Some(&self.links)
     }
 
-    /// The totals.
+    fn start_counting(&self) {
+        Session::start_counting(self)
+    }
+
+    fn stop_counting(&self) {
+        Session::stop_counting(self)
+    }
+
+    /// The totals, with the calls still open when counting stopped closed
+    /// there (as cProfile closes them when it is disabled).
     fn finish(self) -> Result<CallsData> {
-        collect(&self.skel, &self.names.into_inner())
+        collect(&self.skel, &self.names.into_inner(), self.pid, self.stopped_ns.get())
     }
 }
 
@@ -296,15 +351,23 @@ fn record_name(names: &mut Names, bytes: &[u8]) {
     );
 }
 
-fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsData> {
-    let functions = functions(skel, names)?;
-    let mut edges = Vec::new();
+fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names, pid: u32, stopped_ns: u64) -> Result<CallsData> {
+    let mut stats = read_stats(skel)?;
+    let mut edge_map = HashMap::new();
     for key_bytes in skel.maps.edges.keys() {
         let Some(value) = skel.maps.edges.lookup(&key_bytes, MapFlags::ANY)? else { continue };
         let mut key = edge_key::default();
         plain::copy_from_bytes(&mut key, &key_bytes).map_err(|_| anyhow::anyhow!("bad edge key size"))?;
         let mut stats = edge_stats::default();
         plain::copy_from_bytes(&mut stats, &value).map_err(|_| anyhow::anyhow!("bad edge value size"))?;
+        edge_map.insert((id_of(&key.callee), id_of(&key.caller)), (key, stats));
+    }
+    if stopped_ns != 0 {
+        close_open_calls(skel, pid, stopped_ns, &mut stats, &mut edge_map)?;
+    }
+    let functions = stats.into_values().map(|(key, st)| function(names, &key, &st)).collect();
+    let mut edges = Vec::new();
+    for (key, stats) in edge_map.into_values() {
         edges.push(CallEdge {
             caller: function_id(names, &key.caller),
             callee: function_id(names, &key.callee),
@@ -318,17 +381,119 @@ fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<CallsDa
 
 /// One record per code object the stats map holds.
 fn functions(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<Vec<Function>> {
-    let mut functions = Vec::new();
+    Ok(read_stats(skel)?.into_values().map(|(key, st)| function(names, &key, &st)).collect())
+}
+
+type KeyId = (u64, u64, u32, u32);
+
+fn id_of(key: &func_key) -> KeyId {
+    (key.id, key.aux, key.line, key.tgid)
+}
+
+/// The stats map, by key.
+fn read_stats(skel: &crate::bpf::calls::CallsSkel) -> Result<HashMap<KeyId, (func_key, func_stats)>> {
+    let mut out = HashMap::new();
     for key_bytes in skel.maps.stats.keys() {
         let Some(value) = skel.maps.stats.lookup(&key_bytes, MapFlags::ANY)? else { continue };
         let mut key = func_key::default();
         plain::copy_from_bytes(&mut key, &key_bytes).map_err(|_| anyhow::anyhow!("bad key size"))?;
-        let FunctionId { name, file, line } = function_id(names, &key);
         let mut stats = func_stats::default();
         plain::copy_from_bytes(&mut stats, &value).map_err(|_| anyhow::anyhow!("bad value size"))?;
-        functions.push(Function { name, file, line, stats: FunctionStats::from(&stats) });
+        out.insert(id_of(&key), (key, stats));
     }
-    Ok(functions)
+    Ok(out)
+}
+
+fn function(names: &Names, key: &func_key, stats: &func_stats) -> Function {
+    let FunctionId { name, file, line } = function_id(names, key);
+    Function { name, file, line, stats: FunctionStats::from(stats) }
+}
+
+/// Closes, at `stopped_ns`, every call still open on a thread's shadow
+/// stack when counting stopped, top first, as close_top in
+/// bpf/calls.bpf.c would have at their return: without it a recursive
+/// function open at the end had its inner calls' self time and not its
+/// outer call's total (self above total), and a caller lacked the time of
+/// its open callees.
+fn close_open_calls(
+    skel: &crate::bpf::calls::CallsSkel,
+    pid: u32,
+    stopped_ns: u64,
+    stats: &mut HashMap<KeyId, (func_key, func_stats)>,
+    edges: &mut HashMap<(KeyId, KeyId), (edge_key, edge_stats)>,
+) -> Result<()> {
+    let flag = |f: slot_flag| f.0;
+    for tid in skel.maps.stacks.keys() {
+        let Some(value) = skel.maps.stacks.lookup(&tid, MapFlags::ANY)? else { continue };
+        let mut stack = Box::<thread_stack>::default();
+        plain::copy_from_bytes(&mut *stack, &value).map_err(|_| anyhow::anyhow!("bad thread stack size"))?;
+        // The thread's context switches now (a little after the stop: an
+        // upper bound); unknown for a thread that is gone.
+        let switches = <[u8; 4]>::try_from(tid.as_slice()).ok().and_then(|t| context_switches(pid, u32::from_ne_bytes(t)));
+        // Calls past the slots have no time to close.
+        let depth = (stack.depth as usize).min(stack.slots.len());
+        for d in (0..depth).rev() {
+            let slot = stack.slots[d];
+            if slot.flags & flag(slot_flag::SLOT_COUNTED) == 0 {
+                continue;
+            }
+            let elapsed = stopped_ns.saturating_sub(slot.start_ns);
+            let self_ns = elapsed.saturating_sub(slot.child_ns);
+            if d > 0 {
+                stack.slots[d - 1].child_ns += elapsed;
+                if slot.flags & flag(slot_flag::SLOT_EDGE) != 0 {
+                    if let Some((_, es)) = edges.get_mut(&(id_of(&slot.key), id_of(&slot.caller))) {
+                        es.self_ns += self_ns;
+                        if slot.flags & flag(slot_flag::SLOT_EDGE_OUTERMOST) != 0 {
+                            es.total_ns += elapsed;
+                        }
+                    }
+                }
+            }
+            let Some((_, st)) = stats.get_mut(&id_of(&slot.key)) else { continue };
+            st.timed_calls += 1;
+            if slot.flags & flag(slot_flag::SLOT_OUTERMOST) != 0 {
+                st.total_ns += elapsed;
+                st.outermost_calls += 1;
+                st.nested_calls += stack.entries.saturating_sub(slot.entries_at_start);
+            }
+            st.self_ns += self_ns;
+            st.child_calls += slot.children as u64;
+            if switches.is_some_and(|now| now != slot.switches_at_start) {
+                st.off_cpu_calls += 1;
+            }
+            let bucket = hist_bucket(elapsed).min(st.hist.len() - 1);
+            st.hist[bucket] += 1;
+            st.max_ns = st.max_ns.max(elapsed);
+        }
+    }
+    Ok(())
+}
+
+/// A thread's voluntary plus involuntary context switches, as the kernel
+/// counts them (the BPF side reads the same two counters).
+fn context_switches(pid: u32, tid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+    let count = |key: &str| status.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.trim().parse::<u64>().ok());
+    Some(count("voluntary_ctxt_switches:")? + count("nonvoluntary_ctxt_switches:")?)
+}
+
+/// hist_bucket of bpf/calls.bpf.c (its constants are calls.h's HIST_*).
+fn hist_bucket(ns: u64) -> usize {
+    const SUB_BITS: u32 = 3;
+    const SUB: u64 = 1 << SUB_BITS;
+    const LINEAR: u64 = 2 * SUB;
+    const MIN_EXP: u32 = SUB_BITS + 1;
+    const MAX_EXP: u32 = 43;
+    const BUCKETS: u64 = LINEAR + (MAX_EXP - MIN_EXP + 1) as u64 * SUB;
+    if ns < LINEAR {
+        return ns as usize;
+    }
+    let exp = 63 - ns.leading_zeros();
+    if exp > MAX_EXP {
+        return BUCKETS as usize - 1;
+    }
+    (LINEAR + (exp - MIN_EXP) as u64 * SUB + ((ns >> (exp - SUB_BITS)) & (SUB - 1))) as usize
 }
 
 /// A function's name, file and first line, as its new_function event said.
@@ -354,6 +519,7 @@ impl From<&func_stats> for FunctionStats {
             child_calls: s.child_calls,
             outermost_calls: s.outermost_calls,
             nested_calls: s.nested_calls,
+            off_cpu_calls: s.off_cpu_calls,
             latency: Latency::from_kernel(&s.hist),
         }
     }
@@ -365,6 +531,7 @@ unsafe impl plain::Plain for func_stats {}
 unsafe impl plain::Plain for edge_key {}
 unsafe impl plain::Plain for edge_stats {}
 unsafe impl plain::Plain for new_function {}
+unsafe impl plain::Plain for thread_stack {}
 
 /// What a report in this mode on this interpreter cannot be exact about,
 /// one sentence each, shown with the results.
@@ -436,5 +603,12 @@ mod tests {
     fn latency_buckets_match_the_kernel_array_length() {
         let stats = crate::bpf::calls::types::func_stats::default();
         assert_eq!(stats.hist.len(), crate::model::latency::BUCKETS);
+        // The last bucket the user-space twin of hist_bucket gives is the array's last.
+        assert_eq!(super::hist_bucket(u64::MAX), stats.hist.len() - 1);
+        assert_eq!(super::hist_bucket(15), 15);
+        // 16 = 2^4: the first bucket past the linear ones; 17 shares it (12.5 % wide).
+        assert_eq!(super::hist_bucket(16), 16);
+        assert_eq!(super::hist_bucket(17), 16);
+        assert_eq!(super::hist_bucket(18), 17);
     }
 }

@@ -54,6 +54,16 @@ impl<A: Tracing, B: Tracing> Tracing for (A, B) {
         Ok(())
     }
 
+    fn start_counting(&self) {
+        self.0.start_counting();
+        self.1.start_counting();
+    }
+
+    fn stop_counting(&self) {
+        self.0.stop_counting();
+        self.1.stop_counting();
+    }
+
     /// None: each of the two has its own, dropped by its `detach`.
     fn links(&self) -> Option<&super::Links> {
         None

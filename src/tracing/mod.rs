@@ -208,6 +208,14 @@ pub trait Tracing {
     /// way: compare's pair (each of the two), the sampler (its clock first).
     fn links(&self) -> Option<&Links>;
 
+    /// Opens the traced window, where the program counts only inside one
+    /// (calls: once the eval-frame hook is set).
+    fn start_counting(&self) {}
+
+    /// Ends the traced window, before anything is put back or detached:
+    /// from here on the program changes nothing.
+    fn stop_counting(&self) {}
+
     /// What must happen just before the probes go (close a measuring
     /// window, drop a probe that only served the start).
     fn before_detach(&self) {}
@@ -242,9 +250,131 @@ impl Links {
         self.0.borrow_mut().extend(links);
     }
 
-    /// Detaches every program, in the order they were attached.
+    /// Detaches every program, in the order they were attached, without
+    /// letting the kernel hold the run (see `detach_links`).
     pub fn clear(&self) {
-        self.0.borrow_mut().clear();
+        detach_links(std::mem::take(&mut *self.0.borrow_mut()));
+    }
+}
+
+/// How long a run waits for the kernel to finish detaching its probes
+/// before it leaves the rest to a process of its own. On this host a
+/// detach takes under 10 ms unless the kernel waits for return probes
+/// pending in any traced process (see `detach_links`).
+const DETACH_WAIT: Duration = Duration::from_millis(1000);
+
+/// A detach that took longer than this is said on stderr: it is no part
+/// of the traced time.
+pub const SAY_SLOW_STEP: Duration = Duration::from_millis(500);
+
+/// Closes `links` from a child process, and waits for it at most
+/// DETACH_WAIT. Since Linux 6.12 closing a uprobe link waits
+/// (`uprobe_unregister_sync`: `synchronize_srcu(&uretprobes_srcu)`) for
+/// every return probe pending on the host, and a thread that keeps making
+/// probed calls renews its lease on the oldest one (`ri_timer` is pushed
+/// back at each new return instance): a run traced by another pytrace, or
+/// by any uretprobe user, could hold this close for as long as that other
+/// run lasts, unkillable (state D). The kernel removes the breakpoints
+/// before it waits, so by then no new event comes; the child does the
+/// waiting, with nothing else open (not the terminal, nor a pipe someone
+/// reads to its end, nor the hook's lock), in a session of its own, so
+/// that neither the report nor pytrace's exit waits for it. A process that
+/// exits with the last reference to a link would wait in exit instead,
+/// and still hold its shell: the child holds the last one, not pytrace.
+pub fn detach_links(links: Vec<Link>) {
+    use std::os::fd::{AsFd, AsRawFd};
+    if links.is_empty() {
+        return;
+    }
+    let started = Instant::now();
+    let mut fds: Vec<libc::c_int> = links.iter().map(|l| l.as_fd().as_raw_fd()).collect();
+    // The child closes the links only once ours are closed (EOF on this
+    // pipe): if it closed first, ours would be the last references, and
+    // closing them would be the wait this is about.
+    let mut go = [-1; 2];
+    // SAFETY: pipe2 fills the array.
+    if unsafe { libc::pipe2(go.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        go = [-1, -1];
+    }
+    if go[0] >= 0 {
+        fds.push(go[0]);
+    }
+    fds.sort_unstable();
+    // SAFETY: opened before the fork, so the child only makes system calls.
+    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    // SAFETY: the child makes only async-signal-safe system calls on fds it
+    // inherited, then _exit: no allocation, no lock, no Rust destructor.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        unsafe {
+            libc::setsid();
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
+                libc::signal(sig, libc::SIG_IGN);
+            }
+            if null >= 0 {
+                for std_fd in 0..3 {
+                    libc::dup2(null, std_fd);
+                }
+            }
+            // Every fd above stderr but the links: gaps between them.
+            let mut from: libc::c_uint = 3;
+            for &fd in &fds {
+                let fd = fd as libc::c_uint;
+                if fd > from {
+                    libc::syscall(libc::SYS_close_range, from, fd - 1, 0);
+                }
+                from = from.max(fd + 1);
+            }
+            libc::syscall(libc::SYS_close_range, from, libc::c_uint::MAX, 0);
+            if go[0] >= 0 {
+                let mut byte = 0u8;
+                while libc::read(go[0], (&mut byte as *mut u8).cast(), 1) < 0 && *libc::__errno_location() == libc::EINTR {}
+            }
+            for &fd in &fds {
+                libc::close(fd);
+            }
+            libc::_exit(0);
+        }
+    }
+    if null >= 0 {
+        // SAFETY: our own fd.
+        unsafe { libc::close(null) };
+    }
+    // Ours are not the last references when the child holds them: closing
+    // them is quick. Without a child (fork failed), this is the detach.
+    drop(links);
+    for fd in go {
+        if fd >= 0 {
+            // SAFETY: our own pipe's ends; closing the write end lets the child go.
+            unsafe { libc::close(fd) };
+        }
+    }
+    if child < 0 {
+        say_slow_detach(started.elapsed());
+        return;
+    }
+    loop {
+        let mut status = 0;
+        // SAFETY: reaps our own child, without blocking.
+        let reaped = unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
+        if reaped != 0 {
+            say_slow_detach(started.elapsed());
+            return;
+        }
+        if started.elapsed() >= DETACH_WAIT {
+            crate::report::console::err(&format!(
+                "pytrace: the kernel had not finished detaching pytrace's probes after {:.1} s (it waits for return probes still pending in traced processes, this one's or another tracer's); process {child} finishes that on its own: the probes no longer fire, and neither the report nor pytrace waits for it\n",
+                started.elapsed().as_secs_f64()
+            ));
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn say_slow_detach(took: Duration) {
+    if took > SAY_SLOW_STEP {
+        crate::report::console::err(&format!("pytrace: detaching the probes took {:.1} s (not part of the traced time)\n", took.as_secs_f64()));
     }
 }
 

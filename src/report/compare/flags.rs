@@ -58,7 +58,7 @@ pub fn flags(r: &Row, t: &FunctionStats, n: u64, overhead: &Overhead, off_cpu_sh
         flag(
             "untimed_calls",
             format!(
-                "{} of its {} calls were not timed (still running at the end, or deeper than the timed stack): its traced time lacks theirs",
+                "{} of its {} calls were not timed (deeper than the timed stack, or run inline and counted untimed): its traced time lacks theirs",
                 thousands(calls - t.timed_calls),
                 thousands(calls)
             ),

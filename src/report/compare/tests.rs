@@ -14,7 +14,7 @@ use crate::report::calls::CallsReport;
 use crate::report::profile::Profile;
 
 fn traced_fn(name: &str, line: u32, calls: u64, total_ns: u64, self_ns: u64, child_calls: u64, nested: u64) -> Function {
-    let stats = FunctionStats { calls, primitive_calls: calls, timed_calls: calls, total_ns, self_ns, max_ns: 0, child_calls, outermost_calls: calls, nested_calls: nested, latency: Default::default() };
+    let stats = FunctionStats { calls, primitive_calls: calls, timed_calls: calls, total_ns, self_ns, max_ns: 0, child_calls, outermost_calls: calls, nested_calls: nested, off_cpu_calls: 0, latency: Default::default() };
     Function { name: name.into(), file: "app.py".into(), line, stats }
 }
 

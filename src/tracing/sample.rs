@@ -16,6 +16,7 @@ mod thread_states;
 
 use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
+use std::rc::Rc;
 use std::os::fd::IntoRawFd;
 use std::time::{Duration, Instant};
 
@@ -29,7 +30,7 @@ use crate::model::counters::Kind::{Informational, Lost};
 use crate::bpf::sample::types::{sample_counter, stack_key};
 use crate::bpf::sample::{SampleSkel, SampleSkelBuilder};
 use crate::python::Python;
-use crate::model::samples::Sample;
+use crate::model::samples::{Frame, Sample};
 use counts::CountsReader;
 use discovery::{Processes, PythonRef};
 use stacks::Stacks;
@@ -119,6 +120,12 @@ impl<'obj, 'a> Session<'obj, 'a> {
     /// targets are sampled (once their interpreter is located, see
     /// `between_polls`).
     pub fn start(object: &'obj mut MaybeUninit<OpenObject>, targets: Targets<'a>, opts: &Options) -> Result<Self> {
+        Self::start_reading(object, targets, opts, false)
+    }
+
+    /// `start`, with `once` (a snapshot): each thread's stack is read in
+    /// the first pass that reads it whole, and left alone by later passes.
+    fn start_reading(object: &'obj mut MaybeUninit<OpenObject>, targets: Targets<'a>, opts: &Options, once: bool) -> Result<Self> {
         if let (true, Targets::One(_, python)) = (opts.gil, &targets) {
             if python.layout.free_threaded {
                 anyhow::bail!(
@@ -140,6 +147,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
         rodata.cfg.gil_only = opts.gil as u8;
         rodata.cfg.thread_states = (opts.idle && opts.states) as u8;
         rodata.cfg.async_tasks = opts.async_tasks as u8;
+        rodata.cfg.once = once as u8;
         rodata.cfg.task_pt_regs = crate::kernel::Kernel::get().has(crate::kernel::Feature::TaskPtRegs) as u8;
         if let Targets::One(pid, _) = targets {
             rodata.only_pid = pid;
@@ -312,6 +320,19 @@ impl<'obj, 'a> Session<'obj, 'a> {
             .collect()
     }
 
+    /// A snapshot's threads of `pid` that no pass has read yet (torn each
+    /// time), of those alive now.
+    fn threads_unread(&self, pid: u32) -> Vec<u32> {
+        let read: std::collections::HashSet<u32> = libbpf_rs::MapCore::keys(&self.skel.maps.threads_read)
+            .filter_map(|key| Some(u32::from_ne_bytes(key.as_slice().try_into().ok()?)))
+            .collect();
+        let mut alive = std::collections::HashMap::new();
+        crate::process::proc::thread_names(pid, &mut alive);
+        let mut unread: Vec<u32> = alive.into_keys().filter(|tid| !read.contains(tid)).collect();
+        unread.sort_unstable();
+        unread
+    }
+
     /// --idle: one pass of the thread iterator, one round of samples.
     fn sample_every_thread(&self) -> Result<()> {
         let links = self.links.borrow();
@@ -365,6 +386,9 @@ impl<'obj, 'a> Session<'obj, 'a> {
         if self.opts.native {
             names.push(("native_no_user_regs", Informational, "samples with no user registers: no native frames", sample_counter::SAMPLE_NO_USER_REGS.0));
             names.push(("native_on_cpu", Informational, "--idle samples of threads running on another CPU: no native frames", sample_counter::SAMPLE_NATIVE_ON_CPU.0));
+        }
+        if self.opts.idle {
+            names.push(("torn", Lost, "--idle: samples lost, their thread's stack changed while it was read (read again, it differed)", sample_counter::SAMPLE_TORN.0));
         }
         if self.opts.async_tasks && self.opts.idle {
             names.push(("task_switched", Lost, "--async --idle: samples lost, their thread switched asyncio tasks while it was read", sample_counter::SAMPLE_TASK_SWITCHED.0));
@@ -424,8 +448,9 @@ const LOCATE_AT_MOST: Duration = Duration::from_secs(2);
 /// must ask for --idle's thread iterator (and --threads).
 pub fn snapshot(targets: Targets, opts: &Options) -> Result<SampleData> {
     anyhow::ensure!(opts.idle && opts.threads, "a snapshot reads every thread, each apart");
+    let pid = pid_of(&targets);
     let mut object = MaybeUninit::uninit();
-    let session = Session::start(&mut object, targets, opts)?;
+    let session = Session::start_reading(&mut object, targets, opts, true)?;
     let mut builder = RingBufferBuilder::new();
     session.add_to(&mut builder)?;
     let ring = builder.build()?;
@@ -440,13 +465,42 @@ pub fn snapshot(targets: Targets, opts: &Options) -> Result<SampleData> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    session.sample_every_thread()?;
+    // A thread running on another CPU may change its stack while it is
+    // read; the program then leaves it out (see stack_unchanged in
+    // bpf/sample_walk.bpf.h) and it is read again in the next pass, until
+    // every thread is read whole or the passes run out.
+    let mut unread = Vec::new();
+    let passes_started = Instant::now();
+    for _ in 0..SNAPSHOT_PASSES {
+        session.sample_every_thread()?;
+        unread = session.threads_unread(pid);
+        if unread.is_empty() || passes_started.elapsed() > SNAPSHOT_PASSES_FOR {
+            break;
+        }
+        std::thread::yield_now();
+    }
     session.detach();
     ring.consume().context("failed to read the sample ring buffer")?;
     session.after_poll();
     drop(ring);
     let thread_states = session.thread_states();
-    Ok(SampleData { thread_states, ..session.finish()? })
+    let mut data = SampleData { thread_states, ..session.finish()? };
+    data.samples.extend(unread.into_iter().map(|tid| Sample { pid, tid, frames: vec![Rc::new(Frame::Unsettled)], count: 1 }));
+    Ok(data)
+}
+
+/// Passes a snapshot makes at most, for threads whose stack changed while
+/// read (a thread in a tight recursion changes it every microsecond): a
+/// torn read is a few percent of a running thread's, so a few passes read
+/// nearly every one.
+const SNAPSHOT_PASSES: u32 = 200;
+const SNAPSHOT_PASSES_FOR: Duration = Duration::from_millis(150);
+
+fn pid_of(targets: &Targets) -> u32 {
+    match targets {
+        Targets::One(pid, _) => *pid,
+        Targets::All => 0,
+    }
 }
 
 impl Tracing for Session<'_, '_> {

@@ -18,7 +18,7 @@ mod launch;
 mod sampling;
 mod snapshot;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
@@ -253,8 +253,10 @@ pub struct Live<'t> {
     /// What the line scripts wait for says after "attached to PID N".
     attached_as: String,
     duration: Option<Duration>,
-    /// When an `everywhere` run began.
-    started: Instant,
+    /// When an `everywhere` run began: once attached (and every Python
+    /// found at start located), so that its window holds no start-up time
+    /// in which nothing was sampled.
+    started: Cell<Instant>,
 }
 
 impl<'t> Live<'t> {
@@ -263,14 +265,14 @@ impl<'t> Live<'t> {
     pub fn new(target: &'t mut Target, python: &Python, mode: &str, duration: Option<Duration>) -> Self {
         install_signal_handlers();
         let attached_as = format!("(Python {}, {mode} mode)", python.version);
-        Live { target: Some(RefCell::new(target)), attached_as, duration, started: Instant::now() }
+        Live { target: Some(RefCell::new(target)), attached_as, duration, started: Cell::new(Instant::now()) }
     }
 
     /// A run on every CPython on the machine: it ends at the duration or a
     /// stop signal.
     pub fn everywhere(duration: Option<Duration>) -> Self {
         install_signal_handlers();
-        Live { target: None, attached_as: String::new(), duration, started: Instant::now() }
+        Live { target: None, attached_as: String::new(), duration, started: Cell::new(Instant::now()) }
     }
 
     /// Runs `session` (driver.rs): once it is attached, lets the target
@@ -283,6 +285,7 @@ impl<'t> Live<'t> {
 
     fn attached(&self, release: impl FnOnce(&mut Target) -> Result<()>) -> Result<()> {
         let Some(target) = &self.target else {
+            self.started.set(Instant::now());
             eprintln!("pytrace: sampling every CPython process");
             return Ok(());
         };
@@ -297,7 +300,7 @@ impl<'t> Live<'t> {
     pub fn keep_going(&self) -> bool {
         match &self.target {
             Some(target) => target.borrow_mut().keep_going(self.duration),
-            None => !stop_requested() && self.duration.is_none_or(|d| self.started.elapsed() < d),
+            None => !stop_requested() && self.duration.is_none_or(|d| self.started.get().elapsed() < d),
         }
     }
 
@@ -305,7 +308,7 @@ impl<'t> Live<'t> {
     pub fn elapsed(&self) -> Duration {
         match &self.target {
             Some(target) => target.borrow().elapsed(),
-            None => self.started.elapsed(),
+            None => self.started.get().elapsed(),
         }
     }
 }

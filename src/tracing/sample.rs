@@ -185,7 +185,17 @@ impl<'obj, 'a> Session<'obj, 'a> {
         };
         match targets {
             Targets::One(pid, python) => session.processes.borrow_mut().add(&session.skel.maps.processes, pid, PythonRef::Borrowed(python))?,
-            Targets::All => session.processes.borrow_mut().add_every_python(&session.skel.maps.processes),
+            Targets::All => {
+                session.processes.borrow_mut().add_every_python(&session.skel.maps.processes);
+                // Located now, not at the first poll: a process found at
+                // start is walked from the run's first tick.
+                session.processes.borrow_mut().locate(&session.skel.maps.processes)?;
+            }
+        }
+        // --idle's first tick is now: finding the processes (with --all,
+        // reading every new executable on the machine) is no tick missed.
+        if let Some(ticks) = session.ticks.borrow_mut().as_mut() {
+            *ticks = clock::IdleTicks::new(opts.hz);
         }
         session.attach()?;
         if let Some(pid) = session.processes.borrow().only() {
@@ -281,7 +291,13 @@ impl<'obj, 'a> Session<'obj, 'a> {
     fn follow_processes(&self) {
         let mut stacks = self.stacks.borrow_mut();
         let mut processes = self.processes.borrow_mut();
+        let looking = Instant::now();
         let forgotten = processes.rescan(&self.skel.maps.processes, stacks.drains());
+        // --all --idle: the ticks that fell while new executables were read
+        // (to tell Pythons) are pytrace's own doing, counted apart.
+        if let Some(ticks) = self.ticks.borrow_mut().as_mut() {
+            ticks.busy(looking, Instant::now());
+        }
         for &pid in &forgotten {
             stacks.forget_process(pid, &self.skel.maps.known_stacks);
         }
@@ -394,8 +410,12 @@ impl<'obj, 'a> Session<'obj, 'a> {
             names.push(("task_switched", Lost, "--async --idle: samples lost, their thread switched asyncio tasks while it was read", sample_counter::SAMPLE_TASK_SWITCHED.0));
         }
         let mut counters = read_counters(&self.skel.maps.counters, &names)?;
+        let processes_all = self.processes.borrow().only().is_none();
         if let Some(ticks) = self.ticks.borrow().as_ref() {
             counters.push("idle_ticks_missed", Informational, "--idle: ticks skipped, pytrace itself late (a busy machine): what the target ran meanwhile is under-sampled", ticks.missed);
+            if processes_all {
+                counters.push("idle_ticks_missed_discovering", Informational, "--all --idle: ticks skipped while pytrace read new executables to find Pythons", ticks.missed_discovering);
+            }
         }
         let stacks = self.stacks.into_inner();
         let processes = self.processes.into_inner();

@@ -101,10 +101,23 @@ struct {
 	__type(value, __u64);
 } thread_states SEC(".maps");
 
+/* dump (cfg.once): the threads whose stack a pass has read, which later
+ * passes (run for the threads whose read was torn) leave alone. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u8);
+} threads_read SEC(".maps");
+
 /* The stack being walked, per CPU: too big for the BPF stack. A program
  * does not run twice at once on one CPU (and --idle's iterator is the only
  * program loaded then). */
 #define WALK_PAGE 4096
+/* Links a walk follows at most: shim frames (3.12+) take a link but no
+ * record, so some more links than records (a power of two, for masks). */
+#define MAX_LINKS 512
+#define WALK_LINKS (MAX_FRAMES + MAX_FRAMES / 4)
 
 struct walk_scratch {
 	struct sample_stack rec;
@@ -119,6 +132,14 @@ struct walk_scratch {
 	__u64 page_base;
 	__u64 page_len;
 	__u8 page[WALK_PAGE];
+	/* --idle: what the walk read of each link (frame address, code,
+	 * previous link, and but for the innermost its instruction), hashed per
+	 * link, so that a second read can tell whether the stack changed under
+	 * the walk (see stack_unchanged); links: how many were read. */
+	__u64 first_frame;
+	__u32 links;
+	__u32 pad;
+	__u64 link_sum[MAX_LINKS];
 };
 
 struct {
@@ -211,6 +232,54 @@ static __always_inline struct py_frame_ref *frame_slot(struct sample_stack *rec,
 	return (struct py_frame_ref *)((char *)rec->frame + off);
 }
 
+/* What a walk read of one link of the stack, hashed: the frame's address
+ * and its code, previous-link and instruction words (but the innermost
+ * frame's instruction, which moves as the thread runs without making the
+ * stack another). */
+static __always_inline __u64 link_sum(const struct sample_target *t, const __u64 *words, __u64 frame, __u32 link)
+{
+	__u64 sum = mix(mix(mix(HASH_SEED, frame), word_at(words, t->frame_code)), word_at(words, t->frame_previous));
+
+	return link ? mix(sum, word_at(words, t->frame_instr)) : sum;
+}
+
+static __always_inline void keep_link(struct walk_scratch *scratch, __u32 link, __u64 sum)
+{
+	__u64 off = (__u64)(link & (MAX_LINKS - 1)) * sizeof(__u64);
+
+	barrier_var(off);
+	if (off <= sizeof(scratch->link_sum) - sizeof(__u64))
+		*(__u64 *)((char *)scratch->link_sum + off) = sum;
+	scratch->links = link + 1;
+}
+
+static __always_inline __u64 kept_link(const struct walk_scratch *scratch, __u32 link)
+{
+	__u64 off = (__u64)(link & (MAX_LINKS - 1)) * sizeof(__u64);
+
+	barrier_var(off);
+	if (off > sizeof(scratch->link_sum) - sizeof(__u64))
+		return 0;
+	return *(const __u64 *)((const char *)scratch->link_sum + off);
+}
+
+/* A walk in steps (walk_link), with what changes from one to the next. */
+enum walk_result {
+	WALK_NEXT = 0,  /* go on to the caller */
+	WALK_ENDED,     /* no caller: the stack is whole */
+	WALK_FULL,      /* the record is full */
+	WALK_BAD,       /* a frame could not be read (or, checking, read otherwise) */
+};
+
+struct walk_step {
+	const struct sample_target *t;
+	struct walk_scratch *scratch;
+	struct task_struct *task;
+	__u64 frame;
+	__u64 hash;
+	int result;
+};
+
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 
@@ -218,20 +287,28 @@ static __always_inline struct py_frame_ref *frame_slot(struct sample_stack *rec,
  * memory (the perf-event sampler)... */
 #define WALK(name) CAT(name, _current)
 #define WALK_READ(dst, size, src, task) bpf_probe_read_user(dst, size, src)
+/* The interrupted thread cannot change its own stack under the walk. */
+#define WALK_OTHER_THREAD 0
 #include "sample_async.bpf.h"
 #include "sample_walk.bpf.h"
 #include "sample_gil.bpf.h"
 #undef WALK
 #undef WALK_READ
+#undef WALK_OTHER_THREAD
 
 /* ...and another thread's, from a sleepable task iterator (--idle). */
 #define WALK(name) CAT(name, _task)
 #define WALK_READ(dst, size, src, task) bpf_copy_from_user_task(dst, size, src, task, 0)
+/* Another thread, which may run meanwhile: the walk keeps what it read of
+ * each link for a second read; its loops are bpf_loop's (5.17; this program
+ * needs 5.18), whose body the verifier checks once instead of per pass. */
+#define WALK_OTHER_THREAD 1
 #include "sample_async.bpf.h"
 #include "sample_walk.bpf.h"
 #include "sample_gil.bpf.h"
 #undef WALK
 #undef WALK_READ
+#undef WALK_OTHER_THREAD
 
 /* --kernel: the kernel stack into the record, mixed into the hash. */
 static __always_inline __u64 add_kernel_stack(void *ctx, struct sample_stack *rec, __u64 hash)
@@ -453,6 +530,9 @@ int sample_all_threads(struct bpf_iter__task *ctx)
 	struct stack_key key = {}, known = {};
 	struct walk_scratch *s;
 	__u32 pid, tid, zero = 0;
+	__u64 switches;
+	__u8 read = 1;
+	int on_cpu;
 
 	if (!task)
 		return 0;
@@ -461,10 +541,20 @@ int sample_all_threads(struct bpf_iter__task *ctx)
 	t = bpf_map_lookup_elem(&processes, &pid);
 	if (!t || !(s = bpf_map_lookup_elem(&scratch, &zero)))
 		return 0;
+	if (cfg.once && bpf_map_lookup_elem(&threads_read, &tid))
+		return 0;
 	if (leave_out_for_gil_task(t, s, tid, task, task->thread.fsbase))
 		return 0;
+	on_cpu = task->on_cpu;
+	switches = task->nvcsw + task->nivcsw;
 	known.pid = key.pid = pid;
 	known.hash = key.hash = walk_python_task(t, s, tid, task, task->thread.fsbase);
+	if (!stack_unchanged_task(t, s, task, switches, on_cpu)) {
+		count(SAMPLE_TORN);
+		return 0;
+	}
+	if (cfg.once)
+		bpf_map_update_elem(&threads_read, &tid, &read, BPF_ANY);
 	if (task_switched_task(t, s, task)) {
 		count(SAMPLE_TASK_SWITCHED);
 		return 0;

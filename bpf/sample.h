@@ -117,6 +117,7 @@ enum sample_counter {
 	SAMPLE_GIL_NOT_HELD,  /* --gil: samples left out, their thread not holding the GIL */
 	SAMPLE_GIL_UNREADABLE, /* --gil: samples left out, the GIL's state not readable (or not a GIL's) */
 	SAMPLE_TASK_SWITCHED, /* --async --idle: samples left out, their thread switched asyncio tasks while read */
+	SAMPLE_TORN,          /* --idle: samples lost, their thread's stack changed while it was read */
 	SAMPLE_COUNTER_COUNT,
 };
 
@@ -187,7 +188,7 @@ struct sample_config {
 	__u8 gil_only;         /* --gil: count only samples of threads holding the GIL */
 	__u8 thread_states;    /* --idle --states: mark each sample with its thread's state */
 	__u8 async_tasks;      /* --async: record the asyncio task each thread is running */
-	__u8 pad[1];
+	__u8 once;             /* dump: each thread read once, passes repeated for those torn */
 };
 
 #endif

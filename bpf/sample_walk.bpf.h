@@ -70,6 +70,97 @@ static __always_inline __u64 WALK(thread_state)(const struct sample_target *t, s
 	return 0;
 }
 
+/* One link of the walk (see walk_python): reads the frame at *frame,
+ * records it unless it is a shim, and moves *frame to its caller. */
+static __always_inline int WALK(walk_link)(const struct sample_target *t, struct walk_scratch *scratch,
+					   struct task_struct *task, __u32 link, __u64 *frame, __u64 *hash)
+{
+	struct sample_stack *rec = &scratch->rec;
+	__u32 n = rec->frames;
+	const __u64 *words;
+	__u64 addr, size;
+	__u32 off;
+
+	if (!*frame)
+		return WALK_ENDED;
+	if (n >= MAX_FRAMES)
+		return WALK_FULL;
+	addr = *frame + t->frame_read_start;
+	off = addr & (WALK_PAGE - 1);
+	barrier_var(off);
+	/* Read and bounded right where it is used, in 64 bits: older
+	 * verifiers (5.10, 6.1) lose a bound checked on a copy (one clang
+	 * kept from before the loop, or a zero-extended one). */
+	size = *(volatile const __u32 *)&t->frame_read_size;
+	barrier_var(size);
+	if (size > SAMPLE_FRAME_HEAD)
+		size = SAMPLE_FRAME_HEAD;
+	if (scratch->page_base && scratch->page_base == addr - off && off <= WALK_PAGE - SAMPLE_FRAME_HEAD &&
+	    off + size <= scratch->page_len) {
+		words = (const __u64 *)(scratch->page + off);
+	} else if (t->frames_contiguous && off <= WALK_PAGE - SAMPLE_FRAME_HEAD) {
+		/* From 3.11 a thread's frames sit one after another on its data
+		 * stack, each caller's below its callee's: one read, from the
+		 * start of the frame's page to its end, holds the frame and
+		 * the callers below it in that page. */
+		__u64 len = off + size;
+
+		barrier_var(len);
+		if (len > WALK_PAGE || len < 8 || WALK_READ(scratch->page, len, (const void *)(addr - off), task)) {
+			count(SAMPLE_BAD_FRAME);
+			*hash = mix(*hash, HASH_BAD_FRAME);
+			return WALK_BAD;
+		}
+		scratch->page_base = addr - off;
+		scratch->page_len = len;
+		words = (const __u64 *)(scratch->page + off);
+	} else {
+		words = scratch->frame_head;
+		if (WALK_READ(scratch->frame_head, size, (const void *)addr, task)) {
+			count(SAMPLE_BAD_FRAME);
+			*hash = mix(*hash, HASH_BAD_FRAME);
+			return WALK_BAD;
+		}
+	}
+	if (WALK_OTHER_THREAD)
+		keep_link(scratch, link, link_sum(t, words, *frame, link));
+	if (t->frame_owner == PY_NO_FIELD || byte_at(words, t->frame_owner) < t->layout.frame_owned_not_code) {
+		__u64 code = PY_CODE_ADDRESS(word_at(words, t->frame_code), &t->layout);
+		__u64 instr = word_at(words, t->frame_instr);
+		struct py_frame_ref *slot = frame_slot(rec, n);
+
+		if (!slot)
+			return WALK_FULL;
+		slot->code = code;
+		slot->instr = instr;
+		*hash = mix(mix(*hash, code), instr);
+		/* Before 3.11 (no owner field) every frame has its own C-level
+		 * eval call; 3.11 flags the first frame of each. */
+		if (t->frame_owner == PY_NO_FIELD || (t->frame_is_entry != PY_NO_FIELD && byte_at(words, t->frame_is_entry))) {
+			mark_entry(rec, n);
+			*hash = mix(*hash, HASH_ENTRY);
+		}
+		rec->frames = n + 1;
+	} else if (n > 0) {
+		/* From 3.12 each C-level eval call puts a shim frame just outside
+		 * its first frame (and 3.14's base frame, outside the outermost
+		 * shim, marks a frame already marked). */
+		mark_entry(rec, n - 1);
+		*hash = mix(*hash, HASH_ENTRY);
+	}
+	*frame = word_at(words, t->frame_previous);
+	return WALK_NEXT;
+}
+
+/* walk_link as a bpf_loop callback. */
+static long WALK(walk_step)(__u32 link, void *ctx)
+{
+	struct walk_step *step = ctx;
+
+	step->result = WALK(walk_link)(step->t, step->scratch, step->task, link, &step->frame, &step->hash);
+	return step->result != WALK_NEXT;
+}
+
 /* Fills the scratch record with the thread's Python frames, innermost
  * first; returns the stack's hash over them. Each frame costs a read of
  * the target, the bytes from its first field needed to its last, or, from
@@ -79,15 +170,15 @@ static __always_inline __u64 WALK(walk_python)(const struct sample_target *t, st
 {
 	const struct py_layout *l = &t->layout;
 	struct sample_stack *rec = &scratch->rec;
-	const __u64 *words;
-	__u64 addr;
-	__u32 off;
-	__u64 hash = HASH_SEED, tstate, frame, size;
+	struct walk_step step = { .t = t, .scratch = scratch, .task = task, .hash = HASH_SEED };
+	__u64 tstate, frame;
 
 	rec->frames = 0;
 	rec->truncated = 0;
 	rec->no_python = 0;
 	scratch->page_base = 0;
+	scratch->links = 0;
+	scratch->first_frame = 0;
 	for (int i = 0; i < MAX_FRAMES / 64; i++)
 		rec->entry[i] = 0;
 	tstate = WALK(thread_state)(t, scratch, tid, task, thread_pointer);
@@ -100,91 +191,93 @@ static __always_inline __u64 WALK(walk_python)(const struct sample_target *t, st
 	frame = tstate ? tstate_word(scratch->tstate_head, t->tstate_current_in_read) : 0;
 	if (frame && l->cframe_current_frame != PY_NO_FIELD)
 		frame = WALK(read_ptr)(frame, l->cframe_current_frame, task);
+	scratch->first_frame = frame;
 	if (!frame) {
 		rec->no_python = 1;
-		return mix(hash, HASH_NO_PYTHON);
+		return mix(step.hash, HASH_NO_PYTHON);
 	}
 	if (t->frame_read_size > SAMPLE_FRAME_HEAD || t->frame_read_size < 8) {
 		count(SAMPLE_BAD_FRAME);
-		return mix(hash, HASH_BAD_FRAME);
+		return mix(step.hash, HASH_BAD_FRAME);
 	}
+	step.frame = frame;
 	/* Shim frames (3.12+) take a link but no record: allow some more links
 	 * than records. */
-	for (int link = 0; link < MAX_FRAMES + MAX_FRAMES / 4; link++) {
-		__u32 n = rec->frames;
-
-		if (!frame)
-			return hash;
-		if (n >= MAX_FRAMES)
+#if WALK_OTHER_THREAD
+	bpf_loop(WALK_LINKS, WALK(walk_step), &step, 0);
+#else
+	for (int link = 0; link < WALK_LINKS; link++) {
+		step.result = WALK(walk_link)(t, scratch, task, link, &step.frame, &step.hash);
+		if (step.result != WALK_NEXT)
 			break;
-		addr = frame + t->frame_read_start;
-		off = addr & (WALK_PAGE - 1);
-		barrier_var(off);
-		/* Read and bounded right where it is used, in 64 bits: older
-		 * verifiers (5.10, 6.1) lose a bound checked on a copy (one clang
-		 * kept from before the loop, or a zero-extended one). */
-		size = *(volatile const __u32 *)&t->frame_read_size;
-		barrier_var(size);
-		if (size > SAMPLE_FRAME_HEAD)
-			size = SAMPLE_FRAME_HEAD;
-		if (scratch->page_base && scratch->page_base == addr - off && off <= WALK_PAGE - SAMPLE_FRAME_HEAD &&
-		    off + size <= scratch->page_len) {
-			words = (const __u64 *)(scratch->page + off);
-		} else if (t->frames_contiguous && off <= WALK_PAGE - SAMPLE_FRAME_HEAD) {
-			/* From 3.11 a thread's frames sit one after another on its data
-			 * stack, each caller's below its callee's: one read, from the
-			 * start of the frame's page to its end, holds the frame and
-			 * the callers below it in that page. */
-			__u64 len = off + size;
-
-			barrier_var(len);
-			if (len > WALK_PAGE || len < 8 ||
-			    WALK_READ(scratch->page, len, (const void *)(addr - off), task)) {
-				count(SAMPLE_BAD_FRAME);
-				return mix(hash, HASH_BAD_FRAME);
-			}
-			scratch->page_base = addr - off;
-			scratch->page_len = len;
-			words = (const __u64 *)(scratch->page + off);
-		} else {
-			words = scratch->frame_head;
-			if (WALK_READ(scratch->frame_head, size, (const void *)addr, task)) {
-				count(SAMPLE_BAD_FRAME);
-				return mix(hash, HASH_BAD_FRAME);
-			}
-		}
-		if (t->frame_owner == PY_NO_FIELD || byte_at(words, t->frame_owner) < t->layout.frame_owned_not_code) {
-			__u64 code = PY_CODE_ADDRESS(word_at(words, t->frame_code), &t->layout);
-			__u64 instr = word_at(words, t->frame_instr);
-			struct py_frame_ref *slot = frame_slot(rec, n);
-
-			if (!slot)
-				break;
-			slot->code = code;
-			slot->instr = instr;
-			hash = mix(mix(hash, code), instr);
-			/* Before 3.11 (no owner field) every frame has its own C-level
-			 * eval call; 3.11 flags the first frame of each. */
-			if (t->frame_owner == PY_NO_FIELD ||
-			    (t->frame_is_entry != PY_NO_FIELD && byte_at(words, t->frame_is_entry))) {
-				mark_entry(rec, n);
-				hash = mix(hash, HASH_ENTRY);
-			}
-			rec->frames = n + 1;
-		} else if (n > 0) {
-			/* From 3.12 each C-level eval call puts a shim frame just outside
-			 * its first frame (and 3.14's base frame, outside the outermost
-			 * shim, marks a frame already marked). */
-			mark_entry(rec, n - 1);
-			hash = mix(hash, HASH_ENTRY);
-		}
-		frame = word_at(words, t->frame_previous);
 	}
-	if (frame) {
+#endif
+	if (step.result == WALK_BAD || step.result == WALK_ENDED)
+		return step.hash;
+	if (step.frame) {
 		rec->truncated = 1;
-		hash = mix(hash, HASH_TRUNCATED);
+		step.hash = mix(step.hash, HASH_TRUNCATED);
 	}
-	return hash;
+	return step.hash;
+}
+
+/* --idle reads threads that may run on another CPU meanwhile, changing
+ * their stack under the walk: before 3.11 a returning frame goes to a free
+ * list (linked through its previous-frame field) and is reused by the next
+ * call, so a walk can go from a live frame into freed ones, or into a frame
+ * since reused at another depth, and read a stack the thread never had
+ * (deeper than it ever goes, without its root, a function its own caller at
+ * a line that calls nothing). True if the thread did not run while it was
+ * read (off CPU before and after, and not switched in and out between:
+ * its context-switch counts unchanged), or if a second read of each link,
+ * from the thread state on, finds what the walk read (the innermost
+ * frame's instruction aside). A stack torn by reuse that happens to read
+ * the same twice is left possible only where the thread went through the
+ * very same frames at the same places each time. */
+/* One link of stack_unchanged's second read, as a bpf_loop callback:
+ * step->result WALK_BAD once a link reads otherwise. */
+static long WALK(check_link)(__u32 link, void *ctx)
+{
+	struct walk_step *step = ctx;
+	struct walk_scratch *scratch = step->scratch;
+	const struct sample_target *t = step->t;
+	__u64 size;
+
+	if (link >= scratch->links || !step->frame)
+		return 1;
+	size = *(volatile const __u32 *)&t->frame_read_size;
+	barrier_var(size);
+	if (size > SAMPLE_FRAME_HEAD)
+		size = SAMPLE_FRAME_HEAD;
+	if (WALK_READ(scratch->frame_head, size, (const void *)(step->frame + t->frame_read_start), step->task) ||
+	    link_sum(t, scratch->frame_head, step->frame, link) != kept_link(scratch, link)) {
+		step->result = WALK_BAD;
+		return 1;
+	}
+	step->frame = word_at(scratch->frame_head, t->frame_previous);
+	return 0;
+}
+
+static __always_inline bool WALK(stack_unchanged)(const struct sample_target *t, struct walk_scratch *scratch,
+						  struct task_struct *task, __u64 switches_before, int on_cpu_before)
+{
+	struct walk_step step = { .t = t, .scratch = scratch, .task = task, .result = WALK_NEXT };
+	__u64 frame;
+
+	if (!on_cpu_before && !task->on_cpu && task->nvcsw + task->nivcsw == switches_before)
+		return true;
+	if (!scratch->tstate)
+		return true;
+	if (!WALK(read_tstate_head)(t, scratch, scratch->tstate, task))
+		return false;
+	frame = tstate_word(scratch->tstate_head, t->tstate_current_in_read);
+	if (frame && t->layout.cframe_current_frame != PY_NO_FIELD)
+		frame = WALK(read_ptr)(frame, t->layout.cframe_current_frame, task);
+	if (frame != scratch->first_frame)
+		return false;
+	step.frame = frame;
+	bpf_loop(WALK_LINKS, WALK(check_link), &step, 0);
+	return step.result == WALK_NEXT;
 }
 
 /* --native: the thread's user registers (`user`: they are user-mode ones,

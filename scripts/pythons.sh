@@ -21,6 +21,7 @@
 #   scripts/pythons.sh pyenv-3.10      pyenv's CPython 3.10, 3.12 and 3.13
 #   scripts/pythons.sh pyenv-3.12      (shared libpython, symbol tables, no
 #   scripts/pythons.sh pyenv-3.13      probes), which every machine here has
+#                                      (also pyenv-3.9 and pyenv-3.11)
 #   scripts/pythons.sh headers         the include prefixes of every CPython
 #                                      src/python/layouts/table.rs has a row
 #                                      for, one a line (scripts/layout-check.sh)
@@ -199,10 +200,12 @@ case "${1:-}" in
     root=$(debian_root trixie python3.13 libpython3.13)
     shared_313 "$root"
     echo "$root" ;;
+  pyenv-3.9) pyenv_version 3.9 ;;
   pyenv-3.10) pyenv_version 3.10 ;;
+  pyenv-3.11) pyenv_version 3.11 ;;
   pyenv-3.12) pyenv_version 3.12 ;;
   pyenv-3.13) pyenv_version 3.13 ;;
   freethreaded) freethreaded ;;
   headers) headers ;;
-  *) echo "usage: $0 nodtrace-3.11|root-3.9|root-sid|root-trixie|pyenv-3.10|pyenv-3.12|pyenv-3.13|freethreaded|headers" >&2; exit 2 ;;
+  *) echo "usage: $0 nodtrace-3.11|root-3.9|root-sid|root-trixie|pyenv-3.9|pyenv-3.10|pyenv-3.11|pyenv-3.12|pyenv-3.13|freethreaded|headers" >&2; exit 2 ;;
 esac

@@ -28,7 +28,9 @@ macro_rules! matrix {
 }
 
 matrix! {
-    pyenv_3_10 => "3.10": calls_equal_cprofile, calls_threads_and_reused_code_objects, gc_equals_gc_callbacks, sample_split_threads_and_depth, compare_sees_the_split_on_both_sides, info_names_each_mode, thread_names_in_dump_and_sample;
-    pyenv_3_12 => "3.12": calls_equal_cprofile, calls_threads_and_reused_code_objects, gc_equals_gc_callbacks, sample_split_threads_and_depth, compare_sees_the_split_on_both_sides, info_names_each_mode, thread_names_in_dump_and_sample;
+    pyenv_3_9 => "3.9": stacks_read_while_running_are_ones_it_can_have;
+    pyenv_3_10 => "3.10": calls_equal_cprofile, calls_threads_and_reused_code_objects, gc_equals_gc_callbacks, sample_split_threads_and_depth, compare_sees_the_split_on_both_sides, info_names_each_mode, thread_names_in_dump_and_sample, stacks_read_while_running_are_ones_it_can_have;
+    pyenv_3_11 => "3.11": stacks_read_while_running_are_ones_it_can_have;
+    pyenv_3_12 => "3.12": calls_equal_cprofile, calls_threads_and_reused_code_objects, gc_equals_gc_callbacks, sample_split_threads_and_depth, compare_sees_the_split_on_both_sides, info_names_each_mode, thread_names_in_dump_and_sample, stacks_read_while_running_are_ones_it_can_have;
     pyenv_3_13 => "3.13": thread_names_in_dump_and_sample;
 }

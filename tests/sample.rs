@@ -285,6 +285,44 @@ fn all_samples_every_python_process_at_once() {
     assert!(counters["processes_exited"].as_u64().unwrap() >= 2, "{counters}");
 }
 
+/// --all --idle samples every process found at start from the run's
+/// first tick (issue #22.5: the first second went to finding them, then
+/// uncounted). Three sleeping single-thread Pythons: each must have one
+/// sample per pass over the threads, the passes due being the rate times
+/// the run's own duration (from its JSON), less the ticks pytrace says it
+/// skipped (late, or reading new executables to find Pythons), within 12:
+/// the ticks' periods are uniform in [0.5, 1.5] of the mean, so a count of
+/// about 100 of them varies by sqrt(100 / 12) = 2.9 (four of those, and
+/// one for the window's ends). Before the fix: 12 to 52 of 100.
+#[test]
+fn all_idle_samples_each_process_from_the_first_tick() {
+    let sleeper = "import time\nprint('ready', flush=True)\ntime.sleep(60)";
+    let targets: Vec<Proc> = (0..3)
+        .map(|i| {
+            let (_, python) = &pythons()[i % 2];
+            let mut target = Proc(std::process::Command::new(python).args(["-c", sleeper]).stdout(std::process::Stdio::piped()).spawn().unwrap());
+            wait_for_line(&mut target, "ready");
+            target
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let folded = dir.path().join("all.folded");
+    let out = pytrace(&["sample", "--all", "--idle", "-r", "50", "-d", "2", "--folded", folded.to_str().unwrap(), "--json", "-"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let seconds = report["duration_ns"].as_f64().unwrap() / 1e9;
+    let counter = |name: &str| report["counters"][name].as_f64().unwrap_or(0.0);
+    let missed = counter("idle_ticks_missed") + counter("idle_ticks_missed_discovering");
+    let due = 50.0 * seconds - missed;
+    assert!(due >= 50.0, "only {due} passes due in {seconds} s: {}", report["counters"]);
+    let folded = std::fs::read_to_string(&folded).unwrap();
+    for t in &targets {
+        let pid = format!("({})", t.pid());
+        let samples: u64 = folded.lines().filter(|l| l.split(';').next().is_some_and(|root| root.ends_with(pid.as_str()))).map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum();
+        assert!((samples as f64 - due).abs() <= 12.0, "process {pid}: {samples} samples, {due:.1} passes due ({seconds:.2} s at 50 Hz, {missed} ticks skipped)");
+    }
+}
+
 /// --idle samples every thread at each tick, running or not: a thread that
 /// mostly sleeps shows up as much as one that spins. Without it, sampling
 /// is on-CPU: each thread's share of the two threads' samples is its share

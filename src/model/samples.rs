@@ -18,6 +18,9 @@ pub enum Frame {
     /// A frame that could not be read (freed memory, a frame being torn
     /// down while the thread runs): shown, never guessed.
     Unreadable,
+    /// `dump`: the thread's stack changed under every read of it (a thread
+    /// running on another CPU), so none is shown.
+    Unsettled,
     /// The stack went on past what is recorded.
     Truncated,
     /// The thread was running no Python code.

@@ -403,5 +403,5 @@ fn find_version_string(elf: &ElfFile, major: u32, minor: u32) -> Option<u32> {
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
+    memchr::memmem::find(haystack, needle)
 }

@@ -18,7 +18,7 @@ mod launch;
 mod sampling;
 mod snapshot;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
@@ -306,9 +306,11 @@ pub struct Live<'t> {
     /// What the line scripts wait for says after "attached to PID N".
     attached_as: String,
     duration: Option<Duration>,
-    /// When an `everywhere` run began, and when the run was made (its
-    /// attach is timed from here).
-    started: Instant,
+    /// When an `everywhere` run began: once attached (and every Python
+    /// found at start located), so that its window holds no start-up time
+    /// in which nothing was sampled.
+    started: Cell<Instant>,
+    /// When the run was made (its attach is timed from here).
     made: Instant,
     /// When an `everywhere` run stopped.
     stopped: std::cell::Cell<Option<Instant>>,
@@ -330,14 +332,14 @@ impl<'t> Live<'t> {
     pub fn new(target: &'t mut Target, python: &Python, mode: &str, duration: Option<Duration>) -> Self {
         install_signal_handlers();
         let attached_as = format!("(Python {}, {mode} mode)", python.version);
-        Live { target: Some(RefCell::new(target)), attached_as, duration, started: Instant::now(), made: Instant::now(), stopped: Default::default() }
+        Live { target: Some(RefCell::new(target)), attached_as, duration, started: Cell::new(Instant::now()), made: Instant::now(), stopped: Default::default() }
     }
 
     /// A run on every CPython on the machine: it ends at the duration or a
     /// stop signal.
     pub fn everywhere(duration: Option<Duration>) -> Self {
         install_signal_handlers();
-        Live { target: None, attached_as: String::new(), duration, started: Instant::now(), made: Instant::now(), stopped: Default::default() }
+        Live { target: None, attached_as: String::new(), duration, started: Cell::new(Instant::now()), made: Instant::now(), stopped: Default::default() }
     }
 
     /// Runs `session` (driver.rs): once it is attached, lets the target
@@ -389,6 +391,7 @@ impl<'t> Live<'t> {
             }
         };
         let Some(target) = &self.target else {
+            self.started.set(Instant::now());
             crate::report::console::err("pytrace: sampling every CPython process\n");
             say_took();
             return Ok(());
@@ -405,7 +408,7 @@ impl<'t> Live<'t> {
     pub fn keep_going(&self) -> bool {
         match &self.target {
             Some(target) => target.borrow_mut().keep_going(self.duration),
-            None => !stop_requested() && self.duration.is_none_or(|d| self.started.elapsed() < d),
+            None => !stop_requested() && self.duration.is_none_or(|d| self.started.get().elapsed() < d),
         }
     }
 
@@ -413,7 +416,7 @@ impl<'t> Live<'t> {
     pub fn elapsed(&self) -> Duration {
         match &self.target {
             Some(target) => target.borrow().elapsed(),
-            None => self.stopped.get().unwrap_or_else(Instant::now).saturating_duration_since(self.started),
+            None => self.stopped.get().unwrap_or_else(Instant::now).saturating_duration_since(self.started.get()),
         }
     }
 }

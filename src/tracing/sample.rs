@@ -16,6 +16,7 @@ mod thread_states;
 
 use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
+use std::rc::Rc;
 use std::os::fd::IntoRawFd;
 use std::time::{Duration, Instant};
 
@@ -29,7 +30,7 @@ use crate::model::counters::Kind::{Informational, Lost};
 use crate::bpf::sample::types::{sample_counter, stack_key};
 use crate::bpf::sample::{SampleSkel, SampleSkelBuilder};
 use crate::python::Python;
-use crate::model::samples::Sample;
+use crate::model::samples::{Frame, Sample};
 use counts::CountsReader;
 use discovery::{Processes, PythonRef};
 use stacks::Stacks;
@@ -119,6 +120,12 @@ impl<'obj, 'a> Session<'obj, 'a> {
     /// targets are sampled (once their interpreter is located, see
     /// `between_polls`).
     pub fn start(object: &'obj mut MaybeUninit<OpenObject>, targets: Targets<'a>, opts: &Options) -> Result<Self> {
+        Self::start_reading(object, targets, opts, false)
+    }
+
+    /// `start`, with `once` (a snapshot): each thread's stack is read in
+    /// the first pass that reads it whole, and left alone by later passes.
+    fn start_reading(object: &'obj mut MaybeUninit<OpenObject>, targets: Targets<'a>, opts: &Options, once: bool) -> Result<Self> {
         if let (true, Targets::One(_, python)) = (opts.gil, &targets) {
             if python.layout.free_threaded {
                 anyhow::bail!(
@@ -140,6 +147,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
         rodata.cfg.gil_only = opts.gil as u8;
         rodata.cfg.thread_states = (opts.idle && opts.states) as u8;
         rodata.cfg.async_tasks = opts.async_tasks as u8;
+        rodata.cfg.once = once as u8;
         rodata.cfg.task_pt_regs = crate::kernel::Kernel::get().has(crate::kernel::Feature::TaskPtRegs) as u8;
         if let Targets::One(pid, _) = targets {
             rodata.only_pid = pid;
@@ -177,7 +185,17 @@ impl<'obj, 'a> Session<'obj, 'a> {
         };
         match targets {
             Targets::One(pid, python) => session.processes.borrow_mut().add(&session.skel.maps.processes, pid, PythonRef::Borrowed(python))?,
-            Targets::All => session.processes.borrow_mut().add_every_python(&session.skel.maps.processes),
+            Targets::All => {
+                session.processes.borrow_mut().add_every_python(&session.skel.maps.processes);
+                // Located now, not at the first poll: a process found at
+                // start is walked from the run's first tick.
+                session.processes.borrow_mut().locate(&session.skel.maps.processes)?;
+            }
+        }
+        // --idle's first tick is now: finding the processes (with --all,
+        // reading every new executable on the machine) is no tick missed.
+        if let Some(ticks) = session.ticks.borrow_mut().as_mut() {
+            *ticks = clock::IdleTicks::new(opts.hz);
         }
         session.attach()?;
         if let Some(pid) = session.processes.borrow().only() {
@@ -273,7 +291,13 @@ impl<'obj, 'a> Session<'obj, 'a> {
     fn follow_processes(&self) {
         let mut stacks = self.stacks.borrow_mut();
         let mut processes = self.processes.borrow_mut();
+        let looking = Instant::now();
         let forgotten = processes.rescan(&self.skel.maps.processes, stacks.drains());
+        // --all --idle: the ticks that fell while new executables were read
+        // (to tell Pythons) are pytrace's own doing, counted apart.
+        if let Some(ticks) = self.ticks.borrow_mut().as_mut() {
+            ticks.busy(looking, Instant::now());
+        }
         for &pid in &forgotten {
             stacks.forget_process(pid, &self.skel.maps.known_stacks);
         }
@@ -310,6 +334,19 @@ impl<'obj, 'a> Session<'obj, 'a> {
                 Some((tid, word(&value)?))
             })
             .collect()
+    }
+
+    /// A snapshot's threads of `pid` that no pass has read yet (torn each
+    /// time), of those alive now.
+    fn threads_unread(&self, pid: u32) -> Vec<u32> {
+        let read: std::collections::HashSet<u32> = libbpf_rs::MapCore::keys(&self.skel.maps.threads_read)
+            .filter_map(|key| Some(u32::from_ne_bytes(key.as_slice().try_into().ok()?)))
+            .collect();
+        let mut alive = std::collections::HashMap::new();
+        crate::process::proc::thread_names(pid, &mut alive);
+        let mut unread: Vec<u32> = alive.into_keys().filter(|tid| !read.contains(tid)).collect();
+        unread.sort_unstable();
+        unread
     }
 
     /// --idle: one pass of the thread iterator, one round of samples.
@@ -366,12 +403,19 @@ impl<'obj, 'a> Session<'obj, 'a> {
             names.push(("native_no_user_regs", Informational, "samples with no user registers: no native frames", sample_counter::SAMPLE_NO_USER_REGS.0));
             names.push(("native_on_cpu", Informational, "--idle samples of threads running on another CPU: no native frames", sample_counter::SAMPLE_NATIVE_ON_CPU.0));
         }
+        if self.opts.idle {
+            names.push(("torn", Lost, "--idle: samples lost, their thread's stack changed while it was read (read again, it differed)", sample_counter::SAMPLE_TORN.0));
+        }
         if self.opts.async_tasks && self.opts.idle {
             names.push(("task_switched", Lost, "--async --idle: samples lost, their thread switched asyncio tasks while it was read", sample_counter::SAMPLE_TASK_SWITCHED.0));
         }
         let mut counters = read_counters(&self.skel.maps.counters, &names)?;
+        let processes_all = self.processes.borrow().only().is_none();
         if let Some(ticks) = self.ticks.borrow().as_ref() {
             counters.push("idle_ticks_missed", Informational, "--idle: ticks skipped, pytrace itself late (a busy machine): what the target ran meanwhile is under-sampled", ticks.missed);
+            if processes_all {
+                counters.push("idle_ticks_missed_discovering", Informational, "--all --idle: ticks skipped while pytrace read new executables to find Pythons", ticks.missed_discovering);
+            }
         }
         let stacks = self.stacks.into_inner();
         let processes = self.processes.into_inner();
@@ -424,8 +468,9 @@ const LOCATE_AT_MOST: Duration = Duration::from_secs(2);
 /// must ask for --idle's thread iterator (and --threads).
 pub fn snapshot(targets: Targets, opts: &Options) -> Result<SampleData> {
     anyhow::ensure!(opts.idle && opts.threads, "a snapshot reads every thread, each apart");
+    let pid = pid_of(&targets);
     let mut object = MaybeUninit::uninit();
-    let session = Session::start(&mut object, targets, opts)?;
+    let session = Session::start_reading(&mut object, targets, opts, true)?;
     let mut builder = RingBufferBuilder::new();
     session.add_to(&mut builder)?;
     let ring = builder.build()?;
@@ -440,13 +485,42 @@ pub fn snapshot(targets: Targets, opts: &Options) -> Result<SampleData> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    session.sample_every_thread()?;
+    // A thread running on another CPU may change its stack while it is
+    // read; the program then leaves it out (see stack_unchanged in
+    // bpf/sample_walk.bpf.h) and it is read again in the next pass, until
+    // every thread is read whole or the passes run out.
+    let mut unread = Vec::new();
+    let passes_started = Instant::now();
+    for _ in 0..SNAPSHOT_PASSES {
+        session.sample_every_thread()?;
+        unread = session.threads_unread(pid);
+        if unread.is_empty() || passes_started.elapsed() > SNAPSHOT_PASSES_FOR {
+            break;
+        }
+        std::thread::yield_now();
+    }
     session.detach();
     ring.consume().context("failed to read the sample ring buffer")?;
     session.after_poll();
     drop(ring);
     let thread_states = session.thread_states();
-    Ok(SampleData { thread_states, ..session.finish()? })
+    let mut data = SampleData { thread_states, ..session.finish()? };
+    data.samples.extend(unread.into_iter().map(|tid| Sample { pid, tid, frames: vec![Rc::new(Frame::Unsettled)], count: 1 }));
+    Ok(data)
+}
+
+/// Passes a snapshot makes at most, for threads whose stack changed while
+/// read (a thread in a tight recursion changes it every microsecond): a
+/// torn read is a few percent of a running thread's, so a few passes read
+/// nearly every one.
+const SNAPSHOT_PASSES: u32 = 200;
+const SNAPSHOT_PASSES_FOR: Duration = Duration::from_millis(150);
+
+fn pid_of(targets: &Targets) -> u32 {
+    match targets {
+        Targets::One(pid, _) => *pid,
+        Targets::All => 0,
+    }
 }
 
 impl Tracing for Session<'_, '_> {

@@ -587,3 +587,70 @@ pub fn thread_names_in_dump_and_sample(py: &Interpreter) {
     let in_folded: u64 = folded.lines().filter(|l| l.starts_with(&format!("{spin};"))).map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum();
     assert_eq!(Some(in_folded), samples, "{version}: {folded}");
 }
+
+/// Stacks read while their thread runs (issue #22.1): before 3.11 a
+/// returning frame goes to a free list and the next call reuses it, so a
+/// walk racing the thread could follow freed or reused frames into a stack
+/// the program never had. fixtures/recursive.py recurses to a depth it
+/// writes and back, forever; with two CPU-bound neighbours of its own (so
+/// that the target is preempted and resumed mid-read), 100 `dump -p` and 3
+/// s of `sample --idle -p` must show only stacks it can have: `<module>` at
+/// the root, at most MAX_DEPTH + 1 `recurse` frames, and a `recurse` the
+/// caller of another only at its calling line. At least 90 dumps must show
+/// a stack (a thread whose stack changed under every read is shown without
+/// one, marked), and the sample at least 100 samples.
+pub fn stacks_read_while_running_are_ones_it_can_have(py: &Interpreter) {
+    let version = py.version;
+    let _neighbours: Vec<Proc> = (0..2).map(|_| Proc(Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap())).collect();
+    let (inside, host) = py.output("recursive-ready");
+    let argv = py.argv("recursive.py", &[&inside]);
+    let mut target = Proc(Command::new(&argv[0]).args(&argv[1..]).spawn().unwrap());
+    wait_for_file(&host, version);
+    let facts: Vec<u32> = std::fs::read_to_string(&host).unwrap().split_whitespace().map(|w| w.parse().unwrap()).collect();
+    let (max_depth, call_line) = (facts[0] as usize, facts[1] as u64);
+    let pid = target.pid().to_string();
+    // Outermost first: (function, line).
+    let possible = |stack: &[(String, u64)]| {
+        stack.first().is_some_and(|(name, _)| name == "<module>")
+            && stack[1..].iter().all(|(name, _)| name == "recurse")
+            && stack.len() - 1 <= max_depth + 1
+            && stack.windows(2).skip(1).all(|pair| pair[0].1 == call_line)
+    };
+
+    let mut shown = 0;
+    for _ in 0..100 {
+        let out = pytrace(&["dump", "-p", &pid, "--json", "-"]);
+        assert!(out.status.success(), "{version}: dump: {}", String::from_utf8_lossy(&out.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let threads = report["threads"].as_array().unwrap();
+        assert_eq!(threads.len(), 1, "{version}: {report}");
+        let frames = threads[0]["frames"].as_array().unwrap();
+        if frames.iter().any(|f| f["kind"] == "marker" && f["name"].as_str().unwrap().contains("changed under every read")) {
+            continue;
+        }
+        let stack: Vec<(String, u64)> = frames.iter().rev().map(|f| (f["name"].as_str().unwrap().to_string(), f["line"].as_u64().unwrap_or(0))).collect();
+        assert!(possible(&stack), "{version}: dump shows a stack recursive.py cannot have: {stack:?}");
+        shown += 1;
+    }
+    assert!(shown >= 90, "{version}: only {shown} of 100 dumps showed a stack");
+
+    let (_, folded) = py.output("recursive.folded");
+    let out = pytrace(&["sample", "--idle", "--lines", "-p", &pid, "-d", &longer(3.0), "--folded", folded.to_str().unwrap(), "--json", "-"]);
+    assert!(out.status.success(), "{version}: sample: {}", String::from_utf8_lossy(&out.stderr));
+    let mut samples = 0;
+    for line in std::fs::read_to_string(&folded).unwrap().lines() {
+        let (stack, count) = line.rsplit_once(' ').unwrap();
+        // `name (file:line)`, one a frame.
+        let stack: Vec<(String, u64)> = stack
+            .split(';')
+            .map(|frame| {
+                let (name, place) = frame.split_once(" (").unwrap();
+                (name.to_string(), place.trim_end_matches(')').rsplit_once(':').unwrap().1.parse().unwrap())
+            })
+            .collect();
+        assert!(possible(&stack), "{version}: sample --idle shows a stack recursive.py cannot have: {line}");
+        samples += count.parse::<u64>().unwrap();
+    }
+    assert!(samples >= 100, "{version}: only {samples} samples");
+    assert!(target.0.try_wait().unwrap().is_none(), "{version}: the target died");
+}

@@ -132,6 +132,7 @@ pub fn label(frame: &Frame) -> String {
         Frame::Native { name, module } => format!("{name} ({module})"),
         Frame::Kernel(name) => name.clone(),
         Frame::Unreadable => "[unreadable frame]".into(),
+        Frame::Unsettled => "[stack not read: it changed under every read]".into(),
         Frame::Truncated => "[truncated]".into(),
         Frame::NoPython => "[no Python code]".into(),
         Frame::Process(name) => name.clone(),

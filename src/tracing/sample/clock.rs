@@ -256,15 +256,37 @@ pub struct IdleTicks {
     /// is while the target itself holds the CPU, so what it runs then is
     /// under-sampled by up to this many samples.
     pub missed: u64,
+    /// Ticks skipped while pytrace was busy finding new processes (--all).
+    pub missed_discovering: u64,
 }
 
 impl IdleTicks {
     pub fn new(hz: u64) -> Self {
-        IdleTicks { period: period_ns(hz) as f64, next: Instant::now(), random: Random::new(), missed: 0 }
+        IdleTicks { period: period_ns(hz) as f64, next: Instant::now(), random: Random::new(), missed: 0, missed_discovering: 0 }
     }
 
     pub fn next(&self) -> Instant {
         self.next
+    }
+
+    /// pytrace was busy from `from` to `to` (finding new processes): the
+    /// ticks due in between are counted as missed for that, those due
+    /// before as late ones, and the next tick is at `to`. Nothing if no
+    /// whole period passed.
+    pub fn busy(&mut self, from: Instant, to: Instant) {
+        if self.next >= to {
+            return;
+        }
+        let start = self.next.max(from);
+        let during = ((to - start).as_nanos() as f64 / self.period) as u64;
+        if during == 0 {
+            return;
+        }
+        if self.next < from {
+            self.missed += ((from - self.next).as_nanos() as f64 / self.period) as u64;
+        }
+        self.missed_discovering += during;
+        self.next = to;
     }
 
     /// Moves to the next tick after one was taken at `now`; a tick missed
@@ -281,6 +303,21 @@ impl IdleTicks {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ticks due while pytrace was busy finding processes are counted for
+    /// that, those due before (it was late already) as late, and the next
+    /// tick is when it is free again; a stretch shorter than a period
+    /// changes nothing.
+    #[test]
+    fn ticks_due_while_busy_are_counted_apart() {
+        let mut ticks = IdleTicks::new(100);
+        let t0 = ticks.next();
+        ticks.busy(t0 + Duration::from_millis(30), t0 + Duration::from_millis(85));
+        assert_eq!((ticks.missed, ticks.missed_discovering), (3, 5));
+        assert_eq!(ticks.next(), t0 + Duration::from_millis(85));
+        ticks.busy(t0 + Duration::from_millis(86), t0 + Duration::from_millis(94));
+        assert_eq!((ticks.missed, ticks.missed_discovering), (3, 5));
+    }
 
     /// A workload periodic in time (period W): 60 % of each period in one
     /// function, 30 % in a second, 10 % in a third, as fixtures/cpu_split.py.

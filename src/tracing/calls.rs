@@ -352,7 +352,6 @@ fn record_name(names: &mut Names, bytes: &[u8]) {
 }
 
 fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names, pid: u32, stopped_ns: u64) -> Result<CallsData> {
-    let mut stats = read_stats(skel)?;
     let mut edge_map = HashMap::new();
     for key_bytes in skel.maps.edges.keys() {
         let Some(value) = skel.maps.edges.lookup(&key_bytes, MapFlags::ANY)? else { continue };
@@ -362,10 +361,14 @@ fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names, pid: u32, stopped
         plain::copy_from_bytes(&mut stats, &value).map_err(|_| anyhow::anyhow!("bad edge value size"))?;
         edge_map.insert((id_of(&key.callee), id_of(&key.caller)), (key, stats));
     }
+    // Only the functions with a call still open are held whole while their
+    // calls are closed: the stats map's values are KiBs each (the latency
+    // buckets), and 16,384 of them held at once were 100 MB.
+    let mut adjusted = HashMap::new();
     if stopped_ns != 0 {
-        close_open_calls(skel, pid, stopped_ns, &mut stats, &mut edge_map)?;
+        close_open_calls(skel, pid, stopped_ns, &mut adjusted, &mut edge_map)?;
     }
-    let functions = stats.into_values().map(|(key, st)| function(names, &key, &st)).collect();
+    let functions = functions_with(skel, names, &adjusted)?;
     let mut edges = Vec::new();
     for (key, stats) in edge_map.into_values() {
         edges.push(CallEdge {
@@ -381,7 +384,26 @@ fn collect(skel: &crate::bpf::calls::CallsSkel, names: &Names, pid: u32, stopped
 
 /// One record per code object the stats map holds.
 fn functions(skel: &crate::bpf::calls::CallsSkel, names: &Names) -> Result<Vec<Function>> {
-    Ok(read_stats(skel)?.into_values().map(|(key, st)| function(names, &key, &st)).collect())
+    functions_with(skel, names, &HashMap::new())
+}
+
+/// One record per code object the stats map holds, each read and turned
+/// into its compact record in turn, those in `adjusted` taken from there.
+fn functions_with(skel: &crate::bpf::calls::CallsSkel, names: &Names, adjusted: &HashMap<KeyId, (func_key, func_stats)>) -> Result<Vec<Function>> {
+    let mut functions = Vec::new();
+    for key_bytes in skel.maps.stats.keys() {
+        let mut key = func_key::default();
+        plain::copy_from_bytes(&mut key, &key_bytes).map_err(|_| anyhow::anyhow!("bad key size"))?;
+        if let Some((_, stats)) = adjusted.get(&id_of(&key)) {
+            functions.push(function(names, &key, stats));
+            continue;
+        }
+        let Some(value) = skel.maps.stats.lookup(&key_bytes, MapFlags::ANY)? else { continue };
+        let mut stats = func_stats::default();
+        plain::copy_from_bytes(&mut stats, &value).map_err(|_| anyhow::anyhow!("bad value size"))?;
+        functions.push(function(names, &key, &stats));
+    }
+    Ok(functions)
 }
 
 type KeyId = (u64, u64, u32, u32);
@@ -390,18 +412,24 @@ fn id_of(key: &func_key) -> KeyId {
     (key.id, key.aux, key.line, key.tgid)
 }
 
-/// The stats map, by key.
-fn read_stats(skel: &crate::bpf::calls::CallsSkel) -> Result<HashMap<KeyId, (func_key, func_stats)>> {
-    let mut out = HashMap::new();
-    for key_bytes in skel.maps.stats.keys() {
-        let Some(value) = skel.maps.stats.lookup(&key_bytes, MapFlags::ANY)? else { continue };
-        let mut key = func_key::default();
-        plain::copy_from_bytes(&mut key, &key_bytes).map_err(|_| anyhow::anyhow!("bad key size"))?;
+/// `key`'s stats, read from the map into `adjusted` the first time it is
+/// asked for; None for a function the map has no row for.
+fn adjusted_stats<'m>(
+    skel: &crate::bpf::calls::CallsSkel,
+    adjusted: &'m mut HashMap<KeyId, (func_key, func_stats)>,
+    key: &func_key,
+) -> Result<Option<&'m mut (func_key, func_stats)>> {
+    let id = id_of(key);
+    if !adjusted.contains_key(&id) {
+        // SAFETY: func_key is plain data (four integers, no padding), copied
+        // whole out of a map record, so every byte is initialised.
+        let key_bytes = unsafe { std::slice::from_raw_parts((key as *const func_key).cast::<u8>(), std::mem::size_of::<func_key>()) };
+        let Some(value) = skel.maps.stats.lookup(key_bytes, MapFlags::ANY)? else { return Ok(None) };
         let mut stats = func_stats::default();
         plain::copy_from_bytes(&mut stats, &value).map_err(|_| anyhow::anyhow!("bad value size"))?;
-        out.insert(id_of(&key), (key, stats));
+        adjusted.insert(id, (*key, stats));
     }
-    Ok(out)
+    Ok(adjusted.get_mut(&id))
 }
 
 fn function(names: &Names, key: &func_key, stats: &func_stats) -> Function {
@@ -419,7 +447,7 @@ fn close_open_calls(
     skel: &crate::bpf::calls::CallsSkel,
     pid: u32,
     stopped_ns: u64,
-    stats: &mut HashMap<KeyId, (func_key, func_stats)>,
+    adjusted: &mut HashMap<KeyId, (func_key, func_stats)>,
     edges: &mut HashMap<(KeyId, KeyId), (edge_key, edge_stats)>,
 ) -> Result<()> {
     let flag = |f: slot_flag| f.0;
@@ -450,7 +478,7 @@ fn close_open_calls(
                     }
                 }
             }
-            let Some((_, st)) = stats.get_mut(&id_of(&slot.key)) else { continue };
+            let Some((_, st)) = adjusted_stats(skel, adjusted, &slot.key)? else { continue };
             st.timed_calls += 1;
             if slot.flags & flag(slot_flag::SLOT_OUTERMOST) != 0 {
                 st.total_ns += elapsed;

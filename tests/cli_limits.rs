@@ -58,10 +58,7 @@ fn assert_ended_cleanly(what: &str, out: &Output, target: &Proc) {
     assert!(code != Some(101) && code != Some(134), "{what}: exit {code:?}: {stderr}");
     assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{what}: {stderr}");
     if code != Some(0) {
-        // The line scripts wait for, and the timings of a slow attach or
-        // detach (said because they are not part of the traced time), are
-        // no errors.
-        let said: Vec<&str> = stderr.lines().filter(|l| !l.starts_with("pytrace: attached to PID") && !l.ends_with("(not part of the traced time)")).collect();
+        let said = error_lines(&stderr);
         assert_eq!(said.len(), 1, "{what}: one line of error, not {stderr:?}");
         assert!(said[0].starts_with("pytrace: "), "{what}: {stderr}");
     }

@@ -192,6 +192,14 @@ impl Tracer {
     }
 }
 
+/// The lines of a run's stderr that say something went wrong: less the
+/// line scripts wait for ("attached to PID") and the timings of a slow
+/// attach or detach, said because they are no part of the traced time
+/// (on a loaded machine an attach can take over half a second).
+pub fn error_lines(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| !l.starts_with("pytrace: attached to PID") && !l.ends_with("(not part of the traced time)")).collect()
+}
+
 pub fn pytrace(args: &[&str]) -> Output {
     Command::new(PYTRACE).args(args).output().expect("run pytrace")
 }

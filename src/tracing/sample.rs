@@ -9,6 +9,7 @@ mod async_tasks;
 mod clock;
 mod counts;
 mod discovery;
+mod idle_pacer;
 mod kernel_symbols;
 mod resolve;
 mod stacks;
@@ -17,6 +18,7 @@ mod thread_states;
 use std::cell::{Cell, RefCell};
 use std::mem::MaybeUninit;
 use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 use std::os::fd::IntoRawFd;
 use std::time::{Duration, Instant};
 
@@ -111,8 +113,17 @@ pub struct Session<'obj, 'a> {
     drained: RefCell<Vec<(stack_key, u64)>>,
     last_drain: Cell<Instant>,
     /// --idle: one pass of the iterator over every thread is one round of
-    /// samples, at jittered ticks (clock.rs).
+    /// samples, at jittered ticks (clock.rs), taken by the pacer's thread
+    /// (idle_pacer.rs) from the first poll to the detach; here before and
+    /// after.
     ticks: RefCell<Option<clock::IdleTicks>>,
+    pacer: RefCell<Option<idle_pacer::IdlePacer>>,
+    /// Whether the pacer ran at real-time priority (None: it never ran).
+    pacer_realtime: Cell<Option<bool>>,
+    /// The pass that failed and ended the pacer's passes.
+    pacer_failed: RefCell<Option<String>>,
+    /// Held by the pacer during a pass and here while counts are taken.
+    counts_lock: Arc<Mutex<()>>,
 }
 
 impl<'obj, 'a> Session<'obj, 'a> {
@@ -182,6 +193,10 @@ impl<'obj, 'a> Session<'obj, 'a> {
             drained: RefCell::new(Vec::new()),
             last_drain: Cell::new(Instant::now()),
             ticks: RefCell::new(opts.idle.then(|| clock::IdleTicks::new(opts.hz))),
+            pacer: RefCell::new(None),
+            pacer_realtime: Cell::new(None),
+            pacer_failed: RefCell::new(None),
+            counts_lock: Arc::new(Mutex::new(())),
         };
         match targets {
             Targets::One(pid, python) => session.processes.borrow_mut().add(&session.skel.maps.processes, pid, PythonRef::Borrowed(python))?,
@@ -270,7 +285,9 @@ impl<'obj, 'a> Session<'obj, 'a> {
             reader.take(&maps.counts_a, &mut drained)?;
             reader.take(&maps.counts_b, &mut drained)?;
         } else if self.opts.idle {
-            // The iterator runs only when user space reads it: never now.
+            // The pacer's passes add to counts_a: never during the take,
+            // whose deletes would lose their increments.
+            let _held = self.counts_lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             reader.take(&maps.counts_a, &mut drained)?;
         } else {
             let old = reader.swap(&maps.counts, &maps.counts_a, &maps.counts_b)?;
@@ -291,13 +308,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
     fn follow_processes(&self) {
         let mut stacks = self.stacks.borrow_mut();
         let mut processes = self.processes.borrow_mut();
-        let looking = Instant::now();
         let forgotten = processes.rescan(&self.skel.maps.processes, stacks.drains());
-        // --all --idle: the ticks that fell while new executables were read
-        // (to tell Pythons) are pytrace's own doing, counted apart.
-        if let Some(ticks) = self.ticks.borrow_mut().as_mut() {
-            ticks.busy(looking, Instant::now());
-        }
         for &pid in &forgotten {
             stacks.forget_process(pid, &self.skel.maps.known_stacks);
         }
@@ -365,6 +376,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
             return;
         }
         drop(self.clock.borrow_mut().take());
+        self.stop_pacer();
         self.links.borrow_mut().clear();
         if !self.opts.idle {
             // A swap waits for the programs still running.
@@ -373,11 +385,37 @@ impl<'obj, 'a> Session<'obj, 'a> {
         }
     }
 
+    /// --idle: starts the pacer's passes (at the first poll: the traced
+    /// window has begun).
+    fn start_pacer(&self) -> Result<()> {
+        let Some(ticks) = self.ticks.borrow_mut().take() else { return Ok(()) };
+        let links = self.links.borrow();
+        let iter = links.first().context("the thread iterator is not attached")?;
+        let pacer = idle_pacer::IdlePacer::start(std::os::fd::AsFd::as_fd(iter), ticks, self.counts_lock.clone())?;
+        *self.pacer.borrow_mut() = Some(pacer);
+        Ok(())
+    }
+
+    /// --idle: ends the passes, keeping the pacer's account of its ticks.
+    fn stop_pacer(&self) {
+        let Some(pacer) = self.pacer.borrow_mut().take() else { return };
+        if let Some(end) = pacer.finish() {
+            self.pacer_realtime.set(Some(end.realtime));
+            if let Some(failed) = end.failed {
+                self.pacer_failed.replace(Some(failed));
+            }
+            *self.ticks.borrow_mut() = Some(end.ticks);
+        }
+    }
+
     /// Detaches (if not yet done), reads the last counts and returns the
     /// profile. The ring buffer built with `add_to` must have been drained
     /// and dropped.
     pub fn finish(self) -> Result<SampleData> {
         self.detach();
+        if let Some(failed) = self.pacer_failed.borrow_mut().take() {
+            anyhow::bail!("{failed}");
+        }
         self.drain(true)?;
         let total = self.stacks.borrow().total();
         let program = if self.opts.idle { &self.skel.progs.sample_all_threads } else { &self.skel.progs.sample_thread };
@@ -410,12 +448,11 @@ impl<'obj, 'a> Session<'obj, 'a> {
             names.push(("task_switched", Lost, "--async --idle: samples lost, their thread switched asyncio tasks while it was read", sample_counter::SAMPLE_TASK_SWITCHED.0));
         }
         let mut counters = read_counters(&self.skel.maps.counters, &names)?;
-        let processes_all = self.processes.borrow().only().is_none();
         if let Some(ticks) = self.ticks.borrow().as_ref() {
             counters.push("idle_ticks_missed", Informational, "--idle: ticks skipped, pytrace itself late (a busy machine): what the target ran meanwhile is under-sampled", ticks.missed);
-            if processes_all {
-                counters.push("idle_ticks_missed_discovering", Informational, "--all --idle: ticks skipped while pytrace read new executables to find Pythons", ticks.missed_discovering);
-            }
+        }
+        if self.pacer_realtime.get() == Some(false) {
+            counters.push("idle_not_realtime", Informational, "--idle: the sampling thread could not have real-time priority (no CAP_SYS_NICE): on a busy machine, code that runs is under-sampled", 1);
         }
         let stacks = self.stacks.into_inner();
         let processes = self.processes.into_inner();
@@ -546,18 +583,15 @@ impl Tracing for Session<'_, '_> {
         Session::after_poll(self)
     }
 
+    /// --idle: the pacer's start, at the first poll.
     fn next_due(&self) -> Option<Instant> {
-        self.ticks.borrow().as_ref().map(clock::IdleTicks::next)
+        self.ticks.borrow().as_ref().filter(|_| self.pacer_realtime.get().is_none()).map(clock::IdleTicks::next)
     }
 
-    /// --idle: a pass over every thread, at each tick.
+    /// --idle: starts the pacer, whose thread passes over every thread at
+    /// each tick from now to the detach.
     fn run_due(&self) -> Result<()> {
-        let now = Instant::now();
-        self.sample_every_thread()?;
-        if let Some(ticks) = self.ticks.borrow_mut().as_mut() {
-            ticks.advance(now);
-        }
-        Ok(())
+        self.start_pacer()
     }
 
     /// None: its own `detach` drops them, the clock that rearms them first.

@@ -252,41 +252,24 @@ pub struct IdleTicks {
     period: f64,
     next: Instant,
     random: Random,
-    /// Ticks skipped because user space was late: on a busy machine that
-    /// is while the target itself holds the CPU, so what it runs then is
-    /// under-sampled by up to this many samples.
+    /// Ticks skipped because user space was late (a busy machine, or the
+    /// previous pass long): what the targets ran meanwhile has fewer
+    /// samples than its share by up to this many.
     pub missed: u64,
-    /// Ticks skipped while pytrace was busy finding new processes (--all).
-    pub missed_discovering: u64,
 }
 
 impl IdleTicks {
     pub fn new(hz: u64) -> Self {
-        IdleTicks { period: period_ns(hz) as f64, next: Instant::now(), random: Random::new(), missed: 0, missed_discovering: 0 }
+        IdleTicks { period: period_ns(hz) as f64, next: Instant::now(), random: Random::new(), missed: 0 }
     }
 
     pub fn next(&self) -> Instant {
         self.next
     }
 
-    /// pytrace was busy from `from` to `to` (finding new processes): the
-    /// ticks due in between are counted as missed for that, those due
-    /// before as late ones, and the next tick is at `to`. Nothing if no
-    /// whole period passed.
-    pub fn busy(&mut self, from: Instant, to: Instant) {
-        if self.next >= to {
-            return;
-        }
-        let start = self.next.max(from);
-        let during = ((to - start).as_nanos() as f64 / self.period) as u64;
-        if during == 0 {
-            return;
-        }
-        if self.next < from {
-            self.missed += ((from - self.next).as_nanos() as f64 / self.period) as u64;
-        }
-        self.missed_discovering += during;
-        self.next = to;
+    /// The first tick is now.
+    pub fn restart(&mut self) {
+        self.next = Instant::now();
     }
 
     /// Moves to the next tick after one was taken at `now`; a tick missed
@@ -298,25 +281,34 @@ impl IdleTicks {
             self.next = now + Duration::from_nanos(self.random.around(self.period) as u64);
         }
     }
+
+    /// No tick before `at`: the ticks due before it are missed, and the
+    /// next one is at `at`.
+    pub fn not_before(&mut self, at: Instant) {
+        if self.next >= at {
+            return;
+        }
+        self.missed += 1 + ((at - self.next).as_nanos() as f64 / self.period) as u64;
+        self.next = at;
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Ticks due while pytrace was busy finding processes are counted for
-    /// that, those due before (it was late already) as late, and the next
-    /// tick is when it is free again; a stretch shorter than a period
-    /// changes nothing.
+    /// Ticks due before a pass may start again are missed, counted, and
+    /// the next tick is then; a limit already past changes nothing.
     #[test]
-    fn ticks_due_while_busy_are_counted_apart() {
+    fn ticks_before_a_limit_are_counted_missed() {
         let mut ticks = IdleTicks::new(100);
         let t0 = ticks.next();
-        ticks.busy(t0 + Duration::from_millis(30), t0 + Duration::from_millis(85));
-        assert_eq!((ticks.missed, ticks.missed_discovering), (3, 5));
-        assert_eq!(ticks.next(), t0 + Duration::from_millis(85));
-        ticks.busy(t0 + Duration::from_millis(86), t0 + Duration::from_millis(94));
-        assert_eq!((ticks.missed, ticks.missed_discovering), (3, 5));
+        ticks.not_before(t0 + Duration::from_millis(35));
+        assert_eq!(ticks.missed, 4);
+        assert_eq!(ticks.next(), t0 + Duration::from_millis(35));
+        ticks.not_before(t0 + Duration::from_millis(20));
+        assert_eq!(ticks.missed, 4);
+        assert_eq!(ticks.next(), t0 + Duration::from_millis(35));
     }
 
     /// A workload periodic in time (period W): 60 % of each period in one

@@ -330,6 +330,23 @@ pub fn report_import_paths(imports: &serde_json::Value) -> Vec<Vec<String>> {
     out
 }
 
+/// A share of `n` samples (percent or fraction, as `want` and `bound`)
+/// against the share it should have: every statistical assertion helper
+/// here goes through it, so each requires a minimum sample count, below
+/// which its bound says nothing, and says both in its message.
+pub fn assert_share(label: &str, what: &str, share: f64, want: f64, bound: f64, n: f64, min_n: f64) {
+    assert!(n >= min_n, "{label}: {what}: {n} samples, a share test needs at least {min_n}");
+    assert!((share - want).abs() <= bound, "{label}: {what}: {share:.3} of {n} samples (at least {min_n} needed), expected {want:.3} ± {bound:.3}");
+}
+
+/// Samples a compare report's three functions need for its share test:
+/// a slow VM gets a third of the host's several hundred.
+const COMPARE_MIN_SAMPLES: f64 = 100.0;
+
+/// Samples native_split.py's two functions need for the --native share
+/// tests (a VM samples at NATIVE_VM_HZ: a few hundred).
+const NATIVE_MIN_SAMPLES: f64 = 100.0;
+
 /// A compare report of fixtures/cpu_split.py shows its split on both
 /// sides: sixty, thirty and ten relative to one another, on the sampled
 /// side by the CPU time and on the traced side by the wall time the
@@ -369,7 +386,7 @@ pub fn assert_compare_split(label: &str, cmp: &serde_json::Value, wall_split: &P
             let p = want / 100.0;
             let bound = if sampled { points.max(400.0 * (p * (1.0 - p) / samples).sqrt() + 1.0) } else { points };
             let share = shares[i] / sum * 100.0;
-            assert!((share - want).abs() <= bound, "{label}: {name} has {share:.1}% by {field}, expected {want:.1}% (± {bound:.1}, {samples} samples)");
+            assert_share(label, &format!("{name}'s percent by {field}"), share, want, bound, samples, COMPARE_MIN_SAMPLES);
         }
     }
 }
@@ -389,10 +406,9 @@ pub fn assert_sample_split(label: &str, report: &serde_json::Value, cpu_split: &
         .map(|n| report["functions"].as_array().unwrap().iter().find(|f| f["name"] == *n).map_or(0, |f| f["total_samples"].as_u64().unwrap()))
         .collect();
     let sum: u64 = samples.iter().sum();
-    assert!(sum >= min_samples, "{label}: only {sum} samples in sixty, thirty and ten");
     for (i, name) in names.iter().enumerate() {
         let (share, want) = (samples[i] as f64 * 100.0 / sum as f64, cpu[i] * 100.0 / cpu_sum);
-        assert!((share - want).abs() <= points, "{label}: {name} has {share:.1}% of {sum} samples, its CPU time {want:.1}% (± {points})");
+        assert_share(label, &format!("{name}'s percent of the samples in sixty, thirty and ten, against its percent of their CPU time"), share, want, points, sum as f64, min_samples as f64);
     }
 }
 
@@ -457,12 +473,6 @@ pub fn assert_native_split(label: &str, counted: &NativeSplit, cpu_split: &Path)
         let want = cpu / (compress_cpu + spin_cpu);
         let share = samples as f64 / n;
         let bound = 4.0 * (want * (1.0 - want) / n).sqrt() + 0.01;
-        assert!(
-            (share - want).abs() <= bound,
-            "{label}: {what} has {:.1}% of {n} samples, its CPU time {:.1}% (± {:.1}); counted {counted:?}, measured {truth}",
-            share * 100.0,
-            want * 100.0,
-            bound * 100.0
-        );
+        assert_share(label, &format!("{what}'s share against its share of CPU time (counted {counted:?}, measured {truth})"), share, want, bound, n, NATIVE_MIN_SAMPLES);
     }
 }

@@ -27,8 +27,15 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 export PATH="$HOME/.cargo/bin:$PATH"
+# The one Rust version the code needs is Cargo.toml's rust-version.
+needed=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml)
 if ! command -v cargo >/dev/null; then
-  echo "pytrace needs Rust 1.82 or newer (cargo): install it with rustup, then run this again" >&2
+  echo "pytrace needs Rust $needed or newer (cargo): install it with rustup, then run this again" >&2
+  exit 1
+fi
+have=$(rustc --version | awk '{print $2}')
+if ! printf '%s\n%s\n' "$needed" "$have" | sort -V -C; then
+  echo "pytrace needs Rust $needed or newer, and this rustc is $have: run 'rustup update', then run this again" >&2
   exit 1
 fi
 

@@ -180,16 +180,7 @@ fn json_has_the_documented_fields_and_sorting_works() {
 /// still sees it from its first instruction.
 #[test]
 fn a_wrapper_that_execs_python_is_followed() {
-    for (label, python) in pythons() {
-        let script = format!("exec {} {} --rounds 3", python.display(), fixture("callgraph.py"));
-        let out = pytrace(&["calls", "--json", "-", "--", "/bin/sh", "-c", &script]);
-        assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let rows = rows_for_file(&report, "fixtures/callgraph.py");
-        let leaf = find_row(&rows, 24, "leaf").unwrap_or_else(|| panic!("{label}: no leaf row"));
-        assert_eq!(leaf["calls"], 300, "{label}: 100 leaf calls a round");
-        assert!(find_row(&rows, 1, "<module>").is_some(), "{label}: the module body ran traced");
-    }
+    assert_calls_followed_through(|python, script| vec!["/bin/sh".into(), "-c".into(), format!("exec {} {script}", python.display())]);
 }
 
 #[test]

@@ -49,16 +49,7 @@ fn shell_running(python: &Path, script_and_args: &str) -> String {
 /// fixture spins (at 99 Hz, at least a third of them on a loaded machine).
 #[test]
 fn a_shell_that_forks_the_python_is_followed() {
-    for (label, python) in pythons() {
-        let script = shell_running(&python, &format!("{} --rounds 3", fixture("callgraph.py")));
-        let out = pytrace(&["calls", "--json", "-", "--", "bash", "-c", &script]);
-        assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let rows = rows_for_file(&report, "fixtures/callgraph.py");
-        let leaf = find_row(&rows, 24, "leaf").unwrap_or_else(|| panic!("{label}: no leaf row"));
-        assert_eq!(leaf["calls"], 300, "{label}: 100 leaf calls a round");
-        assert!(find_row(&rows, 1, "<module>").is_some(), "{label}: the module body ran traced");
-    }
+    assert_calls_followed_through(|python, script| vec!["bash".into(), "-c".into(), shell_running(python, script)]);
     let (label, python) = pythons().remove(0);
     let dir = tempfile::tempdir().unwrap();
     let folded = dir.path().join("p.folded");

@@ -74,6 +74,23 @@ struct CopiedPython {
     lib: PathBuf,
 }
 
+impl CopiedPython {
+    /// fixtures/safety.py spinning on the copy, once it says it is ready.
+    fn spin(&self) -> Proc {
+        let mut target = Proc(
+            Command::new(&self.exe)
+                .env("LD_LIBRARY_PATH", &self.lib_dir)
+                .arg(fixture("safety.py"))
+                .args(["spin", "--wait"])
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        assert_eq!(read_line(&mut target), "ready");
+        target
+    }
+}
+
 fn copy_nodtrace_python() -> CopiedPython {
     let (_, python) = pythons().remove(1);
     let real_lib = std::fs::canonicalize(python.parent().unwrap().join("../lib/libpython3.11.so.1.0")).expect("the no-probes 3.11 has a shared libpython");
@@ -122,16 +139,7 @@ fn with_symbol_moved(bytes: &[u8], symbol: &str, delta: u64) -> Vec<u8> {
 #[test]
 fn a_library_replaced_under_a_running_target_is_never_parsed() {
     let copy = copy_nodtrace_python();
-    let mut target = Proc(
-        Command::new(&copy.exe)
-            .env("LD_LIBRARY_PATH", &copy.lib_dir)
-            .arg(fixture("safety.py"))
-            .args(["spin", "--wait"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    assert_eq!(read_line(&mut target), "ready");
+    let mut target = copy.spin();
     let pid = target.pid().to_string();
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     assert!(maps.contains(copy.lib.to_str().unwrap()), "the target runs the copied library");
@@ -185,16 +193,7 @@ fn a_library_replaced_under_a_running_target_is_never_parsed() {
 #[test]
 fn without_cap_sys_admin_files_are_checked_by_identity() {
     let copy = copy_nodtrace_python();
-    let mut target = Proc(
-        Command::new(&copy.exe)
-            .env("LD_LIBRARY_PATH", &copy.lib_dir)
-            .arg(fixture("safety.py"))
-            .args(["spin", "--wait"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    assert_eq!(read_line(&mut target), "ready");
+    let mut target = copy.spin();
     let pid = target.pid().to_string();
     let out = Command::new("setpriv")
         .args(["--bounding-set=-sys_admin,-checkpoint_restore", "--inh-caps=-sys_admin,-checkpoint_restore", PYTRACE, "info", "-p", &pid, "--json", "-"])

@@ -476,3 +476,22 @@ pub fn assert_native_split(label: &str, counted: &NativeSplit, cpu_split: &Path)
         assert_share(label, &format!("{what}'s share against its share of CPU time (counted {counted:?}, measured {truth})"), share, want, bound, n, NATIVE_MIN_SAMPLES);
     }
 }
+
+/// `calls` of fixtures/callgraph.py (3 rounds) started by `wrapper` (a
+/// command line given the fixture's own to run, which execs or forks the
+/// CPython): followed to the CPython from its first instruction, so every
+/// leaf call (100 a round) and the module body are in the report.
+pub fn assert_calls_followed_through(wrapper: impl Fn(&Path, &str) -> Vec<String>) {
+    for (label, python) in pythons() {
+        let argv = wrapper(&python, &format!("{} --rounds 3", fixture("callgraph.py")));
+        let mut args = vec!["calls", "--json", "-", "--"];
+        args.extend(argv.iter().map(String::as_str));
+        let out = pytrace(&args);
+        assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let rows = rows_for_file(&report, "fixtures/callgraph.py");
+        let leaf = find_row(&rows, 24, "leaf").unwrap_or_else(|| panic!("{label}: no leaf row"));
+        assert_eq!(leaf["calls"], 300, "{label}: 100 leaf calls a round");
+        assert!(find_row(&rows, 1, "<module>").is_some(), "{label}: the module body ran traced");
+    }
+}

@@ -324,7 +324,7 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
 }
 
 /// Whether the kernel's BPF has compare-and-swap (Linux 5.12+), which keeps
-/// each function's maximum latency exact (see close_top in bpf/calls.bpf.c).
+/// each function's maximum latency exact (see close_top in bpf/calls_open_close.bpf.h).
 fn has_compare_and_swap() -> bool {
     crate::kernel::Kernel::get().has(crate::kernel::Feature::AtomicCompareExchange)
 }
@@ -439,7 +439,7 @@ fn function(names: &Names, key: &func_key, stats: &func_stats) -> Function {
 
 /// Closes, at `stopped_ns`, every call still open on a thread's shadow
 /// stack when counting stopped, top first, as close_top in
-/// bpf/calls.bpf.c would have at their return: without it a recursive
+/// bpf/calls_open_close.bpf.h would have at their return: without it a recursive
 /// function open at the end had its inner calls' self time and not its
 /// outer call's total (self above total), and a caller lacked the time of
 /// its open callees.

@@ -5,6 +5,7 @@
 #define PYTRACE_CALLS_H
 
 #include "python.h"
+#include "histogram.h" /* func_stats.hist: HIST_BUCKETS */
 
 /* Timed frames per thread. Deeper calls are still counted; their time is not
  * (counter CALLS_DEEP_UNTIMED says how many). */
@@ -24,16 +25,6 @@
 /* Distinct caller->callee pairs, counted only for `calls --pstats` (the map
  * has one entry otherwise). Preallocated: about 200 bytes each. */
 #define MAX_EDGES 65536
-
-/* Latency histogram: values below HIST_LINEAR ns get a bucket each; above,
- * every power of two is split into HIST_SUB buckets (12.5% wide). User space
- * replays bucket midpoints into hdrhistogram for percentiles. */
-#define HIST_SUB_BITS 3
-#define HIST_SUB (1 << HIST_SUB_BITS)
-#define HIST_LINEAR (2 * HIST_SUB)
-#define HIST_MIN_EXP (HIST_SUB_BITS + 1)
-#define HIST_MAX_EXP 43 /* 2^44 ns is almost 5 hours */
-#define HIST_BUCKETS (HIST_LINEAR + (HIST_MAX_EXP - HIST_MIN_EXP + 1) * HIST_SUB)
 
 #define NAME_CAP 128
 #define FILE_CAP 256
@@ -140,12 +131,12 @@ struct new_function {
 /* The entry probe reads a frame's and a code object's first bytes in one
  * read each, then picks the fields out by offset. */
 #define FRAME_HEAD_MAX 128
-#define CODE_HEAD_MAX 192
 
 struct calls_config {
 	struct py_layout layout;
 	/* Bytes to read from a frame and a code object to cover every field the
-	 * layout names (at most FRAME_HEAD_MAX and CODE_HEAD_MAX). */
+	 * layout names (at most FRAME_HEAD_MAX, and bpf/python_code.bpf.h's
+	 * CODE_HEAD_MAX). */
 	__u32 frame_head;
 	__u32 code_head;
 	__u32 tgid;

@@ -16,6 +16,7 @@
 #include "gil.h"
 #include "counters.bpf.h"
 #include "python_read.bpf.h"
+#include "histogram.bpf.h" /* wait_bucket */
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -140,31 +141,6 @@ static __always_inline void enter(struct gil_thread *t, __u32 state, __u64 now)
 	}
 	t->state = state;
 	t->since_ns = now;
-}
-
-static __always_inline __u32 msb(__u64 v)
-{
-	__u32 r = 0;
-
-	if (v >> 32) { v >>= 32; r += 32; }
-	if (v >> 16) { v >>= 16; r += 16; }
-	if (v >> 8) { v >>= 8; r += 8; }
-	if (v >> 4) { v >>= 4; r += 4; }
-	if (v >> 2) { v >>= 2; r += 2; }
-	if (v >> 1) r += 1;
-	return r;
-}
-
-/* See GIL_SUB_BUCKET_BITS. */
-static __always_inline __u32 wait_bucket(__u64 ns)
-{
-	__u32 top;
-
-	if (ns < (1 << GIL_SUB_BUCKET_BITS))
-		return ns;
-	top = msb(ns);
-	return ((top - GIL_SUB_BUCKET_BITS + 1) << GIL_SUB_BUCKET_BITS) +
-	       ((ns >> (top - GIL_SUB_BUCKET_BITS)) & ((1 << GIL_SUB_BUCKET_BITS) - 1));
 }
 
 static __always_inline void record_wait(__u32 tid, __u64 ns)

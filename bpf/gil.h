@@ -12,12 +12,6 @@ enum gil_state {
 	GIL_EXITED = 4,
 };
 
-/* Log-linear buckets of wait times: values below 8 ns exactly, above that 8
- * buckets per power of two (a bucket's width is at most 1/8 of its lower
- * bound). src/tracing/gil.rs inverts this. */
-#define GIL_SUB_BUCKET_BITS 3
-#define GIL_BUCKETS 512
-
 /* One thread of the target, as the probes saw it since the session began. */
 struct gil_thread {
 	__u64 held_ns;
@@ -44,7 +38,7 @@ struct gil_thread {
 
 struct gil_wait_key {
 	__u32 tid;
-	__u32 bucket;
+	__u32 bucket; /* wait_bucket() of bpf/histogram.bpf.h */
 };
 
 /* Set by user space: before the start nothing is counted (the probes are

@@ -14,6 +14,7 @@
 #include "counters.bpf.h"
 #include "ring.bpf.h"
 #include "python_read.bpf.h"
+#include "python_code.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -88,10 +89,6 @@ struct {
 	__type(value, __u8);
 } is_import_code SEC(".maps");
 
-/* A field of a block read from the target, or 0 if outside it. */
-#define BLOCK_FIELD(block, size, offset, type)                                               \
-	((offset) <= (size) - sizeof(type) ? *(type *)((block) + (offset)) : 0)
-
 /* Whether the str object at `str` is the compact ASCII string `want`, a
  * NUL-padded name from the config. */
 static __always_inline int str_is(const void *str, const volatile char *want)
@@ -128,16 +125,14 @@ static __always_inline int str_is(const void *str, const volatile char *want)
 static __always_inline int code_names(const void *code, __u64 *qualname, __u64 *filename)
 {
 	const volatile struct py_layout *l = &cfg.layout;
-	__u64 words[IMPORT_CODE_HEAD_MAX / 8];
+	__u64 words[CODE_HEAD_MAX / 8];
 	char *head = (char *)words;
 	__u32 size = cfg.code_head;
 
-	if (!code || size > IMPORT_CODE_HEAD_MAX || size < 8 || bpf_probe_read_user(words, size, code))
+	if (read_code_head(l, cfg.code_type, code, words, size))
 		return -1;
-	if (cfg.code_type && BLOCK_FIELD(head, size, l->object_type, __u64) != cfg.code_type)
-		return -1;
-	*qualname = BLOCK_FIELD(head, size, l->code_qualname, __u64);
-	*filename = BLOCK_FIELD(head, size, l->code_filename, __u64);
+	*qualname = FIELD(head, size, l->code_qualname, __u64);
+	*filename = FIELD(head, size, l->code_filename, __u64);
 	return 0;
 }
 
@@ -158,18 +153,6 @@ static __always_inline int is_bootstrap_function(const void *code, const volatil
 	return verdict;
 }
 
-/* The frame running on the calling thread: the caller of the frame about
- * to be evaluated. */
-static __always_inline const void *calling_frame(const void *tstate)
-{
-	const volatile struct py_layout *l = &cfg.layout;
-	const void *current = read_ptr(tstate, l->tstate_current);
-
-	if (current && l->cframe_current_frame != PY_NO_FIELD)
-		current = read_ptr(current, l->cframe_current_frame);
-	return current;
-}
-
 /* If this evaluation is an import, -X importtime's way: the module name's
  * str object; else 0. */
 static __always_inline const void *import_starting(const void *tstate, const void *frame)
@@ -184,7 +167,7 @@ static __always_inline const void *import_starting(const void *tstate, const voi
 	 * _gcd_import: -X importtime does not see those imports, and that call
 	 * enters the eval function only before 3.11 or with an eval-frame hook
 	 * set. */
-	caller = calling_frame(tstate);
+	caller = running_frame(&cfg.layout, tstate);
 	if (caller) {
 		caller_code = (const void *)PY_CODE_ADDRESS((__u64)read_ptr(caller, l->frame_code), l);
 		if (is_bootstrap_function(caller_code, cfg.gcd_import, 0))

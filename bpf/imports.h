@@ -26,7 +26,6 @@ struct import_event {
 
 /* Uprobe mode (builds without the import probes): what the eval-function
  * probe reads, set by user space before loading. */
-#define IMPORT_CODE_HEAD_MAX 192
 #define IMPORT_NAME_MATCH_MAX 32
 /* Import stacks deeper than this (per thread, without uprobe sessions)
  * lose their ends. */

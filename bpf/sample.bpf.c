@@ -157,6 +157,7 @@ struct stack_key _stack_key = {};
 enum sample_counter _sample_counter = 0;
 enum record_kind _record_kind = 0;
 enum thread_state _thread_state = 0;
+enum sample_weight _sample_weight = 0;
 
 /* A stack's hash: each word the walk read mixed in turn (a multiply and
  * xor-shift per word, as in MurmurHash3's finalizer), plus markers for what

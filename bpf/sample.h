@@ -169,8 +169,11 @@ struct sample_target {
  * so a sample counts for its period: the counts are sums of weights, in
  * units of SAMPLE_WEIGHT per mean period. With equal weights a short run's
  * sample count, and so its CPU time estimate, would depend on which windows
- * the target happened to run in (about 8 % off in 3 s, simulated). */
-#define SAMPLE_WEIGHT 1024
+ * the target happened to run in (about 8 % off in 3 s, simulated). An
+ * enum, so the number reaches Rust through the skeleton (counts.rs). */
+enum sample_weight {
+	SAMPLE_WEIGHT = 1024,
+};
 /* CPUs whose clock's weight is kept; one beyond counts SAMPLE_WEIGHT. */
 #define MAX_WEIGHTED_CPUS 1024
 /* Distinct stacks (per thread with --threads) one drain of the counts map

@@ -27,3 +27,10 @@ pub mod sample {
 pub mod gil {
     include!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/bpf/gil.skel.rs"));
 }
+
+/// bpf/histogram.bpf.h's bucket functions, run by src/model/latency.rs's tests.
+#[cfg(test)]
+#[allow(clippy::all, dead_code, non_camel_case_types, unused_imports)]
+pub mod histogram_test {
+    include!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/bpf/histogram_test.skel.rs"));
+}

@@ -15,7 +15,7 @@ use crate::bpf::calls::types::{bss, calls_counter, edge_key, edge_stats, func_ke
 use crate::bpf::calls::{CallsSkel, CallsSkelBuilder};
 use crate::model::counters::Kind::{Informational, Lost, Refused};
 use crate::model::functions::{CallEdge, CallsData, EdgeStats, Function, FunctionId, FunctionStats};
-use crate::model::latency::Latency;
+use crate::model::latency::{self, Latency};
 use crate::python::layouts::NO_FIELD;
 use crate::python::generator_close::CloseProbe;
 use crate::python::inlined_init::InitProbe;
@@ -324,7 +324,7 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
 }
 
 /// Whether the kernel's BPF has compare-and-swap (Linux 5.12+), which keeps
-/// each function's maximum latency exact (see close_top in bpf/calls.bpf.c).
+/// each function's maximum latency exact (see close_top in bpf/calls_open_close.bpf.h).
 fn has_compare_and_swap() -> bool {
     crate::kernel::Kernel::get().has(crate::kernel::Feature::AtomicCompareExchange)
 }
@@ -439,7 +439,7 @@ fn function(names: &Names, key: &func_key, stats: &func_stats) -> Function {
 
 /// Closes, at `stopped_ns`, every call still open on a thread's shadow
 /// stack when counting stopped, top first, as close_top in
-/// bpf/calls.bpf.c would have at their return: without it a recursive
+/// bpf/calls_open_close.bpf.h would have at their return: without it a recursive
 /// function open at the end had its inner calls' self time and not its
 /// outer call's total (self above total), and a caller lacked the time of
 /// its open callees.
@@ -490,7 +490,7 @@ fn close_open_calls(
             if switches.is_some_and(|now| now != slot.switches_at_start) {
                 st.off_cpu_calls += 1;
             }
-            let bucket = hist_bucket(elapsed).min(st.hist.len() - 1);
+            let bucket = latency::bucket_of(elapsed).min(st.hist.len() - 1);
             st.hist[bucket] += 1;
             st.max_ns = st.max_ns.max(elapsed);
         }
@@ -504,24 +504,6 @@ fn context_switches(pid: u32, tid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
     let count = |key: &str| status.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.trim().parse::<u64>().ok());
     Some(count("voluntary_ctxt_switches:")? + count("nonvoluntary_ctxt_switches:")?)
-}
-
-/// hist_bucket of bpf/calls.bpf.c (its constants are calls.h's HIST_*).
-fn hist_bucket(ns: u64) -> usize {
-    const SUB_BITS: u32 = 3;
-    const SUB: u64 = 1 << SUB_BITS;
-    const LINEAR: u64 = 2 * SUB;
-    const MIN_EXP: u32 = SUB_BITS + 1;
-    const MAX_EXP: u32 = 43;
-    const BUCKETS: u64 = LINEAR + (MAX_EXP - MIN_EXP + 1) as u64 * SUB;
-    if ns < LINEAR {
-        return ns as usize;
-    }
-    let exp = 63 - ns.leading_zeros();
-    if exp > MAX_EXP {
-        return BUCKETS as usize - 1;
-    }
-    (LINEAR + (exp - MIN_EXP) as u64 * SUB + ((ns >> (exp - SUB_BITS)) & (SUB - 1))) as usize
 }
 
 /// A function's name, file and first line, as its new_function event said.
@@ -631,12 +613,7 @@ mod tests {
     fn latency_buckets_match_the_kernel_array_length() {
         let stats = crate::bpf::calls::types::func_stats::default();
         assert_eq!(stats.hist.len(), crate::model::latency::BUCKETS);
-        // The last bucket the user-space twin of hist_bucket gives is the array's last.
-        assert_eq!(super::hist_bucket(u64::MAX), stats.hist.len() - 1);
-        assert_eq!(super::hist_bucket(15), 15);
-        // 16 = 2^4: the first bucket past the linear ones; 17 shares it (12.5 % wide).
-        assert_eq!(super::hist_bucket(16), 16);
-        assert_eq!(super::hist_bucket(17), 16);
-        assert_eq!(super::hist_bucket(18), 17);
+        // What user space buckets an open call in is the array's last at most.
+        assert_eq!(crate::model::latency::bucket_of(u64::MAX), stats.hist.len() - 1);
     }
 }

@@ -15,6 +15,7 @@ use crate::bpf::gil::types::{bss, gil_blame_key, gil_counter, gil_function, gil_
 use crate::bpf::gil::{GilSkel, GilSkelBuilder};
 use crate::model::counters::Counters;
 use crate::model::counters::Kind::{Lost, Refused};
+use crate::model::latency;
 use crate::process::proc::Memory;
 use crate::python::code::Code;
 use crate::python::gil_sites::GilSites;
@@ -119,8 +120,8 @@ pub struct ThreadGil {
     /// Reported as the distribution's max.
     #[serde(skip)]
     pub max_wait_ns: u64,
-    /// The waits before each acquisition, by lowest value (see
-    /// GIL_SUB_BUCKET_BITS in bpf/gil.h); reported as percentiles.
+    /// The waits before each acquisition, by lowest value (wait_bucket in
+    /// bpf/histogram.bpf.h); reported as percentiles.
     #[serde(skip)]
     pub wait_buckets: Vec<WaitBucket>,
 }
@@ -479,7 +480,7 @@ fn read_wait_buckets(map: &dyn MapCore) -> Result<HashMap<u32, Vec<WaitBucket>>>
         }
         let Some(value) = map.lookup(&key, MapFlags::ANY)? else { continue };
         let Ok(count) = <[u8; 8]>::try_from(&value[..]) else { continue };
-        let (low, width) = bucket_range(k.bucket);
+        let (low, width) = latency::bucket_range(k.bucket as usize);
         by_thread.entry(k.tid).or_default().push((low, width, u64::from_ne_bytes(count)));
     }
     for buckets in by_thread.values_mut() {
@@ -488,45 +489,8 @@ fn read_wait_buckets(map: &dyn MapCore) -> Result<HashMap<u32, Vec<WaitBucket>>>
     Ok(by_thread)
 }
 
-/// A wait bucket's lowest value and width (the inverse of wait_bucket in
-/// bpf/gil.bpf.c).
-pub fn bucket_range(bucket: u32) -> (u64, u64) {
-    const SUB: u32 = 3;
-    if bucket < 1 << SUB {
-        return (bucket as u64, 1);
-    }
-    let top = (bucket >> SUB) + SUB - 1;
-    let shift = (top - SUB).min(63);
-    let sub = (bucket & ((1 << SUB) - 1)) as u64;
-    (((1u64 << SUB) + sub).checked_shl(shift).unwrap_or(u64::MAX), 1u64 << shift)
-}
-
 // SAFETY: plain integer structs generated from bpf/gil.h.
 unsafe impl plain::Plain for gil_thread {}
 unsafe impl plain::Plain for gil_wait_key {}
 unsafe impl plain::Plain for gil_function {}
 unsafe impl plain::Plain for gil_blame_key {}
-
-#[cfg(test)]
-mod tests {
-    use super::bucket_range;
-
-    /// The buckets as bpf/gil.bpf.c computes them, here for the test.
-    fn wait_bucket(ns: u64) -> u32 {
-        if ns < 8 {
-            return ns as u32;
-        }
-        let top = 63 - ns.leading_zeros();
-        ((top - 3 + 1) << 3) + ((ns >> (top - 3)) & 7) as u32
-    }
-
-    #[test]
-    fn every_wait_falls_in_the_bucket_its_range_says() {
-        for ns in (0..5000u64).chain([1 << 20, 123_456_789, u64::MAX / 3, u64::MAX]) {
-            let (low, width) = bucket_range(wait_bucket(ns));
-            assert!(low <= ns && ns - low < width, "{ns}: [{low}, +{width})");
-            assert!(width == 1 || width <= low / 8, "{ns}: width {width} of {low}");
-        }
-        assert!(wait_bucket(u64::MAX) < 512);
-    }
-}

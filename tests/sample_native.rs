@@ -265,7 +265,8 @@ fn numpy_python() -> std::path::PathBuf {
 /// of its thread, which it measures. With one BLAS thread every BLAS sample
 /// is on the main thread: at least 100 of them (999 Hz for 6 s gives about
 /// 4,000), and at least 80 % unwound whole to their right Python caller
-/// (measured 83 %: the misses are dgemm under LAPACK's deeper solve path),
+/// (measured 81.5 and 82.5 %: the misses are dgemm_kernel_HASWELL under
+/// LAPACK's solve path, whose caller no scan finds),
 /// none to a wrong one; matmul_work's share of the three functions'
 /// samples is its share of their CPU time within 10 points. With four,
 /// OpenBLAS's workers run part of the work: their samples carry

@@ -19,7 +19,7 @@
  * holding the stack pointer up (a page that cannot be read ends the copy).
  * 32 KiB holds the C frames of a few dozen nested eval calls. */
 #define NATIVE_PAGE 4096
-#define NATIVE_STACK_PAGES 8
+#define NATIVE_STACK_PAGES 16
 #define NATIVE_STACK_BYTES (NATIVE_STACK_PAGES * NATIVE_PAGE)
 
 /* Samples are counted in the kernel, per stack: a stack is named by a hash

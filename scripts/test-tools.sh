@@ -45,3 +45,15 @@ if [ ! -e "$pip_stamp" ]; then
   "$viewers/venv/bin/pip" install -q --disable-pip-version-check "${pip_packages[@]}" >&2
   touch "$pip_stamp"
 fi
+# numpy, for sample --native's BLAS test (tests/sample_native.rs): its
+# wheel ships OpenBLAS, whose hand-written kernels have no unwind entries.
+# A venv of its own over Debian's 3.11, the Python the native tests use.
+numpy_packages=(numpy==2.3.5)
+numpy_stamp="$viewers/numpy.${numpy_packages[*]}.done"
+if [ ! -e "$numpy_stamp" ]; then
+  echo "installing the tests' numpy: ${numpy_packages[*]}" >&2
+  rm -rf "$viewers/numpy"
+  python3.11 -m venv "$viewers/numpy"
+  "$viewers/numpy/bin/pip" install -q --disable-pip-version-check --only-binary=:all: "${numpy_packages[@]}" >&2
+  touch "$numpy_stamp"
+fi

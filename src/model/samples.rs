@@ -25,6 +25,10 @@ pub enum Frame {
     Truncated,
     /// The thread was running no Python code.
     NoPython,
+    /// --native: a thread other than the main one, running no Python code,
+    /// whose whole native stack shows native code started it (OpenBLAS's
+    /// workers, say): it can have no Python caller.
+    NativeThread,
     /// With --all: the process, as the root frame.
     Process(String),
     /// With --idle --states: what the thread was doing (running, waiting

@@ -7,6 +7,7 @@
 
 pub mod merge;
 mod module;
+mod scan;
 mod symbols;
 mod unwind;
 
@@ -24,8 +25,19 @@ use crate::model::samples::Frame;
 pub struct Counts {
     /// The stack went on past the bytes BPF copied.
     pub stack_cut: u64,
-    /// Unwinding stopped at code without unwind information (or failed).
+    /// Unwinding failed: an unwinding error, an address in no module, or a
+    /// frame above a stack scan's return address that follows no call.
     pub unwind_lost: u64,
+    /// Unwinding stopped at code without unwind information whose caller
+    /// no stack scan found.
+    pub no_unwind_info: u64,
+    /// Callers of code without unwind information found by a stack scan.
+    pub scanned: u64,
+    /// The time stack scans took, the walks that checked them included.
+    pub scan_time: std::time::Duration,
+    /// Samples of threads started by native code (no Python code, the
+    /// native stack whole, not the main thread).
+    pub native_threads: u64,
     /// Eval frames and Python eval calls disagreed: not merged.
     pub unmatched: u64,
     /// No registers or stack for the sample.
@@ -57,8 +69,9 @@ impl Default for NativeStacks {
 impl NativeStacks {
     /// A sample's frames, innermost first: its Python frames merged with
     /// its native stack, or, without one (`user` None), the Python frames
-    /// under a `[native stack unavailable]` marker.
-    pub fn frames(&mut self, pid: u32, python: &PythonStack, user: Option<&UserStack>) -> Vec<Rc<Frame>> {
+    /// under a `[native stack unavailable]` marker; and whether the native
+    /// stack was had whole, to its first frame.
+    pub fn frames(&mut self, pid: u32, python: &PythonStack, user: Option<&UserStack>) -> (Vec<Rc<Frame>>, bool) {
         let Some(user) = user else {
             self.counts.unavailable += 1;
             let mut out: Vec<Rc<Frame>> = python.frames.to_vec();
@@ -66,7 +79,7 @@ impl NativeStacks {
                 out.push(self.markers.truncated.clone());
             }
             out.push(self.unavailable.clone());
-            return out;
+            return (out, false);
         };
         let unwound = self.processes.entry(pid).or_insert_with(|| ProcessUnwinder::new(pid)).unwind(user, &mut self.files);
         let native: Vec<_> = unwound.frames.iter().map(|raw| self.symbols.frame(raw)).collect();
@@ -80,12 +93,18 @@ impl NativeStacks {
                 self.counts.unwind_lost += 1;
                 End::Early
             }
+            Stop::NoUnwindInfo => {
+                self.counts.no_unwind_info += 1;
+                End::Early
+            }
         };
+        self.counts.scanned += u64::from(unwound.scanned);
+        self.counts.scan_time += unwound.scan_time;
         let (frames, outcome) = merge::merge(python, &native, end, &self.markers);
         if outcome == Outcome::Unmatched {
             self.counts.unmatched += 1;
         }
-        frames
+        (frames, end == End::Complete)
     }
 }
 
@@ -121,7 +140,8 @@ mod tests {
         let user = UserStack { ip, sp, bp, start, bytes: &bytes, full: false };
         let mut native = NativeStacks::default();
         let python = PythonStack { frames: &[], entry: &[], truncated: false };
-        let frames = native.frames(std::process::id(), &python, Some(&user));
+        let (frames, whole) = native.frames(std::process::id(), &python, Some(&user));
+        assert!(whole);
         let names: Vec<String> = frames.iter().map(|f| label(f)).collect();
         assert!(names[0].starts_with("pytrace::native::tests::capture"), "{names:?}");
         // (The test function itself is inlined into its caller in release.)
@@ -130,6 +150,6 @@ mod tests {
         // A test runs on a thread of its own: the stack ends in libc's
         // thread start, where unwinding stops on purpose.
         assert!(names.last().unwrap().ends_with("(libc.so.6)"), "{names:?}");
-        assert_eq!((native.counts.unwind_lost, native.counts.stack_cut, native.counts.unmatched), (0, 0, 0), "{names:?}");
+        assert_eq!((native.counts.unwind_lost, native.counts.no_unwind_info, native.counts.stack_cut, native.counts.unmatched), (0, 0, 0, 0), "{names:?}");
     }
 }

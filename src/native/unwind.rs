@@ -12,10 +12,19 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 
 use super::module::{Bytes, ModuleFile};
+use super::scan;
 use crate::process::proc;
 
 /// Frames kept per stack; deeper ones end it early.
 const MAX_NATIVE_FRAMES: usize = 1024;
+
+/// Functions without unwind information one stack may be scanned past
+/// (OpenBLAS: a kernel, sometimes called from an assembly driver).
+const MAX_SCANS: u32 = 3;
+
+/// Stack words that pass scan.rs's checks tried as the return address of
+/// one function, each by unwinding the rest of the stack from it.
+const MAX_SCAN_CANDIDATES: usize = 4;
 
 /// /proc/PID/maps is read again when a stack holds an address in no known
 /// module: at once for a page not seen before (a library just loaded), at
@@ -65,14 +74,21 @@ pub enum Stop {
     Complete,
     /// The stack goes on past the bytes copied.
     StackCut,
-    /// Code without unwind information, or an unwinding error.
+    /// An unwinding error, an address in no module, or a return address
+    /// after a scan that follows no call.
     Lost,
+    /// Code without unwind information whose caller no stack scan found.
+    NoUnwindInfo,
 }
 
 pub struct Unwound {
     /// Innermost first.
     pub frames: Vec<RawFrame>,
     pub stop: Stop,
+    /// Callers found by a stack scan (scan.rs).
+    pub scanned: u32,
+    /// The time those scans took, the walks they checked included.
+    pub scan_time: Duration,
 }
 
 /// One process's modules and framehop's state for it.
@@ -165,47 +181,113 @@ impl ProcessUnwinder {
     }
 
     fn unwind_once(&mut self, stack: &UserStack) -> Unwound {
+        let regs = UnwindRegsX86_64::new(stack.ip, stack.sp, stack.bp);
+        let mut walk = Walk { frames: Vec::new(), scanned: 0, scan_time: Duration::ZERO };
+        let stop = self.walk(stack, FrameAddress::from_instruction_pointer(stack.ip), regs, &mut walk, MAX_SCANS, false);
+        Unwound { frames: walk.frames, stop, scanned: walk.scanned, scan_time: walk.scan_time }
+    }
+
+    /// Unwinds from `address` with `regs`, pushing onto `walk.frames`. With
+    /// `verify` (the frames above a scanned return address), every return
+    /// address must also follow a call instruction, or the walk is Lost.
+    fn walk(&mut self, stack: &UserStack, mut address: FrameAddress, mut regs: UnwindRegsX86_64, walk: &mut Walk, scans_left: u32, verify: bool) -> Stop {
         let end = stack.start + stack.bytes.len() as u64;
-        // Whether the unwinder wanted bytes above the copy.
-        let past_copy = std::cell::Cell::new(false);
-        let mut read_stack = |addr: u64| -> Result<u64, ()> {
-            if addr < stack.start || addr.saturating_add(8) > end {
-                past_copy.set(past_copy.get() || addr.saturating_add(8) > end);
-                return Err(());
-            }
-            let at = (addr - stack.start) as usize;
-            Ok(u64::from_le_bytes(stack.bytes[at..at + 8].try_into().unwrap()))
-        };
-        let mut regs = UnwindRegsX86_64::new(stack.ip, stack.sp, stack.bp);
-        let mut address = FrameAddress::from_instruction_pointer(stack.ip);
-        let mut frames = Vec::new();
-        let stop = loop {
+        loop {
             let lookup = address.address_for_lookup();
             let Some(m) = self.module_at(lookup) else {
-                frames.push(RawFrame { module: None, address: lookup });
-                break Stop::Lost;
+                walk.frames.push(RawFrame { module: None, address: lookup });
+                return Stop::Lost;
             };
             let svma = lookup.wrapping_sub(m.bias);
-            frames.push(RawFrame { module: Some(m.file.clone()), address: svma });
+            let file = m.file.clone();
+            walk.frames.push(RawFrame { module: Some(file.clone()), address: svma });
+            if walk.frames.len() >= MAX_NATIVE_FRAMES {
+                return Stop::Lost;
+            }
             // framehop falls back to frame pointers where no unwind entry
             // covers an address; without frame pointers that yields garbage,
-            // so the walk stops there instead.
-            if m.file.function_start(svma).is_none() || frames.len() >= MAX_NATIVE_FRAMES {
-                break Stop::Lost;
+            // so the caller is looked for by a checked stack scan instead.
+            if file.function_start(svma).is_none() {
+                if scans_left == MAX_SCANS {
+                    let started = Instant::now();
+                    let stop = self.scan(stack, &file, svma, regs, walk, scans_left);
+                    walk.scan_time += started.elapsed();
+                    return stop;
+                }
+                return self.scan(stack, &file, svma, regs, walk, scans_left);
             }
+            // Whether the unwinder wanted bytes above the copy.
+            let past_copy = std::cell::Cell::new(false);
+            let mut read_stack = |addr: u64| -> Result<u64, ()> {
+                if addr < stack.start || addr.saturating_add(8) > end {
+                    past_copy.set(past_copy.get() || addr.saturating_add(8) > end);
+                    return Err(());
+                }
+                let at = (addr - stack.start) as usize;
+                Ok(u64::from_le_bytes(stack.bytes[at..at + 8].try_into().unwrap()))
+            };
             match self.unwinder.unwind_frame(address, &mut regs, &mut self.cache, &mut read_stack) {
                 Ok(Some(ra)) if !past_copy.get() => match FrameAddress::from_return_address(ra) {
+                    Some(_) if verify && !self.follows_call(ra) => return Stop::Lost,
                     Some(next) => address = next,
-                    None => break Stop::Complete,
+                    None => return Stop::Complete,
                 },
-                Ok(None) => break Stop::Complete,
+                Ok(None) => return Stop::Complete,
                 Ok(Some(_)) | Err(_) => {
-                    break if past_copy.get() && stack.full { Stop::StackCut } else { Stop::Lost };
+                    return if past_copy.get() && stack.full { Stop::StackCut } else { Stop::Lost };
                 }
             }
-        };
-        Unwound { frames, stop }
+        }
     }
+
+    /// The caller of the function without unwind information at `left_svma`
+    /// (in `left`), whose frame starts at `regs`' stack pointer: the first
+    /// stack word that passes scan.rs's checks and from which the rest of
+    /// the stack unwinds, every return address checked, to its end (or to
+    /// the end of the copy). None found: NoUnwindInfo, and no frame added.
+    fn scan(&mut self, stack: &UserStack, left: &Rc<ModuleFile>, left_svma: u64, regs: UnwindRegsX86_64, walk: &mut Walk, scans_left: u32) -> Stop {
+        if scans_left == 0 || regs.sp() < stack.start {
+            return Stop::NoUnwindInfo;
+        }
+        let depth = walk.frames.len();
+        let first = (regs.sp() - stack.start) as usize;
+        let words = stack.bytes.get(first..).unwrap_or_default().chunks_exact(8).take(scan::MAX_SCAN_WORDS);
+        let mut tried = 0;
+        for (i, word) in words.enumerate() {
+            let ra = u64::from_le_bytes(word.try_into().unwrap());
+            let Some(m) = self.module_at(ra) else { continue };
+            let caller = m.file.clone();
+            let Some(call) = scan::call_before(&caller, ra.wrapping_sub(m.bias)) else { continue };
+            if !scan::could_call(&call, Rc::ptr_eq(&caller, left), left, left_svma) {
+                continue;
+            }
+            let Some(next) = FrameAddress::from_return_address(ra) else { continue };
+            let sp = regs.sp() + 8 * (i as u64 + 1);
+            let stop = self.walk(stack, next, UnwindRegsX86_64::new(ra, sp, regs.bp()), walk, scans_left - 1, true);
+            if matches!(stop, Stop::Complete | Stop::StackCut) {
+                walk.scanned += 1;
+                return stop;
+            }
+            walk.frames.truncate(depth);
+            tried += 1;
+            if tried == MAX_SCAN_CANDIDATES {
+                break;
+            }
+        }
+        Stop::NoUnwindInfo
+    }
+
+    /// Whether the return address `ra` follows a call instruction.
+    fn follows_call(&self, ra: u64) -> bool {
+        self.module_at(ra).is_some_and(|m| scan::call_before(&m.file, ra.wrapping_sub(m.bias)).is_some())
+    }
+}
+
+/// A walk's frames so far and what its scans cost.
+struct Walk {
+    frames: Vec<RawFrame>,
+    scanned: u32,
+    scan_time: Duration,
 }
 
 fn section_info(file: &ModuleFile) -> ExplicitModuleSectionInfo<Bytes> {

@@ -477,7 +477,11 @@ impl<'obj, 'a> Session<'obj, 'a> {
             let c = native.counts;
             counters.push("native_unavailable", Informational, "samples without native frames", c.unavailable);
             counters.push("native_stack_cut", Informational, "native stacks deeper than the copy", c.stack_cut);
-            counters.push("native_unwind_lost", Informational, "native stacks ended at code without unwind information", c.unwind_lost);
+            counters.push("native_unwind_lost", Informational, "native stacks whose unwinding failed", c.unwind_lost);
+            counters.push("native_no_unwind_info", Informational, "native stacks ended at code without unwind information, no caller found by a stack scan", c.no_unwind_info);
+            counters.push("native_threads", Informational, "samples of threads started by native code, with no Python caller (shown as `[thread started by native code]`)", c.native_threads);
+            counters.push("native_scanned", Informational, "callers of code without unwind information found by a checked stack scan", c.scanned);
+            counters.push("native_scan_us", Informational, "microseconds spent on stack scans, the unwinds that checked them included", c.scan_time.as_micros() as u64);
             counters.push("native_unmatched", Informational, "native and Python frames not paired", c.unmatched);
         }
         Ok(SampleData { samples: stacks.into_samples(), counters, bpf_ns_per_sample, thread_states: Vec::new() })

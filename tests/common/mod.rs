@@ -413,7 +413,7 @@ pub fn assert_sample_split(label: &str, report: &serde_json::Value, cpu_split: &
 }
 
 /// `sample --native`'s rate for the tests of fixtures/native_split.py.
-/// Each --native sample is a 32 KiB record that pytrace's user space
+/// Each --native sample is a 64 KiB record that pytrace's user space
 /// unwinds; under emulation (PYTRACE_TEST_SLOWDOWN above 1) that is so much
 /// slower that at 999 Hz most records found the ring buffer full (on 5.10,
 /// 4,361 of about 6,240). The emulated machine runs Python and pytrace

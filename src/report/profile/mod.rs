@@ -135,6 +135,7 @@ pub fn label(frame: &Frame) -> String {
         Frame::Unsettled => "[stack not read: it changed under every read]".into(),
         Frame::Truncated => "[truncated]".into(),
         Frame::NoPython => "[no Python code]".into(),
+        Frame::NativeThread => "[thread started by native code]".into(),
         Frame::Process(name) => name.clone(),
         Frame::ThreadState(state) | Frame::AsyncTask(state) => format!("[{state}]"),
         Frame::Probes => "[pytrace probes]".into(),

@@ -182,6 +182,7 @@ pub struct Stacks {
 struct Markers {
     truncated: Rc<Frame>,
     no_python: Rc<Frame>,
+    native_thread: Rc<Frame>,
     unreadable: Rc<Frame>,
 }
 
@@ -199,7 +200,7 @@ impl Stacks {
             pending: Vec::new(),
             unnamed: Vec::new(),
             drain: 0,
-            markers: Markers { truncated: Rc::new(Frame::Truncated), no_python: Rc::new(Frame::NoPython), unreadable: Rc::new(Frame::Unreadable) },
+            markers: Markers { truncated: Rc::new(Frame::Truncated), no_python: Rc::new(Frame::NoPython), native_thread: Rc::new(Frame::NativeThread), unreadable: Rc::new(Frame::Unreadable) },
             counts: StackCounts::default(),
         }
     }
@@ -341,8 +342,14 @@ impl Stacks {
         let python = PythonStack { frames: &raw.named, entry: &entry, truncated: raw.truncated };
         let Some(native) = self.native.as_mut() else { return };
         let mut frames: Vec<Rc<Frame>> = raw.kernel.clone();
-        frames.extend(native.frames(r.pid, &python, user.as_ref()));
-        if raw.no_python {
+        let (native_frames, whole) = native.frames(r.pid, &python, user.as_ref());
+        frames.extend(native_frames);
+        if raw.no_python && whole && r.tid != r.pid {
+            // A thread native code started (its stack ends in the thread
+            // start, with no Python code on it): it has no Python caller.
+            native.counts.native_threads += 1;
+            frames.push(self.markers.native_thread.clone());
+        } else if raw.no_python {
             // Whatever native code the thread runs, under one root.
             frames.push(self.markers.no_python.clone());
         }

@@ -47,7 +47,7 @@ if [ ! -e "$pip_stamp" ]; then
 fi
 # numpy, for sample --native's BLAS test (tests/sample_native.rs): its
 # wheel ships OpenBLAS, whose hand-written kernels have no unwind entries.
-# A venv of its own over Debian's 3.11, the Python the native tests use.
+# A venv of its own over the machine's python3.11, as the viewers' venv.
 numpy_packages=(numpy==2.3.5)
 numpy_stamp="$viewers/numpy.${numpy_packages[*]}.done"
 if [ ! -e "$numpy_stamp" ]; then

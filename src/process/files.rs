@@ -38,10 +38,11 @@ use super::proc::Mapping;
 pub const MAX_FILE_BYTES: u64 = 4 << 30;
 
 /// The most pytrace reads of one file. What it reads of an interpreter or
-/// library (its loaded segments, symbol tables and notes) measured 3 to
-/// 13 MiB (python3.11 to pyenv's libpython3.13 with its symbol table): four
-/// times the largest leaves room for bigger builds, and a file declaring
-/// more is refused with that said, never read.
+/// library (its loaded segments, symbol tables and notes) adds up to 3.2
+/// to 7.4 MiB (pyenv's libpython3.6 to 3.12, whose files are 9 to 29 MiB
+/// with their debug data; Debian's python3.11: 6.5 MiB): 64 MiB leaves
+/// room for builds 8 times bigger, and a file declaring more is refused
+/// with that said, never read.
 pub const MAX_READ_BYTES: u64 = 64 << 20;
 
 /// A file's identity: the same (device, inode) is the same file.

@@ -18,8 +18,16 @@ use std::time::{Duration, Instant};
 use common::*;
 
 fn fixture_target(python: &Path, args: &[&str]) -> Proc {
-    let child = Command::new(python).arg(fixture("safety.py")).args(args).stdout(Stdio::piped()).spawn().expect("start the fixture");
-    Proc(child)
+    // A copy of a Python written by a test can be held open for writing for
+    // a moment by another test's fork (its child has not exec'd yet): exec
+    // then fails with ETXTBSY, so try again briefly.
+    for _ in 0..50 {
+        match Command::new(python).arg(fixture("safety.py")).args(args).stdout(Stdio::piped()).spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => std::thread::sleep(Duration::from_millis(20)),
+            child => return Proc(child.expect("start the fixture")),
+        }
+    }
+    panic!("{} stayed busy (ETXTBSY) for a second", python.display());
 }
 
 fn read_line(target: &mut Proc) -> String {

@@ -53,7 +53,7 @@ const COLD_PART_JUMPS: usize = 8;
 impl ModuleFile {
     /// A file opened through the target (src/process/files.rs).
     pub fn read(file: CheckedFile, name: String) -> Result<Self> {
-        let bytes = file.read_image()?;
+        let bytes = crate::process::elf_image::read_declared(&file)?;
         let mut module = Self::parse(&bytes, name, Some(file.fd_path()), false)?;
         module._file = Some(file);
         Ok(module)

@@ -18,6 +18,7 @@ struct Segment {
     vaddr: u64,
     offset: u64,
     filesz: u64,
+    executable: bool,
 }
 
 /// A USDT probe from .note.stapsdt.
@@ -81,7 +82,7 @@ impl ElfFile {
 
     /// Reads and parses a checked file (src/process/files.rs), keeping it open.
     pub fn read(file: CheckedFile) -> Result<Self> {
-        let bytes = file.read_image()?;
+        let bytes = super::elf_image::read_declared(&file)?;
         let name = file.name.clone();
         let (symbols, segments, is_shared_object, needed, rpaths, runpaths, usdt_probes, relative_relocs, sections, plt_slots, exported) = {
             let elf = Elf::parse(&bytes).with_context(|| format!("{name} is not an ELF file"))?;
@@ -97,7 +98,7 @@ impl ElfFile {
                 .program_headers
                 .iter()
                 .filter(|ph| ph.p_type == PT_LOAD)
-                .map(|ph| Segment { vaddr: ph.p_vaddr, offset: ph.p_offset, filesz: ph.p_filesz })
+                .map(|ph| Segment { vaddr: ph.p_vaddr, offset: ph.p_offset, filesz: ph.p_filesz, executable: ph.is_executable() })
                 .collect();
             let needed = elf.libraries.iter().map(|s| s.to_string()).collect();
             let split = |paths: &[&str]| paths.iter().flat_map(|s| s.split(':')).map(str::to_string).collect::<Vec<_>>();
@@ -210,9 +211,11 @@ impl ElfFile {
         Ok(first_page.wrapping_sub(first.vaddr & !0xfff))
     }
 
-    /// The whole file's bytes.
-    pub fn bytes(&self) -> &[u8] {
-        &self.bytes
+    /// The bytes of each loadable segment that holds no code: read-only
+    /// data (strings such as PY_VERSION) and data, as declared, never the
+    /// rest of the file (which pytrace does not read, see elf_image.rs).
+    pub fn data_segments(&self) -> impl Iterator<Item = &[u8]> {
+        self.segments.iter().filter(|s| !s.executable).filter_map(|s| self.bytes.get(s.offset as usize..s.offset.checked_add(s.filesz)? as usize))
     }
 
     /// The loadable segment holding `vaddr`, as link-time addresses.

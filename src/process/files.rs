@@ -13,8 +13,9 @@
 //! - everything is first opened with O_PATH, which opens nothing (no FIFO
 //!   blocks, no device wakes up), and read only if fstat says it is a
 //!   regular file, and only up to MAX_FILE_BYTES;
-//! - an ELF file is read only where it holds data (read_image), so a
-//!   sparse hole, however large, costs no memory.
+//! - an ELF file is read only in the ranges it declares and pytrace uses,
+//!   and there only where it holds data (read_ranges), so appended data,
+//!   debug sections or a sparse hole, however large, cost no memory.
 //!
 //! libbpf gets `/proc/self/fd/N` of the checked file to attach uprobes to,
 //! which the kernel follows to that same inode.
@@ -31,10 +32,18 @@ use anyhow::{bail, Context, Result};
 
 use super::proc::Mapping;
 
-/// The largest file pytrace reads whole. Interpreters and the libraries
-/// sample --native reads are tens of MiB (pyenv's libpython3.13 with its
-/// symbol table: 30 MiB); a bigger "ELF file" is refused, not read.
-pub const MAX_FILE_BYTES: u64 = 512 << 20;
+/// The largest file pytrace opens. Only what an ELF file declares and
+/// pytrace uses is read of it (see MAX_READ_BYTES); the rest costs address
+/// space only, in anonymous memory never touched (CheckedFile::read_ranges).
+pub const MAX_FILE_BYTES: u64 = 4 << 30;
+
+/// The most pytrace reads of one file. What it reads of an interpreter or
+/// library (its loaded segments, symbol tables and notes) adds up to 3.2
+/// to 7.4 MiB (pyenv's libpython3.6 to 3.12, whose files are 9 to 29 MiB
+/// with their debug data; Debian's python3.11: 6.5 MiB): 64 MiB leaves
+/// room for builds 8 times bigger, and a file declaring more is refused
+/// with that said, never read.
+pub const MAX_READ_BYTES: u64 = 64 << 20;
 
 /// A file's identity: the same (device, inode) is the same file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -107,39 +116,76 @@ impl CheckedFile {
         Ok(bytes)
     }
 
-    /// The file's bytes at their own offsets, read only where the file
-    /// holds data (SEEK_DATA/SEEK_HOLE): in anonymous memory, whose pages
-    /// cost nothing until written, so a sparse hole (a hostile target's
-    /// 500 MiB of "binary" that is 6 MB on disk) costs nothing either.
-    /// Bytes past a file that shrank meanwhile read as zeros.
-    pub fn read_image(&self) -> Result<FileImage> {
-        let len = self.size.min(self.max) as usize;
+    /// Bytes `len` at `offset`, read now (an ELF file's header and header
+    /// tables, before anything says which ranges to read); Err if the file
+    /// ends before them.
+    pub fn read_at(&self, offset: u64, len: usize, what: &str) -> Result<Vec<u8>> {
+        let mut bytes = vec![0; len];
+        std::os::unix::fs::FileExt::read_exact_at(&self.file, &mut bytes, offset)
+            .with_context(|| format!("{}'s {what} ({len} bytes at offset {offset}) runs past its end ({} bytes)", self.name, self.size))?;
+        Ok(bytes)
+    }
+
+    /// The file's bytes at their own offsets, read only within `ranges`
+    /// (what an ELF file declares and pytrace uses, see elf_image.rs) and
+    /// there only where the file holds data (SEEK_DATA/SEEK_HOLE): in
+    /// anonymous memory, whose pages cost nothing until written, so the
+    /// rest (debug sections, data appended to a binary, a sparse hole)
+    /// costs nothing either. Each range must lie inside the file, and all
+    /// together hold at most MAX_READ_BYTES. Bytes past a file that shrank
+    /// meanwhile read as zeros.
+    pub fn read_ranges(&self, ranges: &[(String, std::ops::Range<u64>)]) -> Result<FileImage> {
+        for (what, r) in ranges {
+            if r.start > r.end || r.end > self.size {
+                bail!("{}'s {what} (bytes {}..{}) runs past its end ({} bytes)", self.name, r.start, r.end, self.size);
+            }
+        }
+        // Ranges overlap (a section inside its segment): count each byte once.
+        let mut merged: Vec<std::ops::Range<u64>> = ranges.iter().map(|(_, r)| r.clone()).filter(|r| !r.is_empty()).collect();
+        merged.sort_by_key(|r| r.start);
+        let mut union: Vec<std::ops::Range<u64>> = Vec::new();
+        for r in merged {
+            match union.last_mut() {
+                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                _ => union.push(r),
+            }
+        }
+        let distinct: u64 = union.iter().map(|r| r.end - r.start).sum();
+        if distinct > MAX_READ_BYTES {
+            bail!("{} declares {} MiB of sections pytrace reads, more than the {} MiB it reads of one file", self.name, distinct >> 20, MAX_READ_BYTES >> 20);
+        }
+        let len = self.size as usize;
         let mut map = memmap2::MmapOptions::new().len(len.max(1)).no_reserve_swap().map_anon().with_context(|| format!("failed to make room for {}", self.name))?;
         let fd = self.file.as_raw_fd();
-        let mut at = 0u64;
-        while at < len as u64 {
-            // SAFETY: lseek(2) on an fd we own.
-            let data = unsafe { libc::lseek(fd, at as libc::off_t, libc::SEEK_DATA) };
-            if data < 0 {
-                let e = std::io::Error::last_os_error();
-                // ENXIO: no data past `at`, the rest is a hole (or the file shrank).
-                if e.raw_os_error() == Some(libc::ENXIO) {
+        for range in union {
+            let mut at = range.start;
+            while at < range.end {
+                // SAFETY: lseek(2) on an fd we own.
+                let data = unsafe { libc::lseek(fd, at as libc::off_t, libc::SEEK_DATA) };
+                if data < 0 {
+                    let e = std::io::Error::last_os_error();
+                    // ENXIO: no data past `at`, the rest is a hole (or the file shrank).
+                    if e.raw_os_error() == Some(libc::ENXIO) {
+                        break;
+                    }
+                    return Err(e).with_context(|| format!("failed to read {}", self.name));
+                }
+                if data as u64 >= range.end {
                     break;
                 }
-                return Err(e).with_context(|| format!("failed to read {}", self.name));
-            }
-            // SAFETY: as above.
-            let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
-            let end = if hole < 0 { len as u64 } else { (hole as u64).min(len as u64) };
-            let mut pos = data as u64;
-            while pos < end {
-                let n = std::os::unix::fs::FileExt::read_at(&self.file, &mut map[pos as usize..end as usize], pos).with_context(|| format!("failed to read {}", self.name))?;
-                if n == 0 {
-                    break;
+                // SAFETY: as above.
+                let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+                let end = if hole < 0 { range.end } else { (hole as u64).min(range.end) };
+                let mut pos = data as u64;
+                while pos < end {
+                    let n = std::os::unix::fs::FileExt::read_at(&self.file, &mut map[pos as usize..end as usize], pos).with_context(|| format!("failed to read {}", self.name))?;
+                    if n == 0 {
+                        break;
+                    }
+                    pos += n as u64;
                 }
-                pos += n as u64;
+                at = end.max(data as u64 + 1);
             }
-            at = end.max(data as u64 + 1);
         }
         Ok(FileImage { map, len })
     }
@@ -151,7 +197,8 @@ impl CheckedFile {
     }
 }
 
-/// A file's bytes (see CheckedFile::read_image).
+/// A file's bytes where they were read, zeros elsewhere (see
+/// CheckedFile::read_ranges).
 pub struct FileImage {
     map: memmap2::MmapMut,
     len: usize,
@@ -330,7 +377,10 @@ mod tests {
         let bytes = exe.read_all().unwrap();
         assert_eq!(bytes.len() as u64, exe.size);
         assert_eq!(&bytes[..4], b"\x7fELF");
-        assert_eq!(&exe.read_image().unwrap()[..], &bytes[..], "the image holds the same bytes");
+        let image = exe.read_ranges(&[("test".into(), 0..exe.size)]).unwrap();
+        assert_eq!(&image[..], &bytes[..], "the image holds the same bytes");
+        let past = exe.read_ranges(&[("section .x".into(), 16..exe.size + 1)]).err().unwrap();
+        assert!(format!("{past:#}").contains("section .x (bytes 16.."), "{past:#}");
         let local = std::fs::metadata(std::env::current_exe().unwrap()).unwrap();
         assert_eq!(exe.id, FileId { dev: local.dev(), ino: local.ino() });
         // The fd path reaches the same inode.
@@ -353,7 +403,10 @@ mod tests {
         drop(f);
         let rss = || std::fs::read_to_string("/proc/self/statm").unwrap().split(' ').nth(1).unwrap().parse::<u64>().unwrap() * 4096;
         let before = rss();
-        let image = open_local(&path).unwrap().read_image().unwrap();
+        let file = open_local(&path).unwrap();
+        // 60 MiB of the hole asked for, under the MAX_READ_BYTES cap.
+        let ranges = [("head".into(), 0..4), ("hole".into(), 100 << 20..160 << 20), ("tail".into(), file.size - 4..file.size)];
+        let image = file.read_ranges(&ranges).unwrap();
         assert_eq!((&image[..4], &image[image.len() - 4..], image[100 << 20]), (&b"head"[..], &b"tail"[..], 0));
         let grew = rss().saturating_sub(before);
         assert!(grew < 16 << 20, "a 256 MiB file with 8 bytes of data cost {} MiB", grew >> 20);

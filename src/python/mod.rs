@@ -377,26 +377,28 @@ fn detect_version(elf: &ElfFile, target_path: &str) -> Result<Version> {
 /// "Python-3.10.13"). Every string ending in "X.Y.<digits>" (not after a
 /// digit or a dot) must agree on the patch level.
 fn find_version_string(elf: &ElfFile, major: u32, minor: u32) -> Option<u32> {
-    let bytes = elf.bytes();
     let needle = format!("{major}.{minor}.");
     let mut found = None;
-    let mut at = 0;
-    while let Some(i) = find(&bytes[at..], needle.as_bytes()) {
-        let begin = at + i;
-        let start = begin + needle.len();
-        at = start;
-        if begin > 0 && (bytes[begin - 1].is_ascii_digit() || bytes[begin - 1] == b'.') {
-            continue;
-        }
-        let digits: Vec<u8> = bytes[start..].iter().take(4).take_while(|b| b.is_ascii_digit()).copied().collect();
-        if digits.is_empty() || digits.len() > 3 || bytes.get(start + digits.len()) != Some(&0) {
-            continue;
-        }
-        let micro: u32 = std::str::from_utf8(&digits).ok()?.parse().ok()?;
-        match found {
-            None => found = Some(micro),
-            Some(other) if other == micro => {}
-            Some(_) => return None,
+    // Only the data the file declares it loads: the string is in .rodata.
+    for bytes in elf.data_segments() {
+        let mut at = 0;
+        while let Some(i) = find(&bytes[at..], needle.as_bytes()) {
+            let begin = at + i;
+            let start = begin + needle.len();
+            at = start;
+            if begin > 0 && (bytes[begin - 1].is_ascii_digit() || bytes[begin - 1] == b'.') {
+                continue;
+            }
+            let digits: Vec<u8> = bytes[start..].iter().take(4).take_while(|b| b.is_ascii_digit()).copied().collect();
+            if digits.is_empty() || digits.len() > 3 || bytes.get(start + digits.len()) != Some(&0) {
+                continue;
+            }
+            let micro: u32 = std::str::from_utf8(&digits).ok()?.parse().ok()?;
+            match found {
+                None => found = Some(micro),
+                Some(other) if other == micro => {}
+                Some(_) => return None,
+            }
         }
     }
     found

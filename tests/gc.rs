@@ -31,7 +31,7 @@ fn collections_and_collected_equal_gc_callbacks_when_attached_by_pid() {
         signal(tracer.child.pid(), libc::SIGINT);
         let (code, table, stderr) = tracer.finish();
         assert_eq!(code, 0, "{label}: {stderr}");
-        let report = read_json(&json);
+        let report = read_report(&json);
         let truth: serde_json::Value = read_json(&truth);
         let (got, want) = (generations(&report["generations"]), generations(&truth));
         assert_eq!(got, want, "{label}: (generation, collections, collected)");
@@ -61,7 +61,7 @@ fn events_stream_one_line_per_collection_when_pytrace_starts_the_command() {
             python.to_str().unwrap(), &fixture("gc_cycles.py"), "--rounds", "30000", "--truth", truth.to_str().unwrap(),
         ]);
         assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
-        let report = read_json(&json);
+        let report = read_report(&json);
         let got = generations(&report["generations"]);
         for (generation, collections, _) in generations(&read_json(&truth)) {
             let seen = got.iter().find(|g| g.0 == generation).map(|g| g.1).unwrap_or(0);
@@ -93,7 +93,7 @@ fn watchpoint_mode_is_exact_on_every_version() {
         signal(tracer.child.pid(), libc::SIGINT);
         let (code, _, stderr) = tracer.finish();
         assert_eq!(code, 0, "{label}: {stderr}");
-        let report = read_json(&json);
+        let report = read_report(&json);
         let want = generations(&read_json(&truth));
         assert_eq!(want.len(), 3, "{label}: the fixture collects all three generations");
         assert_eq!(generations(&report["generations"]), want, "{label}: (generation, collections, collected)");

@@ -163,7 +163,7 @@ impl DumpReport {
     }
 
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("the report serializes") + "\n"
+        super::to_json_text(self)
     }
 
     pub fn to_table(&self) -> String {

@@ -117,7 +117,7 @@ pub fn event_line(since_attach_ns: u64, c: &Collection) -> String {
 
 impl GcReport {
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("the report serializes") + "\n"
+        super::to_json_text(self)
     }
 
     pub fn to_table(&self) -> String {

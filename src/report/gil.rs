@@ -140,7 +140,7 @@ impl ThreadRow {
 
 impl GilReport {
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("a GIL report serializes") + "\n"
+        super::to_json_text(self)
     }
 
     pub fn to_table(&self) -> String {

@@ -80,7 +80,7 @@ pub fn build_tree(events: &[ImportEvent]) -> (Vec<ImportNode>, u64) {
 
 impl ImportsReport {
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("the report serializes") + "\n"
+        super::to_json_text(self)
     }
 
     pub fn to_table(&self, top: Option<usize>) -> String {

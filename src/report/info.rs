@@ -156,7 +156,7 @@ impl Findings {
     }
 
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("findings serialize") + "\n"
+        super::to_json_text(self)
     }
 
     /// One `label: value` line per finding, the kernel's last.
@@ -202,6 +202,6 @@ pub struct KernelOnly {
 
 impl KernelOnly {
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("findings serialize") + "\n"
+        super::to_json_text(self)
     }
 }

@@ -22,6 +22,24 @@ pub use output::Output;
 
 use crate::model::counters::{Counters, Kind};
 
+/// The version of the JSON reports' layout, written first in every
+/// report as `schema_version`. Bumped when a field is removed, renamed or
+/// changes type or meaning; adding a field keeps it (docs/json.md).
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A report as the JSON text pytrace writes: pretty-printed, with
+/// `schema_version` before the report's own fields, and a final newline.
+/// Every report goes through here so that none can leave the version out.
+pub fn to_json_text<T: serde::Serialize>(report: &T) -> String {
+    #[derive(serde::Serialize)]
+    struct Versioned<'a, T> {
+        schema_version: u32,
+        #[serde(flatten)]
+        report: &'a T,
+    }
+    serde_json::to_string_pretty(&Versioned { schema_version: SCHEMA_VERSION, report }).expect("a report serializes") + "\n"
+}
+
 /// Which subcommand wrote a JSON report: its `kind` field, so that a
 /// report given to `compare` is told by what it says it is.
 #[derive(serde::Serialize, serde::Deserialize, Clone, Copy, PartialEq, Eq, Debug)]
@@ -133,6 +151,20 @@ pub fn thousands(n: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_report_begins_with_the_schema_version_and_keeps_its_fields() {
+        #[derive(serde::Serialize)]
+        struct Report {
+            kind: super::ReportKind,
+            pid: u32,
+        }
+        let text = super::to_json_text(&Report { kind: super::ReportKind::Gc, pid: 7 });
+        assert_eq!(text, "{\n  \"schema_version\": 1,\n  \"kind\": \"gc\",\n  \"pid\": 7\n}\n");
+        // A report built as a JSON value (sample's) gets it too.
+        let text = super::to_json_text(&serde_json::json!({"pid": 7}));
+        assert_eq!(text, "{\n  \"schema_version\": 1,\n  \"pid\": 7\n}\n");
+    }
+
     #[test]
     fn counts_take_their_plural() {
         assert_eq!(super::counted(1, "function"), "1 function");

@@ -258,6 +258,14 @@ pub fn read_json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("report written")).expect("report is JSON")
 }
 
+/// A pytrace report (not a fixture's ground truth), checked for the
+/// `schema_version` docs/json.md promises.
+pub fn read_report(path: &Path) -> serde_json::Value {
+    let v = read_json(path);
+    assert_eq!(v["schema_version"], 1, "{} lacks schema_version 1 (docs/json.md)", path.display());
+    v
+}
+
 /// What `pytrace info -p` says interp->eval_frame holds now.
 pub fn eval_frame_now(pid: u32) -> String {
     let out = pytrace(&["info", "-p", &pid.to_string(), "--json", "-"]);

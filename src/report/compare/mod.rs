@@ -307,7 +307,7 @@ impl Comparison {
     }
 
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("the comparison serializes") + "\n"
+        crate::report::to_json_text(self)
     }
 }
 

@@ -12,7 +12,7 @@ impl Profile {
             *m.entry(t.as_str()).or_default() += n;
             m
         });
-        serde_json::to_string_pretty(&json!({
+        crate::report::to_json_text(&json!({
             "kind": crate::report::ReportKind::Sample,
             "pid": self.pid,
             "python": self.python,
@@ -26,7 +26,5 @@ impl Profile {
             "functions": self.functions(),
             "threads": threads.into_iter().filter(|(t, _)| !t.is_empty()).map(|(t, n)| json!({"thread": t, "samples": n})).collect::<Vec<_>>(),
         }))
-        .expect("the report serializes")
-            + "\n"
     }
 }

@@ -184,6 +184,9 @@ impl CallsReport {
         for row in self.functions.iter().take(shown) {
             let (f, stats) = (&row.function, &row.function.stats);
             let mark = if stats.off_cpu_calls > 0 { OFF_CPU_MARK } else { ' ' };
+            // The p99 can hold a switched-out call only when over 1% of the
+            // calls were (a leaf with 1,144 of 1.6 M kept a 1.7 us p99).
+            let p99_mark = if stats.off_cpu_calls * 100 > stats.timed_calls { OFF_CPU_MARK } else { ' ' };
             if stats.off_cpu_calls > 0 {
                 marked_functions += 1;
                 off_cpu += stats.off_cpu_calls;
@@ -197,7 +200,7 @@ impl CallsReport {
                 human_ns(row.p50_ns),
                 human_ns(row.p90_ns),
                 human_ns(row.p99_ns),
-                mark,
+                p99_mark,
                 human_ns(stats.max_ns),
                 mark,
                 f.name,
@@ -224,7 +227,7 @@ pub const OFF_CPU_MARK: char = '*';
 /// calls carry it: the marked times are wall time, not time run.
 fn off_cpu_footnote(off_cpu: u64, timed: u64, functions: u64) -> String {
     format!(
-        "{OFF_CPU_MARK} includes time off the CPU: {} of {} timed calls of {} {} were switched out (preempted or blocked), so their p99 and max are wall time, not time run\n",
+        "{OFF_CPU_MARK} includes time off the CPU: {} of {} timed calls of {} {} were switched out (preempted or blocked), so their max (and p99 where marked) is wall time, not time run\n",
         thousands(off_cpu),
         thousands(timed),
         thousands(functions),

@@ -370,7 +370,7 @@ impl Cli {
             Err(e) => {
                 let rendered = e.render().to_string();
                 let sentence = rendered.lines().next().unwrap_or_default().trim_start_matches("error: ");
-                crate::report::console::err(&format!("pytrace: {sentence}\n"));
+                crate::console::err(&format!("pytrace: {sentence}\n"));
                 std::process::exit(2);
             }
         }

@@ -13,6 +13,6 @@ pub fn run(pid: u32) -> Result<i32> {
     if !python.inlines_calls() {
         bail!("Python {} in process {pid} has no eval-frame hook that pytrace sets (only 3.11 and later): nothing to restore", python.version);
     }
-    crate::report::console::out(&format!("pytrace restore: {}\n", eval_hook::restore_by_hand(pid, &python)?))?;
+    crate::console::out(&format!("pytrace restore: {}\n", eval_hook::restore_by_hand(pid, &python)?))?;
     Ok(0)
 }

@@ -30,7 +30,7 @@ pub fn run(spec: TargetSpec, duration: Option<Duration>) -> Result<i32> {
     };
     let (run, counted) = target.trace(&python, &CallsOptions { duration, ..Default::default() }, round);
     for note in run.hook.notes.iter().chain(&run.hook.incomplete) {
-        crate::report::console::err(&format!("pytrace: {note}\n"));
+        crate::console::err(&format!("pytrace: {note}\n"));
     }
     counted?;
     Ok(run.exit_code())

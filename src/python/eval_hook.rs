@@ -346,7 +346,7 @@ impl EvalHook {
                     libc::poll(&mut pfd, 1, 10_000);
                 }
                 if let Err(e) = self.restore_in(self.pid) {
-                    crate::report::console::err(&format!("pytrace guardian: could not restore interp->eval_frame in process {}: {e:#}\n", self.pid));
+                    crate::console::err(&format!("pytrace guardian: could not restore interp->eval_frame in process {}: {e:#}\n", self.pid));
                     code = 1;
                 }
                 // Children forked since pytrace's last poll, daemons
@@ -381,7 +381,7 @@ impl EvalHook {
         }
         for pid in all {
             if let Err(e) = self.restore_in(pid) {
-                crate::report::console::err(&format!("pytrace: could not restore interp->eval_frame in process {pid}, a child of {}: {e:#}\n", self.pid));
+                crate::console::err(&format!("pytrace: could not restore interp->eval_frame in process {pid}, a child of {}: {e:#}\n", self.pid));
             }
         }
     }
@@ -494,7 +494,7 @@ impl Guardian {
                     break;
                 }
                 if Instant::now() >= deadline {
-                    crate::report::console::err(&format!(
+                    crate::console::err(&format!(
                         "pytrace: warning: the guardian (PID {}) did not exit within {} s of being told the hook was restored (stopped?); it was killed\n",
                         self.pid,
                         GUARDIAN_EXIT_WAIT.as_secs()

@@ -137,7 +137,7 @@ impl HookedRelease {
         self.put_back.set(true);
         if target.is_running() {
             if let Err(e) = hook.restore() {
-                crate::report::console::err(&format!("pytrace: warning: could not restore interp->eval_frame in PID {}: {e:#}\n", target.pid));
+                crate::console::err(&format!("pytrace: warning: could not restore interp->eval_frame in PID {}: {e:#}\n", target.pid));
             }
         }
         if let Some(g) = self.guardian.borrow().as_ref() {

@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Result};
 
-use crate::python::eval_hook;
+use crate::python::target_writes::eval_hook;
 use crate::python::Python;
 
 pub fn run(pid: u32) -> Result<i32> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::python::asyncio_tasks;
+use crate::python::reading::asyncio_tasks;
 use crate::report::terminal::{require_terminal, LiveScreen};
 use crate::report::top::TopView;
 use crate::session::{Live, Target, TargetSpec};

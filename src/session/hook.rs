@@ -9,8 +9,8 @@ use anyhow::Result;
 
 use super::Target;
 use crate::model::hook::HookOutcome;
-use crate::python::eval_hook::{EvalHook, Guardian, Installed};
-use crate::python::hook_owner::HookLock;
+use crate::python::target_writes::eval_hook::{EvalHook, Guardian, Installed};
+use crate::python::target_writes::hook_owner::HookLock;
 use crate::python::Python;
 use crate::tracing::Mode;
 

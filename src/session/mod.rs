@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
-use crate::python::{thread_names, Python};
+use crate::python::reading::thread_names;
+use crate::python::Python;
 use launch::Launched;
 use crate::process::proc;
 use crate::tracing::Tracing;

@@ -16,8 +16,8 @@ use crate::bpf::gil::{GilSkel, GilSkelBuilder};
 use crate::model::counters::Counters;
 use crate::model::counters::Kind::{Lost, Refused};
 use crate::process::proc::Memory;
-use crate::python::code::Code;
-use crate::python::gil_sites::GilSites;
+use crate::python::reading::code::Code;
+use crate::python::probes::gil_sites::GilSites;
 use crate::python::layouts::NO_FIELD;
 use crate::python::Python;
 
@@ -200,7 +200,7 @@ impl Session<'_, '_> {
     /// reading lacks (a thread that ended; nothing, when it failed).
     fn read_thread_names(&self) {
         let names = self.names.borrow();
-        if let Ok(found) = crate::python::thread_names::read(names.pid, names.python) {
+        if let Ok(found) = crate::python::reading::thread_names::read(names.pid, names.python) {
             self.thread_names.borrow_mut().extend(found.names);
         }
     }

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use super::hook_owner::HookLock;
-use super::{Python, EVAL_FRAME_SYMBOL, RUNTIME_SYMBOL};
+use crate::python::{Python, EVAL_FRAME_SYMBOL, RUNTIME_SYMBOL};
 use crate::process::elf::ElfFile;
 use crate::process::proc::{self, Memory};
 
@@ -115,7 +115,7 @@ impl EvalHook {
     /// hook is planned; found by the file's identity, so a process that maps
     /// another file (replaced on disk, another libpython) is never written.
     fn load_bias(&self, pid: u32) -> Result<u64> {
-        super::load_bias_in(&self.elf, &self.target_path, pid)
+        crate::python::load_bias_in(&self.elf, &self.target_path, pid)
     }
 
     /// The value pytrace writes: the run-time address of _PyEval_EvalFrameDefault.

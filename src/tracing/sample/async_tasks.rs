@@ -7,7 +7,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use crate::model::samples::Frame;
-use crate::python::asyncio_tasks::{TaskLayout, TaskReader, UNREADABLE_LABEL as UNREADABLE};
+use crate::python::reading::asyncio_tasks::{TaskLayout, TaskReader, UNREADABLE_LABEL as UNREADABLE};
 use crate::python::Python;
 use crate::process::proc::Memory;
 

@@ -1,6 +1,6 @@
 //! `pytrace restore`: puts back by hand an eval-frame hook that a pytrace
 //! run left set (its guardian could not run: a machine-wide kill, an OOM
-//! kill of both). See src/python/eval_hook.rs.
+//! kill of both). See src/python/target_writes/eval_hook.rs.
 
 use anyhow::{bail, Result};
 

@@ -1,4 +1,4 @@
-//! The eval-frame hook around a calls session (src/python/eval_hook.rs):
+//! The eval-frame hook around a calls session (src/python/target_writes/eval_hook.rs):
 //! owned before any BPF object exists, set once the probes are attached,
 //! watched between polls, put back once they are detached.
 
@@ -14,7 +14,7 @@ use crate::python::target_writes::hook_owner::HookLock;
 use crate::python::Python;
 use crate::tracing::Mode;
 
-/// The eval-frame hook around a calls session (src/python/eval_hook.rs): on
+/// The eval-frame hook around a calls session (src/python/target_writes/eval_hook.rs): on
 /// 3.11+ in uprobe mode it is owned (one run at a time), set once the probes
 /// are attached, watched while tracing and restored at the end, in the
 /// target and its children; a guardian restores it if pytrace dies first.

@@ -33,7 +33,7 @@ pub enum GilProbes {
     /// A build whose symbol table names both functions: their entries and
     /// returns.
     Symbols { take_gil: u64, drop_gil: u64 },
-    /// A stripped build (python/gil_sites.rs): both functions found by
+    /// A stripped build (python/probes/gil_sites.rs): both functions found by
     /// their exported callers, and the copies of drop_gil inlined elsewhere
     /// seen where they signal the GIL's condition variable.
     CodeSearch(GilSites),

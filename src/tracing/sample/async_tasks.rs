@@ -1,6 +1,6 @@
 //! --async: the root frames naming the asyncio task a stack's samples ran
 //! in (and the tasks awaiting it), read from the target when the stack
-//! arrives (src/python/asyncio_tasks.rs reads them).
+//! arrives (src/python/reading/asyncio_tasks.rs reads them).
 
 use std::collections::HashMap;
 use std::rc::Rc;

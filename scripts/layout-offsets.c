@@ -247,7 +247,7 @@ int main(void)
 #endif
     FIELD("gil_last_holder", offsetof(struct _gil_runtime_state, last_holder));
     FIELD("gil_locked", offsetof(struct _gil_runtime_state, locked));
-    /* `gil` on a stripped build (python/gil_sites.rs): drop_gil signals
+    /* `gil` on a stripped build (python/probes/gil_sites.rs): drop_gil signals
      * `cond` as it lets go; a forced switch waits on `switch_cond`. */
     FIELD("gil_cond", offsetof(struct _gil_runtime_state, cond));
     FIELD("gil_switch_cond", offsetof(struct _gil_runtime_state, switch_cond));
@@ -255,7 +255,7 @@ int main(void)
     /* `sample --async` (3.14+): the asyncio task a thread is running, in
      * the thread state's private part (_asyncio sets it around each step of
      * a task). The task object's own layout is in _asyncio's debug section,
-     * read from the target's file (python/asyncio_tasks.rs). */
+     * read from the target's file (python/reading/asyncio_tasks.rs). */
 #if PY_VERSION_HEX >= 0x030E0000
     FIELD("tstate_asyncio_running_task", offsetof(_PyThreadStateImpl, asyncio_running_task));
 #else
@@ -298,7 +298,7 @@ int main(void)
     FIELD("gc_item_collections", offsetof(struct gc_generation_stats, collections));
     FIELD("gc_item_collected", offsetof(struct gc_generation_stats, collected));
     FIELD("gc_item_uncollectable", offsetof(struct gc_generation_stats, uncollectable));
-    /* What `threading.Thread.name` takes to read (src/python/thread_names.rs):
+    /* What `threading.Thread.name` takes to read (src/python/reading/thread_names.rs):
      * the interpreter's modules dict, a module's dict, dicts' keys and
      * values, a one-digit int, and where an instance keeps its attributes. */
 #define OBJ(name, value) printf("        %s: %zu,\n", name, (size_t)(value))

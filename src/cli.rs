@@ -77,6 +77,25 @@ struct TargetArgs {
     command: Vec<String>,
 }
 
+/// The sampler's rate, as `sample`, `compare` and `top` take it: declared
+/// and range-checked here once, so the three cannot drift apart.
+#[derive(Args)]
+struct RateArg {
+    /// Samples per second per CPU (99 does not beat in step with timer ticks)
+    #[arg(short = 'r', long = "rate", value_name = "HZ", default_value_t = 99, allow_negative_numbers = true)]
+    rate: u64,
+}
+
+impl RateArg {
+    /// The rate, or why it cannot be one.
+    fn hz(&self) -> Result<u64> {
+        if !(1..=10_000).contains(&self.rate) {
+            bail!("--rate must be between 1 and 10000 samples per second");
+        }
+        Ok(self.rate)
+    }
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum ModeArg {
     Auto,
@@ -177,9 +196,8 @@ struct SampleArgs {
     /// Sample every CPython process on the machine (one BPF program for all)
     #[arg(long, conflicts_with_all = ["pid", "command"])]
     all: bool,
-    /// Samples per second per CPU (99 does not beat in step with timer ticks)
-    #[arg(short = 'r', long = "rate", value_name = "HZ", default_value_t = 99, allow_negative_numbers = true)]
-    rate: u64,
+    #[command(flatten)]
+    rate: RateArg,
     /// Add kernel frames under the Python frames
     #[arg(long)]
     kernel: bool,
@@ -242,9 +260,8 @@ Examples:
 struct CompareArgs {
     #[command(flatten)]
     target: TargetArgs,
-    /// Samples per second per CPU for the sampler
-    #[arg(short = 'r', long = "rate", value_name = "HZ", default_value_t = 99, allow_negative_numbers = true)]
-    rate: u64,
+    #[command(flatten)]
+    rate: RateArg,
     /// Rows in the terminal table
     #[arg(long, value_name = "N", default_value_t = 25, allow_negative_numbers = true)]
     top: usize,
@@ -282,9 +299,8 @@ struct InfoArgs {
 struct TopArgs {
     #[command(flatten)]
     target: TargetArgs,
-    /// Samples per second per CPU
-    #[arg(short = 'r', long = "rate", value_name = "HZ", default_value_t = 99, allow_negative_numbers = true)]
-    rate: u64,
+    #[command(flatten)]
+    rate: RateArg,
     /// Exact calls per second, self time and latency percentiles from
     /// tracing every call (as `pytrace calls` does) instead of sampling
     #[arg(long, conflicts_with = "rate")]
@@ -354,7 +370,7 @@ impl Cli {
             Err(e) => {
                 let rendered = e.render().to_string();
                 let sentence = rendered.lines().next().unwrap_or_default().trim_start_matches("error: ");
-                crate::report::console::err(&format!("pytrace: {sentence}\n"));
+                crate::console::err(&format!("pytrace: {sentence}\n"));
                 std::process::exit(2);
             }
         }
@@ -415,9 +431,7 @@ impl Cli {
                     let (target, duration) = args.target.into_parts()?;
                     (Some(target), duration)
                 };
-                if !(1..=10_000).contains(&args.rate) {
-                    bail!("--rate must be between 1 and 10000 samples per second");
-                }
+                let hz = args.rate.hz()?;
                 use crate::report::profile::Format;
                 let formats = [
                     (Format::Flamegraph, args.flamegraph),
@@ -429,7 +443,7 @@ impl Cli {
                 commands::sample::run(commands::sample::Options {
                     target,
                     duration,
-                    sampling: crate::tracing::sample::Options { hz: args.rate, kernel: args.kernel, idle: args.idle, native: args.native, threads: args.threads, gil: args.gil, states: args.states, async_tasks: args.async_tasks },
+                    sampling: crate::tracing::sample::Options { hz, kernel: args.kernel, idle: args.idle, native: args.native, threads: args.threads, gil: args.gil, states: args.states, async_tasks: args.async_tasks },
                     view: crate::report::profile::FrameView { lines: args.lines, full_paths: args.full_paths, cwd: None },
                     top: args.top,
                     outputs: formats.into_iter().filter_map(|(format, path)| Some((format, path?))).collect(),
@@ -440,13 +454,10 @@ impl Cli {
                     (Some(traced), Some(sampled)) => commands::compare::Source::Saved { traced, sampled },
                     _ => {
                         let (target, duration) = args.target.into_parts()?;
-                        if !(1..=10_000).contains(&args.rate) {
-                            bail!("--rate must be between 1 and 10000 samples per second");
-                        }
                         commands::compare::Source::Live {
                             target,
                             duration,
-                            hz: args.rate,
+                            hz: args.rate.hz()?,
                             traced_json: args.traced_json,
                             sampled_json: args.sampled_json,
                         }
@@ -465,10 +476,8 @@ impl Cli {
                 if let TargetSpec::Command(command) = &mut target {
                     command.give_terminal = false;
                 }
-                if !(1..=10_000).contains(&args.rate) {
-                    bail!("--rate must be between 1 and 10000 samples per second");
-                }
-                commands::top::run(commands::top::Options { target, duration, hz: args.rate, calls: args.calls, async_tasks: args.async_tasks })
+                let hz = args.rate.hz()?;
+                commands::top::run(commands::top::Options { target, duration, hz, calls: args.calls, async_tasks: args.async_tasks })
             }
             Command::Dump(args) => commands::dump::run(commands::dump::Options { pid: args.pid, native: args.native, async_tasks: args.async_tasks, json: args.json }),
             Command::Restore(args) => commands::restore::run(args.pid),

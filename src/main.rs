@@ -4,6 +4,7 @@
 mod bpf;
 mod cli;
 mod commands;
+mod console;
 mod kernel;
 mod model;
 mod native;
@@ -24,7 +25,7 @@ fn main() {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             // One sentence, most specific cause last: "what failed: why".
-            report::console::err(&format!("pytrace: {e:#}\n"));
+            crate::console::err(&format!("pytrace: {e:#}\n"));
             std::process::exit(1);
         }
     }

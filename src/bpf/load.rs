@@ -26,7 +26,7 @@ fn echo() -> bool {
 
 fn keep(level: PrintLevel, message: String) {
     if echo() {
-        crate::report::console::err(&message);
+        crate::console::err(&message);
     }
     if matches!(level, PrintLevel::Warn) {
         *LAST_WARNING.lock().unwrap_or_else(|e| e.into_inner()) = Some(message.trim_start_matches("libbpf: ").trim().to_string());

@@ -29,7 +29,7 @@ pub fn run(opts: Options) -> Result<i32> {
     let on_collection = |c: &Collection, since_attach_ns| {
         totals.borrow_mut().add(c);
         if opts.events {
-            if let Err(e) = report::console::out(&format!("{}\n", event_line(since_attach_ns, c))) {
+            if let Err(e) = crate::console::out(&format!("{}\n", event_line(since_attach_ns, c))) {
                 *event_lines_failed.borrow_mut() = Some(e);
                 return false;
             }

@@ -25,7 +25,7 @@ pub fn run(opts: Options) -> Result<i32> {
             let only = KernelOnly { kernel: KernelFindings::get() };
             match json {
                 Some(mut out) => out.write_all(only.to_json().as_bytes())?,
-                None => report::console::out(&only.kernel.to_table())?,
+                None => crate::console::out(&only.kernel.to_table())?,
             }
             return Ok(0);
         }

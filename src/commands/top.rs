@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::python::asyncio_tasks;
+use crate::python::reading::asyncio_tasks;
 use crate::report::terminal::{require_terminal, LiveScreen};
 use crate::report::top::TopView;
 use crate::session::{Live, Target, TargetSpec};
@@ -25,7 +25,7 @@ pub struct Options {
 
 pub fn run(opts: Options) -> Result<i32> {
     if opts.calls {
-        return super::top_calls::run(opts);
+        return super::top_calls::run(opts.target, opts.duration);
     }
     require_terminal("use `pytrace sample` to write a profile")?;
     let (mut target, python) = Target::prepare(opts.target)?;

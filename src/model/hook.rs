@@ -1,4 +1,4 @@
-//! What the eval-frame hook (src/python/eval_hook.rs) went through in a
+//! What the eval-frame hook (src/python/target_writes/eval_hook.rs) went through in a
 //! calls run, as the reports say it.
 
 /// What the hook went through in a run, for the report.

@@ -2,19 +2,10 @@
 //! holds it (the executable, or a shared libpython), its version, where it is
 //! loaded, its USDT probes, and the layout of its structures.
 
-pub mod asyncio_tasks;
-pub mod code;
-pub mod eval_frame_offset;
-pub mod eval_hook;
-pub mod hook_owner;
-pub mod generator_close;
-pub mod gil_sites;
-pub mod inlined_getitem;
-pub mod inlined_init;
-pub mod opcode_table;
 pub mod layouts;
-pub mod strings;
-pub mod thread_names;
+pub mod probes;
+pub mod reading;
+pub mod target_writes;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -27,7 +18,8 @@ use anyhow::{bail, Context, Result};
 use crate::process::elf::{find_library, ElfFile};
 use crate::process::files::{self, FileId};
 use crate::process::proc;
-use eval_frame_offset::EvalFrameOffset;
+use probes::{generator_close, inlined_getitem, inlined_init};
+use target_writes::eval_frame_offset::{self, EvalFrameOffset};
 pub use layouts::Layout;
 
 /// The symbols that make an ELF file a CPython interpreter.

@@ -9,8 +9,8 @@ use serde_json::json;
 use super::profile::label;
 use super::PythonInfo;
 use crate::model::samples::{Frame, Sample};
-use crate::python::asyncio_tasks::{PendingTask, TaskChain, TaskList};
-use crate::python::thread_names::NameSource;
+use crate::python::reading::asyncio_tasks::{PendingTask, TaskChain, TaskList};
+use crate::python::reading::thread_names::NameSource;
 
 #[derive(Serialize)]
 pub struct ThreadStack {

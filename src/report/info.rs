@@ -6,8 +6,8 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::kernel::Kernel;
-use crate::python::eval_hook::EvalHook;
-use crate::python::hook_owner::HookLock;
+use crate::python::target_writes::eval_hook::EvalHook;
+use crate::python::target_writes::hook_owner::HookLock;
 use crate::python::{FunctionProbes, Python};
 use crate::tracing::calls::{self, choose_mode};
 

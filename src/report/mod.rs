@@ -3,7 +3,6 @@
 
 pub mod calls;
 pub mod compare;
-pub mod console;
 pub mod dump;
 pub mod gc;
 pub mod gil;
@@ -80,7 +79,7 @@ pub fn emit(json: Option<&mut Output>, to_json: impl FnOnce() -> String, to_tabl
     let table_on_stdout = !matches!(json, Some(Output::Stdout));
     let written = json.map_or(Ok(()), |out| out.write_all(to_json().as_bytes()));
     if table_on_stdout {
-        console::out(&to_table())?;
+        crate::console::out(&to_table())?;
     }
     written
 }

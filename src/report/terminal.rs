@@ -82,7 +82,7 @@ impl Drop for LiveScreen {
 /// the one place every cell passes, whatever view drew it.
 fn blank_unsafe_cells(buffer: &mut ratatui::buffer::Buffer) {
     for cell in buffer.content.iter_mut() {
-        if cell.symbol().chars().any(super::console::is_unsafe) {
+        if cell.symbol().chars().any(crate::console::is_unsafe) {
             cell.set_symbol("\u{fffd}");
         }
     }

@@ -25,7 +25,7 @@ pub fn trace_and_sample(spec: TargetSpec, duration: Option<Duration>, hz: u64) -
     let (run, gathered) = target.trace_beside(&python, &counting, "sample", || sample::Session::start(&mut sample_object, Targets::One(pid, &python), &sample_opts));
     let (calls, mut samples) = gathered?;
     if let Some(why) = &run.hook.incomplete {
-        crate::report::console::err(&format!("pytrace: warning: {why}\n"));
+        crate::console::err(&format!("pytrace: warning: {why}\n"));
     }
     let (cpu_ns, exit_code) = (run.cpu_ns(), run.exit_code());
     let CallsRun { pid, version, mode, elapsed, hook, .. } = run;

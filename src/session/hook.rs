@@ -1,4 +1,4 @@
-//! The eval-frame hook around a calls session (src/python/eval_hook.rs):
+//! The eval-frame hook around a calls session (src/python/target_writes/eval_hook.rs):
 //! owned before any BPF object exists, set once the probes are attached,
 //! watched between polls, put back once they are detached.
 
@@ -9,12 +9,12 @@ use anyhow::Result;
 
 use super::Target;
 use crate::model::hook::HookOutcome;
-use crate::python::eval_hook::{EvalHook, Guardian, Installed};
-use crate::python::hook_owner::HookLock;
+use crate::python::target_writes::eval_hook::{EvalHook, Guardian, Installed};
+use crate::python::target_writes::hook_owner::HookLock;
 use crate::python::Python;
 use crate::tracing::Mode;
 
-/// The eval-frame hook around a calls session (src/python/eval_hook.rs): on
+/// The eval-frame hook around a calls session (src/python/target_writes/eval_hook.rs): on
 /// 3.11+ in uprobe mode it is owned (one run at a time), set once the probes
 /// are attached, watched while tracing and restored at the end, in the
 /// target and its children; a guardian restores it if pytrace dies first.
@@ -137,7 +137,7 @@ impl HookedRelease {
         self.put_back.set(true);
         if target.is_running() {
             if let Err(e) = hook.restore() {
-                crate::report::console::err(&format!("pytrace: warning: could not restore interp->eval_frame in PID {}: {e:#}\n", target.pid));
+                crate::console::err(&format!("pytrace: warning: could not restore interp->eval_frame in PID {}: {e:#}\n", target.pid));
             }
         }
         if let Some(g) = self.guardian.borrow().as_ref() {

@@ -202,7 +202,7 @@ impl Launched {
                     Some(d) => format!("for up to {:.1} s more (--duration)", d.saturating_duration_since(Instant::now()).as_secs_f64()),
                     None => "until it does, exits, or pytrace is stopped".into(),
                 };
-                crate::report::console::err(&format!("pytrace: waiting for {program} (PID {command}) to start a CPython, {until}\n"));
+                crate::console::err(&format!("pytrace: waiting for {program} (PID {command}) to start a CPython, {until}\n"));
             }
             let mut status = 0;
             // SAFETY: collecting stops and exits of our tracees.

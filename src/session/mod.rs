@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
-use crate::python::{thread_names, Python};
+use crate::python::reading::thread_names;
+use crate::python::Python;
 use launch::Launched;
 use crate::process::proc;
 use crate::tracing::Tracing;
@@ -283,7 +284,7 @@ impl Target {
             return status;
         }
         let Some(l) = &self.launched else { return 0 };
-        crate::report::console::err(&format!("pytrace: the command (PID {}) was left running (--keep-running)\n", l.command_pid));
+        crate::console::err(&format!("pytrace: the command (PID {}) was left running (--keep-running)\n", l.command_pid));
         match STOP_SIGNAL.load(Ordering::SeqCst) {
             0 => 0,
             signal => 128 + signal,
@@ -387,19 +388,19 @@ impl<'t> Live<'t> {
         // After the line scripts wait for, which stays the first.
         let say_took = || {
             if took > crate::tracing::SAY_SLOW_STEP {
-                crate::report::console::err(&format!("pytrace: attaching took {:.1} s (not part of the traced time)\n", took.as_secs_f64()));
+                crate::console::err(&format!("pytrace: attaching took {:.1} s (not part of the traced time)\n", took.as_secs_f64()));
             }
         };
         let Some(target) = &self.target else {
             self.started.set(Instant::now());
-            crate::report::console::err("pytrace: sampling every CPython process\n");
+            crate::console::err("pytrace: sampling every CPython process\n");
             say_took();
             return Ok(());
         };
         let mut target = target.borrow_mut();
         release(&mut target)?;
         // The line a script waits for before it starts the traced work.
-        crate::report::console::err(&format!("pytrace: attached to PID {} {}\n", target.pid, self.attached_as));
+        crate::console::err(&format!("pytrace: attached to PID {} {}\n", target.pid, self.attached_as));
         say_took();
         Ok(())
     }
@@ -447,14 +448,14 @@ impl<'p> Progress<'p> {
             thread_names::merge(pid, python, &mut self.names);
         }
         if self.tty {
-            crate::report::console::err_rewind_line();
-            crate::report::console::err(&format!("pytrace sample: {samples} samples, {:.1} s ", elapsed.as_secs_f64()));
+            crate::console::err_rewind_line();
+            crate::console::err(&format!("pytrace sample: {samples} samples, {:.1} s ", elapsed.as_secs_f64()));
         }
     }
 
     pub fn finish(mut self) -> Option<HashMap<u32, String>> {
         if self.tty {
-            crate::report::console::err("\n");
+            crate::console::err("\n");
         }
         let (pid, python) = self.threads_of?;
         thread_names::merge(pid, python, &mut self.names);

@@ -10,8 +10,9 @@ use anyhow::{bail, Result};
 
 use crate::kernel::{Feature, Kernel};
 use crate::process::proc;
-use crate::python::asyncio_tasks::{self, TaskList};
-use crate::python::{thread_names, Python};
+use crate::python::reading::asyncio_tasks::{self, TaskList};
+use crate::python::reading::thread_names;
+use crate::python::Python;
 use crate::report::dump::Snapshot;
 use crate::tracing::sample::{self, Options, Targets};
 

@@ -17,9 +17,10 @@ use crate::model::counters::Kind::{Informational, Lost, Refused};
 use crate::model::functions::{CallEdge, CallsData, EdgeStats, Function, FunctionId, FunctionStats};
 use crate::model::latency::{self, Latency};
 use crate::python::layouts::NO_FIELD;
-use crate::python::generator_close::CloseProbe;
-use crate::python::inlined_init::InitProbe;
-use crate::python::{strings, Python, EVAL_FRAME_SYMBOL};
+use crate::python::probes::generator_close::CloseProbe;
+use crate::python::probes::inlined_init::InitProbe;
+use crate::python::reading::strings;
+use crate::python::{Python, EVAL_FRAME_SYMBOL};
 
 pub use super::Mode;
 

@@ -17,8 +17,8 @@ use crate::model::counters::Counters;
 use crate::model::counters::Kind::{Lost, Refused};
 use crate::model::latency;
 use crate::process::proc::Memory;
-use crate::python::code::Code;
-use crate::python::gil_sites::GilSites;
+use crate::python::reading::code::Code;
+use crate::python::probes::gil_sites::GilSites;
 use crate::python::layouts::NO_FIELD;
 use crate::python::Python;
 
@@ -34,7 +34,7 @@ pub enum GilProbes {
     /// A build whose symbol table names both functions: their entries and
     /// returns.
     Symbols { take_gil: u64, drop_gil: u64 },
-    /// A stripped build (python/gil_sites.rs): both functions found by
+    /// A stripped build (python/probes/gil_sites.rs): both functions found by
     /// their exported callers, and the copies of drop_gil inlined elsewhere
     /// seen where they signal the GIL's condition variable.
     CodeSearch(GilSites),
@@ -201,7 +201,7 @@ impl Session<'_, '_> {
     /// reading lacks (a thread that ended; nothing, when it failed).
     fn read_thread_names(&self) {
         let names = self.names.borrow();
-        if let Ok(found) = crate::python::thread_names::read(names.pid, names.python) {
+        if let Ok(found) = crate::python::reading::thread_names::read(names.pid, names.python) {
             self.thread_names.borrow_mut().extend(found.names);
         }
     }

@@ -16,7 +16,8 @@ use crate::model::counters::Kind::{Informational, Lost};
 use crate::bpf::imports::types::{import_counter, import_event, import_phase, py_layout};
 use crate::bpf::imports::{ImportsSkel, ImportsSkelBuilder};
 use crate::python::layouts::NO_FIELD;
-use crate::python::{strings, Python, EVAL_FRAME_SYMBOL};
+use crate::python::reading::strings;
+use crate::python::{Python, EVAL_FRAME_SYMBOL};
 
 /// importlib._bootstrap's co_filename in every version (it is frozen).
 const IMPORTLIB_FILE: &str = "<frozen importlib._bootstrap>";

@@ -362,7 +362,7 @@ pub fn detach_links(links: Vec<Link>) {
             return;
         }
         if started.elapsed() >= DETACH_WAIT {
-            crate::report::console::err(&format!(
+            crate::console::err(&format!(
                 "pytrace: the kernel had not finished detaching pytrace's probes after {:.1} s (it waits for return probes still pending in traced processes, this one's or another tracer's); process {child} finishes that on its own: the probes no longer fire, and neither the report nor pytrace waits for it\n",
                 started.elapsed().as_secs_f64()
             ));
@@ -374,7 +374,7 @@ pub fn detach_links(links: Vec<Link>) {
 
 fn say_slow_detach(took: Duration) {
     if took > SAY_SLOW_STEP {
-        crate::report::console::err(&format!("pytrace: detaching the probes took {:.1} s (not part of the traced time)\n", took.as_secs_f64()));
+        crate::console::err(&format!("pytrace: detaching the probes took {:.1} s (not part of the traced time)\n", took.as_secs_f64()));
     }
 }
 

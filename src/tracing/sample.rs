@@ -146,7 +146,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
             }
         }
         if let (true, Targets::One(_, python)) = (opts.async_tasks, &targets) {
-            if let Some(refusal) = crate::python::asyncio_tasks::unsupported(python, "sample --async") {
+            if let Some(refusal) = crate::python::reading::asyncio_tasks::unsupported(python, "sample --async") {
                 anyhow::bail!(refusal);
             }
         }

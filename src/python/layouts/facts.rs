@@ -10,7 +10,7 @@ pub struct VersionFacts {
     pub version: (u32, u32),
     /// Python-to-Python calls run inside the caller's
     /// _PyEval_EvalFrameDefault (3.11+), unless interp->eval_frame is set:
-    /// calls' uprobe mode sets it (src/python/eval_hook.rs).
+    /// calls' uprobe mode sets it (src/python/target_writes/eval_hook.rs).
     pub inlines_calls: bool,
     /// function__entry fires only on the rare call the interpreter does not
     /// inline (3.11: 5 times in 4 million calls, measured), so `calls --mode
@@ -22,15 +22,15 @@ pub struct VersionFacts {
     /// CALL_ALLOC_AND_ENTER_INIT runs `__init__` inline at a specialized
     /// site even with the eval-frame hook set (3.13's default build; 3.14
     /// respects the hook there; a free-threaded 3.13 does not specialize):
-    /// src/python/inlined_init.rs counts those calls.
+    /// src/python/probes/inlined_init.rs counts those calls.
     pub init_inlined_past_hook: bool,
     /// BINARY_SUBSCR_GETITEM runs `__getitem__` inline even with the hook
     /// set, in patch releases before this one (3.11 before 3.11.4,
-    /// gh-104405): src/python/inlined_getitem.rs.
+    /// gh-104405): src/python/probes/inlined_getitem.rs.
     pub getitem_inlined_past_hook_before: Option<u32>,
     /// close() of a generator suspended outside any try block may skip its
     /// frame (3.13+, `_PyEval_NoToolsForUnwind`'s fast path):
-    /// src/python/generator_close.rs.
+    /// src/python/probes/generator_close.rs.
     pub close_may_skip_frame: bool,
 }
 

@@ -36,7 +36,7 @@ impl Outputs {
         }
         if table_on_stdout {
             results.push(
-                Format::Table.render(profile, top).and_then(|bytes| crate::report::console::out(&String::from_utf8_lossy(&bytes))),
+                Format::Table.render(profile, top).and_then(|bytes| crate::console::out(&String::from_utf8_lossy(&bytes))),
             );
         }
         all_written(results)

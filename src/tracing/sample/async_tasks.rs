@@ -1,13 +1,13 @@
 //! --async: the root frames naming the asyncio task a stack's samples ran
 //! in (and the tasks awaiting it), read from the target when the stack
-//! arrives (src/python/asyncio_tasks.rs reads them).
+//! arrives (src/python/reading/asyncio_tasks.rs reads them).
 
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use crate::model::samples::Frame;
-use crate::python::asyncio_tasks::{TaskLayout, TaskReader, UNREADABLE_LABEL as UNREADABLE};
+use crate::python::reading::asyncio_tasks::{TaskLayout, TaskReader, UNREADABLE_LABEL as UNREADABLE};
 use crate::python::Python;
 use crate::process::proc::Memory;
 

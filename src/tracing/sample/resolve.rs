@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use crate::python::code::{instruction_offset, Code};
+use crate::python::reading::code::{instruction_offset, Code};
 use crate::python::Layout;
 use crate::model::samples::Frame;
 use crate::process::proc::Memory;

@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 
-use super::layouts::{Layout, LineFormat, NO_FIELD};
+use crate::python::layouts::{Layout, LineFormat, NO_FIELD};
 use super::strings;
 use crate::process::proc::Memory;
 

@@ -10,7 +10,7 @@
 //! and the loader writes each entry from an R_X86_64_RELATIVE relocation,
 //! whose addend is the same link-time address (ElfFile::segment_words).
 
-use super::Python;
+use crate::python::Python;
 
 /// Entries in the table: one per possible opcode byte.
 pub const TABLE_LEN: usize = 256;
@@ -24,7 +24,7 @@ impl Python {
     /// that shape (a longer run of code addresses gives a window at each
     /// position, since the table may sit next to other code pointers).
     pub fn agreed_by_handler_tables<T: PartialEq>(&self, mut find: impl FnMut(&[u64]) -> Option<T>) -> Option<T> {
-        let eval = self.elf.symbol(super::EVAL_FRAME_SYMBOL)?;
+        let eval = self.elf.symbol(crate::python::EVAL_FRAME_SYMBOL)?;
         let code = self.elf.segment_range(eval)?;
         let mut found = None;
         for (_, words) in self.elf.segment_words() {

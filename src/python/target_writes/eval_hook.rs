@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use super::hook_owner::HookLock;
-use super::{Python, EVAL_FRAME_SYMBOL, RUNTIME_SYMBOL};
+use crate::python::{Python, EVAL_FRAME_SYMBOL, RUNTIME_SYMBOL};
 use crate::process::elf::ElfFile;
 use crate::process::proc::{self, Memory};
 
@@ -115,7 +115,7 @@ impl EvalHook {
     /// hook is planned; found by the file's identity, so a process that maps
     /// another file (replaced on disk, another libpython) is never written.
     fn load_bias(&self, pid: u32) -> Result<u64> {
-        super::load_bias_in(&self.elf, &self.target_path, pid)
+        crate::python::load_bias_in(&self.elf, &self.target_path, pid)
     }
 
     /// The value pytrace writes: the run-time address of _PyEval_EvalFrameDefault.
@@ -346,7 +346,7 @@ impl EvalHook {
                     libc::poll(&mut pfd, 1, 10_000);
                 }
                 if let Err(e) = self.restore_in(self.pid) {
-                    crate::report::console::err(&format!("pytrace guardian: could not restore interp->eval_frame in process {}: {e:#}\n", self.pid));
+                    crate::console::err(&format!("pytrace guardian: could not restore interp->eval_frame in process {}: {e:#}\n", self.pid));
                     code = 1;
                 }
                 // Children forked since pytrace's last poll, daemons
@@ -381,7 +381,7 @@ impl EvalHook {
         }
         for pid in all {
             if let Err(e) = self.restore_in(pid) {
-                crate::report::console::err(&format!("pytrace: could not restore interp->eval_frame in process {pid}, a child of {}: {e:#}\n", self.pid));
+                crate::console::err(&format!("pytrace: could not restore interp->eval_frame in process {pid}, a child of {}: {e:#}\n", self.pid));
             }
         }
     }
@@ -494,7 +494,7 @@ impl Guardian {
                     break;
                 }
                 if Instant::now() >= deadline {
-                    crate::report::console::err(&format!(
+                    crate::console::err(&format!(
                         "pytrace: warning: the guardian (PID {}) did not exit within {} s of being told the hook was restored (stopped?); it was killed\n",
                         self.pid,
                         GUARDIAN_EXIT_WAIT.as_secs()

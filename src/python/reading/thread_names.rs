@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use anyhow::{bail, ensure, Context, Result};
 
 use super::code::read_str;
-use super::layouts::{InstanceDict, Layout, ObjectLayout, NO_FIELD};
-use super::{Python, RUNTIME_SYMBOL};
+use crate::python::layouts::{InstanceDict, Layout, ObjectLayout, NO_FIELD};
+use crate::python::{Python, RUNTIME_SYMBOL};
 use crate::process::proc::Memory;
 
 /// More entries than this in one dict (sys.modules, a module's namespace,

@@ -25,8 +25,8 @@
 
 use iced_x86::Register;
 
-use super::layouts::NO_FIELD;
-use super::Python;
+use crate::python::layouts::NO_FIELD;
+use crate::python::Python;
 use crate::process::x86;
 
 /// Where to count inlined `__getitem__` calls.

@@ -9,9 +9,13 @@
 //! So the filter sits here, where bytes leave, not where names enter: no
 //! new report or message can forget it. (`clippy.toml` forbids `print!`
 //! and friends elsewhere.) `pytrace top` draws through ratatui instead,
-//! and its screen is filtered cell by cell in `terminal.rs` with the same
+//! and its screen is filtered cell by cell in `report/terminal.rs` with the same
 //! `is_unsafe`. Files (JSON, folded stacks, ...) keep names exact, escaped
 //! as their format escapes them.
+//!
+//! It sits at the crate's root, below every layer, not in report/: python/,
+//! tracing/ and session/ say things too, and a lower layer must not reach up
+//! into the one that formats reports.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;

@@ -30,7 +30,7 @@
 
 use iced_x86::{FlowControl, Mnemonic, OpKind, Register};
 
-use super::Python;
+use crate::python::Python;
 use crate::process::x86;
 
 /// The probe sites of a stripped build (link-time addresses).

@@ -8,8 +8,8 @@
 
 use iced_x86::{Mnemonic, OpKind};
 
-use super::layouts::NO_FIELD;
-use super::Python;
+use crate::python::layouts::NO_FIELD;
+use crate::python::Python;
 use crate::process::x86;
 
 /// Where to put that probe.
@@ -67,7 +67,7 @@ impl Python {
     /// the same call.
     fn handler_allocation_call(&self, handler: u64) -> Option<u64> {
         let init = self.layout.heaptype_spec_init as u64;
-        let eval = self.elf.symbol(super::EVAL_FRAME_SYMBOL)?;
+        let eval = self.elf.symbol(crate::python::EVAL_FRAME_SYMBOL)?;
         let code = self.elf.segment_range(eval)?;
         let read = |at: u64| self.elf.read_static(at, 64.min((code.end - at) as usize)).ok().map(<[u8]>::to_vec);
         // A path's state: 0 before the load, 1 after it, 2 past the first call after it.

@@ -158,7 +158,7 @@ pub struct Layout {
     pub debug_offsets: Option<DebugOffsets>,
 }
 
-/// What src/python/thread_names.rs reads, from the interpreter's modules
+/// What src/python/reading/thread_names.rs reads, from the interpreter's modules
 /// dict down to a Thread's attributes: dicts (their keys object and
 /// entries), a module's dict, a one-digit int, and where an instance keeps
 /// its attributes. NO_FIELD where a version has no such thing.

@@ -30,8 +30,8 @@
 
 use iced_x86::{Instruction, Mnemonic, OpKind, Register};
 
-use super::layouts::NO_FIELD;
-use super::Python;
+use crate::python::layouts::NO_FIELD;
+use crate::python::Python;
 use crate::process::x86;
 
 /// What pytrace knows about close()'s fast path in one build.
@@ -73,7 +73,7 @@ impl Python {
         // Exported (PyAPI_FUNC) with the change: a build without it predates it.
         let Some(function) = self.elf.symbol(NO_TOOLS_SYMBOL) else { return CloseProbe::NotNeeded };
         let Some(tools) = self.unwind_tools_displacement(function) else { return CloseProbe::Unknown };
-        let Some(eval) = self.elf.symbol(super::EVAL_FRAME_SYMBOL) else { return CloseProbe::Unknown };
+        let Some(eval) = self.elf.symbol(crate::python::EVAL_FRAME_SYMBOL) else { return CloseProbe::Unknown };
         let Some(text) = self.elf.segment_range(eval) else { return CloseProbe::Unknown };
         let Ok(bytes) = self.elf.read_static(text.start, (text.end - text.start) as usize) else { return CloseProbe::Unknown };
         // `cmpb $0x0, disp32(%reg)`: 80 /7 with a 32-bit displacement, then the 0.

@@ -25,8 +25,8 @@ use anyhow::{bail, ensure, Context, Result};
 use serde::Serialize;
 
 use super::code::read_str;
-use super::layouts::{Layout, NO_FIELD};
-use super::Python;
+use crate::python::layouts::{Layout, NO_FIELD};
+use crate::python::Python;
 use crate::process::elf::ElfFile;
 use crate::process::files;
 use crate::process::proc::{self, Memory};
@@ -445,7 +445,7 @@ impl TaskList {
     pub fn read(pid: u32, python: &Python, thread_states: &[(u32, u64)]) -> Result<Self> {
         let layout = TaskLayout::find(pid, python)?;
         let mut reader = TaskReader::new(Memory::open(pid)?, python.layout.clone(), layout);
-        let interp = reader.mem.read_u64_non_null(python.runtime_address(super::RUNTIME_SYMBOL)? + python.layout.runtime_interpreters_main as u64)?;
+        let interp = reader.mem.read_u64_non_null(python.runtime_address(crate::python::RUNTIME_SYMBOL)? + python.layout.runtime_interpreters_main as u64)?;
         let mut list = TaskList { tasks: Vec::new(), cut: false };
         let mut sorted = thread_states.to_vec();
         sorted.sort_unstable();

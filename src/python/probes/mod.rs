@@ -1,0 +1,10 @@
+//! Where the BPF programs attach, beyond the USDT probes and the exported
+//! symbols: sites found by reading the interpreter's machine code (the GIL's
+//! static functions, specialized instructions that run a call without
+//! entering `_PyEval_EvalFrameDefault`, a generator close that never runs).
+
+pub mod generator_close;
+pub mod gil_sites;
+pub mod inlined_getitem;
+pub mod inlined_init;
+pub mod opcode_table;

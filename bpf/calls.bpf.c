@@ -179,7 +179,7 @@ static __always_inline void announce(const struct func_key *key, const void *cod
 /* pytrace started the target and holds it under ptrace until the
  * interpreter exists. Stopping it at its first frame evaluation, before any
  * Python code runs, lets user space set the eval-frame hook
- * (src/python/eval_hook.rs) and only then let it go. */
+ * (src/python/target_writes/eval_hook.rs) and only then let it go. */
 static __always_inline void stop_for_hook(void)
 {
 	first_eval_seen = 1;

@@ -73,7 +73,7 @@ static __always_inline struct func_stats *frame_function(const void *frame, stru
 }
 
 /* 3.11.0 to 3.11.3: BINARY_SUBSCR_GETITEM runs __getitem__ inline without
- * checking the eval-frame hook (src/python/inlined_getitem.rs). The probe
+ * checking the eval-frame hook (src/python/probes/inlined_getitem.rs). The probe
  * sits in that handler after its last check; the attach cookie names the
  * register holding the new frame. The call opens a slot like any other,
  * so what __getitem__ calls is its child, but no return probe sees it end:
@@ -96,7 +96,7 @@ int inline_frame(struct pt_regs *ctx)
 }
 
 /* 3.13+: close() of a generator suspended outside any try block skips its
- * frame unless a monitoring tool listens (src/python/generator_close.rs),
+ * frame unless a monitoring tool listens (src/python/probes/generator_close.rs),
  * so cProfile counts a call there that never runs without it. The probe
  * sits on the branch into that fast path: the cookie holds the register
  * with the generator (low byte) and the zero flag's value when the branch

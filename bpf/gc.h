@@ -15,7 +15,7 @@ struct gc_event {
 };
 
 /* Where, in the target, the watchpoint program finds the collector's state
- * (src/python/layouts.rs says where each comes from). Set by user space
+ * (src/python/layouts/mod.rs says where each comes from). Set by user space
  * once the main interpreter exists, so in .bss, not in read-only config. */
 struct gc_watch_target {
 	__u64 collecting;   /* address of interp->gc.collecting, the watched int */

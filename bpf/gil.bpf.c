@@ -27,7 +27,7 @@ const volatile __u32 target_tgid = 0;
 /* The version's offsets, to read a thread's running code object. */
 const volatile struct py_layout layout = {};
 
-/* A stripped build's drops (src/python/gil_sites.rs): the offsets in the
+/* A stripped build's drops (src/python/probes/gil_sites.rs): the offsets in the
  * GIL of the condition variable drop_gil signals as it lets go and of the
  * one a forced switch waits on; and, 3.12+, of the pointer to its GIL in
  * an interpreter (PY_NO_FIELD before: the runtime's one GIL is known_gil). */

@@ -1,5 +1,5 @@
 /* CPython object layout, as offsets. User space fills one of these per target
- * from src/python/layouts.rs and puts it in each program's read-only config,
+ * from src/python/layouts/mod.rs and puts it in each program's read-only config,
  * so the BPF code never names a Python version. Shared with Rust through the
  * skeleton's generated types. */
 #ifndef PYTRACE_PYTHON_H
@@ -53,7 +53,7 @@ struct py_layout {
 	__u32 code_tag_bits;
 };
 
-/* How a BPF program captured a string's bytes (decoded by src/python/strings.rs). */
+/* How a BPF program captured a string's bytes (decoded by src/python/reading/strings.rs). */
 enum str_kind {
 	STR_UNREADABLE = 0,
 	STR_UTF8 = 1,   /* C string (USDT arguments) */

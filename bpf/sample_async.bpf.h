@@ -7,7 +7,7 @@
  * Only the task's address is read here: it is mixed into the stack's hash,
  * so each task's samples are counted apart, and sent with the stack's
  * frames. User space names the task (and the tasks awaiting it) when the
- * stack arrives (src/python/asyncio_tasks.rs), from the task object's
+ * stack arrives (src/python/reading/asyncio_tasks.rs), from the task object's
  * layout in _asyncio's debug section, which may be mapped only later than
  * the program is loaded. Per sample: one read, from the thread state the
  * walk found and checked (--idle: two, see task_switched). */

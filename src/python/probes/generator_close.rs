@@ -18,7 +18,7 @@
 //! tests the RESUME instruction's "exception depth 1" bit, then branches to
 //! the fast path, which starts by storing the generator's new state. The
 //! probe sits on the last branch into the fast path (the kernel emulates
-//! branches), `skipped_close` in bpf/calls.bpf.c reads the flags to see
+//! branches), `skipped_close` in bpf/calls_inline.bpf.h reads the flags to see
 //! whether it is taken and the register that holds the generator. On
 //! Debian sid's 3.14.10:
 //!

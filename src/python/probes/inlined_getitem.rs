@@ -12,7 +12,7 @@
 //! instruction, which does call through the hook), then fills in the new
 //! frame. pytrace probes the first conditional branch after the new frame's
 //! code object is stored in it: every check is behind, and a register holds
-//! the new frame (`inline_frame` in bpf/calls.bpf.c reads it there). On
+//! the new frame (`inline_frame` in bpf/calls_inline.bpf.h reads it there). On
 //! Debian's 3.11.2 (CPython's own source has the same order):
 //!
 //!     mov    0x380(%rax),%r14     ; getitem = type->_spec_cache.getitem

@@ -4,7 +4,7 @@
 //! set, so that frame never enters `_PyEval_EvalFrameDefault` (3.14 checks
 //! the hook there). The instruction first allocates the instance, with the
 //! class as first argument; a probe there (`inlined_init` in
-//! bpf/calls.bpf.c) reads the class's cached `__init__` and counts one call.
+//! bpf/calls_inline.bpf.h) reads the class's cached `__init__` and counts one call.
 
 use iced_x86::{Mnemonic, OpKind};
 

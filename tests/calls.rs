@@ -169,8 +169,9 @@ fn json_has_the_documented_fields_and_sorting_works() {
 
     let out = pytrace(&["calls", "--top", "3", "--", python.to_str().unwrap(), &fixture("callgraph.py"), "--rounds", "5"]);
     let table = String::from_utf8_lossy(&out.stdout);
-    // Rows sit between the column header and the "… more" line.
-    let rows = table.lines().skip_while(|l| !l.contains("function (file:line)")).skip(1).filter(|l| !l.starts_with('…') && !l.starts_with("dropped:")).count();
+    // Rows sit between the column header and the "… more" line (then the
+    // off-CPU footnote, when a shown time is marked, and "dropped:").
+    let rows = table.lines().skip_while(|l| !l.contains("function (file:line)")).skip(1).filter(|l| !l.starts_with('…') && !l.starts_with("dropped:") && !l.starts_with("* includes time off the CPU")).count();
     assert_eq!(rows, 3, "--top 3 shows three rows:\n{table}");
     assert!(table.contains("more functions (--top)"));
 }
@@ -483,6 +484,12 @@ fn subinterpreters_created_while_traced_are_hooked_and_counted() {
 /// caller's, so leaf's longest call never outlasts middle's longest; and
 /// the report counts the calls that left the CPU (`off_cpu_calls`). At
 /// least 10,000 leaf calls are required for the check to mean anything.
+/// The table of the same run says which times those are: a `*` after the
+/// max of exactly the functions whose JSON row has off_cpu_calls, after
+/// the p99 of exactly those with more than 1 % of their timed calls off
+/// the CPU, and one footnote whose counts are those rows' sums; with a
+/// neighbour per core the thread is surely preempted inside some call, so
+/// at least one row is marked.
 #[test]
 fn under_load_a_one_line_function_never_outlasts_its_caller() {
     let python = pyenv_python(12);
@@ -491,11 +498,14 @@ fn under_load_a_one_line_function_never_outlasts_its_caller() {
         .map(|_| Proc(std::process::Command::new(&python).args(["-c", "while True: pass"]).spawn().unwrap()))
         .collect();
     let target = start_waiting(&python, "callgraph.py", &["--rounds", "1000000"]);
-    let tracer = start_tracer(&["calls", "-p", &target.pid().to_string(), "-d", "3", "--json", "-"]);
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("calls.json");
+    let tracer = start_tracer(&["calls", "-p", &target.pid().to_string(), "-d", "3", "--top", "100000", "--json", json.to_str().unwrap()]);
     signal(target.pid(), libc::SIGUSR1);
-    let (code, out, stderr) = tracer.finish();
+    let (code, table, stderr) = tracer.finish();
     assert_eq!(code, 0, "{stderr}");
-    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let report = read_json(&json);
+    assert_off_cpu_marks_follow_the_json(&table, &report);
     let rows = rows_for_file(&report, "fixtures/callgraph.py");
     let row = |line, name| find_row(&rows, line, name).unwrap_or_else(|| panic!("no {name} row"));
     let (leaf, middle) = (row(24, "leaf"), row(28, "middle"));
@@ -509,4 +519,30 @@ fn under_load_a_one_line_function_never_outlasts_its_caller() {
     if max(leaf) > 1_000_000 {
         assert!(leaf["off_cpu_calls"].as_u64().unwrap() >= 1, "leaf's {} ns call is not marked as off the CPU", max(leaf));
     }
+}
+
+/// The calls table's `*` marks and footnote against the JSON of the same
+/// run (see under_load_a_one_line_function_never_outlasts_its_caller).
+fn assert_off_cpu_marks_follow_the_json(table: &str, report: &serde_json::Value) {
+    let (mut marked, mut off_cpu, mut timed) = (0u64, 0u64, 0u64);
+    for f in report["functions"].as_array().unwrap() {
+        let place = format!("  {} ({}:{})", f["name"].as_str().unwrap(), f["file"].as_str().unwrap(), f["line"]);
+        let line = table.lines().find(|l| l.ends_with(&place)).unwrap_or_else(|| panic!("no table row for{place}:\n{table}"));
+        let columns: Vec<&str> = line[..line.len() - place.len()].split_whitespace().collect();
+        assert_eq!(columns.len(), 7, "calls, total, self, p50, p90, p99, max: {line}");
+        let (off, calls) = (f["off_cpu_calls"].as_u64().unwrap(), f["timed_calls"].as_u64().unwrap());
+        assert_eq!(columns[6].ends_with('*'), off > 0, "max marked iff off_cpu_calls ({off}): {line}");
+        assert_eq!(columns[5].ends_with('*'), off * 100 > calls, "p99 marked iff over 1 % of {calls} timed calls off the CPU ({off}): {line}");
+        if off > 0 {
+            marked += 1;
+            off_cpu += off;
+            timed += calls;
+        }
+    }
+    assert!(marked >= 1, "no function switched out under a neighbour per core:\n{table}");
+    let footnotes: Vec<&str> = table.lines().filter(|l| l.starts_with("* includes time off the CPU")).collect();
+    assert_eq!(footnotes.len(), 1, "{table}");
+    let counts = footnotes[0].split(" were switched out").next().unwrap();
+    let numbers: Vec<u64> = counts.split(|c: char| !c.is_ascii_digit() && c != ',').filter(|w| !w.is_empty() && w.chars().any(|c| c.is_ascii_digit())).map(|w| w.replace(',', "").parse().unwrap()).collect();
+    assert_eq!(numbers, vec![off_cpu, timed, marked], "footnote against the JSON's sums: {}", footnotes[0]);
 }

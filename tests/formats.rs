@@ -373,6 +373,13 @@ fn top_async_shows_each_tasks_share() {
     };
     let (alpha, beta) = (seconds("alpha"), seconds("beta"));
     assert!(target.0.wait().unwrap().success(), "the fixture failed");
+    // Its target gone, top ends (it once stayed on, spinning in its key
+    // reads, until killed by hand an hour later).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !terminal.screen().contains("top exited with 0") {
+        assert!(std::time::Instant::now() < deadline, "top --async did not end with its target:\n{}", terminal.screen());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     let truth: HashMap<String, f64> = serde_json::from_slice(&std::fs::read(&truth_path).unwrap()).unwrap();
     let n = (alpha + beta) * 499.0;
     assert!(n >= 300.0, "{n} samples of the tasks:\n{screen}");

@@ -26,6 +26,27 @@ fn is_native(frame: &str) -> bool {
     frame.ends_with(')') && frame.contains(" (") && !is_python(frame)
 }
 
+/// `sample --native` by PID of `script` (run 9 s, `args` added, its CPU
+/// split written into `dir`) for 6 s at the native rate, from its first
+/// measured round: the paths of the CPU split, the folded profile and the
+/// JSON report, once both ended well.
+fn sample_native_run(label: &str, python: &std::path::Path, script: &str, args: &[&str], dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let (cpu_split, folded, json) = (dir.join("cpu-split.json"), dir.join("p.folded"), dir.join("p.json"));
+    let seconds = longer(9.0);
+    let mut script_args = vec!["--seconds", &seconds, "--cpu-split", cpu_split.to_str().unwrap()];
+    script_args.extend(args);
+    let mut target = start_waiting(python, script, &script_args);
+    let tracer = start_tracer(&[
+        "sample", "-p", &target.pid().to_string(), "-r", &native_rate().to_string(), "-d", &longer(6.0), "--native",
+        "--folded", folded.to_str().unwrap(), "--json", json.to_str().unwrap(),
+    ]);
+    signal(target.pid(), libc::SIGUSR1);
+    let (code, _, stderr) = tracer.finish();
+    assert_eq!(code, 0, "{label}: {stderr}");
+    assert!(target.0.wait().unwrap().success(), "{label}: the target failed");
+    (cpu_split, folded, json)
+}
+
 /// The tests of this file one at a time: each wants both CPUs for its
 /// target, or the sample counts they rely on drop.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -55,18 +76,7 @@ fn native_frames_sit_between_the_python_caller_and_the_leaf() {
     let _serial = serial();
     for (label, python) in pythons() {
         let dir = tempfile::tempdir().unwrap();
-        let cpu_split = dir.path().join("cpu-split.json");
-        let mut target = start_waiting(&python, "native_split.py", &["--seconds", &longer(9.0), "--cpu-split", cpu_split.to_str().unwrap()]);
-        let folded = dir.path().join("p.folded");
-        let json = dir.path().join("p.json");
-        let tracer = start_tracer(&[
-            "sample", "-p", &target.pid().to_string(), "-r", &native_rate().to_string(), "-d", &longer(6.0), "--native",
-            "--folded", folded.to_str().unwrap(), "--json", json.to_str().unwrap(),
-        ]);
-        signal(target.pid(), libc::SIGUSR1);
-        let (code, _, stderr) = tracer.finish();
-        assert_eq!(code, 0, "{label}: {stderr}");
-        assert!(target.0.wait().unwrap().success(), "{label}: the target failed");
+        let (cpu_split, folded, json) = sample_native_run(&label, &python, "native_split.py", &[], dir.path());
         let (mut split, mut named_entry, mut in_clock, mut incomplete) = (NativeSplit::default(), 0, 0, 0);
         let mut libz_whole = 0;
         for line in std::fs::read_to_string(&folded).unwrap().lines() {
@@ -280,18 +290,7 @@ fn blas_frames_unwind_to_their_python_caller() {
     for threads in ["1", "4"] {
         let label = format!("OPENBLAS_NUM_THREADS={threads}");
         let dir = tempfile::tempdir().unwrap();
-        let cpu_split = dir.path().join("cpu-split.json");
-        let mut target = start_waiting(&python, "numpy_blas.py", &["--seconds", &longer(9.0), "--blas-threads", threads, "--cpu-split", cpu_split.to_str().unwrap()]);
-        let folded = dir.path().join("p.folded");
-        let json = dir.path().join("p.json");
-        let tracer = start_tracer(&[
-            "sample", "-p", &target.pid().to_string(), "-r", &native_rate().to_string(), "-d", &longer(6.0), "--native",
-            "--folded", folded.to_str().unwrap(), "--json", json.to_str().unwrap(),
-        ]);
-        signal(target.pid(), libc::SIGUSR1);
-        let (code, _, stderr) = tracer.finish();
-        assert_eq!(code, 0, "{label}: {stderr}");
-        assert!(target.0.wait().unwrap().success(), "{label}: the target failed");
+        let (cpu_split, folded, json) = sample_native_run(&label, &python, "numpy_blas.py", &["--blas-threads", threads], dir.path());
         let (mut main_blas, mut right, mut wrong, mut workers, mut incomplete) = (0u64, 0u64, 0u64, 0u64, 0u64);
         let (mut matmul, mut solve, mut spin) = (0u64, 0u64, 0u64);
         let mut wrong_lines = Vec::new();

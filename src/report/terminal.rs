@@ -6,7 +6,6 @@ use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::Frame;
 
 /// How often the view takes a new reading.
@@ -97,62 +96,104 @@ enum Keys {
     None,
 }
 
-/// Reads every key waiting, without blocking. A terminal that hung up
-/// (its window closed, its tmux session killed) ends the view: crossterm's
-/// poll would read its end of file again and again without returning (seen
-/// as a `pytrace top` left spinning at 65 % of a CPU, its SIGTERM unread).
+/// Reads every key waiting, without blocking, from the terminal (standard
+/// input, or /dev/tty where standard input is not one). Read here rather than by crossterm's event poll: on a
+/// terminal that reads as at its end (hung up, its window closed or its
+/// tmux session killed) that poll read the end of file again and again
+/// without returning, and two `pytrace top --async` runs spun at 65 % of
+/// a CPU for an hour, their targets long gone and SIGTERM unread. Such a
+/// terminal ends the view.
 fn read_keys() -> Result<Keys> {
-    if terminal_hung_up() {
-        return Ok(Keys::Quit);
-    }
+    let Some(input) = key_input() else { return Ok(Keys::None) };
     let mut keys = Keys::None;
-    while event::poll(Duration::ZERO)? {
-        let Event::Key(key) = event::read()? else { continue };
-        if key.kind != KeyEventKind::Press {
-            continue;
+    let mut bytes = [0u8; 256];
+    loop {
+        let mut fd = libc::pollfd { fd: input, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd, no wait.
+        let ready = unsafe { libc::poll(&mut fd, 1, 0) };
+        if ready <= 0 {
+            return Ok(keys);
         }
-        match key.code {
-            KeyCode::Char('q') | KeyCode::Esc => return Ok(Keys::Quit),
-            KeyCode::Char('c') if key.modifiers.contains(KeyModifiers::CONTROL) => return Ok(Keys::Quit),
-            KeyCode::Char(c @ '1'..='4') => keys = Keys::Sort(c as usize - '1' as usize),
+        if fd.revents & libc::POLLIN == 0 {
+            // Hung up or in error with nothing left to read.
+            return Ok(Keys::Quit);
+        }
+        // SAFETY: reads into our own buffer, at most its length.
+        let n = unsafe { libc::read(input, bytes.as_mut_ptr().cast(), bytes.len()) };
+        match n {
+            0 => return Ok(Keys::Quit),
+            n if n < 0 => {
+                let error = std::io::Error::last_os_error();
+                match error.kind() {
+                    std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock => return Ok(keys),
+                    // EIO: the terminal hung up.
+                    _ => return Ok(Keys::Quit),
+                }
+            }
+            n => {
+                if let Some(quit_or_sort) = keys_in(&bytes[..n as usize]) {
+                    match quit_or_sort {
+                        Keys::Quit => return Ok(Keys::Quit),
+                        sort => keys = sort,
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The descriptor keys are read from: standard input when it is a
+/// terminal, else /dev/tty opened once (None: no terminal to read keys
+/// from; the view then ends by -d or a signal).
+fn key_input() -> Option<i32> {
+    static TTY: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+    if std::io::stdin().is_terminal() {
+        return Some(0);
+    }
+    TTY.get_or_init(|| std::fs::File::open("/dev/tty").ok()).as_ref().map(std::os::fd::AsRawFd::as_raw_fd)
+}
+
+/// What a read of raw keys asks for: `q`, Esc alone or Ctrl-C quits; the
+/// last of 1 to 4 sorts; other keys and escape sequences (arrows, mouse)
+/// ask for nothing.
+fn keys_in(bytes: &[u8]) -> Option<Keys> {
+    let mut keys = None;
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'q' | 0x03 => return Some(Keys::Quit),
+            0x1b if i + 1 == bytes.len() => return Some(Keys::Quit),
+            // An escape sequence: ESC, then [ or O and what follows up to
+            // its final letter (or ~).
+            0x1b => {
+                i += 2;
+                while i < bytes.len() && !(bytes[i].is_ascii_alphabetic() || bytes[i] == b'~') {
+                    i += 1;
+                }
+            }
+            c @ b'1'..=b'4' => keys = Some(Keys::Sort((c - b'1') as usize)),
             _ => {}
         }
+        i += 1;
     }
-    Ok(keys)
-}
-
-/// Whether standard input is a terminal that has hung up. Not a terminal
-/// (crossterm then reads /dev/tty itself): false.
-fn terminal_hung_up() -> bool {
-    std::io::stdin().is_terminal() && hung_up(0)
-}
-
-/// Whether poll() says `fd` hung up (POLLHUP or POLLERR: the other end of a
-/// pseudo-terminal is closed).
-fn hung_up(fd: i32) -> bool {
-    let mut fd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    // SAFETY: one valid pollfd, no wait.
-    let ready = unsafe { libc::poll(&mut fd, 1, 0) };
-    ready > 0 && fd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
+    keys
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A pseudo-terminal's own side has not hung up while the other side
-    /// is open, and has once it is closed (as when a terminal window or a
-    /// tmux session goes away).
+    /// Raw key bytes as a terminal sends them: q, Ctrl-C and a lone Esc
+    /// quit, the last digit of 1 to 4 sorts, an arrow key's sequence (ESC [
+    /// A) and other keys do nothing.
     #[test]
-    fn a_closed_pseudo_terminal_reads_as_hung_up() {
-        let (mut main, mut own) = (0, 0);
-        // SAFETY: two out-parameters; no name, settings or size asked for.
-        let opened = unsafe { libc::openpty(&mut main, &mut own, std::ptr::null_mut(), std::ptr::null(), std::ptr::null()) };
-        assert_eq!(opened, 0);
-        assert!(!hung_up(own));
-        // SAFETY: our own descriptors, closed once.
-        unsafe { libc::close(main) };
-        assert!(hung_up(own));
-        unsafe { libc::close(own) };
+    fn raw_keys_read_as_the_view_acts_on_them() {
+        assert!(matches!(keys_in(b"q"), Some(Keys::Quit)));
+        assert!(matches!(keys_in(b"\x03"), Some(Keys::Quit)));
+        assert!(matches!(keys_in(b"\x1b"), Some(Keys::Quit)));
+        assert!(matches!(keys_in(b"13"), Some(Keys::Sort(2))));
+        assert!(keys_in(b"\x1b[A").is_none());
+        assert!(matches!(keys_in(b"\x1b[A2"), Some(Keys::Sort(1))));
+        assert!(keys_in(b"x5").is_none());
     }
 }

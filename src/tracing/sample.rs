@@ -207,11 +207,6 @@ impl<'obj, 'a> Session<'obj, 'a> {
                 session.processes.borrow_mut().locate(&session.skel.maps.processes)?;
             }
         }
-        // --idle's first tick is now: finding the processes (with --all,
-        // reading every new executable on the machine) is no tick missed.
-        if let Some(ticks) = session.ticks.borrow_mut().as_mut() {
-            *ticks = clock::IdleTicks::new(opts.hz);
-        }
         session.attach()?;
         if let Some(pid) = session.processes.borrow().only() {
             ensure_still_running(pid)?;

@@ -117,8 +117,12 @@ fn assert_matches_the_threads_own_measures(version: &str, place: &Place, mode: &
         let (wall, cpu, on_cpu, runnable) = (ns(own, "wall_ns"), ns(own, "cpu_ns"), ns(own, "on_cpu_ns"), ns(own, "runnable_ns"));
         // Every nanosecond of the thread's life is in exactly one state...
         assert!((held + wait + released - life).abs() <= 0.001 * life + 0.1 * MS, "{who}: the states do not add up to its life");
-        // ...and its life covers what it measured, plus at most its start and end.
-        assert!(life >= wall && life <= wall + 100.0 * MS + 0.05 * wall, "{who}: lifetime");
+        // ...and its life covers what it measured, and lies within the
+        // start call and the join that saw it end (which on a loaded machine
+        // can be far apart from the span it measured: a starting thread
+        // waits for the GIL and a CPU first), plus its last steps after join
+        // returned.
+        assert!(life >= wall && life <= ns(own, "spawned_to_joined_ns") + 100.0 * MS, "{who}: lifetime");
         assert!(t["exited"] == true, "{who}");
         // Every thread has ended by the time the command has: named from
         // what was read while it ran, not by the kernel's name.
@@ -172,6 +176,12 @@ fn assert_matches_the_threads_own_measures(version: &str, place: &Place, mode: &
                 // load came 1 ms short of a flat 5 ms).
                 assert!(released >= cpu - held - 5.0 * MS - 0.02 * cpu, "{who}: hashing released the GIL");
                 assert!(released >= 0.3 * cpu, "{who}: most of its CPU time is hashing, without the GIL");
+                // Inside its hash calls it holds the GIL only for a few
+                // microseconds a call, before letting go and after taking
+                // it back (2 % of its life covers hundreds of calls even
+                // emulated): it holds it in the rest of its life or not at all.
+                let hashing = ns(own, "hashing_ns");
+                assert!(held <= life - hashing + 5.0 * MS + 0.02 * life, "{who}: held the GIL while it was hashing ({hashing} ns)");
             }
             other => panic!("{label}: unexpected thread {other}"),
         }
@@ -200,17 +210,27 @@ fn assert_functions_and_blame(label: &str, report: &serde_json::Value, truth: &H
     }
     for (me, other) in [("spin_a", "spin_b"), ("spin_b", "spin_a")] {
         let (f, t) = (function(me), thread_of(me));
-        let who = format!("{label}: function {me}: {f} of thread {t}");
+        let who = format!("{label}: function {me}: {f} of thread {t}; every thread: {threads:?}; their own measures: {truth:?}");
         // Only its own thread runs it; most of that thread's life is in it.
         assert!(ns(f, "wait_ns") <= ns(t, "wait_ns") + 1.0 && ns(f, "wait_ns") >= 0.6 * ns(t, "wait_ns"), "{who}: wait");
         assert!(ns(f, "held_ns") <= ns(t, "held_ns") + 1.0 && ns(f, "held_ns") >= 0.5 * ns(t, "held_ns"), "{who}: held");
-        // The other spinner blocked it most of the holders (the hasher,
-        // which holds the GIL between its hashes, came within 0.1 % of it
-        // in a 5.10 VM: a tie counts), and for no longer than it held.
-        let most = f["blocked_by"].as_array().unwrap().iter().filter(|b| b["name"] != "(no holder: hand-over)").map(|b| ns(b, "ns")).fold(0.0, f64::max);
+        // The hasher is blamed only for what it held between its hash
+        // calls, which its own clock bounds (the thread checks above). It
+        // holds the GIL there for microseconds at a time, but a holder the
+        // scheduler puts off its CPU holds it on: in a 6.12 VM the hasher
+        // was blamed for 2.4 s of one 2.5 s wait of spin_a. So the
+        // spinners' fight is told apart from the hasher's blame: of the
+        // other holders, the other spinner blocked it most (a tie counts),
+        // for no longer than it held, and for 30 % of the wait the hasher
+        // is not blamed for at least.
+        let hasher_own = truth.values().find(|own| own["function"] == "hasher").unwrap();
+        let outside_hashing = ns(thread_of("hasher"), "lifetime_ns") - ns(hasher_own, "hashing_ns");
+        assert!(blamed(f, "hasher") <= ns(function("hasher"), "held_ns") + 1.0, "{who}: blamed the hasher for more than it held");
+        assert!(blamed(f, "hasher") <= outside_hashing + 5.0 * MS + 0.02 * ns(thread_of("hasher"), "lifetime_ns"), "{who}: blamed the hasher while it was hashing (out of its hash calls for {outside_hashing} ns)");
+        let most = f["blocked_by"].as_array().unwrap().iter().filter(|b| b["name"] != "(no holder: hand-over)" && b["name"] != "hasher").map(|b| ns(b, "ns")).fold(0.0, f64::max);
         assert!(blamed(f, other) >= 0.95 * most, "{who}: blocked by");
         assert!(blamed(f, other) <= ns(function(other), "held_ns") + 1.0, "{who}: blamed {other} for more than it held");
-        assert!(blamed(f, other) >= 0.3 * ns(f, "wait_ns"), "{who}: {other}'s share");
+        assert!(blamed(f, other) >= 0.3 * (ns(f, "wait_ns") - blamed(f, "hasher")), "{who}: {other}'s share");
     }
     // The hasher waits for the spinners, between hashes.
     let hasher = function("hasher");

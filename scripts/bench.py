@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -712,12 +713,17 @@ def dump_table():
         pid = str(target.pid)
         tools = {"pytrace": [PYTRACE, "dump", "-p", pid], "py-spy": [PY_SPY, "dump", "--pid", pid]}
         times = {name: [] for name in tools}
+        cpu = {name: [] for name in tools}
         loads = [os.getloadavg()[0]]
         for _ in range(max(DUMP_RUNS, REPEATS)):
             for name, argv in tools.items():
-                t0 = time.monotonic()
+                before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
                 done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 times[name].append(time.monotonic() - t0)
+                # Only this dump was reaped since `before` (the target and
+                # the neighbours are reaped at the end): its CPU alone.
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu[name].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
                 # Both print a "Thread TID (...)" line per thread.
                 threads = len(re.findall(r"^Thread \d+ ", done.stdout, re.M))
                 if done.returncode != 0 or threads != DUMP_THREADS + 1:
@@ -727,10 +733,11 @@ def dump_table():
         for proc in (target, *neighbours):
             proc.kill()
             proc.wait()
-    rows = [f"| {name} | {len(t)} | {min(t) * 1000:.0f} | {median(t) * 1000:.0f} | {nearest_rank(t, 0.95) * 1000:.0f} | {max(t) * 1000:.0f} |"
-            for name, t in times.items()]
+    rows = [f"| {name} | {len(t)} | {min(t) * 1000:.0f} | {median(t) * 1000:.0f} | {nearest_rank(t, 0.95) * 1000:.0f} | {max(t) * 1000:.0f} | "
+            f"{median(cpu[name]) * 1000:.0f} |" for name, t in times.items()]
     return (
-        "| tool | runs | min (ms) | median (ms) | p95 (ms) | max (ms) |\n|---|---|---|---|---|---|\n" + "\n".join(rows)
+        "| tool | runs | wall min (ms) | wall median (ms) | wall p95 (ms) | wall max (ms) | CPU median (ms) |\n"
+        "|---|---|---|---|---|---|---|\n" + "\n".join(rows)
         + f"\n\nLoad average (1 min) {loads[0]:.1f} before the runs, {loads[1]:.1f} after."
     )
 
@@ -801,7 +808,8 @@ def main():
              f"fixtures/busy_deep_threads.py on Debian's 3.11: {DUMP_THREADS} threads and the main thread each "
              f"{DUMP_DEPTH} frames deep, all spinning, plus one CPU-bound Python per CPU. `pytrace dump -p PID` and "
              f"`py-spy dump --pid PID` (its default: it pauses the target while it reads) run in turn, "
-             f"{DUMP_RUNS} times each at normal priority; wall time from start to exit. p95 is the nearest rank."),
+             f"{DUMP_RUNS} times each at normal priority; wall time from start to exit (p95 by nearest rank), and the "
+             "tool's own CPU time (user + system)."),
         ]
         # PYTRACE_BENCH_SECTIONS=steady_cost_table,aliasing_table runs only those.
         # The memory table runs 10 minutes: only on its own (`scripts/bench.sh memory`).

@@ -8,8 +8,10 @@ interleaves the runs it compares and reports medians and ratios.
 Prints the markdown of bench/results.md on stdout, progress on stderr.
 """
 import json
+import math
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -683,11 +685,76 @@ def gil_table():
     )
 
 
+# --- dump: how long a one-off look at a busy target takes -------------------
+
+DUMP_RUNS = 20
+DUMP_THREADS = 4
+DUMP_DEPTH = 60
+
+
+def nearest_rank(values, fraction):
+    """The value at `fraction` of the sorted values (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def dump_table():
+    """Wall time of `pytrace dump -p` and `py-spy dump --pid`, alternating,
+    on a target whose every thread spins deep in its stack, beside one
+    CPU-bound neighbour per CPU: the tools start at normal priority and
+    compete for the CPUs as a user's command would. Every dump must exit 0
+    and show every thread (counted in its output), or the table fails."""
+    progress(f"dump, {max(DUMP_RUNS, REPEATS)} runs of each")
+    neighbours = [start([DEBIAN.exe, "-c", "while True: pass"]) for _ in range(os.cpu_count())]
+    target = start(DEBIAN.argv("busy_deep_threads.py", DUMP_THREADS, DUMP_DEPTH), stdout=subprocess.PIPE)
+    try:
+        if target.stdout.readline().strip() != "ready":
+            raise RuntimeError("busy_deep_threads.py did not start")
+        pid = str(target.pid)
+        tools = {"pytrace": [PYTRACE, "dump", "-p", pid], "py-spy": [PY_SPY, "dump", "--pid", pid]}
+        times = {name: [] for name in tools}
+        cpu = {name: [] for name in tools}
+        loads = [os.getloadavg()[0]]
+        for _ in range(max(DUMP_RUNS, REPEATS)):
+            for name, argv in tools.items():
+                before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
+                done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                times[name].append(time.monotonic() - t0)
+                # Only this dump was reaped since `before` (the target and
+                # the neighbours are reaped at the end): its CPU alone.
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu[name].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+                # Both print a "Thread TID (...)" line per thread.
+                threads = len(re.findall(r"^Thread \d+ ", done.stdout, re.M))
+                if done.returncode != 0 or threads != DUMP_THREADS + 1:
+                    raise RuntimeError(f"{name} dump exited {done.returncode} with {threads} threads: {done.stderr.strip()}")
+        loads.append(os.getloadavg()[0])
+    finally:
+        for proc in (target, *neighbours):
+            proc.kill()
+            proc.wait()
+    rows = [f"| {name} | {len(t)} | {min(t) * 1000:.0f} | {median(t) * 1000:.0f} | {nearest_rank(t, 0.95) * 1000:.0f} | {max(t) * 1000:.0f} | "
+            f"{median(cpu[name]) * 1000:.0f} |" for name, t in times.items()]
+    return (
+        "| tool | runs | wall min (ms) | wall median (ms) | wall p95 (ms) | wall max (ms) | CPU median (ms) |\n"
+        "|---|---|---|---|---|---|---|\n" + "\n".join(rows)
+        + f"\n\nLoad average (1 min) {loads[0]:.1f} before the runs, {loads[1]:.1f} after."
+    )
+
+
+# The tables that run a Python of the sid root: only they need it set up
+# (a run of other tables alone leaves the shared root and its /proc alone).
+SID_TABLES = {"calls_table", "sample_cost_table", "accuracy_table", "attach_table", "bypassed_table"}
+
+
 def main():
-    shutil.copytree(FIXTURES, os.path.join(SID_ROOT, INSIDE[1:]), dirs_exist_ok=True)
-    # profiling.sampling runs inside the root and reads /proc/PID/maps.
+    only = os.environ.get("PYTRACE_BENCH_SECTIONS")
+    uses_sid = not only or bool(SID_TABLES & set(only.split(",")))
     proc = os.path.join(SID_ROOT, "proc")
-    subprocess.run(["mount", "-t", "proc", "proc", proc], check=True)
+    if uses_sid:
+        shutil.copytree(FIXTURES, os.path.join(SID_ROOT, INSIDE[1:]), dirs_exist_ok=True)
+        # profiling.sampling runs inside the root and reads /proc/PID/maps.
+        subprocess.run(["mount", "-t", "proc", "proc", proc], check=True)
     try:
         sections = [
             ("`calls`: what each traced call costs the target", calls_table,
@@ -737,15 +804,21 @@ def main():
              "switches, and a release costs the same either way."),
             ("`imports`: cost to a program running Python calls", imports_table,
              f"fixtures/callgraph.py, {CALL_ROUNDS} rounds (no imports while it runs), started by pytrace."),
+            ("`dump`: response time on a busy target", dump_table,
+             f"fixtures/busy_deep_threads.py on Debian's 3.11: {DUMP_THREADS} threads and the main thread each "
+             f"{DUMP_DEPTH} frames deep, all spinning, plus one CPU-bound Python per CPU. `pytrace dump -p PID` and "
+             f"`py-spy dump --pid PID` (its default: it pauses the target while it reads) run in turn, "
+             f"{DUMP_RUNS} times each at normal priority; wall time from start to exit (p95 by nearest rank), and the "
+             "tool's own CPU time (user + system)."),
         ]
         # PYTRACE_BENCH_SECTIONS=steady_cost_table,aliasing_table runs only those.
         # The memory table runs 10 minutes: only on its own (`scripts/bench.sh memory`).
-        only = os.environ.get("PYTRACE_BENCH_SECTIONS")
         wanted = only.split(",") if only else [t.__name__ for _, t, _ in sections if t is not memory_table]
         sections = [(title, table(), how) for title, table, how in sections if table.__name__ in wanted]
     finally:
-        subprocess.run(["umount", proc])
-        shutil.rmtree(os.path.join(SID_ROOT, INSIDE[1:]), ignore_errors=True)
+        if uses_sid:
+            subprocess.run(["umount", proc])
+            shutil.rmtree(os.path.join(SID_ROOT, INSIDE[1:]), ignore_errors=True)
         shutil.rmtree(TMP, ignore_errors=True)
     print("# Benchmarks: pytrace against its peers, measured side by side\n")
     kernel = os.uname().release

@@ -4,6 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 
+use crate::bpf::calls::types::str_kind;
 use crate::python::layouts::{Layout, LineFormat, NO_FIELD};
 use super::strings;
 use crate::process::proc::Memory;
@@ -36,14 +37,13 @@ pub fn read_str(mem: &Memory, layout: &Layout, addr: u64) -> Result<String> {
     let data = addr + if ascii { layout.unicode_ascii_data } else { layout.unicode_compact_data } as u64;
     let mut bytes = vec![0u8; (length * kind as u64) as usize];
     mem.read(data, &mut bytes)?;
-    // The same kinds as bpf/python.h's enum str_kind.
-    let str_kind = match (kind, ascii) {
-        (1, true) => 2,
-        (1, false) => 3,
-        (2, _) => 4,
-        _ => 5,
+    let captured_as = match (kind, ascii) {
+        (1, true) => str_kind::STR_ASCII,
+        (1, false) => str_kind::STR_UCS1,
+        (2, _) => str_kind::STR_UCS2,
+        _ => str_kind::STR_UCS4,
     };
-    strings::decode(str_kind, length as u32, &bytes).with_context(|| format!("garbage in the str at {addr:#x}"))
+    strings::decode(captured_as.0 as u8, length as u32, &bytes).with_context(|| format!("garbage in the str at {addr:#x}"))
 }
 
 impl Code {

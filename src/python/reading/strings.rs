@@ -1,17 +1,22 @@
 //! Decodes str objects whose bytes a BPF program copied out of the target.
 //! BPF only copies (bounded); decoding, and refusing garbage, happen here.
 
-/// How the bytes were captured; the numbers are bpf/python.h's enum str_kind.
+// bpf/python.h's enum str_kind, as the skeleton carries it: calls and imports
+// both include python.h, so either skeleton's copy is the C one.
+use crate::bpf::calls::types::str_kind;
+
+/// `kind` is how the bytes were captured: an enum str_kind value, as the
+/// records carry it (a __u8).
 pub fn decode(kind: u8, len_chars: u32, bytes: &[u8]) -> Option<String> {
-    let (width, latin1) = match kind {
-        1 => {
+    let (width, latin1) = match str_kind(kind.into()) {
+        str_kind::STR_UTF8 => {
             let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
             return std::str::from_utf8(&bytes[..end]).ok().map(str::to_string);
         }
-        2 => (1, false),
-        3 => (1, true),
-        4 => (2, false),
-        5 => (4, false),
+        str_kind::STR_ASCII => (1, false),
+        str_kind::STR_UCS1 => (1, true),
+        str_kind::STR_UCS2 => (2, false),
+        str_kind::STR_UCS4 => (4, false),
         _ => return None,
     };
     let captured = (bytes.len() / width).min(len_chars as usize);
@@ -39,21 +44,26 @@ pub fn decode(kind: u8, len_chars: u32, bytes: &[u8]) -> Option<String> {
 mod tests {
     use super::*;
 
+    /// The wire value of a kind, as a BPF record carries it.
+    fn k(kind: str_kind) -> u8 {
+        kind.0 as u8
+    }
+
     #[test]
     fn decodes_each_kind() {
-        assert_eq!(decode(1, 3, b"f\xc3\xa9\0junk").as_deref(), Some("fé"));
-        assert_eq!(decode(2, 4, b"main").as_deref(), Some("main"));
-        assert_eq!(decode(3, 2, &[0x63, 0xe9]).as_deref(), Some("cé"));
-        assert_eq!(decode(4, 1, &0x3bbu16.to_le_bytes()).as_deref(), Some("λ"));
-        assert_eq!(decode(5, 1, &0x1f600u32.to_le_bytes()).as_deref(), Some("😀"));
+        assert_eq!(decode(k(str_kind::STR_UTF8), 3, b"f\xc3\xa9\0junk").as_deref(), Some("fé"));
+        assert_eq!(decode(k(str_kind::STR_ASCII), 4, b"main").as_deref(), Some("main"));
+        assert_eq!(decode(k(str_kind::STR_UCS1), 2, &[0x63, 0xe9]).as_deref(), Some("cé"));
+        assert_eq!(decode(k(str_kind::STR_UCS2), 1, &0x3bbu16.to_le_bytes()).as_deref(), Some("λ"));
+        assert_eq!(decode(k(str_kind::STR_UCS4), 1, &0x1f600u32.to_le_bytes()).as_deref(), Some("😀"));
     }
 
     #[test]
     fn marks_truncation_and_refuses_garbage() {
-        assert_eq!(decode(2, 10, b"abc").as_deref(), Some("abc…"));
-        assert_eq!(decode(2, 2, &[b'a', 0xff]), None);
-        assert_eq!(decode(2, 2, b"a\x01"), None);
-        assert_eq!(decode(0, 3, b"abc"), None);
-        assert_eq!(decode(5, 1, &0xd800u32.to_le_bytes()), None, "a surrogate is no char");
+        assert_eq!(decode(k(str_kind::STR_ASCII), 10, b"abc").as_deref(), Some("abc…"));
+        assert_eq!(decode(k(str_kind::STR_ASCII), 2, &[b'a', 0xff]), None);
+        assert_eq!(decode(k(str_kind::STR_ASCII), 2, b"a\x01"), None);
+        assert_eq!(decode(k(str_kind::STR_UNREADABLE), 3, b"abc"), None);
+        assert_eq!(decode(k(str_kind::STR_UCS4), 1, &0xd800u32.to_le_bytes()), None, "a surrogate is no char");
     }
 }

@@ -448,26 +448,17 @@ impl Guardian {
     /// Hands the guardian the calls program's map of followed children
     /// (the fd travels in the message, so the map outlives pytrace).
     pub fn share_children_map(&self, map: std::os::fd::BorrowedFd<'_>) {
-        use std::os::fd::AsRawFd;
-        let fd = map.as_raw_fd();
-        // SAFETY: sendmsg of one byte with one fd, all from locals.
-        unsafe {
-            let mut byte = CHILDREN_MAP;
-            let mut iov = libc::iovec { iov_base: (&mut byte as *mut u8).cast(), iov_len: 1 };
-            let space = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as usize;
-            let mut control = vec![0u8; space];
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = control.as_mut_ptr().cast();
-            msg.msg_controllen = space as _;
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>(), fd);
-            libc::sendmsg(self.pipe, &msg, libc::MSG_NOSIGNAL);
-        }
+        use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+        let fds = [map];
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        // The space is sized for exactly this message: it always fits.
+        control.push(SendAncillaryMessage::ScmRights(&fds));
+        // SAFETY: self.pipe is our open end of the socket until `finish` or
+        // drop closes it, and neither can run during this borrow.
+        let socket = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.pipe) };
+        // A failed send means the guardian is gone, as for the writes above.
+        let _ = sendmsg(socket, &[std::io::IoSlice::new(&[CHILDREN_MAP])], &mut control, SendFlags::NOSIGNAL);
     }
 
     /// The hook is about to be set: from now on, should pytrace die, the
@@ -524,32 +515,44 @@ impl Drop for Guardian {
 }
 
 /// Reads one byte from the guardian's socket into `byte`, with the fd it
-/// carries if any: None at the end (pytrace closed it, or died).
+/// carries if any: None at the end (pytrace closed it, or died). The fd is
+/// kept only when the control data came whole (no MSG_CTRUNC) and holds
+/// exactly one SOL_SOCKET/SCM_RIGHTS descriptor; any other fds received are
+/// closed.
 fn receive_byte(socket: libc::c_int, byte: &mut u8) -> Option<Option<std::os::fd::OwnedFd>> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: recvmsg into locals; a received fd becomes ours.
-    unsafe {
-        let mut iov = libc::iovec { iov_base: (byte as *mut u8).cast(), iov_len: 1 };
-        let space = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as usize;
-        let mut control = vec![0u8; space];
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        loop {
-            match libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC) {
-                1 => break,
-                -1 if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => continue,
-                _ => return None,
-            }
+    use rustix::io::Errno;
+    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
+    // SAFETY: the guardian owns `socket` for its whole life (closed only by
+    // its exit), so the borrow cannot outlive it.
+    let socket = unsafe { std::os::fd::BorrowedFd::borrow_raw(socket) };
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let received = loop {
+        match recvmsg(socket, &mut [std::io::IoSliceMut::new(std::slice::from_mut(byte))], &mut control, RecvFlags::CMSG_CLOEXEC) {
+            Ok(received) => break received,
+            Err(Errno::INTR) => continue,
+            Err(_) => return None,
         }
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        if cmsg.is_null() || (*cmsg).cmsg_level != libc::SOL_SOCKET || (*cmsg).cmsg_type != libc::SCM_RIGHTS {
-            return Some(None);
+    };
+    if received.bytes != 1 {
+        return None;
+    }
+    if received.flags.contains(ReturnFlags::CTRUNC) {
+        // Some fds did not fit (the kernel closed those); what did fit is
+        // closed when `control` drops: not the one message that was sent.
+        return Some(None);
+    }
+    // rustix yields ScmRights only for SOL_SOCKET/SCM_RIGHTS messages; fds
+    // not taken here are closed as the iterators drop.
+    let mut fds: Vec<std::os::fd::OwnedFd> = Vec::new();
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = message {
+            fds.extend(rights);
         }
-        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
-        Some(Some(std::os::fd::OwnedFd::from_raw_fd(fd)))
+    }
+    match fds.len() {
+        1 => Some(fds.pop()),
+        _ => Some(None),
     }
 }
 

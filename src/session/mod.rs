@@ -1,13 +1,15 @@
 //! What every tracing subcommand does around its BPF program: check that
 //! tracing is possible at all, find or start the target (`launch`), run
-//! the session's poll loop (`driver`, through `Live`), and decide when to
-//! stop (target exit, --duration, Ctrl-C or SIGTERM). Whole runs, from the
-//! target to what was gathered, so that a command only wires its options
-//! to one and its result to a report: `calls` (the calls program inside
-//! the eval-frame hook's lifecycle, `hook`; shared by `calls`, `top
-//! --calls` and `compare`), `compare` (calls and the sampler at once),
-//! `sampling` (one target or every CPython), `gc`, and `snapshot` (one
-//! read of every thread, for `dump`).
+//! the session's poll loop (`driver`, through `Live`, which holds the
+//! session's libbpf object: `Live::run`), and decide when to stop (target
+//! exit, --duration, Ctrl-C or SIGTERM). Whole runs, from the target to
+//! what was gathered, so that a command only wires its options to one and
+//! its result to a report: `run` (one target, the run gil, imports, gc,
+//! sample and top share), `gil`, `imports`, `gc`, `sampling` (one target
+//! or every CPython), `calls` (the calls program inside the eval-frame
+//! hook's lifecycle, `hook`; shared by `calls`, `top --calls` and
+//! `compare`), `compare` (calls and the sampler at once), and `snapshot`
+//! (one read of every thread, for `dump`).
 
 mod calls;
 mod compare;
@@ -308,7 +310,8 @@ impl Target {
 /// (driver.rs): let the target run once the probes are attached (and say
 /// so), then poll until the target exits, the duration runs out or a stop
 /// signal comes. `everywhere` is the run with no one target (`sample
-/// --all`). One per run, so a command only wires its session to this.
+/// --all`). One per run, made only inside `session/` (`Target::trace`,
+/// the calls run, `sample --all`): no command sees it.
 struct Live<'t> {
     target: Option<RefCell<&'t mut Target>>,
     /// What the line scripts wait for says after "attached to PID N".

@@ -2,7 +2,6 @@
 //! `py-spy top` and Linux `top`: the sampler runs as for `sample`, and
 //! every second the profile so far is redrawn in the terminal.
 
-use std::mem::MaybeUninit;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -10,8 +9,8 @@ use anyhow::Result;
 use crate::python::reading::asyncio_tasks;
 use crate::report::terminal::{require_terminal, LiveScreen};
 use crate::report::top::TopView;
-use crate::session::{Live, Target, TargetSpec};
-use crate::tracing::sample::{self, Options as SampleOptions, Targets};
+use crate::session::{self, Target, TargetSpec};
+use crate::tracing::sample::{Options as SampleOptions, Session};
 
 pub struct Options {
     pub target: TargetSpec,
@@ -28,24 +27,21 @@ pub fn run(opts: Options) -> Result<i32> {
         return super::top_calls::run(opts.target, opts.duration);
     }
     require_terminal("use `pytrace sample` to write a profile")?;
-    let (mut target, python) = Target::prepare(opts.target)?;
+    let (target, python) = Target::prepare(opts.target)?;
     if let Some(refusal) = opts.async_tasks.then(|| asyncio_tasks::unsupported(&python, "top --async")).flatten() {
         anyhow::bail!(refusal);
     }
-    let pid = target.pid;
-    let mut view = TopView::new(format!("pytrace top: PID {pid}, Python {}", python.version), opts.hz, target.cwd());
-    let live = Live::new(&mut target, &python, "sample", opts.duration);
+    let mut view = TopView::new(format!("pytrace top: PID {}, Python {}", target.pid, python.version), opts.hz, target.cwd());
+    // Moved into the round: the terminal is put back as the probes go,
+    // before a command we started is waited for or stopped.
     let mut screen = LiveScreen::default();
-    let mut object = MaybeUninit::uninit();
-    let sampling = SampleOptions { hz: opts.hz, kernel: false, idle: false, native: false, threads: false, gil: false, states: false, async_tasks: opts.async_tasks };
-    let session = sample::Session::start(&mut object, Targets::One(pid, &python), &sampling)?;
-    live.drive(session, |_, target| target.release(), |session| {
+    let round = move |session: &Session, elapsed| {
         screen.round(&mut view, |view| {
-            view.update_from(&session.samples_so_far(), session.total(), live.elapsed());
+            view.update_from(&session.samples_so_far(), session.total(), elapsed);
             Ok(())
         })
-    })?;
-    drop(screen);
-    drop(live);
-    Ok(target.exit_code())
+    };
+    let sampling = SampleOptions { hz: opts.hz, kernel: false, idle: false, native: false, threads: false, gil: false, states: false, async_tasks: opts.async_tasks };
+    let (run, _) = session::sample_target(target, &python, opts.duration, &sampling, round)?;
+    Ok(run.exit_code())
 }

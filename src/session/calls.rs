@@ -18,7 +18,7 @@ use crate::model::hook::HookOutcome;
 use crate::python::Python;
 use crate::report::PythonInfo;
 use crate::tracing::calls::{self as tracer, Mode, Plan};
-use crate::tracing::Tracing;
+use crate::tracing::{Start, Tracing};
 
 /// What a calls run counts beyond calls, and for how long.
 #[derive(Default)]
@@ -101,12 +101,16 @@ impl CallsTarget {
     }
 
     /// Counts calls with another program (`beside`, named `beside_name`,
-    /// started once the calls program is attached) on the same poll: both
-    /// are attached before the target runs and detached before either is
-    /// read, so they cover the same time.
-    pub fn trace_beside<B: Tracing>(self, python: &Python, opts: &CallsOptions, beside_name: &str, beside: impl FnOnce() -> Result<B>) -> (CallsRun, Result<(CallsData, B::Data)>) {
+    /// started once the calls program is attached, in an object held here)
+    /// on the same poll: both are attached before the target runs and
+    /// detached before either is read, so they cover the same time.
+    pub fn trace_beside<B: Start>(self, python: &Python, opts: &CallsOptions, beside_name: &str, beside: B) -> (CallsRun, Result<(CallsData, B::Data)>) {
         let attached_as = format!("{} and {beside_name}", self.mode.name());
-        self.run(python, opts, &attached_as, |calls, hooked| hooked.drive((calls, beside()?), |_| Ok(true)))
+        self.run(python, opts, &attached_as, |calls, hooked| {
+            let mut object = MaybeUninit::uninit();
+            let beside = beside.start(&mut object)?;
+            hooked.drive((calls, beside), |_| Ok(true))
+        })
     }
 
     /// The lifecycle both share; `drive` runs the started calls session.

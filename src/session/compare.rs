@@ -3,7 +3,6 @@
 //! read (src/tracing/compare.rs), in the calls run `calls` has (calls.rs),
 //! eval-frame hook and all.
 
-use std::mem::MaybeUninit;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -20,9 +19,9 @@ pub fn trace_and_sample(spec: TargetSpec, duration: Option<Duration>, hz: u64) -
     let pid = target.pid();
     // Kernel stacks show which samples fell inside the probes.
     let sample_opts = sample::Options { hz, kernel: true, idle: false, native: false, threads: false, gil: false, states: false, async_tasks: false };
-    let mut sample_object = MaybeUninit::uninit();
     let counting = CallsOptions { duration, ..Default::default() };
-    let (run, gathered) = target.trace_beside(&python, &counting, "sample", || sample::Session::start(&mut sample_object, Targets::One(pid, &python), &sample_opts));
+    let sampler = sample::Plan { targets: Targets::One(pid, &python), opts: &sample_opts };
+    let (run, gathered) = target.trace_beside(&python, &counting, "sample", sampler);
     let (calls, mut samples) = gathered?;
     if let Some(why) = &run.hook.incomplete {
         crate::console::err(&format!("pytrace: warning: {why}\n"));

@@ -4,45 +4,21 @@
 //! exits, the duration runs out or a stop signal comes.
 
 use std::cell::Cell;
-use std::mem::MaybeUninit;
 use std::time::Duration;
 
 use anyhow::Result;
 
-use super::{Live, Target, TargetSpec};
+use super::{Run, Target, TargetSpec};
 use crate::model::events::Collection;
-use crate::report::PythonInfo;
 use crate::tracing::gc::{self, GcData, Mode};
 use crate::tracing::monotonic_ns;
-
-/// What a gc run was (what it gathered comes beside it).
-pub struct GcRun {
-    pub pid: u32,
-    pub version: String,
-    /// How collections were seen.
-    pub mode: Mode,
-    pub elapsed: Duration,
-    target: Target,
-}
-
-impl GcRun {
-    /// Its Python and mode, as reports name them.
-    pub fn python_info(&self) -> PythonInfo {
-        PythonInfo { version: self.version.clone(), mode: self.mode.name().into() }
-    }
-
-    /// pytrace's exit code (`Target::exit_code`).
-    pub fn exit_code(&self) -> i32 {
-        self.target.exit_code()
-    }
-}
 
 /// Traces `spec`'s collections in `requested` mode (None: the USDT probes
 /// where they exist), giving each to `on_collection` with how long after
 /// the target was let run it began; the run ends early once it returns
 /// false (nowhere left to print).
-pub fn trace_gc(spec: TargetSpec, duration: Option<Duration>, requested: Option<Mode>, on_collection: impl Fn(&Collection, u64) -> bool) -> Result<(GcRun, GcData)> {
-    let (mut target, python) = Target::prepare(spec)?;
+pub fn trace_gc(spec: TargetSpec, duration: Option<Duration>, requested: Option<Mode>, on_collection: impl Fn(&Collection, u64) -> bool) -> Result<(Run, GcData)> {
+    let (target, python) = Target::prepare(spec)?;
     let (mode, _why) = gc::choose_mode(&python, requested)?;
     let pid = target.pid;
     let attached_at = Cell::new(monotonic_ns());
@@ -52,10 +28,7 @@ pub fn trace_gc(spec: TargetSpec, duration: Option<Duration>, requested: Option<
             stopped.set(true);
         }
     };
-    let started_by_us = target.started_by_us();
-    let live = Live::new(&mut target, &python, mode.name(), duration);
-    let mut object = MaybeUninit::uninit();
-    let session = gc::Session::start(&mut object, pid, &python, mode, started_by_us, &each)?;
+    let plan = gc::Plan { pid, python: &python, mode, started_by_us: target.started_by_us(), on_collection: &each };
     let release = |session: &gc::Session, target: &mut Target| {
         // Watchpoint mode on a command we started: its interpreter exists
         // only once it runs Python; it stops there for the watchpoint.
@@ -67,8 +40,5 @@ pub fn trace_gc(spec: TargetSpec, duration: Option<Duration>, requested: Option<
         attached_at.set(monotonic_ns());
         Ok(())
     };
-    let data = live.drive(session, release, |_| Ok(!stopped.get()))?;
-    let elapsed = live.elapsed();
-    drop(live);
-    Ok((GcRun { pid, version: python.version.to_string(), mode, elapsed, target }, data))
+    target.trace(&python, mode.name(), duration, plan, release, |_, _| Ok(!stopped.get()))
 }

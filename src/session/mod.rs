@@ -1,26 +1,32 @@
 //! What every tracing subcommand does around its BPF program: check that
 //! tracing is possible at all, find or start the target (`launch`), run
-//! the session's poll loop (`driver`, through `Live`), and decide when to
-//! stop (target exit, --duration, Ctrl-C or SIGTERM). Whole runs, from the
-//! target to what was gathered, so that a command only wires its options
-//! to one and its result to a report: `calls` (the calls program inside
-//! the eval-frame hook's lifecycle, `hook`; shared by `calls`, `top
-//! --calls` and `compare`), `compare` (calls and the sampler at once),
-//! `sampling` (one target or every CPython), `gc`, and `snapshot` (one
-//! read of every thread, for `dump`).
+//! the session's poll loop (`driver`, through `Live`, which holds the
+//! session's libbpf object: `Live::run`), and decide when to stop (target
+//! exit, --duration, Ctrl-C or SIGTERM). Whole runs, from the target to
+//! what was gathered, so that a command only wires its options to one and
+//! its result to a report: `run` (one target, the run gil, imports, gc,
+//! sample and top share), `gil`, `imports`, `gc`, `sampling` (one target
+//! or every CPython), `calls` (the calls program inside the eval-frame
+//! hook's lifecycle, `hook`; shared by `calls`, `top --calls` and
+//! `compare`), `compare` (calls and the sampler at once), and `snapshot`
+//! (one read of every thread, for `dump`).
 
 mod calls;
 mod compare;
 pub mod driver;
 mod gc;
+mod gil;
 mod hook;
+mod imports;
 mod launch;
+mod run;
 mod sampling;
 mod snapshot;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::io::IsTerminal;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -30,12 +36,15 @@ use crate::python::reading::thread_names;
 use crate::python::Python;
 use launch::Launched;
 use crate::process::proc;
-use crate::tracing::Tracing;
+use crate::tracing::{Start, Tracing};
 
 pub use calls::{CallsOptions, CallsRun, CallsTarget};
 pub use compare::trace_and_sample;
 pub use gc::trace_gc;
-pub use sampling::sample;
+pub use gil::trace_gil;
+pub use imports::trace_imports;
+pub use run::Run;
+pub use sampling::{sample, sample_target};
 pub use snapshot::snapshot;
 
 pub use launch::Command as LaunchCommand;
@@ -301,8 +310,9 @@ impl Target {
 /// (driver.rs): let the target run once the probes are attached (and say
 /// so), then poll until the target exits, the duration runs out or a stop
 /// signal comes. `everywhere` is the run with no one target (`sample
-/// --all`). One per run, so a command only wires its session to this.
-pub struct Live<'t> {
+/// --all`). One per run, made only inside `session/` (`Target::trace`,
+/// the calls run, `sample --all`): no command sees it.
+struct Live<'t> {
     target: Option<RefCell<&'t mut Target>>,
     /// What the line scripts wait for says after "attached to PID N".
     attached_as: String,
@@ -330,7 +340,7 @@ impl Drop for Live<'_> {
 impl<'t> Live<'t> {
     /// A run on `target`, whose Python is `python`, seen in `mode`. Ctrl-C
     /// and SIGTERM end it from here on.
-    pub fn new(target: &'t mut Target, python: &Python, mode: &str, duration: Option<Duration>) -> Self {
+    fn new(target: &'t mut Target, python: &Python, mode: &str, duration: Option<Duration>) -> Self {
         install_signal_handlers();
         let attached_as = format!("(Python {}, {mode} mode)", python.version);
         Live { target: Some(RefCell::new(target)), attached_as, duration, started: Cell::new(Instant::now()), made: Instant::now(), stopped: Default::default() }
@@ -338,23 +348,32 @@ impl<'t> Live<'t> {
 
     /// A run on every CPython on the machine: it ends at the duration or a
     /// stop signal.
-    pub fn everywhere(duration: Option<Duration>) -> Self {
+    fn everywhere(duration: Option<Duration>) -> Self {
         install_signal_handlers();
         Live { target: None, attached_as: String::new(), duration, started: Cell::new(Instant::now()), made: Instant::now(), stopped: Default::default() }
+    }
+
+    /// Starts `plan`'s session in a libbpf object held here, for the
+    /// whole drive, then drives it (`drive`): the start-and-drive sequence
+    /// of every run, so that no caller holds a BPF object.
+    fn run<P: Start>(&self, plan: P, release: impl FnOnce(&P::Session<'_>, &mut Target) -> Result<()>, each: impl FnMut(&P::Session<'_>) -> Result<bool>) -> Result<P::Data> {
+        let mut object = MaybeUninit::uninit();
+        let session = plan.start(&mut object)?;
+        self.drive(session, release, each)
     }
 
     /// Runs `session` (driver.rs): once it is attached, lets the target
     /// run with `release` (`Target::release`, or what the session needs
     /// first), says so, then polls while `each` (given the session, between
     /// polls) and `keep_going` say go on.
-    pub fn drive<T: Tracing>(&self, session: T, release: impl FnOnce(&T, &mut Target) -> Result<()>, each: impl FnMut(&T) -> Result<bool>) -> Result<T::Data> {
+    fn drive<T: Tracing>(&self, session: T, release: impl FnOnce(&T, &mut Target) -> Result<()>, each: impl FnMut(&T) -> Result<bool>) -> Result<T::Data> {
         self.drive_and_end(session, release, each, |_, _| {})
     }
 
     /// `drive`, with `ending` (given the session and the target) run once
     /// the traced window has ended and before the probes are detached
     /// (driver.rs).
-    pub fn drive_and_end<T: Tracing>(
+    fn drive_and_end<T: Tracing>(
         &self,
         session: T,
         release: impl FnOnce(&T, &mut Target) -> Result<()>,

@@ -4,12 +4,12 @@
 //! following. What comes back is everything the profile is made from.
 
 use std::collections::HashMap;
-use std::mem::MaybeUninit;
 use std::time::Duration;
 
 use anyhow::Result;
 
-use super::{preflight, Live, Progress, Target, TargetSpec};
+use super::{preflight, Live, Progress, Run, Target, TargetSpec};
+use crate::python::Python;
 use crate::tracing::sample::{self, Options, SampleData, Targets};
 
 /// What a sample run gathered, and about what.
@@ -26,13 +26,13 @@ pub struct SampleRun {
     pub thread_names: Option<HashMap<u32, String>>,
     /// The target's working directory, where its own files are.
     pub cwd: Option<String>,
-    target: Option<Target>,
+    run: Option<Run>,
 }
 
 impl SampleRun {
-    /// pytrace's exit code (`Target::exit_code`); 0 for every process.
+    /// pytrace's exit code (`Run::exit_code`); 0 for every process.
     pub fn exit_code(&self) -> i32 {
-        self.target.as_ref().map_or(0, Target::exit_code)
+        self.run.as_ref().map_or(0, Run::exit_code)
     }
 }
 
@@ -40,35 +40,39 @@ impl SampleRun {
 pub fn sample(target: Option<TargetSpec>, duration: Option<Duration>, opts: &Options) -> Result<SampleRun> {
     match target {
         Some(spec) => {
-            let (mut target, python) = Target::prepare(spec)?;
+            let (target, python) = Target::prepare(spec)?;
             let pid = target.pid;
             let cwd = target.cwd();
             let mut progress = Progress::new(opts.threads.then_some((pid, &python)));
-            let live = Live::new(&mut target, &python, "sample", duration);
-            let data = sample_with(&live, Targets::One(pid, &python), opts, &mut progress)?;
-            let elapsed = live.elapsed();
-            drop(live);
-            let (cpu_ns, thread_names) = (target.cpu_ns(), progress.finish());
-            Ok(SampleRun { data, pid, version: python.version.to_string(), elapsed, cpu_ns, thread_names, cwd, target: Some(target) })
+            let (run, data) = sample_target(target, &python, duration, opts, |session, elapsed| {
+                progress.tick(session.total(), elapsed);
+                Ok(true)
+            })?;
+            let (cpu_ns, thread_names) = (run.cpu_ns(), progress.finish());
+            Ok(SampleRun { data, pid, version: run.version.clone(), elapsed: run.elapsed, cpu_ns, thread_names, cwd, run: Some(run) })
         }
         None => {
             preflight()?;
             let mut progress = Progress::new(None);
             let live = Live::everywhere(duration);
             // Threads are told apart for one target only.
-            let data = sample_with(&live, Targets::All, &Options { threads: false, ..*opts }, &mut progress)?;
+            let opts = Options { threads: false, ..*opts };
+            let plan = sample::Plan { targets: Targets::All, opts: &opts };
+            let data = live.run(plan, |_, target| target.release(), |session| {
+                progress.tick(session.total(), live.elapsed());
+                Ok(true)
+            })?;
             let (elapsed, thread_names) = (live.elapsed(), progress.finish());
-            Ok(SampleRun { data, pid: 0, version: "any".into(), elapsed, cpu_ns: None, thread_names, cwd: None, target: None })
+            Ok(SampleRun { data, pid: 0, version: "any".into(), elapsed, cpu_ns: None, thread_names, cwd: None, run: None })
         }
     }
 }
 
-/// Samples `targets` until `live` says stop, the progress line following.
-fn sample_with(live: &Live, targets: Targets, opts: &Options, progress: &mut Progress) -> Result<SampleData> {
-    let mut object = MaybeUninit::uninit();
-    let session = sample::Session::start(&mut object, targets, opts)?;
-    live.drive(session, |_, target| target.release(), |session| {
-        progress.tick(session.total(), live.elapsed());
-        Ok(true)
-    })
+/// Samples `target` (made ready by `Target::prepare`), whose Python is
+/// `python`, until it exits, the duration runs out, a stop signal comes or
+/// `each` (given the session and the time run so far, between polls: a
+/// live view) says stop. `each` is dropped before the run ends.
+pub fn sample_target(target: Target, python: &Python, duration: Option<Duration>, opts: &Options, each: impl FnMut(&sample::Session, Duration) -> Result<bool>) -> Result<(Run, SampleData)> {
+    let plan = sample::Plan { targets: Targets::One(target.pid, python), opts };
+    target.trace(python, "sample", duration, plan, |_, target| target.release(), each)
 }

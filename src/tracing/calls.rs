@@ -420,17 +420,17 @@ fn adjusted_stats<'m>(
     adjusted: &'m mut HashMap<KeyId, (func_key, func_stats)>,
     key: &func_key,
 ) -> Result<Option<&'m mut (func_key, func_stats)>> {
-    let id = id_of(key);
-    if !adjusted.contains_key(&id) {
-        // SAFETY: func_key is plain data (four integers, no padding), copied
-        // whole out of a map record, so every byte is initialised.
-        let key_bytes = unsafe { std::slice::from_raw_parts((key as *const func_key).cast::<u8>(), std::mem::size_of::<func_key>()) };
-        let Some(value) = skel.maps.stats.lookup(key_bytes, MapFlags::ANY)? else { return Ok(None) };
-        let mut stats = func_stats::default();
-        plain::copy_from_bytes(&mut stats, &value).map_err(|_| anyhow::anyhow!("bad value size"))?;
-        adjusted.insert(id, (*key, stats));
-    }
-    Ok(adjusted.get_mut(&id))
+    let vacant = match adjusted.entry(id_of(key)) {
+        std::collections::hash_map::Entry::Occupied(read) => return Ok(Some(read.into_mut())),
+        std::collections::hash_map::Entry::Vacant(vacant) => vacant,
+    };
+    // SAFETY: func_key is plain data (four integers, no padding), copied
+    // whole out of a map record, so every byte is initialised.
+    let key_bytes = unsafe { std::slice::from_raw_parts((key as *const func_key).cast::<u8>(), std::mem::size_of::<func_key>()) };
+    let Some(value) = skel.maps.stats.lookup(key_bytes, MapFlags::ANY)? else { return Ok(None) };
+    let mut stats = func_stats::default();
+    plain::copy_from_bytes(&mut stats, &value).map_err(|_| anyhow::anyhow!("bad value size"))?;
+    Ok(Some(vacant.insert((*key, stats))))
 }
 
 fn function(names: &Names, key: &func_key, stats: &func_stats) -> Function {

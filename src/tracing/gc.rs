@@ -87,6 +87,24 @@ pub struct Session<'obj, 'a> {
     on_collection: &'a dyn Fn(Collection),
 }
 
+/// A gc session to start (`Start`): the arguments of `Session::start`.
+pub struct Plan<'a> {
+    pub pid: u32,
+    pub python: &'a Python,
+    pub mode: Mode,
+    pub started_by_us: bool,
+    pub on_collection: &'a dyn Fn(Collection),
+}
+
+impl<'a> super::Start for Plan<'a> {
+    type Data = GcData;
+    type Session<'obj> = Session<'obj, 'a>;
+
+    fn start<'obj>(self, object: &'obj mut MaybeUninit<OpenObject>) -> Result<Session<'obj, 'a>> {
+        Session::start(object, self.pid, self.python, self.mode, self.started_by_us, self.on_collection)
+    }
+}
+
 impl<'obj, 'a> Session<'obj, 'a> {
     /// Loads the program into `object` and attaches it. In watchpoint mode
     /// on a command pytrace started (`started_by_us`) the interpreter does

@@ -214,6 +214,23 @@ impl RuntimeGil<'_> {
     }
 }
 
+/// A gil session to start (`Start`): on `pid`, whose Python is `python`,
+/// probed at `probes`.
+pub struct Plan<'p> {
+    pub pid: u32,
+    pub python: &'p Python,
+    pub probes: GilProbes,
+}
+
+impl<'p> super::Start for Plan<'p> {
+    type Data = GilData;
+    type Session<'obj> = Session<'obj, 'p>;
+
+    fn start<'obj>(self, object: &'obj mut MaybeUninit<OpenObject>) -> Result<Session<'obj, 'p>> {
+        Session::start(object, self.pid, self.python, self.probes)
+    }
+}
+
 impl<'obj, 'p> Session<'obj, 'p> {
     pub fn start(object: &'obj mut MaybeUninit<OpenObject>, pid: u32, python: &'p Python, probes: GilProbes) -> Result<Self> {
         let mut open = GilSkelBuilder::default().open(object).context("failed to open the gil BPF program")?;

@@ -63,6 +63,23 @@ pub struct Session<'obj> {
     events: RefCell<Vec<ImportEvent>>,
 }
 
+/// An imports session to start (`Start`): on `pid`, whose Python is
+/// `python`, seen in `mode`.
+pub struct Plan<'p> {
+    pub pid: u32,
+    pub python: &'p Python,
+    pub mode: Mode,
+}
+
+impl super::Start for Plan<'_> {
+    type Data = ImportData;
+    type Session<'obj> = Session<'obj>;
+
+    fn start<'obj>(self, object: &'obj mut MaybeUninit<OpenObject>) -> Result<Session<'obj>> {
+        Session::start(object, self.pid, self.python, self.mode)
+    }
+}
+
 impl<'obj> Session<'obj> {
     /// Loads the program into `object` and attaches it: from here on every
     /// import of the target is seen.

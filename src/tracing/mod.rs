@@ -12,10 +12,11 @@ pub mod sample;
 pub mod watchpoint;
 
 use std::cell::RefCell;
+use std::mem::MaybeUninit;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 
 use crate::model::counters::{Counters, Kind};
 use crate::process::proc;
@@ -156,6 +157,20 @@ pub fn ensure_still_running(pid: u32) -> Result<()> {
         anyhow::bail!("process {pid} exited while pytrace was attaching");
     }
     Ok(())
+}
+
+/// A BPF session not started yet: what its program needs to be opened,
+/// loaded and attached into the libbpf object the session driver holds
+/// (`session::Live::run`), so that no caller handles that object's
+/// lifetime. The session borrows the object (`'obj`), hence the generic
+/// associated type.
+pub trait Start {
+    /// What the started session's `finish` gives back.
+    type Data;
+    type Session<'obj>: Tracing<Data = Self::Data>;
+
+    /// Opens, loads and attaches the program into `object`.
+    fn start<'obj>(self, object: &'obj mut MaybeUninit<OpenObject>) -> Result<Self::Session<'obj>>;
 }
 
 /// A BPF program loaded and attached to its target, in the steps the

@@ -126,6 +126,21 @@ pub struct Session<'obj, 'a> {
     counts_lock: Arc<Mutex<()>>,
 }
 
+/// A sampler to start (`Start`): on `targets`, as `opts` say.
+pub struct Plan<'a> {
+    pub targets: Targets<'a>,
+    pub opts: &'a Options,
+}
+
+impl<'a> super::Start for Plan<'a> {
+    type Data = SampleData;
+    type Session<'obj> = Session<'obj, 'a>;
+
+    fn start<'obj>(self, object: &'obj mut MaybeUninit<OpenObject>) -> Result<Session<'obj, 'a>> {
+        Session::start(object, self.targets, self.opts)
+    }
+}
+
 impl<'obj, 'a> Session<'obj, 'a> {
     /// Loads the program into `object` and attaches it: from here on the
     /// targets are sampled (once their interpreter is located, see

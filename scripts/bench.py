@@ -700,45 +700,47 @@ def nearest_rank(values, fraction):
 
 def dump_table():
     """Wall time of `pytrace dump -p` and `py-spy dump --pid`, alternating,
-    on a target whose every thread spins deep in its stack, beside one
-    CPU-bound neighbour per CPU: the tools start at normal priority and
+    on a target whose every thread spins deep in its stack: first the busy
+    target alone (its threads outnumber the CPUs), then beside one
+    CPU-bound neighbour per CPU. The tools start at normal priority and
     compete for the CPUs as a user's command would. Every dump must exit 0
     and show every thread (counted in its output), or the table fails."""
-    progress(f"dump, {max(DUMP_RUNS, REPEATS)} runs of each")
-    neighbours = [start([DEBIAN.exe, "-c", "while True: pass"]) for _ in range(os.cpu_count())]
-    target = start(DEBIAN.argv("busy_deep_threads.py", DUMP_THREADS, DUMP_DEPTH), stdout=subprocess.PIPE)
-    try:
-        if target.stdout.readline().strip() != "ready":
-            raise RuntimeError("busy_deep_threads.py did not start")
-        pid = str(target.pid)
-        tools = {"pytrace": [PYTRACE, "dump", "-p", pid], "py-spy": [PY_SPY, "dump", "--pid", pid]}
-        times = {name: [] for name in tools}
-        cpu = {name: [] for name in tools}
-        loads = [os.getloadavg()[0]]
-        for _ in range(max(DUMP_RUNS, REPEATS)):
-            for name, argv in tools.items():
-                before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
-                done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                times[name].append(time.monotonic() - t0)
-                # Only this dump was reaped since `before` (the target and
-                # the neighbours are reaped at the end): its CPU alone.
-                after = resource.getrusage(resource.RUSAGE_CHILDREN)
-                cpu[name].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-                # Both print a "Thread TID (...)" line per thread.
-                threads = len(re.findall(r"^Thread \d+ ", done.stdout, re.M))
-                if done.returncode != 0 or threads != DUMP_THREADS + 1:
-                    raise RuntimeError(f"{name} dump exited {done.returncode} with {threads} threads: {done.stderr.strip()}")
-        loads.append(os.getloadavg()[0])
-    finally:
-        for proc in (target, *neighbours):
-            proc.kill()
-            proc.wait()
-    rows = [f"| {name} | {len(t)} | {min(t) * 1000:.0f} | {median(t) * 1000:.0f} | {nearest_rank(t, 0.95) * 1000:.0f} | {max(t) * 1000:.0f} | "
-            f"{median(cpu[name]) * 1000:.0f} |" for name, t in times.items()]
+    progress(f"dump, {max(DUMP_RUNS, REPEATS)} runs of each, alone and beside neighbours")
+    rows = []
+    for neighbour_count in (0, os.cpu_count()):
+        neighbours = [start([DEBIAN.exe, "-c", "while True: pass"]) for _ in range(neighbour_count)]
+        target = start(DEBIAN.argv("busy_deep_threads.py", DUMP_THREADS, DUMP_DEPTH), stdout=subprocess.PIPE)
+        try:
+            if target.stdout.readline().strip() != "ready":
+                raise RuntimeError("busy_deep_threads.py did not start")
+            pid = str(target.pid)
+            tools = {"pytrace": [PYTRACE, "dump", "-p", pid], "py-spy": [PY_SPY, "dump", "--pid", pid]}
+            times = {name: [] for name in tools}
+            cpu = {name: [] for name in tools}
+            load_before = os.getloadavg()[0]
+            for _ in range(max(DUMP_RUNS, REPEATS)):
+                for name, argv in tools.items():
+                    before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
+                    done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                    times[name].append(time.monotonic() - t0)
+                    # Only this dump was reaped since `before` (the target and
+                    # the neighbours are reaped at the end): its CPU alone.
+                    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    cpu[name].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+                    # Both print a "Thread TID (...)" line per thread.
+                    threads = len(re.findall(r"^Thread \d+ ", done.stdout, re.M))
+                    if done.returncode != 0 or threads != DUMP_THREADS + 1:
+                        raise RuntimeError(f"{name} dump exited {done.returncode} with {threads} threads: {done.stderr.strip()}")
+            load_after = os.getloadavg()[0]
+        finally:
+            for proc in (target, *neighbours):
+                proc.kill()
+                proc.wait()
+        rows += [f"| {neighbour_count} | {name} | {len(t)} | {min(t) * 1000:.0f} | {median(t) * 1000:.0f} | {nearest_rank(t, 0.95) * 1000:.0f} | "
+                 f"{max(t) * 1000:.0f} | {median(cpu[name]) * 1000:.0f} | {load_before:.1f} / {load_after:.1f} |" for name, t in times.items()]
     return (
-        "| tool | runs | wall min (ms) | wall median (ms) | wall p95 (ms) | wall max (ms) | CPU median (ms) |\n"
-        "|---|---|---|---|---|---|---|\n" + "\n".join(rows)
-        + f"\n\nLoad average (1 min) {loads[0]:.1f} before the runs, {loads[1]:.1f} after."
+        "| neighbours | tool | runs | wall min (ms) | wall median (ms) | wall p95 (ms) | wall max (ms) | CPU median (ms) | load before / after |\n"
+        "|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows)
     )
 
 

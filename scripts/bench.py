@@ -808,7 +808,8 @@ def main():
              f"fixtures/callgraph.py, {CALL_ROUNDS} rounds (no imports while it runs), started by pytrace."),
             ("`dump`: response time on a busy target", dump_table,
              f"fixtures/busy_deep_threads.py on Debian's 3.11: {DUMP_THREADS} threads and the main thread each "
-             f"{DUMP_DEPTH} frames deep, all spinning, plus one CPU-bound Python per CPU. `pytrace dump -p PID` and "
+             f"{DUMP_DEPTH} frames deep, all spinning: first alone (more spinning threads than CPUs), then beside one "
+             "CPU-bound Python per CPU. `pytrace dump -p PID` and "
              f"`py-spy dump --pid PID` (its default: it pauses the target while it reads) run in turn, "
              f"{DUMP_RUNS} times each at normal priority; wall time from start to exit (p95 by nearest rank), and the "
              "tool's own CPU time (user + system)."),

@@ -1,0 +1,102 @@
+//! The JSON Schema of each JSON report, generated from the report types
+//! themselves (schemars), so that the published schemas (docs/schema/) say
+//! what the code writes. A unit test below fails when a checked-in schema
+//! no longer matches its type.
+
+use schemars::{JsonSchema, Schema};
+
+use super::calls::CallsReport;
+use super::compare::Comparison;
+use super::dump::DumpReport;
+use super::gc::GcReport;
+use super::gil::GilReport;
+use super::imports::ImportsReport;
+use super::info::{Findings, KernelOnly};
+use super::profile::SampleReport;
+
+/// Every report kind with a JSON form, as `pytrace schema` and
+/// docs/schema/KIND.json name it.
+pub const KINDS: [&str; 8] = ["calls", "compare", "dump", "gc", "gil", "imports", "info", "sample"];
+
+// A report as `to_json_text` writes it: `schema_version` first, then the
+// report's own fields. Only its schema is used.
+#[derive(JsonSchema)]
+#[allow(dead_code)]
+struct Versioned<T> {
+    /// The layout's version (docs/json.md says when it changes).
+    schema_version: u32,
+    #[serde(flatten)]
+    report: T,
+}
+
+/// `pytrace info`: the findings about a target, or with no target the
+/// kernel alone.
+#[derive(JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum InfoReport {
+    Findings(Findings),
+    KernelOnly(KernelOnly),
+}
+
+/// The schema of one report kind, or None for a kind with no JSON report.
+pub fn schema(kind: &str) -> Option<Schema> {
+    let mut schema = match kind {
+        "calls" => schemars::schema_for!(Versioned<CallsReport>),
+        "compare" => schemars::schema_for!(Versioned<Comparison>),
+        "dump" => schemars::schema_for!(Versioned<DumpReport>),
+        "gc" => schemars::schema_for!(Versioned<GcReport>),
+        "gil" => schemars::schema_for!(Versioned<GilReport>),
+        "imports" => schemars::schema_for!(Versioned<ImportsReport>),
+        "info" => schemars::schema_for!(Versioned<InfoReport>),
+        "sample" => schemars::schema_for!(Versioned<SampleReport<'static>>),
+        _ => return None,
+    };
+    schema.insert("title".into(), format!("pytrace {kind} --json").into());
+    schema.insert("description".into(), format!("The JSON report `pytrace {kind} --json` writes (docs/json.md).").into());
+    // This schema describes one version of the layout, and says which.
+    if let Some(version) = schema.get_mut("properties").and_then(|p| p.get_mut("schema_version")) {
+        *version = serde_json::json!({ "description": "The layout's version: docs/json.md says when it changes.", "const": super::SCHEMA_VERSION });
+    }
+    // A report's `kind` names its own command, not any of them.
+    if let Some(kind_property) = schema.get_mut("properties").and_then(|p| p.get_mut("kind")) {
+        *kind_property = serde_json::json!({ "const": kind });
+    }
+    Some(schema)
+}
+
+/// The schema as docs/schema/KIND.json holds it: pretty, with a final newline.
+pub fn schema_text(kind: &str) -> Option<String> {
+    schema(kind).map(|s| serde_json::to_string_pretty(&s).expect("a schema serializes") + "\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The checked-in schemas are what the types generate today: a report
+    /// type changed without its schema fails here (CI's cargo test stage).
+    #[test]
+    fn checked_in_schemas_match_the_report_types() {
+        let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/schema");
+        let mut stale = Vec::new();
+        for kind in KINDS {
+            let generated = schema_text(kind).unwrap();
+            let path = docs.join(format!("{kind}.json"));
+            if std::fs::read_to_string(&path).ok().as_deref() != Some(generated.as_str()) {
+                stale.push(format!("docs/schema/{kind}.json is stale: regenerate it with `pytrace schema {kind} > docs/schema/{kind}.json`"));
+            }
+        }
+        assert!(stale.is_empty(), "{}", stale.join("\n"));
+    }
+
+    #[test]
+    fn every_schema_requires_schema_version() {
+        for kind in KINDS {
+            let schema = schema(kind).unwrap();
+            let required = schema.get("required").and_then(|r| r.as_array()).unwrap_or_else(|| panic!("{kind}: no required list"));
+            assert!(required.iter().any(|r| r == "schema_version"), "{kind}: schema_version is not required");
+        }
+        assert!(schema("top").is_none());
+    }
+}

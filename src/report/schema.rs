@@ -58,11 +58,31 @@ pub fn schema(kind: &str) -> Option<Schema> {
     if let Some(version) = schema.get_mut("properties").and_then(|p| p.get_mut("schema_version")) {
         *version = serde_json::json!({ "description": "The layout's version: docs/json.md says when it changes.", "const": super::SCHEMA_VERSION });
     }
-    // A report's `kind` names its own command, not any of them.
-    if let Some(kind_property) = schema.get_mut("properties").and_then(|p| p.get_mut("kind")) {
-        *kind_property = serde_json::json!({ "const": kind });
+    // A report's `kind` names its own command, not any of them: wherever
+    // the report's fields are (info's two shapes are in $defs).
+    let mut value = schema.to_value();
+    pin_kind(&mut value, kind);
+    if let Some(defs) = value.get_mut("$defs").and_then(|d| d.as_object_mut()) {
+        defs.remove("ReportKind");
     }
+    let schema = Schema::try_from(value).expect("still a schema");
     Some(schema)
+}
+
+/// Every `kind` property typed as `ReportKind`, made the constant `kind`.
+fn pin_kind(value: &mut serde_json::Value, kind: &str) {
+    match value {
+        serde_json::Value::Object(map) => {
+            if let Some(properties) = map.get_mut("properties").and_then(|p| p.as_object_mut()) {
+                if let Some(k) = properties.get_mut("kind").filter(|k| k.get("$ref").and_then(|r| r.as_str()) == Some("#/$defs/ReportKind")) {
+                    *k = serde_json::json!({ "const": kind });
+                }
+            }
+            map.values_mut().for_each(|v| pin_kind(v, kind));
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(|v| pin_kind(v, kind)),
+        _ => {}
+    }
 }
 
 /// The schema as docs/schema/KIND.json holds it: pretty, with a final newline.

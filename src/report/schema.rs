@@ -39,17 +39,24 @@ enum InfoReport {
     KernelOnly(KernelOnly),
 }
 
+/// The schema of what serializing T writes: a field skipped when empty
+/// is optional, an Option written as null is required (schemars' default,
+/// the deserialize contract, says the reverse of both).
+fn written<T: JsonSchema>() -> Schema {
+    schemars::generate::SchemaSettings::draft2020_12().for_serialize().into_generator().into_root_schema_for::<T>()
+}
+
 /// The schema of one report kind, or None for a kind with no JSON report.
 pub fn schema(kind: &str) -> Option<Schema> {
     let mut schema = match kind {
-        "calls" => schemars::schema_for!(Versioned<CallsReport>),
-        "compare" => schemars::schema_for!(Versioned<Comparison>),
-        "dump" => schemars::schema_for!(Versioned<DumpReport>),
-        "gc" => schemars::schema_for!(Versioned<GcReport>),
-        "gil" => schemars::schema_for!(Versioned<GilReport>),
-        "imports" => schemars::schema_for!(Versioned<ImportsReport>),
-        "info" => schemars::schema_for!(Versioned<InfoReport>),
-        "sample" => schemars::schema_for!(Versioned<SampleReport<'static>>),
+        "calls" => written::<Versioned<CallsReport>>(),
+        "compare" => written::<Versioned<Comparison>>(),
+        "dump" => written::<Versioned<DumpReport>>(),
+        "gc" => written::<Versioned<GcReport>>(),
+        "gil" => written::<Versioned<GilReport>>(),
+        "imports" => written::<Versioned<ImportsReport>>(),
+        "info" => written::<Versioned<InfoReport>>(),
+        "sample" => written::<Versioned<SampleReport<'static>>>(),
         _ => return None,
     };
     schema.insert("title".into(), format!("pytrace {kind} --json").into());

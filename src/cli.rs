@@ -57,6 +57,9 @@ enum Command {
     Dump(DumpArgs),
     /// Put back a process's eval-frame hook that a pytrace run left set (see `info`)
     Restore(RestoreArgs),
+    /// The JSON Schema of a report kind's --json output (docs/schema/KIND.json)
+    #[command(hide = true)]
+    Schema(SchemaArgs),
 }
 
 #[derive(Args)]
@@ -334,6 +337,12 @@ struct RestoreArgs {
     pid: u32,
 }
 
+#[derive(Args)]
+struct SchemaArgs {
+    /// The report kind: calls, compare, dump, gc, gil, imports, info or sample
+    kind: String,
+}
+
 /// The longest --duration: a year. Longer ones would overflow the clock
 /// arithmetic of a deadline (1e20 s does), and a run meant to last that
 /// long is one without -d.
@@ -481,6 +490,7 @@ impl Cli {
             }
             Command::Dump(args) => commands::dump::run(commands::dump::Options { pid: args.pid, native: args.native, async_tasks: args.async_tasks, json: args.json }),
             Command::Restore(args) => commands::restore::run(args.pid),
+            Command::Schema(args) => commands::schema::run(&args.kind),
         }
     }
 }

@@ -20,7 +20,7 @@ pub fn btf_path() -> String {
 }
 
 /// A kernel capability some part of pytrace depends on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Feature {
     /// BPF ring buffers, which every program sends its records through.
@@ -98,7 +98,7 @@ impl Feature {
 }
 
 /// The running kernel: its release and what it has.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct Kernel {
     /// As uname gives it, e.g. "6.1.0-56-amd64".
     pub release: String,
@@ -112,6 +112,7 @@ pub struct Kernel {
     pub btf_unreadable: Option<String>,
     /// Every feature of `Feature::ALL`, and whether this kernel has it.
     #[serde(serialize_with = "features_as_map")]
+    #[schemars(with = "std::collections::BTreeMap<Feature, bool>")]
     pub features: Vec<(Feature, bool)>,
 }
 

@@ -63,7 +63,7 @@ fn counts_equal_cprofile_when_pytrace_starts_the_command() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{label}: pytrace failed: {stderr}");
         assert!(stderr.contains("uprobe mode"), "{label}: 3.11 needs uprobe mode: {stderr}");
-        let report = read_json(&json);
+        let report = read_report(&json);
         assert_eq!(report["python"]["mode"], "uprobe");
         assert_matches_cprofile(label, &report, &truth, true);
         assert_times_consistent(label, &report);
@@ -86,7 +86,7 @@ fn counts_equal_cprofile_when_attached_by_pid() {
         signal(target.pid(), libc::SIGUSR1);
         let (code, _, stderr) = tracer.finish();
         assert_eq!(code, 0, "{label}: {stderr}");
-        let report = read_json(&json);
+        let report = read_report(&json);
         assert_matches_cprofile(label, &report, &truth, false);
         assert_times_consistent(label, &report);
     }
@@ -101,7 +101,7 @@ fn trace_command(python: &std::path::Path, script: &str, args: &[&str]) -> serde
     argv.extend(args);
     let out = pytrace(&argv);
     assert!(out.status.success(), "pytrace failed: {}", String::from_utf8_lossy(&out.stderr));
-    read_json(&json)
+    read_report(&json)
 }
 
 #[test]
@@ -157,7 +157,7 @@ fn json_has_the_documented_fields_and_sorting_works() {
         python.to_str().unwrap(), &fixture("callgraph.py"), "--rounds", "5",
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("--json - writes only JSON to stdout");
+    let report: serde_json::Value = parse_report(&out.stdout);
     assert!(report["python"]["version"].as_str().unwrap().starts_with("3.11."));
     assert!(report["lost_events"].is_u64());
     let functions = report["functions"].as_array().unwrap();
@@ -237,7 +237,7 @@ fn without_uprobe_sessions_counts_stay_exact_and_detaching_is_prompt() {
             .output()
             .unwrap();
         assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
-        assert_matches_cprofile(label, &serde_json::from_slice(&out.stdout).unwrap(), &truth, true);
+        assert_matches_cprofile(label, &parse_report(&out.stdout), &truth, true);
 
         let target = start_waiting(&python, "callgraph.py", &["--rounds", "1000000"]);
         let tracer = start_tracer_env(&["calls", "-p", &target.pid().to_string()], &fallback);
@@ -264,7 +264,7 @@ fn a_target_that_dies_mid_trace_still_gets_its_report() {
         signal(target.pid(), libc::SIGKILL);
         let (code, out, stderr) = tracer.finish();
         assert_eq!(code, 0, "{label}: {stderr}");
-        let report: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{label}: {e}: {out}"));
+        let report: serde_json::Value = parse_report(&out);
         let rows = rows_for_file(&report, "fixtures/callgraph.py");
         let leaf = find_row(&rows, 24, "leaf").unwrap_or_else(|| panic!("{label}: no leaf row"));
         assert!(leaf["calls"].as_u64().unwrap() > 0, "{label}");
@@ -368,7 +368,7 @@ fn another_runs_pending_return_probes_hold_neither_this_run_nor_its_target() {
         // (DETACH_WAIT), and 2 s for reading the maps and writing the
         // report on a loaded machine.
         assert!(took < Duration::from_secs(4), "B took {took:?} after attaching:\n{stderr}");
-        let report: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        let report: serde_json::Value = parse_report(&out);
         let duration = Duration::from_nanos(report["duration_ns"].as_u64().unwrap());
         assert!(duration >= Duration::from_secs(1) && duration < Duration::from_millis(1300), "B's traced window was {duration:?}");
         assert_eq!(hook_after_b, "not set", "B's target got its hook back");
@@ -425,7 +425,7 @@ fn a_run_attached_to_a_busy_target_counts_from_the_hook_on_and_closes_open_calls
         std::thread::sleep(Duration::from_millis(300));
         let out = pytrace(&["calls", "-p", &target.pid().to_string(), "-d", "1", "--json", "-"]);
         assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let report: serde_json::Value = parse_report(&out.stdout);
         let rows = rows_for_file(&report, "fixtures/edges.py");
         let calls = |name: &str| rows.iter().find(|r| r["name"] == name).map(|r| r["calls"].as_u64().unwrap()).unwrap_or(0);
         let (inline, from_c) = (calls("inline"), calls("from_c"));
@@ -463,7 +463,7 @@ fn subinterpreters_created_while_traced_are_hooked_and_counted() {
         assert_eq!(code, 0, "{label}: {stderr}");
         let mut printed = String::new();
         target.0.stdout.take().unwrap().read_to_string(&mut printed).unwrap();
-        let report: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{label}: {e}: {out}"));
+        let report: serde_json::Value = parse_report(&out);
         for line in printed.lines() {
             let (name, truth) = line.split_once(' ').unwrap();
             let counted: u64 = report["functions"].as_array().unwrap().iter().filter(|r| r["name"] == name).map(|r| r["calls"].as_u64().unwrap()).sum();
@@ -504,7 +504,7 @@ fn under_load_a_one_line_function_never_outlasts_its_caller() {
     signal(target.pid(), libc::SIGUSR1);
     let (code, table, stderr) = tracer.finish();
     assert_eq!(code, 0, "{stderr}");
-    let report = read_json(&json);
+    let report = read_report(&json);
     assert_off_cpu_marks_follow_the_json(&table, &report);
     let rows = rows_for_file(&report, "fixtures/callgraph.py");
     let row = |line, name| find_row(&rows, line, name).unwrap_or_else(|| panic!("no {name} row"));

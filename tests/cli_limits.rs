@@ -151,11 +151,11 @@ fn standard_output_closed_ends_the_run_with_its_files_written() {
         assert_ended_cleanly(&what, &out, &target);
     }
     // The files went out before standard output failed.
-    assert_eq!(read_json(&json)["kind"], "calls");
+    assert_eq!(read_report(&json)["kind"], "calls");
     assert!(std::fs::read_to_string(&folded).unwrap().lines().count() > 0, "folded stacks written");
     // gc's events may not have come in 3 s; its summary file is written
     // either way, once the run is over.
-    assert_eq!(read_json(&gc_json)["kind"], "gc");
+    assert_eq!(read_report(&gc_json)["kind"], "gc");
 }
 
 /// Address space limits from too small to read the kernel's BTF, through

@@ -27,7 +27,7 @@ impl Run {
     }
 
     fn json(&self, name: &str) -> Value {
-        read_json(&self.path(name))
+        read_report(&self.path(name))
     }
 }
 
@@ -179,7 +179,7 @@ fn assert_saved_pair_gives_the_same(label: &str, run: &Run) {
         "--json", again.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(read_json(&again), run.json("cmp.json"), "{label}: saved reports compared differently");
+    assert_eq!(read_report(&again), run.json("cmp.json"), "{label}: saved reports compared differently");
     assert_eq!(String::from_utf8(out.stdout).unwrap(), run.stdout, "{label}: the table differs");
 }
 
@@ -291,7 +291,7 @@ fn a_duration_ends_it_and_the_target_is_left_as_found() {
         let (code, stdout, stderr) = tracer.finish();
         assert_eq!(code, 0, "{label}: {stderr}");
         assert_eq!(eval_frame_now(target.pid()), "not set", "{label}");
-        let cmp: Value = serde_json::from_str(&stdout).unwrap();
+        let cmp: Value = parse_report(&stdout);
         let main_flags = flag_kinds(row(&cmp, "main", "cpu_split.py"));
         assert!(!main_flags.contains(&"untimed_calls"), "{label}: {main_flags:?}");
         // Traced while it ran (how many rounds 1.5 s allows depends on what
@@ -343,7 +343,7 @@ fn bad_input_is_one_clear_sentence() {
     // Two empty reports are no error: an empty comparison.
     let out = pytrace(&["compare", "--traced", &calls, "--sampled", &sample, "--json", "-"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let cmp: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cmp: Value = parse_report(&out.stdout);
     assert_eq!(cmp["functions"].as_array().unwrap().len(), 0);
 }
 

@@ -166,7 +166,7 @@ fn info_and_calls(version: &'static str) {
     let c = image.start_waiting("callgraph.py", &["--rounds", "20"]);
     let out = pytrace(&["info", "-p", &c.pid.to_string(), "--json", "-"]);
     assert!(out.status.success(), "{version}: {}", String::from_utf8_lossy(&out.stderr));
-    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let info: serde_json::Value = parse_report(&out.stdout);
     assert!(info["version"].as_str().unwrap().starts_with(&format!("{version}.")), "{info}");
     assert_eq!(info["interpreter"], format!("/usr/bin/python{version}"), "the path as the container sees it");
     assert_eq!(info["eval_frame_now"], if version == "3.9" { serde_json::Value::Null } else { "not set".into() });
@@ -174,7 +174,7 @@ fn info_and_calls(version: &'static str) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("calls.json");
     run_tracer_on(&c, &["calls", "-p", &c.pid.to_string(), "--json", json.to_str().unwrap()]);
-    let report = read_json(&json);
+    let report = read_report(&json);
     let rows = rows_for_file(&report, "/fixtures/callgraph.py");
     for (line, name, calls) in &truth {
         let row = find_row(&rows, *line, name).unwrap_or_else(|| panic!("{version}: no row for {name} (line {line})"));
@@ -191,7 +191,7 @@ fn sample_and_compare(version: &'static str) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("sample.json");
     run_tracer_on(&c, &["sample", "-r", "999", "-p", &c.pid.to_string(), "--json", json.to_str().unwrap()]);
-    let report = read_json(&json);
+    let report = read_report(&json);
     let total = |name: &str| report["functions"].as_array().unwrap().iter().find(|f| f["name"] == name).map(|f| f["total_samples"].as_u64().unwrap()).unwrap_or(0);
     let sum: u64 = split.iter().map(|(f, _)| total(f)).sum();
     assert!(sum > 2000, "{version}: only {sum} samples");
@@ -204,7 +204,7 @@ fn sample_and_compare(version: &'static str) {
     let c = image.start_waiting("cpu_split.py", &["--cpu-seconds", "3", "--wall-split", "/fixtures/wall-split.json"]);
     let json = dir.path().join("compare.json");
     run_tracer_on(&c, &["compare", "-r", "999", "-p", &c.pid.to_string(), "--json", json.to_str().unwrap()]);
-    assert_compare_split(version, &read_json(&json), &c.file("wall-split.json"), 3.0);
+    assert_compare_split(version, &read_report(&json), &c.file("wall-split.json"), 3.0);
 }
 
 fn gc_and_imports(version: &'static str) {
@@ -229,14 +229,14 @@ fn gc_and_imports(version: &'static str) {
         assert_eq!(code, 0, "{version} {mode}: {stderr}");
         let want = key(&read_json(&c.file("gc-truth.json")));
         assert_eq!(want.len(), 3, "{version}: the fixture collects all three generations");
-        assert_eq!(key(&read_json(&json)["generations"]), want, "{version} {mode}: (generation, collections, collected)");
+        assert_eq!(key(&read_report(&json)["generations"]), want, "{version} {mode}: (generation, collections, collected)");
     }
     for mode in ["usdt", "uprobe"] {
         let c = image.start_waiting("imports_tree.py", &["/fixtures"]);
         let dir = tempfile::tempdir().unwrap();
         let json = dir.path().join("imports.json");
         run_tracer_on(&c, &["imports", "--mode", mode, "-p", &c.pid.to_string(), "--json", json.to_str().unwrap()]);
-        let mut paths: Vec<Vec<String>> = report_import_paths(&read_json(&json)["imports"]).into_iter().filter(|p| p[0].starts_with("pt_")).collect();
+        let mut paths: Vec<Vec<String>> = report_import_paths(&read_report(&json)["imports"]).into_iter().filter(|p| p[0].starts_with("pt_")).collect();
         paths.sort();
         let want: Vec<Vec<String>> = [
             &["pt_top"][..],

@@ -58,7 +58,7 @@ fn tasks_and_awaiters_are_asyncios_own(py: Interpreter) {
     for _ in 0..DUMPS {
         let out = pytrace(&["dump", "--async", "-p", &pid, "--json", "-"]);
         assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
-        let dump: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let dump: Value = parse_report(&out.stdout);
         let thread = |tid: u64| dump["threads"].as_array().unwrap().iter().find(|t| t["tid"] == tid).unwrap_or_else(|| panic!("{label}: no thread {tid}: {dump}"));
         // The spinning loop's thread: in a task's code, that task is the
         // one it runs, with asyncio's awaiters.
@@ -156,7 +156,7 @@ fn dump_async_without_asyncio_says_why() {
     std::thread::sleep(std::time::Duration::from_millis(500));
     let out = pytrace(&["dump", "--async", "-p", &target.pid().to_string(), "--json", "-"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let dump: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let dump: Value = parse_report(&out.stdout);
     assert_eq!(dump["asyncio"]["tasks"].as_array().map(Vec::len), Some(0), "{dump}");
     assert_eq!(dump["asyncio"]["error"], "the target has not imported asyncio's C module (_asyncio) yet", "{dump}");
     assert!(dump["threads"][0]["frames"].as_array().is_some_and(|f| !f.is_empty()), "{dump}");

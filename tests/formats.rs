@@ -73,7 +73,7 @@ fn pprof_reads_back_in_go_pprof_with_the_known_split() {
             }
             // (Names only cpu_split.py defines: -top merges same-named
             // functions of different files, such as every `<module>`.)
-            let report = read_json(&json);
+            let report = read_report(&json);
             for f in report["functions"].as_array().unwrap() {
                 let name = f["name"].as_str().unwrap();
                 if ["sixty", "thirty", "ten", "spin"].contains(&name) {
@@ -135,7 +135,7 @@ fn calls_pprof_reads_back_with_cprofiles_counts() {
             "calls", "--pprof", pprof.to_str().unwrap(), "--json", json.to_str().unwrap(), "--", python.to_str().unwrap(), &fixture, "--rounds", "20",
         ]);
         assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
-        let report = read_json(&json);
+        let report = read_report(&json);
         let names: Vec<&str> = report["functions"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
         let unique = |name: &str| names.iter().filter(|n| **n == name).count() == 1;
         let top = go_pprof(&["-top", "-nodecount=100000", "-nodefraction=0", "-sample_index=calls"], &pprof);
@@ -194,7 +194,7 @@ fn stacks_show_functions_with_short_paths_unless_asked() {
         args.extend(["--", python.to_str().unwrap(), "-c", script, &fixture]);
         let out = pytrace(&args);
         assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
-        (String::from_utf8(out.stdout).unwrap(), read_json(&json))
+        (String::from_utf8(out.stdout).unwrap(), read_report(&json))
     };
     let frames_of = |folded: &str, name: &str| -> HashMap<String, u64> {
         let mut seen = HashMap::new();
@@ -249,7 +249,7 @@ fn dump_shows_each_threads_stack_where_it_waits() {
             }
             let out = pytrace(&args);
             assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
-            let dump: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let dump: serde_json::Value = parse_report(&out.stdout);
             let thread = |name: &str| {
                 let tid = ids[name].as_u64().unwrap();
                 dump["threads"].as_array().unwrap().iter().find(|t| t["tid"] == tid).unwrap_or_else(|| panic!("{label}: no thread {name} ({tid}) in {dump}"))

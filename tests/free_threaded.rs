@@ -28,7 +28,7 @@ fn free_threaded() -> PathBuf {
 
 fn json_of(out: &std::process::Output) -> serde_json::Value {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("a JSON report on stdout")
+    parse_report(&out.stdout)
 }
 
 #[test]
@@ -78,7 +78,7 @@ fn calls_equal_cprofile_by_command_and_by_pid() {
     signal(target.pid(), libc::SIGUSR1);
     let (code, _, stderr) = tracer.finish();
     assert_eq!(code, 0, "{stderr}");
-    assert_calls_equal("calls -p", &read_json(&json), &truth, "/callgraph.py");
+    assert_calls_equal("calls -p", &read_report(&json), &truth, "/callgraph.py");
 }
 
 /// Four threads calling at once, in parallel here: the eval-frame hook,
@@ -166,7 +166,7 @@ fn gc_equals_gc_callbacks_by_pid_and_by_command() {
     assert_eq!(code, 0, "{stderr}");
     let want = generations(&read_json(&truth));
     assert_eq!(want.len(), 3, "the fixture collects all three generations");
-    assert_eq!(generations(&read_json(&json)["generations"]), want, "(generation, collections, collected)");
+    assert_eq!(generations(&read_report(&json)["generations"]), want, "(generation, collections, collected)");
 
     // Started by pytrace: start-up may collect too, before the fixture's callback.
     let report = json_of(&pytrace(&["gc", "--json", "-", "--", python.to_str().unwrap(), &fixture("gc_cycles.py"), "--rounds", "30000", "--truth", truth.to_str().unwrap()]));

@@ -155,3 +155,26 @@ fn watchpoint_mode_says_when_the_debug_registers_are_taken() {
     }
     assert!(std::path::Path::new(&format!("/proc/{}", target.pid())).exists(), "the target still runs");
 }
+
+/// The published schema is a real check: a real report passes it, and the
+/// same report with one field of the wrong type, or without its
+/// schema_version, is refused with the validator naming the field.
+#[test]
+fn schema_refuses_a_report_with_a_wrong_field() {
+    let (_, python) = pythons().remove(0);
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("gc.json");
+    let out = pytrace(&["gc", "--json", json.to_str().unwrap(), "--", python.to_str().unwrap(), "-c", "import gc; gc.collect()"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = read_report(&json);
+
+    let mut wrong_type = report.clone();
+    wrong_type["pid"] = serde_json::json!("1234");
+    let refused = check_report(&wrong_type).expect_err("a string pid passed the schema");
+    assert!(refused.contains("\"/pid\"") && refused.contains("\"1234\" is not of type \"integer\""), "{refused}");
+
+    let mut unversioned = report.clone();
+    unversioned.as_object_mut().unwrap().remove("schema_version");
+    let refused = check_report(&unversioned).expect_err("a report without schema_version passed the schema");
+    assert!(refused.contains("\"schema_version\" is a required property"), "{refused}");
+}

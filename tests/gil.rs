@@ -85,7 +85,7 @@ fn traced_fixture(place: &Place, spin_seconds: &str) -> (serde_json::Value, Hash
     let table = String::from_utf8_lossy(&out.stdout);
     // Also: no hand-over the probes missed (takes_unseen, drops_unseen).
     assert!(table.contains("dropped: nothing"), "{table}");
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&report_path).unwrap()).unwrap();
+    let report = read_report(&report_path);
     let truth: HashMap<String, serde_json::Value> = serde_json::from_slice(&std::fs::read(&truth_path).unwrap()).unwrap();
     (report, truth.into_iter().map(|(tid, v)| (tid.parse().unwrap(), v)).collect())
 }
@@ -364,7 +364,7 @@ fn attached_by_pid(python: PathBuf) {
     std::thread::sleep(std::time::Duration::from_millis(200));
     let out = pytrace(&["gil", "-p", &target.pid().to_string(), "-d", "1", "--json", "-"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report: serde_json::Value = parse_report(&out.stdout);
     assert_eq!(report["lost_events"], 0, "no hand-over the probes missed: {report}");
     let status = target.0.wait().unwrap();
     assert!(status.success(), "the target did not run on to its end: {status}");

@@ -153,7 +153,7 @@ impl Build {
         all.extend(argv);
         let out = Command::new(PYTRACE).args(&all).envs(self.env.iter().map(|(k, v)| (k, v))).output().unwrap();
         assert!(out.status.success(), "{}: pytrace {all:?}: {}", self.label, String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice(&out.stdout).expect("a JSON report")
+        parse_report(&out.stdout)
     }
 
     fn trace_pid(&self) -> serde_json::Value {
@@ -167,7 +167,7 @@ impl Build {
         signal(target.pid(), libc::SIGUSR1);
         let (code, _, stderr) = tracer.finish();
         assert_eq!(code, 0, "{}: {stderr}", self.label);
-        read_json(&json)
+        read_report(&json)
     }
 }
 

@@ -49,7 +49,7 @@ fn the_import_tree_is_exact_when_pytrace_starts_the_command() {
     let dir = tempfile::tempdir().unwrap();
     let out = pytrace(&["imports", "--json", "-", "--", debian.to_str().unwrap(), &fixture("imports_tree.py"), dir.path().to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report: serde_json::Value = parse_report(&out.stdout);
     assert_tree(&report);
     // Started by pytrace, everything it imports at start-up is seen too.
     let roots: Vec<&str> = report["imports"].as_array().unwrap().iter().map(|n| n["name"].as_str().unwrap()).collect();
@@ -67,7 +67,7 @@ fn the_import_tree_is_exact_when_attached_by_pid() {
     signal(target.pid(), libc::SIGUSR1);
     let (code, table, stderr) = tracer.finish();
     assert_eq!(code, 0, "{stderr}");
-    assert_tree(&read_json(&json));
+    assert_tree(&read_report(&json));
     assert!(table.contains("pt_missing  (failed)"), "{table}");
 }
 
@@ -99,7 +99,7 @@ fn the_whole_tree_equals_importtime_when_pytrace_starts_the_command() {
         let dir = tempfile::tempdir().unwrap();
         let out = pytrace(&[&["imports", "--json", "-"], mode, &["--", python.to_str().unwrap(), &fixture("imports_tree.py"), dir.path().to_str().unwrap()]].concat());
         assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let report: serde_json::Value = parse_report(&out.stdout);
         assert_eq!(report_import_paths(&report["imports"]), want, "{label}");
         assert_eq!((report["unfinished"].as_u64(), report["lost_events"].as_u64()), (Some(0), Some(0)), "{label}");
         assert_tree(&report);
@@ -120,7 +120,7 @@ fn the_tree_is_exact_on_every_build_when_attached_by_pid() {
         signal(target.pid(), libc::SIGUSR1);
         let (code, _, stderr) = tracer.finish();
         assert_eq!(code, 0, "{label}: {stderr}");
-        assert_tree(&read_json(&json));
+        assert_tree(&read_report(&json));
     }
 }
 
@@ -140,7 +140,7 @@ fn uprobe_mode_without_sessions_equals_importtime_too() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report: serde_json::Value = parse_report(&out.stdout);
     assert_eq!(report_import_paths(&report["imports"]), want);
 }
 
@@ -160,7 +160,7 @@ fn import_module_calls_are_left_out_like_importtime() {
         assert!(want.contains(&vec!["pt_dynamic_child".to_string()]), "3.{minor}: the child is imported by an import statement: {want:?}");
         let out = pytrace(&["imports", "--json", "-", "--", python.to_str().unwrap(), "-c", &code]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let report: serde_json::Value = parse_report(&out.stdout);
         assert_eq!(report_import_paths(&report["imports"]), want, "3.{minor}");
     }
 }

@@ -8,7 +8,7 @@ use common::*;
 fn info_json(args: &[&str]) -> serde_json::Value {
     let out = pytrace(&[&["info", "--json", "-"], args].concat());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
+    parse_report(&out.stdout)
 }
 
 #[test]
@@ -150,7 +150,7 @@ fn info_says_when_tracing_would_need_root() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(table.contains("privileges:      tracing needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE)"), "{table}");
     let json = std::process::Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups", PYTRACE, "info", "--json", "-"]).output().unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let v: serde_json::Value = parse_report(&json.stdout);
     assert!(v["kernel"]["privileges"].as_str().is_some_and(|p| p.starts_with("tracing needs root")), "{v}");
     let as_root = pytrace(&["info"]);
     assert!(!String::from_utf8_lossy(&as_root.stdout).contains("privileges:"), "root can trace");

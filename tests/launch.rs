@@ -70,7 +70,7 @@ fn a_delayed_start_is_waited_for_and_said() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{label}: {err}");
     assert!(err.contains("waiting for bash (PID") && err.contains("to start a CPython, for up to"), "{label}: {err}");
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report: serde_json::Value = parse_report(&out.stdout);
     let leaf = find_row(&rows_for_file(&report, "fixtures/callgraph.py"), 24, "leaf").map(|r| r["calls"].clone());
     assert_eq!(leaf, Some(serde_json::json!(300)), "{label}");
 
@@ -123,7 +123,7 @@ fn the_duration_stops_the_command_unless_told_to_keep_it() {
         let cpython = attached_pid(&err);
         assert_eq!(out.status.code(), Some(130), "{label} {sub}: {err}");
         assert!(gone(cpython), "{label} {sub}: the CPython {cpython} outlived pytrace");
-        read_json(&json);
+        read_report(&json);
 
         // To files: the command left running keeps what it inherited open,
         // so a pipe would never end.
@@ -140,7 +140,7 @@ fn the_duration_stops_the_command_unless_told_to_keep_it() {
         assert_eq!(status.code(), Some(0), "{label} {sub}: {err}");
         assert!(err.contains("was left running (--keep-running)"), "{label} {sub}: {err}");
         assert!(!gone(cpython), "{label} {sub}: --keep-running, yet the CPython was stopped");
-        read_json(&json);
+        read_report(&json);
     }
 }
 
@@ -167,7 +167,7 @@ fn ctrl_c_mid_run_reaches_the_whole_tree() {
         assert!(asked.elapsed() < Duration::from_secs(10), "{label} {sub}: took {:?}", asked.elapsed());
         assert_eq!(code, 130, "{label} {sub}: {stderr}");
         assert!(gone(cpython), "{label} {sub}: the CPython {cpython} outlived pytrace");
-        let report = read_json(&json);
+        let report = read_report(&json);
         if sub == "calls" {
             let leaf = rows_for_file(&report, "fixtures/safety.py").into_iter().find(|r| r["name"] == "leaf").map(|r| r["calls"].as_u64().unwrap());
             assert!(leaf.is_some_and(|n| n > 0), "{label}: {report}");
@@ -190,7 +190,7 @@ fn every_stop_signal_writes_the_report_and_restores_the_hook() {
         signal(tracer.child.pid(), sig);
         let (code, _, stderr) = tracer.finish();
         assert_eq!(code, 0, "{label}/{sig}: {stderr}");
-        let report = read_json(&json);
+        let report = read_report(&json);
         assert!(find_row(&rows_for_file(&report, "fixtures/callgraph.py"), 24, "leaf").is_some(), "{label}/{sig}: {report}");
         assert_eq!(eval_frame_now(target.pid()), "not set", "{label}/{sig}: hook restored");
         let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.file_name()).filter(|n| n != "calls.json").collect();
@@ -231,7 +231,7 @@ fn a_stopped_guardian_does_not_hold_back_the_report() {
     assert_eq!(code, 0, "{label}: {stderr}");
     assert!(stderr.contains(&format!("the guardian (PID {guardian}) did not exit")), "{label}: {stderr}");
     // What the report holds is others' tests; here, that it came whole.
-    let report: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{label}: {e}: {out}"));
+    let report: serde_json::Value = parse_report(&out);
     assert_eq!(report["pid"], target.pid(), "{label}: {out}");
     assert_eq!(eval_frame_now(target.pid()), "not set", "{label}: hook restored");
     assert!(gone(guardian), "{label}: the stopped guardian was left");

@@ -161,7 +161,7 @@ fn a_library_replaced_under_a_running_target_is_never_parsed() {
 
     let info = pytrace(&["info", "-p", &pid, "--json", "-"]);
     assert!(info.status.success(), "{}", String::from_utf8_lossy(&info.stderr));
-    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    let info: serde_json::Value = parse_report(&info.stdout);
     assert_eq!(info["version"], "3.11.7", "the mapped file's version");
     assert_eq!(info["eval_frame_now"], "not set");
 
@@ -171,7 +171,7 @@ fn a_library_replaced_under_a_running_target_is_never_parsed() {
     signal(target.pid(), libc::SIGUSR1);
     let (code, _, stderr) = tracer.finish();
     assert_eq!(code, 0, "{stderr}");
-    let report = read_json(&json);
+    let report = read_report(&json);
     assert!(leaf_calls(&report) > 1000, "calls were seen through the mapped file: {report}");
     assert_eq!(report["lost_events"], 0);
     assert_hook_restored_within(target.pid(), Duration::from_secs(2), "replaced library");
@@ -179,7 +179,7 @@ fn a_library_replaced_under_a_running_target_is_never_parsed() {
 
     let sample = pytrace(&["sample", "-p", &pid, "-d", "1", "--json", "-"]);
     assert!(sample.status.success(), "{}", String::from_utf8_lossy(&sample.stderr));
-    let profile: serde_json::Value = serde_json::from_slice(&sample.stdout).unwrap();
+    let profile: serde_json::Value = parse_report(&sample.stdout);
     assert!(profile.to_string().contains("leaf"), "the sampler names the target's functions");
 
     // Without CAP_SYS_ADMIN pytrace cannot open map_files, and the path now
@@ -208,7 +208,7 @@ fn without_cap_sys_admin_files_are_checked_by_identity() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let info: serde_json::Value = parse_report(&out.stdout);
     assert_eq!(info["version"], "3.11.7");
     assert_eq!(info["interpreter"], copy.lib.to_str().unwrap());
     assert_alive(&mut target, "no CAP_SYS_ADMIN");
@@ -228,7 +228,7 @@ fn a_command_gets_the_library_its_own_loader_maps() {
     let script = format!("LD_LIBRARY_PATH={} exec {} {} brief", copy.lib_dir.display(), copy.exe.display(), fixture("safety.py"));
     let out = Command::new(PYTRACE).env_remove("LD_LIBRARY_PATH").args(["calls", "--json", json.to_str().unwrap(), "--", "sh", "-c", &script]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let report = read_json(&json);
+    let report = read_report(&json);
     assert!(leaf_calls(&report) > 1000, "the copied library was probed: {report}");
     assert_eq!(report["counters"]["unmatched_return"], 0, "traced from the first instruction");
 }
@@ -278,7 +278,7 @@ fn a_container_that_plants_links_cannot_steer_pytrace() {
         let out = Command::new("timeout").args(["20", PYTRACE, "info", "-p", &pid.to_string(), "--json", "-"]).output().unwrap();
         assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
         assert!(started.elapsed() < Duration::from_secs(10), "{label}: info took {:?}", started.elapsed());
-        let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let info: serde_json::Value = parse_report(&out.stdout);
         assert_eq!(info["version"], "3.11.2", "{label}");
 
         let out = Command::new("timeout")
@@ -287,7 +287,7 @@ fn a_container_that_plants_links_cannot_steer_pytrace() {
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{label}: {stderr}");
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let report: serde_json::Value = parse_report(&out.stdout);
         assert!(report["functions"].as_array().unwrap().iter().any(|f| f["name"] == "leaf" && f["calls"].as_u64().unwrap() > 100), "{label}: {report}");
         let rss: u64 = stderr.lines().find_map(|l| l.strip_prefix("maxrss_kb=")).unwrap().trim().parse().unwrap();
         assert!(rss < 300 * 1024, "{label}: pytrace peaked at {rss} KiB");
@@ -325,7 +325,7 @@ fn a_second_calls_run_on_a_traced_target_is_refused() {
         signal(a.child.pid(), libc::SIGINT);
         let (code, out, stderr) = a.finish();
         assert_eq!(code, 0, "{label}: {stderr}");
-        let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let report: serde_json::Value = parse_report(&out);
         assert!(report.get("incomplete").is_none(), "{label}: {report}");
         assert!(leaf_calls(&report) > 1000);
         assert_eq!(eval_frame_now(target.pid()), "not set", "{label}");
@@ -348,7 +348,7 @@ fn a_hook_changed_by_someone_else_marks_the_counts_incomplete() {
     signal(target.pid(), libc::SIGUSR1);
     std::thread::sleep(Duration::from_millis(300));
     // What another tool would do: write NULL into the slot behind pytrace's back.
-    let info: serde_json::Value = serde_json::from_slice(&pytrace(&["info", "-p", &pid, "--json", "-"]).stdout).unwrap();
+    let info: serde_json::Value = parse_report(&pytrace(&["info", "-p", &pid, "--json", "-"]).stdout);
     let offset = u64::from_str_radix(info["eval_frame_offset"].as_str().unwrap().split_whitespace().next().unwrap().trim_start_matches("0x"), 16).unwrap();
     let interp = main_interpreter(&python, target.pid());
     write_u64(target.pid(), interp + offset, 0);
@@ -356,7 +356,7 @@ fn a_hook_changed_by_someone_else_marks_the_counts_incomplete() {
     signal(tracer.child.pid(), libc::SIGINT);
     let (code, out, stderr) = tracer.finish();
     assert_eq!(code, 0, "{stderr}");
-    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let report: serde_json::Value = parse_report(&out);
     let why = report["incomplete"].as_str().unwrap_or_else(|| panic!("not marked incomplete: {report}"));
     assert!(why.contains("was changed by something other than pytrace") && why.contains("NULL"), "{why}");
     assert_eq!(eval_frame_now(target.pid()), "not set");
@@ -364,7 +364,7 @@ fn a_hook_changed_by_someone_else_marks_the_counts_incomplete() {
 
 /// The offset of interp->eval_frame, as `info` reads it.
 fn eval_frame_offset(pid: u32) -> u64 {
-    let info: serde_json::Value = serde_json::from_slice(&pytrace(&["info", "-p", &pid.to_string(), "--json", "-"]).stdout).unwrap();
+    let info: serde_json::Value = parse_report(&pytrace(&["info", "-p", &pid.to_string(), "--json", "-"]).stdout);
     u64::from_str_radix(info["eval_frame_offset"].as_str().unwrap().split_whitespace().next().unwrap().trim_start_matches("0x"), 16).unwrap()
 }
 
@@ -385,7 +385,7 @@ fn a_loop_of_interpreters_is_one_interpreter_and_no_stale_hook() {
     let (code, out, stderr) = tracer.finish();
     write_u64(target.pid(), interp, 0);
     assert_eq!(code, 0, "{stderr}");
-    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let report: serde_json::Value = parse_report(&out);
     let caveats = report["caveats"].to_string();
     assert!(!caveats.contains("already held"), "{caveats}");
     assert!(report["incomplete"].is_null(), "{report}");
@@ -414,7 +414,7 @@ fn a_hook_set_by_no_pytrace_run_is_not_called_stale() {
     signal(target.pid(), libc::SIGUSR1);
     let (code, out, stderr) = tracer.finish();
     assert_eq!(code, 0, "{stderr}");
-    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let report: serde_json::Value = parse_report(&out);
     let caveats = report["caveats"].to_string();
     assert!(caveats.contains("with no pytrace run on record that set it") && !caveats.contains("left by"), "{caveats}");
     assert_alive(&mut target, "hook set by no run");
@@ -540,7 +540,7 @@ fn thread_churn_leaves_the_thread_map_empty() {
     let json = dir.path().join("calls.json");
     let out = pytrace(&["calls", "--json", json.to_str().unwrap(), "--", python.to_str().unwrap(), &fixture("safety.py"), "churn", "20000"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let report = read_json(&json);
+    let report = read_report(&json);
     let once = rows_for_file(&report, "fixtures/safety.py").into_iter().find(|r| r["name"] == "once").expect("once() row");
     assert_eq!(once["calls"], 20000);
     assert_eq!(once["timed_calls"], 20000);
@@ -621,7 +621,7 @@ fn ctrl_c_with_a_command_waits_for_it_and_returns_its_status() {
         let mut stderr = String::new();
         std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
         assert_eq!(status.code(), Some(want), "{script}: {stderr}");
-        let report = read_json(&json);
+        let report = read_report(&json);
         if script == "interrupted" {
             let step = rows_for_file(&report, "fixtures/safety.py").into_iter().find(|r| r["name"] == "shutdown_step").expect("the shutdown was traced");
             assert_eq!(step["calls"], 10);
@@ -794,7 +794,7 @@ fn outputs_never_follow_a_linked_directory_out_of_a_container() {
     std::fs::create_dir_all(&in_container).unwrap();
     let out = pytrace(&["info", "-p", &pid, "--json", &format!("/proc/{pid}/root/tmp/reports/info.json")]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(read_json(&in_container.join("info.json"))["version"], "3.11.2");
+    assert_eq!(read_report(&in_container.join("info.json"))["version"], "3.11.2");
     assert_eq!(std::fs::read_dir(&host_dir).unwrap().count(), 0, "nothing written on the host");
     assert_alive(&mut target, "container outputs");
 }
@@ -835,14 +835,14 @@ fn outputs_to_dev_null_fifos_and_process_substitution() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let through_fifo: serde_json::Value = serde_json::from_slice(&reader.wait_with_output().unwrap().stdout).unwrap();
+    let through_fifo = parse_report(reader.wait_with_output().unwrap().stdout);
     assert_eq!(through_fifo["version"], version.as_str());
     assert!(std::os::unix::fs::FileTypeExt::is_fifo(&std::fs::symlink_metadata(&fifo).unwrap().file_type()), "the FIFO stays a FIFO");
 
     let script = format!("{PYTRACE} info -p {pid} --json >(cat > {}/substituted.json); wait $!", dir.path().display());
     let out = Command::new("bash").args(["-c", &script]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(read_json(&dir.path().join("substituted.json"))["version"], version.as_str());
+    assert_eq!(read_report(&dir.path().join("substituted.json"))["version"], version.as_str());
 }
 
 /// A tmpfs mounted by the test and unmounted when dropped.
@@ -958,11 +958,11 @@ fn a_sparse_or_huge_executable_costs_no_more_than_a_normal_one() {
         assert_eq!(read_line(&mut target), "spinning", "{label}");
         let pid = target.pid().to_string();
         let (info_rss, info) = peak_rss_kib(&["info", "-p", &pid, "--json", "-"]);
-        let info: serde_json::Value = serde_json::from_slice(&info).unwrap();
+        let info: serde_json::Value = parse_report(&info);
         // Debian's own 3.11 (Py_Version says 3.11.2).
         assert_eq!(info["version"], "3.11.2", "{label}");
         let (sample_rss, sample) = peak_rss_kib(&["sample", "-p", &pid, "-d", "2", "-r", "999", "--json", "-"]);
-        let sample: serde_json::Value = serde_json::from_slice(&sample).unwrap();
+        let sample: serde_json::Value = parse_report(&sample);
         // The fixture is on CPU about a tenth of the time (it sleeps 1 ms
         // per 1,000 calls): two seconds at 999 Hz give some 200 samples,
         // at least 20 even on a loaded machine.
@@ -970,7 +970,7 @@ fn a_sparse_or_huge_executable_costs_no_more_than_a_normal_one() {
         assert!(samples >= 20, "{label}: only {samples} samples: {sample}");
         assert!(sample["functions"].as_array().unwrap().iter().any(|f| f["name"] == "spin_forever"), "{label}: {sample}");
         let (calls_rss, calls) = peak_rss_kib(&["calls", "-p", &pid, "-d", "1", "--json", "-"]);
-        let calls: serde_json::Value = serde_json::from_slice(&calls).unwrap();
+        let calls: serde_json::Value = parse_report(&calls);
         leaves.push((label, leaf_calls(&calls)));
         assert_alive(&mut target, label);
         peaks.push((label, info_rss, sample_rss, calls_rss));

@@ -40,7 +40,7 @@ fn cpu_shares_match_the_known_split_within_two_points() {
         signal(target.pid(), libc::SIGUSR1);
         let (code, _, stderr) = tracer.finish();
         assert_eq!(code, 0, "{label}: {stderr}");
-        let report = read_json(&json);
+        let report = read_report(&json);
         assert_sample_split(label, &report, &cpu_split, 3000, 2.0);
         assert_eq!(report["lost_events"], 0, "{label}");
     }
@@ -87,7 +87,7 @@ fn sample_split(python: &std::path::Path, hz: Option<u64>, attach: Attach, cpu_s
             assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         }
     }
-    let report = read_json(&json);
+    let report = read_report(&json);
     assert_eq!(report["lost_events"], 0, "{report}");
     split_of(&report)
 }
@@ -235,7 +235,7 @@ fn every_output_format_is_written_even_when_the_target_exits_mid_sample() {
     let speedscope = read_json(std::path::Path::new(&path("p.speedscope.json")));
     assert_eq!(speedscope["profiles"][0]["type"], "sampled");
     assert!(speedscope["shared"]["frames"].as_array().unwrap().iter().any(|f| f["name"] == "sixty" && f["line"].is_u64()));
-    let report = read_json(std::path::Path::new(&path("p.json")));
+    let report = read_report(std::path::Path::new(&path("p.json")));
     assert!(report["samples"].as_u64().unwrap() > 500, "{report}");
     let folded = std::fs::read_to_string(path("p.folded")).unwrap();
     assert!(folded.lines().all(|l| l.rsplit_once(' ').is_some_and(|(_, n)| n.parse::<u64>().is_ok())));
@@ -281,7 +281,7 @@ fn all_samples_every_python_process_at_once() {
         let sixty: u64 = lines.iter().filter(|l| l.contains(";sixty (")).map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap()).sum();
         assert!(sixty > 250, "process {pid}: {sixty} samples in sixty");
     }
-    let counters = &read_json(&json)["counters"];
+    let counters = &read_report(&json)["counters"];
     assert!(counters["processes_exited"].as_u64().unwrap() >= 2, "{counters}");
 }
 
@@ -309,7 +309,7 @@ fn all_idle_samples_each_process_from_the_first_tick() {
     let folded = dir.path().join("all.folded");
     let out = pytrace(&["sample", "--all", "--idle", "-r", "50", "-d", "2", "--folded", folded.to_str().unwrap(), "--json", "-"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report: serde_json::Value = parse_report(&out.stdout);
     let seconds = report["duration_ns"].as_f64().unwrap() / 1e9;
     let counter = |name: &str| report["counters"][name].as_f64().unwrap_or(0.0);
     let missed = counter("idle_ticks_missed");
@@ -349,7 +349,7 @@ fn idle_without_realtime_priority_still_samples_and_says_so() {
         assert_eq!(chrt.status.success(), !refused, "chrt -f 1 with{} CAP_SYS_NICE", if refused { "out" } else { "" });
         let out = run(&[PYTRACE, "sample", "--idle", "-r", "50", "-d", "2", "-p", &pid, "--json", "-"]);
         assert!(out.status.success(), "refused {refused}: {}", String::from_utf8_lossy(&out.stderr));
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let report: serde_json::Value = parse_report(&out.stdout);
         let counters = &report["counters"];
         assert_eq!(counters.get("idle_not_realtime").and_then(|c| c.as_u64()), refused.then_some(1), "refused {refused}: {counters}");
         let due = 50.0 * report["duration_ns"].as_f64().unwrap() / 1e9 - counters["idle_ticks_missed"].as_f64().unwrap();
@@ -382,7 +382,7 @@ fn idle_sees_sleeping_threads_and_on_cpu_does_not() {
             args.extend(["--", python.to_str().unwrap(), &script, &seconds, cpu_times.path().to_str().unwrap(), "1"]);
             let out = pytrace(&args);
             assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
-            let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let report: serde_json::Value = parse_report(&out.stdout);
             let get = |name: &str| {
                 report["functions"].as_array().unwrap().iter().find(|f| f["name"] == name).map(|f| f["total_share"].as_f64().unwrap()).unwrap_or(0.0)
             };
@@ -458,7 +458,7 @@ fn a_code_object_flood_keeps_memory_bounded() {
     assert!(table_bytes > 1 << 30, "the flood made only {table_bytes} bytes of line tables: {made}");
     let peak_mib = usage.ru_maxrss / 1024;
     assert!(peak_mib < 150, "pytrace peaked at {peak_mib} MiB while the target made {table_bytes} bytes of line tables");
-    let report = read_json(&json);
+    let report = read_report(&json);
     let counters = &report["counters"];
     assert!(counters["line_tables_not_kept"].as_u64().unwrap() > 0, "{counters}");
     assert!(counters["code_cache_flushes"].as_u64().unwrap() > 0, "{counters}");
@@ -490,7 +490,7 @@ fn sampled_cpu_matches_the_targets_cpu_time_while_probes_fire() {
             signal(target.pid(), libc::SIGUSR1);
             let (code, _, stderr) = tracer.finish();
             assert_eq!(code, 0, "{label} at {hz} Hz: {stderr}");
-            let (cmp, times) = (read_json(&cmp), read_json(&times));
+            let (cmp, times) = (read_report(&cmp), read_json(&times));
             let samples = cmp["sampled"]["samples"].as_u64().expect("sampled.samples");
             let in_probes = cmp["sampled"]["probe_samples"].as_u64().expect("sampled.probe_samples");
             let cpu = times["cpu"].as_f64().expect("the fixture's CPU seconds");

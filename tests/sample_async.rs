@@ -60,7 +60,7 @@ fn tasks_carry_their_names_chains_and_shares(py: Interpreter) {
         &[&inside, &longer(2.0)],
     );
     let table = String::from_utf8_lossy(&out.stdout);
-    let report = read_json(&json);
+    let report = read_report(&json);
     let stacks = std::fs::read_to_string(&folded).unwrap();
     // A task that ends before its stack is named (within about 100 ms) is
     // unreadable by design, and asyncio makes such tasks of its own (the
@@ -193,7 +193,7 @@ fn idle_loop_samples_are_under_a_task_only_while_one_runs(py: Interpreter) {
     // the read: such samples are left out and counted, rare (a walk takes
     // microseconds of the loop's milliseconds between switches; here 0.3 to
     // 0.6 %, in the emulated VMs, whose walks are slower, 1.1 to 1.3 %).
-    let report = read_json(&json);
+    let report = read_report(&json);
     let switched = report["counters"]["task_switched"].as_f64().unwrap_or_else(|| panic!("{label}: no task_switched counter"));
     // Ticks pytrace was too late to take (a busy machine, the target
     // itself on the CPU meanwhile): a share may lack up to that many.

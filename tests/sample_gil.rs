@@ -42,7 +42,7 @@ fn gil_samples_follow_the_gil(label: &str, argv: Vec<String>, truth: PathBuf) {
     let out = pytrace(&args);
     assert!(out.status.success(), "{label}: pytrace {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     let table = String::from_utf8_lossy(&out.stdout);
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let report = read_report(&json);
     let counter = |k: &str| report["counters"][k].as_f64().unwrap_or_else(|| panic!("{label}: no counter {k}: {report}"));
     assert_eq!(counter("gil_unreadable"), 0.0, "{label}: {table}");
     assert!(counter("gil_not_held") > 0.0, "{label}: the samples left out are counted: {table}");

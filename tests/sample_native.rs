@@ -125,7 +125,7 @@ fn native_frames_sit_between_the_python_caller_and_the_leaf() {
         // state exists, or a sample caught entering an eval call), and
         // almost no record was lost to a full ring buffer (losses, which
         // come in bursts, would skew the shares above).
-        let report = read_json(&json);
+        let report = read_report(&json);
         let counters = &report["counters"];
         let failed: u64 = ["lost", "native_unmatched", "native_unwind_lost", "native_stack_cut", "native_unavailable"]
             .iter()
@@ -154,7 +154,7 @@ fn without_native_only_python_frames_are_shown() {
         let (frames, _) = parse(line);
         assert!(frames.iter().all(|f| is_python(f) || *f == "[no Python code]" || *f == "[unreadable frame]"), "{label}: {line}");
     }
-    let counters: Vec<String> = read_json(&json)["counters"].as_object().unwrap().keys().cloned().collect();
+    let counters: Vec<String> = read_report(&json)["counters"].as_object().unwrap().keys().cloned().collect();
     assert!(counters.iter().any(|c| c == "lost") && !counters.iter().any(|c| c.starts_with("native_")), "{label}: {counters:?}");
 }
 
@@ -208,7 +208,7 @@ fn kernel_frames_above_native_frames(envs: &[(&str, &str)]) {
         }
     }
     assert!(syscalls > 50, "{label} {envs:?}: only {syscalls} samples in system calls");
-    let without = read_json(&json)["counters"]["native_no_user_regs"].as_u64().unwrap_or_else(|| panic!("{label}: no native_no_user_regs counter"));
+    let without = read_report(&json)["counters"]["native_no_user_regs"].as_u64().unwrap_or_else(|| panic!("{label}: no native_no_user_regs counter"));
     assert!((without as f64) < total as f64 * 0.01, "{label} {envs:?}: {without} of {total} samples without user registers");
 }
 
@@ -238,7 +238,7 @@ fn idle_shows_where_a_sleeping_thread_waits() {
     }
     assert!(sleeper > 100, "{label}: only {sleeper} samples of the sleeper");
     assert!(in_libc as f64 >= sleeper as f64 * 0.9, "{label}: libc above sleeper in {in_libc} of {sleeper}");
-    assert!(read_json(&json)["counters"]["native_on_cpu"].is_u64(), "{label}: running threads are counted");
+    assert!(read_report(&json)["counters"]["native_on_cpu"].is_u64(), "{label}: running threads are counted");
 }
 
 /// A native function with no symbol (Debian's python3.11 is stripped) is
@@ -323,7 +323,7 @@ fn blas_frames_unwind_to_their_python_caller() {
                 wrong_lines.push(line.to_string());
             }
         }
-        let counters = &read_json(&json)["counters"];
+        let counters = &read_report(&json)["counters"];
         let counter = |c: &str| counters[c].as_u64().unwrap_or_else(|| panic!("{label}: no counter {c}"));
         let causes = counter("native_no_unwind_info") + counter("native_stack_cut") + counter("native_unwind_lost");
         assert_eq!(incomplete, causes, "{label}: incomplete samples and their causes: {counters}");

@@ -94,7 +94,7 @@ fn flamegraph_search_and_zoom_work_in_chromium() {
         let (svg, json) = (dir.path().join("flame.svg"), dir.path().join("report.json"));
         let cpu_split = sample_cpu_split(dir.path(), by_pid, &["--flamegraph", svg.to_str().unwrap(), "--json", json.to_str().unwrap()]);
         let how = if by_pid { "by PID" } else { "started" };
-        let report = read_json(&json);
+        let report = read_report(&json);
         let (totals, samples) = (report_totals(&report), report["samples"].as_u64().unwrap());
         let mut args = vec!["flamegraph", svg.to_str().unwrap()];
         args.extend(SPLIT);
@@ -133,7 +133,7 @@ fn speedscope_app_shows_the_known_functions_in_chromium() {
         let (profile, json) = (dir.path().join("profile.speedscope.json"), dir.path().join("report.json"));
         let cpu_split = sample_cpu_split(dir.path(), by_pid, &["--speedscope", profile.to_str().unwrap(), "--json", json.to_str().unwrap()]);
         let how = if by_pid { "by PID" } else { "started" };
-        let totals = report_totals(&read_json(&json));
+        let totals = report_totals(&read_report(&json));
         let shown = browser(&["speedscope", profile.to_str().unwrap()]);
         assert!(shown["title"].as_str().unwrap().starts_with("pytrace sample: PID"), "{how}: speedscope's title is {}", shown["title"]);
         let rows: HashMap<String, (u64, f64)> = shown["rows"]

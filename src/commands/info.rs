@@ -22,7 +22,7 @@ pub fn run(opts: Options) -> Result<i32> {
         (None, Some(path)) => Python::from_executable(path, None)?.with_context(|| format!("{} is not a CPython executable or libpython", path.display()))?,
         (None, None) => {
             // The kernel alone: its JSON if asked for, else its table.
-            let only = KernelOnly { kernel: KernelFindings::get() };
+            let only = KernelOnly { kind: report::ReportKind::Info, kernel: KernelFindings::get() };
             match json {
                 Some(mut out) => out.write_all(only.to_json().as_bytes())?,
                 None => crate::console::out(&only.kernel.to_table())?,

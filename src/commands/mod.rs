@@ -9,5 +9,6 @@ pub mod imports;
 pub mod sample;
 pub mod info;
 pub mod restore;
+pub mod schema;
 pub mod top;
 pub mod top_calls;

@@ -71,6 +71,17 @@ impl Serialize for Counters {
     }
 }
 
+/// As serialized: a map of counter name to count.
+impl schemars::JsonSchema for Counters {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Counters".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        <BTreeMap<String, u64>>::json_schema(generator)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

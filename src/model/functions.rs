@@ -58,7 +58,7 @@ impl EdgeStats {
 }
 
 /// A function, as tracing names it, and its statistics.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Function {
     pub name: String,
     pub file: String,
@@ -68,7 +68,7 @@ pub struct Function {
     pub stats: FunctionStats,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct FunctionStats {
     pub calls: u64,
     /// Calls made while no call of the same function was open (cProfile's

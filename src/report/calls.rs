@@ -21,7 +21,7 @@ pub enum SortKey {
 }
 
 /// A function's row: its statistics and the percentiles of its latencies.
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct FunctionRow {
     #[serde(flatten)]
     pub function: Function,
@@ -30,7 +30,7 @@ pub struct FunctionRow {
     pub p99_ns: u64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct CallsReport {
     pub kind: ReportKind,
     pub pid: u32,

@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 
 use serde::Serialize;
-use serde_json::json;
 
 use super::profile::label;
 use super::PythonInfo;
@@ -12,7 +11,7 @@ use crate::model::samples::{Frame, Sample};
 use crate::python::reading::asyncio_tasks::{PendingTask, TaskChain, TaskList};
 use crate::python::reading::thread_names::NameSource;
 
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct ThreadStack {
     pub tid: u32,
     /// The thread's Python name (`threading.Thread.name`) where it could
@@ -28,11 +27,12 @@ pub struct ThreadStack {
     pub task: Option<RunningTask>,
     /// Innermost first.
     #[serde(serialize_with = "frames_json")]
+    #[schemars(with = "Vec<FrameJson>")]
     pub frames: Vec<std::rc::Rc<Frame>>,
 }
 
 /// A thread's running asyncio task, read with its stack.
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct RunningTask {
     /// None: the task could not be named (it did not check out, or ended
     /// before it was read).
@@ -84,7 +84,7 @@ fn awaiter_words(chain: &[String], several: &[String], more: bool) -> String {
 
 /// --async: every pending asyncio task of the target, or why they could
 /// not be read.
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct AsyncioTasks {
     pub tasks: Vec<PendingTask>,
     /// A list was cut (too long, or a link that did not check out).
@@ -94,18 +94,31 @@ pub struct AsyncioTasks {
     pub error: Option<String>,
 }
 
-fn frames_json<S: serde::Serializer>(frames: &[std::rc::Rc<Frame>], to: S) -> Result<S::Ok, S::Error> {
-    use serde::ser::SerializeSeq;
-    let mut seq = to.serialize_seq(Some(frames.len()))?;
-    for f in frames {
-        seq.serialize_element(&match f.as_ref() {
-            Frame::Python { name, file, line, .. } => json!({"kind": "python", "name": name, "file": file, "line": line}),
-            Frame::Native { name, module } => json!({"kind": "native", "name": name, "module": module}),
-            Frame::Kernel(name) => json!({"kind": "kernel", "name": name}),
-            other => json!({"kind": "marker", "name": label(other)}),
-        })?;
+/// A frame as the report writes it, told by its `kind`.
+#[derive(Serialize, schemars::JsonSchema)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum FrameJson<'a> {
+    Python { name: &'a str, file: &'a str, line: u32 },
+    Native { name: &'a str, module: &'a str },
+    Kernel { name: &'a str },
+    /// A frame that is not code: a cut stack, an unreadable frame, … named
+    /// as the tables show it.
+    Marker { name: String },
+}
+
+impl<'a> FrameJson<'a> {
+    fn of(frame: &'a Frame) -> Self {
+        match frame {
+            Frame::Python { name, file, line, .. } => FrameJson::Python { name, file, line: *line },
+            Frame::Native { name, module } => FrameJson::Native { name, module },
+            Frame::Kernel(name) => FrameJson::Kernel { name },
+            other => FrameJson::Marker { name: label(other) },
+        }
     }
-    seq.end()
+}
+
+fn frames_json<S: serde::Serializer>(frames: &[std::rc::Rc<Frame>], to: S) -> Result<S::Ok, S::Error> {
+    to.collect_seq(frames.iter().map(|f| FrameJson::of(f)))
 }
 
 /// What `dump` read (src/session/snapshot.rs): every thread's stack at one
@@ -126,8 +139,9 @@ pub struct Snapshot {
     pub tasks: Option<Result<TaskList, String>>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct DumpReport {
+    pub kind: super::ReportKind,
     pub pid: u32,
     pub python: PythonInfo,
     pub threads: Vec<ThreadStack>,
@@ -159,7 +173,7 @@ impl DumpReport {
             Ok(list) => AsyncioTasks { tasks: list.tasks, cut: list.cut, error: None },
             Err(why) => AsyncioTasks { tasks: Vec::new(), cut: false, error: Some(why) },
         });
-        DumpReport { pid, python: PythonInfo { version, mode: "dump".into() }, threads, thread_names: name_source, asyncio }
+        DumpReport { kind: super::ReportKind::Dump, pid, python: PythonInfo { version, mode: "dump".into() }, threads, thread_names: name_source, asyncio }
     }
 
     pub fn to_json(&self) -> String {

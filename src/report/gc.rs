@@ -15,7 +15,7 @@ fn new_histogram() -> Histogram<u64> {
     Histogram::new(3).expect("3 significant figures is a valid precision")
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct GenerationRow {
     pub generation: u32,
     pub collections: u64,
@@ -27,7 +27,7 @@ pub struct GenerationRow {
     pub max_ns: u64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct GcReport {
     pub kind: super::ReportKind,
     pub pid: u32,

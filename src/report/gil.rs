@@ -7,7 +7,7 @@ use super::{human_ns, thousands};
 use crate::model::counters::Counters;
 use crate::tracing::gil::{FunctionGil, Place, ThreadGil, WaitBucket};
 
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct WaitDistribution {
     /// Percentiles of the waits before each acquisition: the middle of the
     /// bucket holding them (within 1/16 of the value), never above the max.
@@ -20,7 +20,7 @@ pub struct WaitDistribution {
 
 /// A thread as the probes measured it, with its waits' distribution
 /// summarized (the JSON has the thread's fields at the row's top level).
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct ThreadRow {
     #[serde(flatten)]
     pub thread: ThreadGil,
@@ -28,7 +28,7 @@ pub struct ThreadRow {
 }
 
 /// A function that held the GIL while another waited, and for how long.
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct Blocker {
     pub name: String,
     pub file: String,
@@ -36,7 +36,7 @@ pub struct Blocker {
     pub ns: u64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct FunctionRow {
     pub name: String,
     pub file: String,
@@ -93,7 +93,7 @@ pub fn function_rows(functions: std::collections::HashMap<Place, FunctionGil>) -
 /// Rows of the functions table in the terminal.
 const FUNCTION_ROWS: usize = 15;
 
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct GilReport {
     pub kind: super::ReportKind,
     pub pid: u32,

@@ -9,7 +9,7 @@ use super::human_ns;
 use crate::model::counters::Counters;
 use crate::model::events::ImportEvent;
 
-#[derive(Serialize, Debug, Clone)]
+#[derive(Serialize, Debug, Clone, schemars::JsonSchema)]
 pub struct ImportNode {
     pub name: String,
     /// False when the import failed (ModuleNotFoundError or an exception).
@@ -19,7 +19,7 @@ pub struct ImportNode {
     pub children: Vec<ImportNode>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct ImportsReport {
     pub kind: super::ReportKind,
     pub pid: u32,

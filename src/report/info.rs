@@ -11,8 +11,9 @@ use crate::python::target_writes::hook_owner::HookLock;
 use crate::python::{FunctionProbes, Python};
 use crate::tracing::calls::{self, choose_mode};
 
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct Findings {
+    kind: super::ReportKind,
     pid: Option<u32>,
     version: String,
     interpreter: String,
@@ -55,7 +56,7 @@ pub struct Findings {
 }
 
 /// The running kernel, what pytrace can use of it, and what that changes.
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct KernelFindings {
     #[serde(flatten)]
     kernel: &'static Kernel,
@@ -109,6 +110,7 @@ impl Findings {
         };
         let (mode, reason) = choose_mode(python, None)?;
         Ok(Findings {
+            kind: super::ReportKind::Info,
             pid,
             version: python.version.to_string(),
             interpreter: python.target_path.clone(),
@@ -195,8 +197,9 @@ impl Findings {
 }
 
 /// `pytrace info` without a target: the kernel alone.
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct KernelOnly {
+    pub kind: super::ReportKind,
     pub kernel: KernelFindings,
 }
 

@@ -12,6 +12,7 @@ pub mod output;
 pub mod pprof;
 pub mod profile;
 pub mod pstats;
+pub mod schema;
 pub mod terminal;
 pub mod top;
 
@@ -41,7 +42,7 @@ pub fn to_json_text<T: serde::Serialize>(report: &T) -> String {
 
 /// Which subcommand wrote a JSON report: its `kind` field, so that a
 /// report given to `compare` is told by what it says it is.
-#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, PartialEq, Eq, Debug, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ReportKind {
     Calls,
@@ -50,6 +51,8 @@ pub enum ReportKind {
     Imports,
     Sample,
     Compare,
+    Dump,
+    Info,
 }
 
 impl ReportKind {
@@ -62,12 +65,14 @@ impl ReportKind {
             ReportKind::Imports => "`pytrace imports --json`",
             ReportKind::Sample => "`pytrace sample --json`",
             ReportKind::Compare => "`pytrace compare --json`",
+            ReportKind::Dump => "`pytrace dump --json`",
+            ReportKind::Info => "`pytrace info --json`",
         }
     }
 }
 
 /// Which Python a report is about and how pytrace saw it.
-#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
 pub struct PythonInfo {
     pub version: String,
     pub mode: String,

@@ -103,7 +103,7 @@ pub fn probe_points(python: &Python) -> Result<GilProbes> {
 pub type WaitBucket = (u64, u64, u64);
 
 /// One thread's time with the GIL inside the session.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
 pub struct ThreadGil {
     pub tid: u32,
     pub name: String,

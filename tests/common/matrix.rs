@@ -130,7 +130,7 @@ impl Interpreter {
 
     pub fn json(&self, sub: &[&str], script: &str, args: &[&str]) -> serde_json::Value {
         let out = self.pytrace(&[sub, &["--json", "-"]].concat(), script, args);
-        serde_json::from_slice(&out.stdout).expect("a JSON report on stdout")
+        parse_report(&out.stdout)
     }
 
     /// (first line, name, calls) from a truth file the fixture wrote
@@ -239,7 +239,7 @@ pub fn calls_equal_cprofile(py: &Interpreter) {
     signal(target.pid(), libc::SIGUSR1);
     let (code, _, stderr) = tracer.finish();
     assert_eq!(code, 0, "{stderr}");
-    let report = read_json(&json);
+    let report = read_report(&json);
     assert_eq!(report["python"]["mode"], "uprobe");
     assert_counts(py, "calls -p", &report, &truth, |_, _| false);
 }
@@ -315,7 +315,7 @@ pub fn gc_equals_gc_callbacks(py: &Interpreter) {
         };
         let want = key(&read_json(&host));
         assert_eq!(want.len(), 3, "{version}: the fixture collects all three generations");
-        assert_eq!(key(&read_json(&json)["generations"]), want, "{version} {mode}: (generation, collections, collected)");
+        assert_eq!(key(&read_report(&json)["generations"]), want, "{version} {mode}: (generation, collections, collected)");
     }
 }
 
@@ -415,7 +415,7 @@ pub fn sample_periodic_work_at_exact_rates(py: &Interpreter) {
     signal(target.pid(), libc::SIGUSR1);
     let (code, _, stderr) = tracer.finish();
     assert_eq!(code, 0, "{version}: {stderr}");
-    check("50 Hz by PID", &read_json(&json));
+    check("50 Hz by PID", &read_report(&json));
 }
 
 pub fn sample_idle_sees_sleepers(py: &Interpreter) {
@@ -484,7 +484,7 @@ pub fn info_names_each_mode(py: &Interpreter) {
     let target = py.start_waiting("callgraph.py", &["--rounds", "1"]);
     let out = pytrace(&["info", "-p", &target.pid().to_string(), "--json", "-"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let info: serde_json::Value = parse_report(&out.stdout);
     assert!(info["version"].as_str().unwrap().starts_with(&format!("{version}.")), "{info}");
     // In a root, found through /proc/PID/root: the target sees another path.
     let interpreter = if py.shared_library() { format!("/libpython{version}.so.1.0") } else { format!("/usr/bin/python{version}") };
@@ -536,7 +536,7 @@ pub fn thread_names_in_dump_and_sample(py: &Interpreter) {
         let out = pytrace(&["dump", "-p", &target.pid().to_string(), "--json", "-"]);
         assert!(out.status.success(), "{version}: dump: {}", String::from_utf8_lossy(&out.stderr));
         assert!(target.0.try_wait().unwrap().is_none(), "{version}: the target died");
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let report: serde_json::Value = parse_report(&out.stdout);
         let names: HashMap<String, (String, String)> = ids
             .as_object()
             .unwrap()
@@ -579,7 +579,7 @@ pub fn thread_names_in_dump_and_sample(py: &Interpreter) {
     let (_, folded_path) = py.output("threads.folded");
     let out = py.pytrace(&["sample", "-r", "199", "--threads", "--folded", folded_path.to_str().unwrap(), "--json", "-"], "dump_threads.py", &[&inside, &longer(2.0)]);
     let ids = read_json(&host);
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report: serde_json::Value = parse_report(&out.stdout);
     let spin = format!("worker-spin ({})", ids["worker-spin"]);
     let samples = report["threads"].as_array().unwrap().iter().find(|t| t["thread"] == spin.as_str()).map(|t| t["samples"].as_u64().unwrap());
     assert!(samples.is_some_and(|n| n > 50), "{version}: no {spin} in {}", report["threads"]);
@@ -621,7 +621,7 @@ pub fn stacks_read_while_running_are_ones_it_can_have(py: &Interpreter) {
     for _ in 0..100 {
         let out = pytrace(&["dump", "-p", &pid, "--json", "-"]);
         assert!(out.status.success(), "{version}: dump: {}", String::from_utf8_lossy(&out.stderr));
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let report: serde_json::Value = parse_report(&out.stdout);
         let threads = report["threads"].as_array().unwrap();
         assert_eq!(threads.len(), 1, "{version}: {report}");
         let frames = threads[0]["frames"].as_array().unwrap();

@@ -410,7 +410,7 @@ pub fn unsupported(python: &Python, what: &str) -> Option<String> {
 }
 
 /// A pending task of the target, as `dump --async` lists it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
 pub struct PendingTask {
     /// The thread that made it (whose list holds it); None for a task whose
     /// thread has exited (the interpreter's list).

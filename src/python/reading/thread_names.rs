@@ -267,7 +267,7 @@ pub fn merge(pid: u32, python: &Python, names: &mut HashMap<u32, String>) -> Nam
 }
 
 /// Where the names `merge` gave came from, for the report.
-#[derive(Debug, Default, Clone, serde::Serialize)]
+#[derive(Debug, Default, Clone, serde::Serialize, schemars::JsonSchema)]
 pub struct NameSource {
     /// Threads named by `threading.Thread.name`.
     pub from_python: u32,

@@ -21,7 +21,7 @@ const OFF_CPU_NOTED: f64 = 0.1;
 /// get it flagged (when its share is at least MIN_FLAGGED_DIFF).
 const INFLATED: f64 = 0.25;
 
-#[derive(Serialize, Debug, Clone, PartialEq)]
+#[derive(Serialize, Debug, Clone, PartialEq, schemars::JsonSchema)]
 pub struct Flag {
     pub kind: &'static str,
     pub message: String,

@@ -35,7 +35,7 @@ use probe_cost::{corrected_self, corrected_total};
 /// src/tracing/compare.rs sets apart (src/report/profile.rs names them so).
 pub const PROBES_ROW: &str = "[pytrace probes]";
 
-#[derive(Serialize, Debug)]
+#[derive(Serialize, Debug, schemars::JsonSchema)]
 pub struct Comparison {
     pub kind: ReportKind,
     pub pid: u32,
@@ -52,7 +52,7 @@ pub struct Comparison {
     pub functions: Vec<Row>,
 }
 
-#[derive(Serialize, Debug)]
+#[derive(Serialize, Debug, schemars::JsonSchema)]
 pub struct TracedSummary {
     pub duration_ns: u64,
     pub functions: usize,
@@ -77,7 +77,7 @@ pub struct TracedSummary {
     pub lost_events: u64,
 }
 
-#[derive(Serialize, Debug)]
+#[derive(Serialize, Debug, schemars::JsonSchema)]
 pub struct SampledSummary {
     pub duration_ns: u64,
     pub hz: u64,
@@ -92,7 +92,7 @@ pub struct SampledSummary {
 /// One function. Shares are fractions (0.25 is 25 %): traced ones of all
 /// traced self time, sampled ones of the samples outside the probes. Traced
 /// fields are null for what tracing cannot see (not Python code).
-#[derive(Serialize, Debug)]
+#[derive(Serialize, Debug, schemars::JsonSchema)]
 pub struct Row {
     pub name: String,
     pub file: String,

@@ -26,7 +26,7 @@ pub const CALLEE_SHARE: f64 = 0.4;
 /// error) and the cost per call is the constant instead.
 pub const MIN_PROBE_SAMPLES: u64 = 100;
 
-#[derive(Serialize, Debug)]
+#[derive(Serialize, Debug, schemars::JsonSchema)]
 pub struct Overhead {
     /// "sampled": measured in this run, from the samples inside the probes;
     /// "constant": CONSTANT_NS_PER_CALL.

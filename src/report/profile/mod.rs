@@ -19,6 +19,7 @@ use serde::Serialize;
 use crate::model::counters::Counters;
 use crate::model::samples::{Frame, Sample};
 
+pub use json::SampleReport;
 pub use outputs::Outputs;
 
 /// The formats `sample` writes a profile in.
@@ -169,7 +170,7 @@ fn function_of(frame: &Frame) -> (String, String, u32) {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct FunctionShare {
     pub name: String,
     pub file: String,

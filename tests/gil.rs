@@ -211,8 +211,21 @@ fn assert_functions_and_blame(label: &str, report: &serde_json::Value, truth: &H
     for (me, other) in [("spin_a", "spin_b"), ("spin_b", "spin_a")] {
         let (f, t) = (function(me), thread_of(me));
         let who = format!("{label}: function {me}: {f} of thread {t}; every thread: {threads:?}; their own measures: {truth:?}");
-        // Only its own thread runs it; most of that thread's life is in it.
-        assert!(ns(f, "wait_ns") <= ns(t, "wait_ns") + 1.0 && ns(f, "wait_ns") >= 0.6 * ns(t, "wait_ns"), "{who}: wait");
+        // Only its own thread runs it, and its thread waited elsewhere only
+        // outside the span it measured (a starting thread waits for the GIL
+        // first: 0.65 s in a 6.1 VM) or, inside it, in the fixture's
+        // measuring code (schedstat's reads, the wrapper), whoever's thread.
+        let own = truth.values().find(|own| own["function"] == me).unwrap();
+        let outside = ns(t, "lifetime_ns") - ns(own, "wall_ns");
+        // (Not the workers' code, nor <module>, which the main thread runs.)
+        let workers = ["spin_a", "spin_b", "sleeper", "hasher", "<module>"];
+        let in_measuring: f64 = functions
+            .iter()
+            .filter(|g| g["file"].as_str().unwrap().ends_with("gil_threads.py") && !workers.contains(&g["name"].as_str().unwrap()))
+            .map(|g| ns(g, "wait_ns"))
+            .sum();
+        assert!(ns(f, "wait_ns") <= ns(t, "wait_ns") + 1.0, "{who}: wait");
+        assert!(ns(f, "wait_ns") >= ns(t, "wait_ns") - outside - in_measuring - 5.0 * MS, "{who}: waited outside it ({outside} ns outside its measured span, {in_measuring} ns in the fixture's measuring code)");
         assert!(ns(f, "held_ns") <= ns(t, "held_ns") + 1.0 && ns(f, "held_ns") >= 0.5 * ns(t, "held_ns"), "{who}: held");
         // The hasher is blamed only for what it held between its hash
         // calls, which its own clock bounds (the thread checks above). It

@@ -199,8 +199,10 @@ fn assert_functions_and_blame(label: &str, report: &serde_json::Value, truth: &H
             .find(|f| f["name"] == name && f["file"].as_str().unwrap().ends_with("gil_threads.py"))
             .unwrap_or_else(|| panic!("{label}: no function {name} in {report}"))
     };
+    // The fixture's own measures of the thread that ran `name`, and its row.
+    let own_of = |name: &str| truth.iter().find(|(_, own)| own["function"] == name).unwrap();
     let thread_of = |name: &str| {
-        let tid = truth.iter().find(|(_, own)| own["function"] == name).unwrap().0;
+        let tid = own_of(name).0;
         threads[tid]
     };
     let blamed = |f: &serde_json::Value, holder: &str| f["blocked_by"].as_array().unwrap().iter().filter(|b| b["name"] == holder).map(|b| b["ns"].as_u64().unwrap()).sum::<u64>() as f64;
@@ -215,7 +217,7 @@ fn assert_functions_and_blame(label: &str, report: &serde_json::Value, truth: &H
         // outside the span it measured (a starting thread waits for the GIL
         // first: 0.65 s in a 6.1 VM) or, inside it, in the fixture's
         // measuring code (schedstat's reads, the wrapper), whoever's thread.
-        let own = truth.values().find(|own| own["function"] == me).unwrap();
+        let own = own_of(me).1;
         let outside = ns(t, "lifetime_ns") - ns(own, "wall_ns");
         // (Not the workers' code, nor <module>, which the main thread runs.)
         let workers = ["spin_a", "spin_b", "sleeper", "hasher", "<module>"];
@@ -236,7 +238,7 @@ fn assert_functions_and_blame(label: &str, report: &serde_json::Value, truth: &H
         // other holders, the other spinner blocked it most (a tie counts),
         // for no longer than it held, and for 30 % of the wait the hasher
         // is not blamed for at least.
-        let hasher_own = truth.values().find(|own| own["function"] == "hasher").unwrap();
+        let hasher_own = own_of("hasher").1;
         let outside_hashing = ns(thread_of("hasher"), "lifetime_ns") - ns(hasher_own, "hashing_ns");
         assert!(blamed(f, "hasher") <= ns(function("hasher"), "held_ns") + 1.0, "{who}: blamed the hasher for more than it held");
         assert!(blamed(f, "hasher") <= outside_hashing + 5.0 * MS + 0.02 * ns(thread_of("hasher"), "lifetime_ns"), "{who}: blamed the hasher while it was hashing (out of its hash calls for {outside_hashing} ns)");

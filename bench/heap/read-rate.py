@@ -16,8 +16,11 @@ a small C program; see the design doc). Not part of pytrace: a
 measurement, run by hand:
 
   python3 bench/heap/read-rate.py PYTHON N M
+
+With READ_COST=BINARY (read-cost.c, built by hand with cc -O2), it also
+times the reads themselves without Python's overhead, over the arenas.
 """
-import json, os, struct, subprocess, sys, tempfile, time
+import bisect, json, os, struct, subprocess, sys, tempfile, time
 
 PY, N, M = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 VER = subprocess.check_output([PY, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], text=True).strip()
@@ -71,9 +74,14 @@ try:
 
     def checked_type(addr):
         """A type object: its own type is PyType_Type, or a metaclass whose
-        type is (two steps), and its flags say it is a type."""
+        type is (two steps), with sizes in bounds."""
         if addr in types:
             return types[addr]
+        # No type object lives in an arena (a heap type is far larger than
+        # the 512-byte blocks; static types are in the binary): refused
+        # without a read, and not cached (most are a GC head's prev).
+        if in_arena(addr):
+            return None
         info = None
         if addr and addr % 8 == 0 and addr < 1 << 47:
             try:
@@ -97,6 +105,11 @@ try:
     ob = u64(interp + OFF["obmalloc"]) if OFF["obmalloc_pointer"] else interp + OFF["obmalloc"]
     arenas, maxarenas = u64(ob + MGMT_ARENAS), struct.unpack("<I", read(ob + MGMT_MAXARENAS, 4))[0]
     table = read(arenas, maxarenas * 48)
+    starts = sorted(a for a in (struct.unpack_from("<Q", table, i * 48)[0] for i in range(maxarenas)) if a)
+
+    def in_arena(addr):
+        i = bisect.bisect_right(starts, addr) - 1
+        return i >= 0 and addr < starts[i] + ARENA_SIZE
     alloc = {"tracked": {}, "untracked_gc": {}, "plain": {}}
     alloc_bytes = {}
     skipped = inconsistent_pools = narenas = unlinked = 0
@@ -182,9 +195,13 @@ try:
             if check_members:
                 pool_heads.append(head)
             alloc["tracked"][tp] = alloc["tracked"].get(tp, 0) + 1
+            flags, basic, item, _ = types[tp]
+            nbytes = basic + (abs(struct.unpack("<q", read(obj + 16, 8))[0]) * item if item else 0) + (obj - b)
+            alloc_bytes[tp] = alloc_bytes.get(tp, 0) + nbytes
         else:
             unlinked += 1
     walk1_s = time.monotonic() - t1
+    arena_bytes = narenas * ARENA_SIZE
     walk1_reads = list(reads)
 
     # 2. The GC lists, pointer by pointer.
@@ -212,8 +229,8 @@ try:
     print(f"CPython {VER}: N={N} instances, M={M} str/int/float; target built its heap in {build_s:.1f} s")
     print(f"gc.get_objects(): {truth_total} objects; GC lists walked: {listed_total}; tracked blocks in pools: {tracked_total} "
           f"(outside pools: {listed_total - tracked_total})")
-    print(f"allocator walk: {narenas} arenas, {walk1_reads[0]} reads, {walk1_reads[1] / 2**20:.0f} MiB in {read_s:.2f} s of reads "
-          f"({walk1_reads[1] / 2**20 / max(read_s, 1e-9):.0f} MiB/s), {walk1_s:.1f} s in all (parsing in Python); "
+    print(f"allocator walk: {narenas} arenas read in {read_s:.2f} s ({arena_bytes / 2**20 / max(read_s, 1e-9):.0f} MiB/s), "
+          f"{walk1_reads[0]} reads in all ({walk1_reads[1] / 2**20:.0f} MiB), {walk1_s:.1f} s with the parsing (in Python); "
           f"{skipped} blocks unclassified, {inconsistent_pools} pools whose count disagreed; "
           f"{unlinked} GC-looking blocks refused (next's prev not them), {len(deferred)} links left to another arena or outside pools")
     print(f"GC lists: {walk2_calls} reads of 32 bytes in {walk2_s:.2f} s = {walk2_calls / walk2_s / 1e3:.0f} k reads/s "
@@ -233,6 +250,11 @@ try:
         want = truth["gc_bytes"].get(str(t))
         print(f"  bytes {types[t][3]:<22} getsizeof sum {want}  basicsize formula {alloc_bytes.get(t)} (tracked and untracked blocks)")
     print(f"  untracked GC-type blocks by type: " + ", ".join(f"{types[t][3]}={c}" for t, c in sorted(alloc['untracked_gc'].items(), key=lambda kv: -kv[1])[:5]))
+    if os.environ.get("READ_COST"):
+        with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+            f.write("".join(f"{a:x}\n" for a in starts))
+            f.flush()
+            print("read-cost.c:", subprocess.check_output([os.environ["READ_COST"], str(pid), f.name], text=True).strip())
     print(f"pytrace-side peak RSS of this script: {int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) // 1024} MiB")
 finally:
     target.kill()

@@ -1,17 +1,17 @@
-"""The experiment behind docs/design/heap.md: read a CPython 3.12/3.13
+"""The experiment behind docs/design/heap.md: read a CPython 3.9 to 3.13
 target's heap from outside, through /proc/PID/mem, two ways, and time both.
 
 1. The allocator walk: every obmalloc arena in one read (1 MiB), its pools
    parsed locally (pool_header, free-block list, nextoffset), every
    allocated block classified by its ob_type: a non-GC object at the
    block's start, or a GC object after its PyGC_Head (and, for types with a
-   managed dict or weakref, after the two pre-header words).
+   managed dict (3.11+) or weakref (3.12+), after the two pre-header words).
 2. The GC lists: the three generations and the permanent one, one small
    read per object (its PyGC_Head and ob_type), pointer by pointer.
 
 It checks both against the target's own measure (bench/heap/target.py:
 gc.get_objects() counts by type, sys.getsizeof sums) and prints the read
-rates. Offsets: 3.12.1 / 3.13.0 (pyenv), from their headers (offsetof, by
+rates. Offsets: pyenv's 3.9.18 to 3.13.0, from their headers (offsetof, by
 a small C program; see the design doc). Not part of pytrace: a
 measurement, run by hand:
 
@@ -26,14 +26,19 @@ PY, N, M = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 VER = subprocess.check_output([PY, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], text=True).strip()
 # offsetof(...) from the version's own headers (see the design doc).
 OFF = {
-    "3.12": dict(runtime_main=48, interp_gc=112, obmalloc=3960, obmalloc_pointer=False),
-    "3.13": dict(runtime_main=640, interp_gc=7400, obmalloc=10800, obmalloc_pointer=True),
+    # 3.9 to 3.11: obmalloc's state is static in obmalloc.c (`arenas`,
+    # `maxarenas`), found here by the library's .symtab (pyenv keeps it).
+    "3.9": dict(runtime_main=40, interp_gc=616, obmalloc=None, arena_bits=18, pool_bits=12, managed=0),
+    "3.10": dict(runtime_main=40, interp_gc=616, obmalloc=None, arena_bits=20, pool_bits=14, managed=0),
+    "3.11": dict(runtime_main=48, interp_gc=648, obmalloc=None, arena_bits=20, pool_bits=14, managed=1 << 4),
+    "3.12": dict(runtime_main=48, interp_gc=112, obmalloc=3960, obmalloc_pointer=False, arena_bits=20, pool_bits=14, managed=(1 << 4) | (1 << 3)),
+    "3.13": dict(runtime_main=640, interp_gc=7400, obmalloc=10800, obmalloc_pointer=True, arena_bits=20, pool_bits=14, managed=(1 << 4) | (1 << 3)),
 }[VER]
 GC_GENERATIONS, GEN_SIZE, GC_PERMANENT = 24, 24, 104
 MGMT_ARENAS, MGMT_MAXARENAS = 512, 520
-ARENA_SIZE, POOL_SIZE, POOL_OVERHEAD, ALIGNMENT = 1 << 20, 1 << 14, 48, 16
+ARENA_SIZE, POOL_SIZE, POOL_OVERHEAD, ALIGNMENT = 1 << OFF["arena_bits"], 1 << OFF["pool_bits"], 48, 16
 TP_NAME, TP_BASICSIZE, TP_ITEMSIZE, TP_FLAGS = 24, 32, 40, 168
-HAVE_GC, MANAGED_DICT, MANAGED_WEAKREF, TYPE_SUBCLASS = 1 << 14, 1 << 4, 1 << 3, 1 << 31
+HAVE_GC, MANAGED = 1 << 14, OFF["managed"]  # the flags that put two words before the PyGC_Head
 
 out = tempfile.mktemp(suffix=".json")
 target = subprocess.Popen([PY, os.path.join(os.path.dirname(__file__), "target.py"), str(N), str(M), out],
@@ -102,8 +107,13 @@ try:
 
     # 1. The allocator walk.
     t1 = time.monotonic()
-    ob = u64(interp + OFF["obmalloc"]) if OFF["obmalloc_pointer"] else interp + OFF["obmalloc"]
-    arenas, maxarenas = u64(ob + MGMT_ARENAS), struct.unpack("<I", read(ob + MGMT_MAXARENAS, 4))[0]
+    if OFF["obmalloc"] is None:
+        local = subprocess.check_output(["nm", "--defined-only", holder[5]], text=True).splitlines()
+        at = {l.split()[2]: int(l.split()[0], 16) + int(holder[0].split("-")[0], 16) for l in local if len(l.split()) == 3}
+        arenas, maxarenas = u64(at["arenas"]), struct.unpack("<I", read(at["maxarenas"], 4))[0]
+    else:
+        ob = u64(interp + OFF["obmalloc"]) if OFF["obmalloc_pointer"] else interp + OFF["obmalloc"]
+        arenas, maxarenas = u64(ob + MGMT_ARENAS), struct.unpack("<I", read(ob + MGMT_MAXARENAS, 4))[0]
     table = read(arenas, maxarenas * 48)
     starts = sorted(a for a in (struct.unpack_from("<Q", table, i * 48)[0] for i in range(maxarenas)) if a)
 
@@ -154,7 +164,7 @@ try:
                         if at + pre + 16 > len(arena):
                             continue
                         t = checked_type(struct.unpack_from("<Q", arena, at + pre + 8)[0])
-                        if t and t[0] & HAVE_GC and (pre == 32) == bool(t[0] & (MANAGED_DICT | MANAGED_WEAKREF)):
+                        if t and t[0] & HAVE_GC and (pre == 32) == bool(t[0] & MANAGED):
                             gc_next, gc_prev = struct.unpack_from("<QQ", arena, at + pre - 16)
                             head = b + pre - 16
                             if not gc_next:

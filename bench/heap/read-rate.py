@@ -238,7 +238,7 @@ try:
     listed_total = sum(listed.values())
     print(f"CPython {VER}: N={N} instances, M={M} str/int/float; target built its heap in {build_s:.1f} s")
     print(f"gc.get_objects(): {truth_total} objects; GC lists walked: {listed_total}; tracked blocks in pools: {tracked_total} "
-          f"(outside pools: {listed_total - tracked_total})")
+          f"(so outside pools: {listed_total + permanent - tracked_total}, the permanent generation counted)")
     print(f"allocator walk: {narenas} arenas read in {read_s:.2f} s ({arena_bytes / 2**20 / max(read_s, 1e-9):.0f} MiB/s), "
           f"{walk1_reads[0]} reads in all ({walk1_reads[1] / 2**20:.0f} MiB), {walk1_s:.1f} s with the parsing (in Python); "
           f"{skipped} blocks unclassified, {inconsistent_pools} pools whose count disagreed; "

@@ -24,12 +24,12 @@ PAGE_CAPACITY, PAGE_FREE, PAGE_USED, PAGE_XBLOCK, PAGE_LOCAL_FREE, PAGE_XTHREAD_
 SEGMENT_SIZE, SLICE_SIZE, SEGMENT_SLICES, SLICE_STRUCT = 1 << 25, 1 << 16, 264, 96
 OB_GC_BITS, OB_TYPE, TRACKED, FROZEN = 11, 24, 1, 8
 
-out = tempfile.mktemp(suffix=".json")
-target = subprocess.Popen([PY, os.path.join(os.path.dirname(__file__), "target.py"), str(N), str(M), out],
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+# PY may be a command ("chroot ROOT python3.14"): the target runs as -c.
+code = open(os.path.join(os.path.dirname(__file__), "target.py")).read()
+target = subprocess.Popen(PY.split() + ["-c", code, str(N), str(M)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 try:
+    truth = json.loads(target.stdout.readline())
     assert target.stdout.readline().strip() == "ready"
-    truth = json.load(open(out))
     pid = target.pid
     mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
     nreads = [0, 0]
@@ -112,4 +112,3 @@ try:
 finally:
     target.kill()
     target.wait()
-    os.unlink(out) if os.path.exists(out) else None

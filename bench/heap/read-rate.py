@@ -11,11 +11,13 @@ target's heap from outside, through /proc/PID/mem, two ways, and time both.
 
 It checks both against the target's own measure (bench/heap/target.py:
 gc.get_objects() counts by type, sys.getsizeof sums) and prints the read
-rates. Offsets: pyenv's 3.9.18 to 3.13.0, from their headers (offsetof, by
+rates. Offsets: pyenv's 3.9.18 to 3.13.0 and sid's 3.13.18, 3.14.10 and
+3.15.2, from their headers (offsetof, by
 a small C program; see the design doc). Not part of pytrace: a
 measurement, run by hand:
 
   python3 bench/heap/read-rate.py PYTHON N M
+  python3 bench/heap/read-rate.py "chroot /var/cache/pytrace/root-sid python3.14" N M
 
 With READ_COST=BINARY (read-cost.c, built by hand with cc -O2), it also
 times the reads themselves without Python's overhead, over the arenas.
@@ -23,31 +25,42 @@ times the reads themselves without Python's overhead, over the arenas.
 import bisect, json, os, struct, subprocess, sys, tempfile, time
 
 PY, N, M = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-VER = subprocess.check_output([PY, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], text=True).strip()
-# offsetof(...) from the version's own headers (see the design doc).
+FULL = subprocess.check_output(PY.split() + ["-c", "import sys; print(sys.version.split()[0])"], text=True).strip()
+VER = ".".join(FULL.split(".")[:2])
+MANAGED_311, MANAGED_312 = 1 << 4, (1 << 4) | (1 << 3)  # the flags that put two words before the PyGC_Head
+# offsetof(...) from each build's own headers (see the design doc). 3.9 to
+# 3.11 keep obmalloc's state static in obmalloc.c (`arenas`, `maxarenas`),
+# found here by the library's .symtab (pyenv keeps it).
+V39 = dict(runtime_main=40, interp_gc=616, gens=24, permanent=104, obmalloc=None, arena_bits=18, pool_bits=12, managed=0)
+V312 = dict(V39, runtime_main=48, interp_gc=112, obmalloc=3960, obmalloc_pointer=False, arena_bits=20, pool_bits=14, managed=MANAGED_312)
+V313 = dict(V312, runtime_main=640, interp_gc=7400, obmalloc=10800, obmalloc_pointer=True)
 OFF = {
-    # 3.9 to 3.11: obmalloc's state is static in obmalloc.c (`arenas`,
-    # `maxarenas`), found here by the library's .symtab (pyenv keeps it).
-    "3.9": dict(runtime_main=40, interp_gc=616, obmalloc=None, arena_bits=18, pool_bits=12, managed=0),
-    "3.10": dict(runtime_main=40, interp_gc=616, obmalloc=None, arena_bits=20, pool_bits=14, managed=0),
-    "3.11": dict(runtime_main=48, interp_gc=648, obmalloc=None, arena_bits=20, pool_bits=14, managed=1 << 4),
-    "3.12": dict(runtime_main=48, interp_gc=112, obmalloc=3960, obmalloc_pointer=False, arena_bits=20, pool_bits=14, managed=(1 << 4) | (1 << 3)),
-    "3.13": dict(runtime_main=640, interp_gc=7400, obmalloc=10800, obmalloc_pointer=True, arena_bits=20, pool_bits=14, managed=(1 << 4) | (1 << 3)),
-}[VER]
-GC_GENERATIONS, GEN_SIZE, GC_PERMANENT = 24, 24, 104
+    "3.9": V39,
+    "3.10": dict(V39, arena_bits=20, pool_bits=14),
+    "3.11": dict(V39, runtime_main=48, interp_gc=648, arena_bits=20, pool_bits=14, managed=MANAGED_311),
+    "3.12": V312,
+    "3.13.0": V313,
+    # Debian sid's 3.13.18: PyGC_Head became Py_ALIGNED(1 << _PyObject_ALIGNMENT_SHIFT),
+    # 4-byte aligned here, so the generations moved from 24 to 20 in a patch release.
+    "3.13.18": dict(V313, gens=20),
+    "3.14": dict(V313, runtime_main=816, interp_gc=7408, permanent=96, obmalloc=10904),
+    "3.15": dict(V313, runtime_main=944, interp_gc=7400, gens=8, permanent=80, obmalloc=10880),
+}
+OFF = OFF.get(FULL) or OFF[VER]
+GC_GENERATIONS, GEN_SIZE, GC_PERMANENT = OFF["gens"], 24, OFF["permanent"]
 MGMT_ARENAS, MGMT_MAXARENAS = 512, 520
 ARENA_SIZE, POOL_SIZE, POOL_OVERHEAD, ALIGNMENT = 1 << OFF["arena_bits"], 1 << OFF["pool_bits"], 48, 16
 TP_NAME, TP_BASICSIZE, TP_ITEMSIZE, TP_FLAGS = 24, 32, 40, 168
-HAVE_GC, MANAGED = 1 << 14, OFF["managed"]  # the flags that put two words before the PyGC_Head
+HAVE_GC, MANAGED = 1 << 14, OFF["managed"]
 
-out = tempfile.mktemp(suffix=".json")
-target = subprocess.Popen([PY, os.path.join(os.path.dirname(__file__), "target.py"), str(N), str(M), out],
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+# PY may be a command ("chroot ROOT python3.14"): the target runs as -c.
+code = open(os.path.join(os.path.dirname(__file__), "target.py")).read()
+target = subprocess.Popen(PY.split() + ["-c", code, str(N), str(M)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 try:
     t0 = time.monotonic()
+    truth = json.loads(target.stdout.readline())
     assert target.stdout.readline().strip() == "ready"
     build_s = time.monotonic() - t0
-    truth = json.load(open(out))
     pid = target.pid
     mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
     reads = [0, 0]  # calls, bytes
@@ -67,12 +80,18 @@ try:
 
     # _PyRuntime: the dynamic symbol, plus the load bias of the file that holds it.
     maps = [l.split() for l in open(f"/proc/{pid}/maps")]
-    holder = next(l for l in maps if len(l) > 5 and ("libpython" in l[5] or l[5].endswith("/python" + VER)) and int(l[2], 16) == 0
-                  and "libpython" in l[5]) if any("libpython" in (l[5] if len(l) > 5 else "") for l in maps) else \
-        next(l for l in maps if len(l) > 5 and int(l[2], 16) == 0 and l[5].endswith("python" + VER))
-    sym = subprocess.check_output(["nm", "-D", "--defined-only", holder[5]], text=True)
-    runtime = int(next(l.split()[0] for l in sym.splitlines() if l.endswith(" _PyRuntime")), 16) + int(holder[0].split("-")[0], 16)
-    pytype = int(next(l.split()[0] for l in sym.splitlines() if l.endswith(" PyType_Type")), 16) + int(holder[0].split("-")[0], 16)
+    # The file holding _PyRuntime (libpython, else the executable), read
+    # through the process's own mapping, as pytrace does (a chroot's too).
+    files = [l for l in maps if len(l) > 5 and l[5].startswith("/") and int(l[2], 16) == 0]
+    holder = next((l for l in files if "libpython" in l[5]), None) or next(l for l in files if os.path.basename(l[5]).startswith("python" + VER))
+    start, end = (int(x, 16) for x in holder[0].split("-"))
+    path = f"/proc/{pid}/map_files/{start:x}-{end:x}"
+    with open(path, "rb") as f:
+        dynamic = struct.unpack_from("<H", f.read(18), 16)[0] == 3  # ET_DYN: symbols are relative to where it is mapped
+    bias = int(holder[0].split("-")[0], 16) if dynamic else 0
+    sym = subprocess.check_output(["nm", "-D", "--defined-only", path], text=True)
+    runtime = int(next(l.split()[0] for l in sym.splitlines() if l.endswith(" _PyRuntime")), 16) + bias
+    pytype = int(next(l.split()[0] for l in sym.splitlines() if l.endswith(" PyType_Type")), 16) + bias
     interp = u64(runtime + OFF["runtime_main"])
 
     types = {}  # address -> (flags, basicsize, itemsize, name) or None
@@ -108,8 +127,8 @@ try:
     # 1. The allocator walk.
     t1 = time.monotonic()
     if OFF["obmalloc"] is None:
-        local = subprocess.check_output(["nm", "--defined-only", holder[5]], text=True).splitlines()
-        at = {l.split()[2]: int(l.split()[0], 16) + int(holder[0].split("-")[0], 16) for l in local if len(l.split()) == 3}
+        local = subprocess.check_output(["nm", "--defined-only", path], text=True).splitlines()
+        at = {l.split()[2]: int(l.split()[0], 16) + bias for l in local if len(l.split()) == 3}
         arenas, maxarenas = u64(at["arenas"]), struct.unpack("<I", read(at["maxarenas"], 4))[0]
     else:
         ob = u64(interp + OFF["obmalloc"]) if OFF["obmalloc_pointer"] else interp + OFF["obmalloc"]
@@ -236,7 +255,7 @@ try:
     tracked_total = sum(alloc["tracked"].values())
     truth_total = sum(truth["gc_counts"].values())
     listed_total = sum(listed.values())
-    print(f"CPython {VER}: N={N} instances, M={M} str/int/float; target built its heap in {build_s:.1f} s")
+    print(f"CPython {FULL}: N={N} instances, M={M} str/int/float; target built its heap in {build_s:.1f} s")
     print(f"gc.get_objects(): {truth_total} objects; GC lists walked: {listed_total}; tracked blocks in pools: {tracked_total} "
           f"(so outside pools: {listed_total + permanent - tracked_total}, the permanent generation counted)")
     print(f"allocator walk: {narenas} arenas read in {read_s:.2f} s ({arena_bytes / 2**20 / max(read_s, 1e-9):.0f} MiB/s), "
@@ -269,4 +288,3 @@ try:
 finally:
     target.kill()
     target.wait()
-    os.unlink(out) if os.path.exists(out) else None

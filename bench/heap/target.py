@@ -2,11 +2,12 @@
 (each with a dict of attributes), N/10 lists and dicts, M strings of known
 length, M ints and M floats. It measures itself (gc.get_objects() counts and
 sys.getsizeof sums, keyed by the type's address, which is id(type) in
-CPython) after building, writes them to the file named by argv[3], and then
-waits on stdin so that an outside reader sees a quiet heap."""
+CPython) after building, prints them as one JSON line, then "ready", and
+waits on stdin so that an outside reader sees a quiet heap. It needs no
+file, so it also runs as `python -c` inside a chroot."""
 import gc, json, sys
 
-n, m, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+n, m = int(sys.argv[-2]), int(sys.argv[-1])
 
 class Leaf:
     def __init__(self, i):
@@ -30,8 +31,7 @@ for o in gc.get_objects():
 own = {}
 for kind, objs in (("str", strings), ("int", ints), ("float", floats)):
     own[kind] = {"type": id(type(objs[0])), "count": len(objs), "bytes": sum(map(sys.getsizeof, objs))}
-with open(out, "w") as f:
-    json.dump({"gc_counts": counts, "gc_bytes": sizes, "names": names, "own": own,
-               "freeze_count": gc.get_freeze_count() if hasattr(gc, "get_freeze_count") else 0}, f)
+print(json.dumps({"gc_counts": counts, "gc_bytes": sizes, "names": names, "own": own,
+                  "freeze_count": gc.get_freeze_count() if hasattr(gc, "get_freeze_count") else 0}))
 print("ready", flush=True)
 sys.stdin.read()

@@ -127,8 +127,21 @@ try:
     # 1. The allocator walk.
     t1 = time.monotonic()
     if OFF["obmalloc"] is None:
-        local = subprocess.check_output(["nm", "--defined-only", path], text=True).splitlines()
+        local = subprocess.run(["nm", "--defined-only", path], text=True, capture_output=True).stdout.splitlines()
         at = {l.split()[2]: int(l.split()[0], 16) + bias for l in local if len(l.split()) == 3}
+        if "arenas" not in at:
+            # A stripped build: the first 4-byte then 8-byte RIP-relative loads in
+            # _PyObject_DebugMallocStats are maxarenas and arenas (its arena loop).
+            # Only a guess until the pools it leads to give gc.get_objects()'s counts.
+            func = int(next(l.split()[0] for l in sym.splitlines() if l.endswith(" _PyObject_DebugMallocStats")), 16)
+            code = subprocess.check_output(["objdump", "-d", "--no-show-raw-insn", f"--start-address={func:#x}",
+                                            f"--stop-address={func + 0x600:#x}", path], text=True)
+            loads = [(l.split("%")[-1].split()[0] if "%" in l else "", int(l.split("#")[1].split()[0], 16))
+                     for l in code.splitlines() if "(%rip)," in l and "\tmov " in l and "#" in l]
+            four = next(i for i, (reg, _) in enumerate(loads) if reg.endswith("d"))
+            eight = next(a for reg, a in loads[four + 1:] if reg.startswith("r") and not reg.endswith("d"))
+            at = {"maxarenas": loads[four][1] + bias, "arenas": eight + bias}
+            print(f"stripped: maxarenas at {at['maxarenas']:#x}, arenas at {at['arenas']:#x}, from _PyObject_DebugMallocStats's code")
         arenas, maxarenas = u64(at["arenas"]), struct.unpack("<I", read(at["maxarenas"], 4))[0]
     else:
         ob = u64(interp + OFF["obmalloc"]) if OFF["obmalloc_pointer"] else interp + OFF["obmalloc"]

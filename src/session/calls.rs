@@ -1,12 +1,11 @@
 //! A calls run from start to end, the one `calls`, `top --calls` and
 //! `compare` share: the target found or started, its mode chosen and the
 //! eval-frame hook owned (hook.rs) before any BPF object exists; the calls
-//! program (and, for `compare`, the sampler beside it) attached; the hook
-//! set as the target is let run and watched between polls; counting
-//! stopped, the hook put back, then the probes detached, on every path
-//! out, errors included.
+//! program (and, for `compare`, the sampler beside it: a pair of plans)
+//! attached by the one driver (`Live::run`, run.rs); the hook set as the
+//! target is let run and watched between polls; counting stopped, the hook
+//! put back, then the probes detached, on every path out, errors included.
 
-use std::mem::MaybeUninit;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -94,65 +93,60 @@ impl CallsTarget {
     /// detached; the hook is put back before that, so a warning restoring
     /// prints can land on a live screen `each` owns (rare: the target's
     /// memory refused the write).
-    pub fn trace(self, python: &Python, opts: &CallsOptions, mut each: impl FnMut(&tracer::Session<'_, '_>, Duration) -> Result<bool>) -> (CallsRun, Result<CallsData>) {
+    pub fn trace(self, python: &Python, opts: &CallsOptions, each: impl FnMut(&tracer::Session<'_>, Duration) -> Result<bool>) -> (CallsRun, Result<CallsData>) {
         let attached_as = self.mode.name().to_string();
-        // `move`: the closure, and `each` with it, is used up by the drive.
-        self.run(python, opts, &attached_as, move |calls, hooked| hooked.drive(calls, |session| each(session, hooked.live.elapsed())))
+        let plan = self.plan(python, opts);
+        self.run(python, opts.duration, &attached_as, plan, each)
     }
 
-    /// Counts calls with another program (`beside`, named `beside_name`,
-    /// started once the calls program is attached, in an object held here)
-    /// on the same poll: both are attached before the target runs and
+    /// Counts calls with another program (`beside`, named `beside_name`)
+    /// on the same poll, as a pair of plans: `beside` starts once the calls
+    /// program is attached, both are attached before the target runs and
     /// detached before either is read, so they cover the same time.
     pub fn trace_beside<B: Start>(self, python: &Python, opts: &CallsOptions, beside_name: &str, beside: B) -> (CallsRun, Result<(CallsData, B::Data)>) {
         let attached_as = format!("{} and {beside_name}", self.mode.name());
-        self.run(python, opts, &attached_as, |calls, hooked| {
-            let mut object = MaybeUninit::uninit();
-            let beside = beside.start(&mut object)?;
-            hooked.drive((calls, beside), |_| Ok(true))
-        })
+        let plan = (self.plan(python, opts), beside);
+        self.run(python, opts.duration, &attached_as, plan, |_, _| Ok(true))
     }
 
-    /// The lifecycle both share; `drive` runs the started calls session.
-    /// The hook is put back as the window ends, before the probes are
-    /// detached (or here, if the run failed before that): the run comes back
-    /// either way (what the hook went through, the exit code), beside what
-    /// it gathered or why that failed.
-    fn run<D>(self, python: &Python, opts: &CallsOptions, attached_as: &str, drive: impl FnOnce(tracer::Session<'_, '_>, &Hooked<'_, '_>) -> Result<D>) -> (CallsRun, Result<D>) {
+    /// The calls program's plan on this target: it owns what tells the
+    /// hook's guardian of the target's children.
+    fn plan<'p>(&self, python: &'p Python, opts: &CallsOptions) -> Plan<'p> {
+        Plan {
+            pid: self.target.pid,
+            python,
+            mode: self.mode,
+            stop_at_first_eval: self.hook.stop_at_first_eval(&self.target),
+            empty_probe: opts.empty_probe,
+            count_edges: opts.count_edges,
+            children: self.hook.children(),
+        }
+    }
+
+    /// The lifecycle both share, around the driver (`Live::run`): the hook
+    /// set as the target is let run, read back between polls, and put back
+    /// as the window ends, before the probes are detached (or here, if the
+    /// run failed before that): the run comes back either way (what the
+    /// hook went through, the exit code), beside what it gathered or why
+    /// that failed.
+    fn run<P: Start>(self, python: &Python, duration: Option<Duration>, attached_as: &str, plan: P, mut each: impl FnMut(&P::Session<'_>, Duration) -> Result<bool>) -> (CallsRun, Result<P::Data>) {
         let CallsTarget { mut target, mode, hook } = self;
         let pid = target.pid;
-        let on_child = |child| hook.watch_child(child);
-        let on_children_map = |map: std::os::fd::BorrowedFd<'_>| hook.share_children_map(map);
-        let stop_at_first_eval = hook.stop_at_first_eval(&target);
-        let plan = Plan { pid, python, mode, stop_at_first_eval, empty_probe: opts.empty_probe, count_edges: opts.count_edges, on_child: &on_child, on_children_map: &on_children_map };
-        let live = Live::new(&mut target, python, attached_as, opts.duration);
-        let mut object = MaybeUninit::uninit();
-        let result = tracer::Session::start(&mut object, &plan).and_then(|calls| drive(calls, &Hooked { live: &live, hook: &hook }));
+        let live = Live::new(&mut target, python, attached_as, duration);
+        let (on_hook, on_live) = (&hook, &live);
+        let result = live.run(
+            plan,
+            |session, target| on_hook.release(target, || session.start_counting()),
+            // `move`: `each` goes with the drive, once the probes are detached.
+            move |session| {
+                on_hook.watch();
+                each(session, on_live.elapsed())
+            },
+            |_, target| on_hook.put_back(target),
+        );
         let elapsed = live.elapsed();
         drop(live);
         let outcome = hook.restore(&target);
         (CallsRun { pid, version: python.version.to_string(), mode, elapsed, hook: outcome, target }, result)
-    }
-}
-
-/// A run's poll loop with the hook around it: set as the target is let
-/// run, read back between polls.
-struct Hooked<'l, 't> {
-    live: &'l Live<'t>,
-    hook: &'l HookedRelease,
-}
-
-impl Hooked<'_, '_> {
-    /// The hook is put back as the window ends, before the probes go.
-    fn drive<T: Tracing>(&self, session: T, mut each: impl FnMut(&T) -> Result<bool>) -> Result<T::Data> {
-        self.live.drive_and_end(
-            session,
-            |session, target| self.hook.release(target, || session.start_counting()),
-            |session| {
-                self.hook.watch();
-                each(session)
-            },
-            |_, target| self.hook.put_back(target),
-        )
     }
 }

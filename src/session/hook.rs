@@ -1,8 +1,10 @@
 //! The eval-frame hook around a calls session (src/python/target_writes/eval_hook.rs):
 //! owned before any BPF object exists, set once the probes are attached,
-//! watched between polls, put back once they are detached.
+//! watched between polls, put back as the traced window ends, before the
+//! probes are detached.
 
 use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -12,6 +14,7 @@ use crate::model::hook::HookOutcome;
 use crate::python::target_writes::eval_hook::{EvalHook, Guardian, Installed};
 use crate::python::target_writes::hook_owner::HookLock;
 use crate::python::Python;
+use crate::tracing::calls::ChildWatch;
 use crate::tracing::Mode;
 
 /// The eval-frame hook around a calls session (src/python/target_writes/eval_hook.rs): on
@@ -20,7 +23,9 @@ use crate::tracing::Mode;
 /// target and its children; a guardian restores it if pytrace dies first.
 pub struct HookedRelease {
     hook: Option<EvalHook>,
-    guardian: RefCell<Option<Guardian>>,
+    /// Shared with the calls program's plan (`children`), which tells it
+    /// of the target's children.
+    guardian: Rc<RefCell<Option<Guardian>>>,
     armed: Cell<bool>,
     installed: RefCell<Installed>,
     last_check: Cell<Option<Instant>>,
@@ -47,7 +52,7 @@ impl HookedRelease {
         };
         Ok(HookedRelease {
             hook,
-            guardian: RefCell::new(guardian),
+            guardian: Rc::new(RefCell::new(guardian)),
             armed: Cell::new(false),
             installed: RefCell::new(Installed::default()),
             last_check: Cell::new(None),
@@ -96,18 +101,10 @@ impl HookedRelease {
         }
     }
 
-    /// A process the target forked while traced: it inherited the hook.
-    pub fn watch_child(&self, child: u32) {
-        if let Some(guardian) = self.guardian.borrow_mut().as_mut() {
-            guardian.watch_child(child);
-        }
-    }
-
-    /// The calls program's map of followed children, for the guardian.
-    pub fn share_children_map(&self, map: std::os::fd::BorrowedFd<'_>) {
-        if let Some(guardian) = self.guardian.borrow().as_ref() {
-            guardian.share_children_map(map);
-        }
+    /// What the calls program tells of the target's children, for the
+    /// guardian (none without a hook): the program's plan owns it.
+    pub fn children(&self) -> Box<dyn ChildWatch> {
+        Box::new(GuardedChildren(Rc::clone(&self.guardian)))
     }
 
     /// Between polls (at most every 100 ms): reads the hook back, so a
@@ -150,7 +147,7 @@ impl HookedRelease {
     pub fn restore(self, target: &Target) -> HookOutcome {
         let mut outcome = HookOutcome::default();
         self.put_back(target);
-        let guardian = self.guardian.into_inner();
+        let guardian = self.guardian.borrow_mut().take();
         let Some(hook) = self.hook.as_ref().filter(|_| self.armed.get()) else {
             if let Some(g) = guardian {
                 g.finish();
@@ -192,5 +189,24 @@ impl HookedRelease {
             )),
         }
         outcome
+    }
+}
+
+/// The guardian's end of the calls program's children (`children`).
+struct GuardedChildren(Rc<RefCell<Option<Guardian>>>);
+
+impl ChildWatch for GuardedChildren {
+    /// The guardian keeps the map of followed children.
+    fn share_map(&self, map: std::os::fd::BorrowedFd<'_>) {
+        if let Some(guardian) = self.0.borrow().as_ref() {
+            guardian.share_children_map(map);
+        }
+    }
+
+    /// A process the target forked while traced: it inherited the hook.
+    fn forked(&self, child: u32) {
+        if let Some(guardian) = self.0.borrow_mut().as_mut() {
+            guardian.watch_child(child);
+        }
     }
 }

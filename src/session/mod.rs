@@ -1,15 +1,16 @@
 //! What every tracing subcommand does around its BPF program: check that
 //! tracing is possible at all, find or start the target (`launch`), run
-//! the session's poll loop (`driver`, through `Live`, which holds the
-//! session's libbpf object: `Live::run`), and decide when to stop (target
-//! exit, --duration, Ctrl-C or SIGTERM). Whole runs, from the target to
-//! what was gathered, so that a command only wires its options to one and
-//! its result to a report: `run` (one target, the run gil, imports, gc,
-//! sample and top share), `gil`, `imports`, `gc`, `sampling` (one target
-//! or every CPython), `calls` (the calls program inside the eval-frame
-//! hook's lifecycle, `hook`; shared by `calls`, `top --calls` and
-//! `compare`), `compare` (calls and the sampler at once), and `snapshot`
-//! (one read of every thread, for `dump`).
+//! the session's poll loop (`driver`, through `Live`, run.rs, which holds
+//! the session's libbpf objects: `Live::run`, the one driver of every
+//! run), and decide when to stop (target exit, --duration, Ctrl-C or
+//! SIGTERM). Whole runs, from the target to what was gathered, so that a
+//! command only wires its options to one and its result to a report:
+//! `run` (`Live`, and `Target::trace`, the run on one target gil,
+//! imports, gc, sample and top share), `gil`, `imports`, `gc`, `sampling`
+//! (one target or every CPython), `calls` (the calls program inside the
+//! eval-frame hook's lifecycle, `hook`; shared by `calls`, `top --calls`
+//! and `compare`), `compare` (calls and the sampler at once, a pair of
+//! plans), and `snapshot` (one read of every thread, for `dump`).
 
 mod calls;
 mod compare;
@@ -23,10 +24,8 @@ mod run;
 mod sampling;
 mod snapshot;
 
-use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::io::IsTerminal;
-use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -35,8 +34,8 @@ use anyhow::{bail, Result};
 use crate::python::reading::thread_names;
 use crate::python::Python;
 use launch::Launched;
+use run::Live;
 use crate::process::proc;
-use crate::tracing::{Start, Tracing};
 
 pub use calls::{CallsOptions, CallsRun, CallsTarget};
 pub use compare::trace_and_sample;
@@ -303,141 +302,6 @@ impl Target {
     /// Whether the target is still alive (for restoring what we changed).
     pub fn is_running(&self) -> bool {
         proc::is_running(self.pid)
-    }
-}
-
-/// One run of a tracing session on its target, through the session driver
-/// (driver.rs): let the target run once the probes are attached (and say
-/// so), then poll until the target exits, the duration runs out or a stop
-/// signal comes. `everywhere` is the run with no one target (`sample
-/// --all`). One per run, made only inside `session/` (`Target::trace`,
-/// the calls run, `sample --all`): no command sees it.
-struct Live<'t> {
-    target: Option<RefCell<&'t mut Target>>,
-    /// What the line scripts wait for says after "attached to PID N".
-    attached_as: String,
-    duration: Option<Duration>,
-    /// When an `everywhere` run began: once attached (and every Python
-    /// found at start located), so that its window holds no start-up time
-    /// in which nothing was sampled.
-    started: Cell<Instant>,
-    /// When the run was made (its attach is timed from here).
-    made: Instant,
-    /// When an `everywhere` run stopped.
-    stopped: std::cell::Cell<Option<Instant>>,
-}
-
-impl Drop for Live<'_> {
-    /// The probes are detached by now: a command we started that still
-    /// runs is waited for or stopped (`Target::end_command`).
-    fn drop(&mut self) {
-        if let Some(target) = &self.target {
-            target.borrow_mut().end_command();
-        }
-    }
-}
-
-impl<'t> Live<'t> {
-    /// A run on `target`, whose Python is `python`, seen in `mode`. Ctrl-C
-    /// and SIGTERM end it from here on.
-    fn new(target: &'t mut Target, python: &Python, mode: &str, duration: Option<Duration>) -> Self {
-        install_signal_handlers();
-        let attached_as = format!("(Python {}, {mode} mode)", python.version);
-        Live { target: Some(RefCell::new(target)), attached_as, duration, started: Cell::new(Instant::now()), made: Instant::now(), stopped: Default::default() }
-    }
-
-    /// A run on every CPython on the machine: it ends at the duration or a
-    /// stop signal.
-    fn everywhere(duration: Option<Duration>) -> Self {
-        install_signal_handlers();
-        Live { target: None, attached_as: String::new(), duration, started: Cell::new(Instant::now()), made: Instant::now(), stopped: Default::default() }
-    }
-
-    /// Starts `plan`'s session in a libbpf object held here, for the
-    /// whole drive, then drives it (`drive`): the start-and-drive sequence
-    /// of every run, so that no caller holds a BPF object.
-    fn run<P: Start>(&self, plan: P, release: impl FnOnce(&P::Session<'_>, &mut Target) -> Result<()>, each: impl FnMut(&P::Session<'_>) -> Result<bool>) -> Result<P::Data> {
-        let mut object = MaybeUninit::uninit();
-        let session = plan.start(&mut object)?;
-        self.drive(session, release, each)
-    }
-
-    /// Runs `session` (driver.rs): once it is attached, lets the target
-    /// run with `release` (`Target::release`, or what the session needs
-    /// first), says so, then polls while `each` (given the session, between
-    /// polls) and `keep_going` say go on.
-    fn drive<T: Tracing>(&self, session: T, release: impl FnOnce(&T, &mut Target) -> Result<()>, each: impl FnMut(&T) -> Result<bool>) -> Result<T::Data> {
-        self.drive_and_end(session, release, each, |_, _| {})
-    }
-
-    /// `drive`, with `ending` (given the session and the target) run once
-    /// the traced window has ended and before the probes are detached
-    /// (driver.rs).
-    fn drive_and_end<T: Tracing>(
-        &self,
-        session: T,
-        release: impl FnOnce(&T, &mut Target) -> Result<()>,
-        mut each: impl FnMut(&T) -> Result<bool>,
-        ending: impl FnOnce(&T, &Target),
-    ) -> Result<T::Data> {
-        driver::drive(
-            session,
-            |session| self.attached(|target| release(session, target)),
-            |session| Ok(each(session)? && self.keep_going()),
-            |session| {
-                self.stop_clock();
-                if let Some(target) = &self.target {
-                    ending(session, &target.borrow());
-                }
-            },
-        )
-    }
-
-    fn stop_clock(&self) {
-        match &self.target {
-            Some(target) => target.borrow_mut().stop_clock(),
-            None => {
-                self.stopped.set(Some(self.stopped.get().unwrap_or_else(Instant::now)));
-            }
-        }
-    }
-
-    fn attached(&self, release: impl FnOnce(&mut Target) -> Result<()>) -> Result<()> {
-        let took = self.made.elapsed();
-        // After the line scripts wait for, which stays the first.
-        let say_took = || {
-            if took > crate::tracing::SAY_SLOW_STEP {
-                crate::console::err(&format!("pytrace: attaching took {:.1} s (not part of the traced time)\n", took.as_secs_f64()));
-            }
-        };
-        let Some(target) = &self.target else {
-            self.started.set(Instant::now());
-            crate::console::err("pytrace: sampling every CPython process\n");
-            say_took();
-            return Ok(());
-        };
-        let mut target = target.borrow_mut();
-        release(&mut target)?;
-        // The line a script waits for before it starts the traced work.
-        crate::console::err(&format!("pytrace: attached to PID {} {}\n", target.pid, self.attached_as));
-        say_took();
-        Ok(())
-    }
-
-    /// See `Target::keep_going`.
-    pub fn keep_going(&self) -> bool {
-        match &self.target {
-            Some(target) => target.borrow_mut().keep_going(self.duration),
-            None => !stop_requested() && self.duration.is_none_or(|d| self.started.get().elapsed() < d),
-        }
-    }
-
-    /// How long the target has run since it was let go.
-    pub fn elapsed(&self) -> Duration {
-        match &self.target {
-            Some(target) => target.borrow().elapsed(),
-            None => self.stopped.get().unwrap_or_else(Instant::now).saturating_duration_since(self.started.get()),
-        }
     }
 }
 

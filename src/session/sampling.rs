@@ -58,10 +58,15 @@ pub fn sample(target: Option<TargetSpec>, duration: Option<Duration>, opts: &Opt
             // Threads are told apart for one target only.
             let opts = Options { threads: false, ..*opts };
             let plan = sample::Plan { targets: Targets::All, opts: &opts };
-            let data = live.run(plan, |_, target| target.release(), |session| {
-                progress.tick(session.total(), live.elapsed());
-                Ok(true)
-            })?;
+            let data = live.run(
+                plan,
+                |_, target| target.release(),
+                |session| {
+                    progress.tick(session.total(), live.elapsed());
+                    Ok(true)
+                },
+                |_, _| {},
+            )?;
             let (elapsed, thread_names) = (live.elapsed(), progress.finish());
             Ok(SampleRun { data, pid: 0, version: "any".into(), elapsed, cpu_ns: None, thread_names, cwd: None, run: None })
         }

@@ -45,6 +45,8 @@ const COUNTERS: [CounterRow; 17] = [
     ("edge_no_caller", Lost, "calls in no caller edge (caller deeper than the timed stack)", calls_counter::CALLS_EDGE_NO_CALLER.0),
 ];
 
+/// A calls session to start (`Start`): on `pid`, whose Python is `python`,
+/// seen in `mode`.
 pub struct Plan<'a> {
     pub pid: u32,
     pub python: &'a Python,
@@ -57,13 +59,33 @@ pub struct Plan<'a> {
     /// Count caller->callee edges too (`calls --pstats`): a hash lookup
     /// more at each call and return.
     pub count_edges: bool,
-    /// Told each process the target forks while traced (it inherits the
-    /// eval-frame hook), as the poll loop finds it.
-    pub on_child: &'a dyn Fn(u32),
+    /// Told of the processes the target forks while traced. Owned, so that
+    /// a plan outlives whoever made it (a pair of plans is made by one
+    /// caller and started by the driver).
+    pub children: Box<dyn ChildWatch>,
+}
+
+/// Who is told of the processes the target forks while traced: they
+/// inherit the eval-frame hook, which the hook's guardian
+/// (src/session/hook.rs) must put back in them too.
+pub trait ChildWatch {
     /// Given the map of followed children once loaded, before anything is
     /// attached: the guardian keeps it, so it knows every child the moment
     /// the fork happens, not at the next poll.
-    pub on_children_map: &'a dyn Fn(std::os::fd::BorrowedFd<'_>),
+    fn share_map(&self, map: std::os::fd::BorrowedFd<'_>);
+
+    /// Told each child as the poll loop finds it.
+    fn forked(&self, child: u32);
+}
+
+impl super::Start for Plan<'_> {
+    type Data = CallsData;
+    type Objects = super::Object;
+    type Session<'obj> = Session<'obj>;
+
+    fn start<'obj>(self, object: &'obj mut MaybeUninit<OpenObject>) -> Result<Session<'obj>> {
+        Session::start(object, self)
+    }
 }
 
 type Names = HashMap<(u64, u64, u32), (String, String)>;
@@ -75,13 +97,13 @@ const PROBES_SETTLE: Duration = Duration::from_millis(5);
 
 /// The calls program loaded and attached to one target, in steps that the
 /// session driver (src/session/driver.rs) runs, alone or beside the sampler.
-pub struct Session<'obj, 'a> {
+pub struct Session<'obj> {
     skel: CallsSkel<'obj>,
     links: Links,
     names: RefCell<Names>,
-    /// Children of the target already handed to `on_child`.
+    /// Children of the target already told to `children`.
     children_seen: RefCell<std::collections::HashSet<u32>>,
-    on_child: &'a dyn Fn(u32),
+    children: Box<dyn ChildWatch>,
     /// The program's .bss, where `counting` opens and closes the window.
     bss: RefCell<&'obj mut bss>,
     /// When counting stopped (CLOCK_MONOTONIC ns): the calls still open
@@ -90,10 +112,10 @@ pub struct Session<'obj, 'a> {
     pid: u32,
 }
 
-impl<'obj, 'a> Session<'obj, 'a> {
+impl<'obj> Session<'obj> {
     /// Loads the program into `object` and attaches it: from here on every
     /// call of the target is seen.
-    pub fn start(object: &'obj mut MaybeUninit<OpenObject>, plan: &Plan<'a>) -> Result<Self> {
+    pub fn start(object: &'obj mut MaybeUninit<OpenObject>, plan: Plan<'_>) -> Result<Self> {
         let mut open = CallsSkelBuilder::default().open(object).context("failed to open the calls BPF program")?;
         let rodata = open.maps.rodata_data.as_deref_mut().context("the calls BPF program has no rodata")?;
         rodata.cfg.layout = super::py_layout!(py_layout, &plan.python.layout);
@@ -136,15 +158,15 @@ impl<'obj, 'a> Session<'obj, 'a> {
         open.progs.inline_frame.set_autoload(uprobe_mode && cookies && plan.python.inlined_getitem_probe().is_some());
         open.progs.skipped_close.set_autoload(uprobe_mode && cookies && matches!(plan.python.skipped_close_probe(), CloseProbe::Sites(_)));
         let mut skel = crate::bpf::load::load("calls", open)?;
-        (plan.on_children_map)(std::os::fd::AsFd::as_fd(&skel.maps.children));
+        plan.children.share_map(std::os::fd::AsFd::as_fd(&skel.maps.children));
         let bss = skel.maps.bss_data.take().context("the calls BPF program has no .bss")?;
-        let links = attach(&skel.progs, plan)?;
+        let links = attach(&skel.progs, &plan)?;
         Ok(Session {
             skel,
             links: Links::new(links),
             names: RefCell::new(HashMap::new()),
             children_seen: RefCell::new(Default::default()),
-            on_child: plan.on_child,
+            children: plan.children,
             bss: RefCell::new(bss),
             stopped_ns: Cell::new(0),
             pid: plan.pid,
@@ -175,13 +197,13 @@ impl<'obj, 'a> Session<'obj, 'a> {
         std::thread::sleep(PROBES_SETTLE);
     }
 
-    /// Between polls: hands the target's new children to `plan.on_child`.
+    /// Between polls: tells `plan.children` of the target's new children.
     pub fn between_polls(&self) {
         for key in self.skel.maps.children.keys() {
             let Ok(bytes) = <[u8; 4]>::try_from(key.as_slice()) else { continue };
             let child = u32::from_ne_bytes(bytes);
             if self.children_seen.borrow_mut().insert(child) {
-                (self.on_child)(child);
+                self.children.forked(child);
             }
         }
     }
@@ -206,7 +228,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
     }
 }
 
-impl Tracing for Session<'_, '_> {
+impl Tracing for Session<'_> {
     type Data = CallsData;
 
     fn what(&self) -> String {

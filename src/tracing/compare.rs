@@ -8,8 +8,22 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use libbpf_rs::RingBufferBuilder;
 
-use super::Tracing;
+use super::{Start, Tracing};
 use crate::model::samples::{Frame, Sample};
+
+/// Two plans on one target at once (`pytrace compare`): the second
+/// starts, in an object of its own, only once the first is attached, so
+/// both are attached before the target is let run.
+impl<A: Start, B: Start> Start for (A, B) {
+    type Data = (A::Data, B::Data);
+    type Objects = (A::Objects, B::Objects);
+    type Session<'obj> = (A::Session<'obj>, B::Session<'obj>);
+
+    fn start<'obj>(self, (first, second): &'obj mut Self::Objects) -> Result<Self::Session<'obj>> {
+        let first = self.0.start(first)?;
+        Ok((first, self.1.start(second)?))
+    }
+}
 
 /// Two sessions on one target at once, on one poll (`pytrace compare`):
 /// both stop before either is read, so they cover the same time.

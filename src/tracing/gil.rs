@@ -224,6 +224,7 @@ pub struct Plan<'p> {
 
 impl<'p> super::Start for Plan<'p> {
     type Data = GilData;
+    type Objects = super::Object;
     type Session<'obj> = Session<'obj, 'p>;
 
     fn start<'obj>(self, object: &'obj mut MaybeUninit<OpenObject>) -> Result<Session<'obj, 'p>> {

@@ -73,6 +73,7 @@ pub struct Plan<'p> {
 
 impl super::Start for Plan<'_> {
     type Data = ImportData;
+    type Objects = super::Object;
     type Session<'obj> = Session<'obj>;
 
     fn start<'obj>(self, object: &'obj mut MaybeUninit<OpenObject>) -> Result<Session<'obj>> {

@@ -160,17 +160,42 @@ pub fn ensure_still_running(pid: u32) -> Result<()> {
 }
 
 /// A BPF session not started yet: what its program needs to be opened,
-/// loaded and attached into the libbpf object the session driver holds
-/// (`session::Live::run`), so that no caller handles that object's
-/// lifetime. The session borrows the object (`'obj`), hence the generic
-/// associated type.
+/// loaded and attached into the libbpf objects the session driver holds
+/// (`session::Live::run`), so that no caller handles those objects'
+/// lifetimes. The session borrows the objects (`'obj`), hence the generic
+/// associated type. Two plans side by side (`pytrace compare`) are one
+/// plan too (compare.rs), started in order into an object each.
 pub trait Start {
     /// What the started session's `finish` gives back.
     type Data;
+    /// Room for the session's libbpf objects: an `Object` per program.
+    type Objects: Objects;
     type Session<'obj>: Tracing<Data = Self::Data>;
 
-    /// Opens, loads and attaches the program into `object`.
-    fn start<'obj>(self, object: &'obj mut MaybeUninit<OpenObject>) -> Result<Self::Session<'obj>>;
+    /// Opens, loads and attaches the program into `objects`.
+    fn start<'obj>(self, objects: &'obj mut Self::Objects) -> Result<Self::Session<'obj>>;
+}
+
+/// Room for one BPF program's libbpf object, which a skeleton opens in
+/// place and its session then borrows.
+pub type Object = MaybeUninit<OpenObject>;
+
+/// Room for a session's libbpf objects, made empty by the driver before
+/// the session starts in it.
+pub trait Objects {
+    fn empty() -> Self;
+}
+
+impl Objects for Object {
+    fn empty() -> Self {
+        MaybeUninit::uninit()
+    }
+}
+
+impl<A: Objects, B: Objects> Objects for (A, B) {
+    fn empty() -> Self {
+        (A::empty(), B::empty())
+    }
 }
 
 /// A BPF program loaded and attached to its target, in the steps the

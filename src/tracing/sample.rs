@@ -134,6 +134,7 @@ pub struct Plan<'a> {
 
 impl<'a> super::Start for Plan<'a> {
     type Data = SampleData;
+    type Objects = super::Object;
     type Session<'obj> = Session<'obj, 'a>;
 
     fn start<'obj>(self, object: &'obj mut MaybeUninit<OpenObject>) -> Result<Session<'obj, 'a>> {

@@ -9,8 +9,6 @@
 //! build names too).
 //! (`imports` without probes is tested on these builds in tests/imports.rs.)
 
-mod common;
-
 /// One module per version, one test per body, each on a fresh
 /// `Interpreter::pyenv(version)`.
 macro_rules! matrix {

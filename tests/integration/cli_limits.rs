@@ -4,13 +4,11 @@
 //! non-zero exit (never 101, a panic, or 134, an abort), with the target
 //! alive and its eval-frame hook not set.
 
-mod common;
-
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// A target that keeps calling Python functions (so `calls` sets its hook)
 /// until killed.

@@ -4,9 +4,7 @@
 //! mode on pyenv's 3.9 to 3.13 (no probes) and on Debian's 3.11 (whose
 //! probes it then leaves alone).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 fn generations(v: &serde_json::Value) -> Vec<(u64, u64, i64)> {
     v.as_array()

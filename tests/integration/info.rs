@@ -1,9 +1,7 @@
 //! `pytrace info` on this machine's two CPython 3.11 builds, and what it
 //! says of the running kernel.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 fn info_json(args: &[&str]) -> serde_json::Value {
     let out = pytrace(&[&["info", "--json", "-"], args].concat());

@@ -6,8 +6,6 @@
 //! test files, on this machine's two builds.) The bodies are in
 //! tests/common/matrix.rs, shared with tests/matrix_pyenv.rs.
 
-mod common;
-
 /// One module per version, one test per body, each on a fresh
 /// `Interpreter::debian(version)`.
 macro_rules! matrix {

@@ -4,9 +4,7 @@
 //! without probes: pyenv's 3.9 to 3.13, and Debian's 3.11 with --mode
 //! uprobe), with and without uprobe sessions.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 /// (name, found, children) of an imports tree, for comparison.
 fn shape(nodes: &serde_json::Value) -> Vec<(String, bool, Vec<String>)> {

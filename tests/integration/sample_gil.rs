@@ -7,13 +7,11 @@
 //! and 3.15, pyenv's 3.10 and 3.12 (3.9 to 3.11 keep one GIL in the
 //! runtime, 3.12+ one per interpreter).
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use common::matrix::Interpreter;
-use common::*;
+use crate::common::matrix::Interpreter;
+use crate::common::*;
 
 const RATE: &str = "499";
 const HZ: f64 = 499.0;

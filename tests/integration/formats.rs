@@ -1,13 +1,11 @@
 //! Each output format read back by the program a user would read it with:
 //! `--pprof` by Go's pprof (`go tool pprof`, from scripts/test-tools.sh).
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 /// `go tool pprof ARGS FILE`, which must succeed; its standard output.
 fn go_pprof(args: &[&str], file: &Path) -> String {
@@ -279,7 +277,7 @@ fn dump_shows_each_threads_stack_where_it_waits() {
 #[test]
 fn thread_names_on_this_machines_311s() {
     for (_, python) in pythons() {
-        common::matrix::thread_names_in_dump_and_sample(&common::matrix::Interpreter::host("3.11", python));
+        crate::common::matrix::thread_names_in_dump_and_sample(&crate::common::matrix::Interpreter::host("3.11", python));
     }
 }
 
@@ -361,7 +359,7 @@ fn top_shows_the_split_live_and_quits_on_q() {
 /// whole run).
 #[test]
 fn top_async_shows_each_tasks_share() {
-    let py = common::matrix::Interpreter::debian("3.15");
+    let py = crate::common::matrix::Interpreter::debian("3.15");
     let (inside, truth_path) = py.output("top-async-truth.json");
     let mut target = py.start_waiting("async_tasks.py", &[&inside, &longer(6.0)]);
     let terminal = Terminal::start("pytrace-top-async", &format!("{PYTRACE} top --async -r 499 -p {}; echo top exited with $?; sleep 60", target.pid()));

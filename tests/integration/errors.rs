@@ -1,11 +1,9 @@
 //! Bad input gets one clear sentence on stderr and a non-zero exit code,
 //! never a panic, and nothing is left changed in any process.
 
-mod common;
-
 use std::process::{Command, Stdio};
 
-use common::*;
+use crate::common::*;
 
 /// Runs pytrace, expecting failure with a one-line message containing `want`.
 fn assert_fails_with(args: &[&str], envs: &[(&str, &str)], want: &str) {

@@ -7,15 +7,13 @@
 //! eval-frame hook back to NULL (read back by `pytrace info`), and that
 //! pytrace answers with an exact report or one clear sentence.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 fn fixture_target(python: &Path, args: &[&str]) -> Proc {
     // A copy of a Python written by a test can be held open for writing for

@@ -7,12 +7,10 @@
 //! budgets and each thread's own CPU time, gc against gc.callbacks, imports
 //! against -X importtime.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 /// The free-threaded build; scripts/test.sh provides it. Missing fails.
 fn free_threaded() -> PathBuf {

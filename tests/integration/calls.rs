@@ -1,13 +1,11 @@
 //! `pytrace calls` against real CPython processes, with cProfile's ncalls as
 //! the ground truth. Every test loads real BPF programs; none is skipped.
 
-mod common;
-
 use std::collections::HashMap;
 use std::io::Read;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 const ROUNDS: &str = "50";
 

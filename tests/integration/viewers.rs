@@ -5,8 +5,6 @@
 //! show is held to the fixtures' own ground truth: cpu_split.py's measured
 //! CPU split, cProfile's call counts. scripts/test-tools.sh installs them.
 
-mod common;
-
 use std::collections::HashMap;
 use std::io::Read;
 use std::net::TcpStream;
@@ -14,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// Where scripts/test-tools.sh put the npm and pip packages.
 fn viewers_cache() -> PathBuf {

@@ -1,11 +1,9 @@
 //! `pytrace sample` against fixtures whose CPU split, threads and stack
 //! depth are known, on both local 3.11 builds.
 
-mod common;
-
 use std::collections::HashMap;
 
-use common::*;
+use crate::common::*;
 
 /// Samples per function, from a folded profile: name -> (thread -> samples).
 fn per_thread(folded: &str, functions: &[&str]) -> HashMap<String, HashMap<String, u64>> {

@@ -6,12 +6,10 @@
 //! those characters, and must still show the name (escaped), so the check
 //! is not passed by leaving the row out.
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// The characters the fixture puts in its names, none of which a table may
 /// contain. ESC itself is among them: no report table needs one.

@@ -1,6 +1,5 @@
 //! Shared by the integration tests: the real pytrace binary, real Python
 //! processes (killed on drop), and cProfile as ground truth.
-#![allow(dead_code)]
 
 pub mod matrix;
 

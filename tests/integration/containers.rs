@@ -7,13 +7,11 @@
 //! the same exact reports as on the host: calls equal to cProfile, the
 //! sampled split, gc equal to gc.callbacks, the import tree, compare, info.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::*;
+use crate::common::*;
 
 /// Runs inside the new namespaces: mounts the overlay and a proc for the new
 /// PID namespace, makes the overlay the root, drops the old root, and execs
@@ -56,7 +54,7 @@ impl Image {
         for dir in ["upper/fixtures", "work", "merged"] {
             std::fs::create_dir_all(layers.path().join(dir)).unwrap();
         }
-        for entry in std::fs::read_dir(common::fixture("")).unwrap().flatten() {
+        for entry in std::fs::read_dir(crate::common::fixture("")).unwrap().flatten() {
             std::fs::copy(entry.path(), layers.path().join("upper/fixtures").join(entry.file_name())).unwrap();
         }
         let child = Command::new("unshare")

@@ -10,12 +10,10 @@
 //! those were counted where they happen, and no report may call its counts
 //! lower bounds.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use common::*;
+use crate::common::*;
 
 const SCRIPT: &str = "implicit_calls.py";
 const ROUNDS: &str = "3";

@@ -9,13 +9,11 @@
 //! is imported: after pytrace started sampling) and 3.15 (in the
 //! interpreter). Before 3.14, one sentence and a non-zero exit.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::Path;
 
-use common::matrix::Interpreter;
-use common::*;
+use crate::common::matrix::Interpreter;
+use crate::common::*;
 
 const RATE: &str = "499";
 

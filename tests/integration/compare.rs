@@ -4,13 +4,11 @@
 //! saved pair gives the same comparison, and the probes' cost is measured
 //! and flagged where it dominates.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 /// The row name `compare` gives samples taken inside pytrace's probes.

@@ -9,13 +9,11 @@
 //! disagree, and the free-threaded 3.13t, get their one sentence and a
 //! non-zero exit.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 const MS: f64 = 1e6;
 
@@ -48,7 +46,7 @@ fn nodtrace_311() -> PathBuf {
 /// tests sharing the root.
 enum Place {
     Host(PathBuf),
-    Root(common::matrix::Interpreter),
+    Root(crate::common::matrix::Interpreter),
 }
 
 impl Place {
@@ -273,10 +271,10 @@ matrix! {
     threads_own_measures_3_12 => Place::Host(pyenv("3.12")), "3.12", BY_SYMBOL;
     threads_own_measures_3_13 => Place::Host(pyenv("3.13")), "3.13", BY_SYMBOL;
     stripped_threads_own_measures_debian_3_11 => Place::Host(PathBuf::from("/usr/bin/python3.11")), "3.11", BY_CODE_SEARCH;
-    stripped_threads_own_measures_debian_3_9 => Place::Root(common::matrix::Interpreter::debian("3.9")), "3.9", BY_CODE_SEARCH;
-    stripped_threads_own_measures_debian_3_13 => Place::Root(common::matrix::Interpreter::debian("3.13")), "3.13", BY_CODE_SEARCH;
-    stripped_threads_own_measures_debian_3_14 => Place::Root(common::matrix::Interpreter::debian("3.14")), "3.14", BY_CODE_SEARCH;
-    stripped_threads_own_measures_debian_3_15 => Place::Root(common::matrix::Interpreter::debian("3.15")), "3.15", BY_CODE_SEARCH;
+    stripped_threads_own_measures_debian_3_9 => Place::Root(crate::common::matrix::Interpreter::debian("3.9")), "3.9", BY_CODE_SEARCH;
+    stripped_threads_own_measures_debian_3_13 => Place::Root(crate::common::matrix::Interpreter::debian("3.13")), "3.13", BY_CODE_SEARCH;
+    stripped_threads_own_measures_debian_3_14 => Place::Root(crate::common::matrix::Interpreter::debian("3.14")), "3.14", BY_CODE_SEARCH;
+    stripped_threads_own_measures_debian_3_15 => Place::Root(crate::common::matrix::Interpreter::debian("3.15")), "3.15", BY_CODE_SEARCH;
 }
 
 fn refused(args: &[&str]) -> String {

@@ -3,9 +3,7 @@
 //! pointers, the interpreter in the executable, zlib built in) and the
 //! probe-less build (libpython shared, zlib an extension module).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 /// A folded line's frames, outermost first, and its count.
 fn parse(line: &str) -> (Vec<&str>, u64) {

@@ -8,12 +8,10 @@
 //! under the thread that made it, with its coroutine and awaiters. On
 //! Debian's 3.14 and 3.15; before 3.14, one sentence and a non-zero exit.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 
-use common::matrix::Interpreter;
-use common::*;
+use crate::common::matrix::Interpreter;
+use crate::common::*;
 use serde_json::Value;
 
 /// Dumps taken of one target: enough that its spinning thread is found

@@ -4,8 +4,6 @@
 //! whole tree (SIGINT, SIGTERM, SIGKILL) unless --keep-running; and every
 //! stop signal ends a run with its report written.
 
-mod common;
-
 // The tests of the eval-frame hook force uprobe mode, which sets it on any
 // 3.11+ build: the last of `pythons()` is then the probe-less one on this
 // machine, and Debian's where only that one is wanted (kernel VMs).
@@ -13,7 +11,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// The PID pytrace says it attached to: the CPython, here a grandchild.
 fn attached_pid(stderr: &str) -> u32 {

@@ -1,4 +1,4 @@
-//! The version matrix's assertions (tests/common/matrix.rs) on pyenv's
+//! The version matrix's assertions (common/matrix.rs) on pyenv's
 //! CPython 3.10 and 3.12, which Debian does not package: shared libpython,
 //! symbol tables, no USDT probes, run from this machine's root
 //! (scripts/pythons.sh pyenv-3.10, pyenv-3.12). calls equal to cProfile by
@@ -7,28 +7,17 @@
 //! 60/30/10 CPU split sampled and compared, what `info` reports, and
 //! Python thread names (also on pyenv's 3.13, whose threads Debian's sid
 //! build names too).
-//! (`imports` without probes is tested on these builds in tests/imports.rs.)
+//! (`imports` without probes is tested on these builds in imports.rs.)
 
-/// One module per version, one test per body, each on a fresh
-/// `Interpreter::pyenv(version)`.
-macro_rules! matrix {
-    ($($module:ident => $version:literal: $($test:ident),+;)*) => {$(
-        mod $module {
-            use crate::common::matrix::{self, Interpreter};
-            $(
-            #[test]
-            fn $test() {
-                matrix::$test(&Interpreter::pyenv($version))
-            }
-            )+
-        }
-    )*};
-}
+use crate::common::matrix::*;
+use crate::common::over_builds;
 
-matrix! {
-    pyenv_3_9 => "3.9": stacks_read_while_running_are_ones_it_can_have;
-    pyenv_3_10 => "3.10": calls_equal_cprofile, calls_threads_and_reused_code_objects, gc_equals_gc_callbacks, sample_split_threads_and_depth, compare_sees_the_split_on_both_sides, info_names_each_mode, thread_names_in_dump_and_sample, stacks_read_while_running_are_ones_it_can_have;
-    pyenv_3_11 => "3.11": stacks_read_while_running_are_ones_it_can_have;
-    pyenv_3_12 => "3.12": calls_equal_cprofile, calls_threads_and_reused_code_objects, gc_equals_gc_callbacks, sample_split_threads_and_depth, compare_sees_the_split_on_both_sides, info_names_each_mode, thread_names_in_dump_and_sample, stacks_read_while_running_are_ones_it_can_have;
-    pyenv_3_13 => "3.13": thread_names_in_dump_and_sample;
+// One module per version, one test per body, each on a fresh
+// `Interpreter::pyenv(version)`.
+over_builds! {
+    pyenv_3_9(&Interpreter::pyenv("3.9")): stacks_read_while_running_are_ones_it_can_have;
+    pyenv_3_10(&Interpreter::pyenv("3.10")): calls_equal_cprofile, calls_threads_and_reused_code_objects, gc_equals_gc_callbacks, sample_split_threads_and_depth, compare_sees_the_split_on_both_sides, info_names_each_mode, thread_names_in_dump_and_sample, stacks_read_while_running_are_ones_it_can_have;
+    pyenv_3_11(&Interpreter::pyenv("3.11")): stacks_read_while_running_are_ones_it_can_have;
+    pyenv_3_12(&Interpreter::pyenv("3.12")): calls_equal_cprofile, calls_threads_and_reused_code_objects, gc_equals_gc_callbacks, sample_split_threads_and_depth, compare_sees_the_split_on_both_sides, info_names_each_mode, thread_names_in_dump_and_sample, stacks_read_while_running_are_ones_it_can_have;
+    pyenv_3_13(&Interpreter::pyenv("3.13")): thread_names_in_dump_and_sample;
 }

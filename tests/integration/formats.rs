@@ -277,8 +277,8 @@ fn dump_shows_each_threads_stack_where_it_waits() {
 }
 
 /// Python thread names in `dump` and `sample --threads`, and a hostile
-/// target's garbage refused (tests/common/matrix.rs), on this machine's two
-/// 3.11 builds; tests/matrix*.rs run the same on every other version.
+/// target's garbage refused (tests/integration/common/matrix.rs), on this machine's two
+/// 3.11 builds; tests/integration/matrix*.rs run the same on every other version.
 #[test]
 fn thread_names_on_this_machines_311s() {
     let _machine = shared();
@@ -430,7 +430,7 @@ fn top_without_a_terminal_says_so() {
 }
 
 /// A CPython that runs the fixtures, and a directory it and pytrace both
-/// see: on this machine, or in a Debian root by chroot as tests/matrix.rs
+/// see: on this machine, or in a Debian root by chroot as tests/integration/matrix.rs
 /// runs them (the target then names its files by paths inside the root).
 struct Interpreter {
     label: String,

@@ -4,9 +4,12 @@
 #   - every relative link and image resolves to a file of this checkout, and
 #     every #anchor to a heading (GitHub's slugs) or an id= of its target;
 #   - every fenced code block that runs pytrace is marked, on the line just
-#     before it, as <!-- illustrative --> or <!-- tested: tests/FILE.rs::NAME -->
-#     (several tests separated by ", "), and each such test name occurs in
-#     that file. docs/testing.md explains the convention.
+#     before it, as <!-- illustrative --> or <!-- tested: MODULE::NAME -->
+#     (several tests separated by ", "), a test's path in the integration
+#     binary (`cargo test --test integration -- --list`: MODULE::NAME, or
+#     MODULE::BUILD::NAME for one over_builds! makes), and each name after
+#     MODULE occurs in tests/integration/MODULE.rs. docs/testing.md explains
+#     the convention.
 # Prints one line per problem (FILE:LINE: what) and exits 1 if there is any.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +25,7 @@ SUBCOMMANDS = r"(calls|sample|compare|top|dump|gc|imports|gil|info|restore)"
 COMMAND = re.compile(r"(^|[\s;&|(/])pytrace\s+" + SUBCOMMANDS + r"(\s|$)")
 MARK_ILLUSTRATIVE = "<!-- illustrative -->"
 MARK_TESTED = re.compile(r"^<!-- tested: (.+) -->$")
-TEST_REF = re.compile(r"^(tests/[\w./-]+\.rs)::(\w+)$")
+TEST_REF = re.compile(r"^(\w+)((?:::\w+)+)$")
 
 
 def slug(heading):
@@ -124,18 +127,22 @@ for path in files:
             continue
         tested = MARK_TESTED.match(mark)
         if not tested:
-            problems.append(f"{where}: a pytrace command block needs {MARK_ILLUSTRATIVE} or <!-- tested: tests/FILE.rs::NAME --> on the line before it")
+            problems.append(f"{where}: a pytrace command block needs {MARK_ILLUSTRATIVE} or <!-- tested: MODULE::NAME --> on the line before it")
             continue
         for ref in tested.group(1).split(", "):
             m = TEST_REF.match(ref.strip())
             if not m:
-                problems.append(f"{where}: '{ref}' is not tests/FILE.rs::NAME")
+                problems.append(f"{where}: '{ref}' is not MODULE::NAME")
                 continue
-            test_file, name = m.groups()
+            module, names = m.groups()
+            test_file = f"tests/integration/{module}.rs"
             if not os.path.isfile(test_file):
                 problems.append(f"{where}: {test_file} does not exist")
-            elif not re.search(r"\b" + re.escape(name) + r"\b", open(test_file, encoding="utf-8").read()):
-                problems.append(f"{where}: no test named {name} in {test_file}")
+                continue
+            text = open(test_file, encoding="utf-8").read()
+            for name in names.split("::")[1:]:
+                if not re.search(r"\b" + re.escape(name) + r"\b", text):
+                    problems.append(f"{where}: no {name} in {test_file}, so no test {ref}")
 
     # An indented code block is not checked above: commands must be fenced.
     for number, (line, code) in enumerate(zip(lines, in_code), 1):

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 # scripts/layout-check.sh checks the layout table's 3.11 row against);
 # util-linux gives setpriv and debootstrap the other Pythons' roots
 # (scripts/pythons.sh) to the tests; GNU time measures pytrace's peak memory
-# in tests/safety.rs.
+# in tests/integration/safety.rs.
 packages=(clang llvm bpftool libelf-dev zlib1g-dev pkg-config make gcc python3.11 python3.11-dev util-linux debootstrap time)
 missing=()
 for p in "${packages[@]}"; do

@@ -2,7 +2,7 @@
 # Other Linux kernels, in virtual machines, for the tests: Debian's own
 # generic-flavour kernels of bullseye (5.10), bookworm (6.1) and trixie
 # (6.12), booted with virtme-ng over this machine's root file system, so a
-# VM sees the same files (pytrace, its test binaries, the Pythons) as the
+# VM sees the same files (pytrace, its test binary, the Pythons) as the
 # host. Everything goes to a cache outside the repo ($PYTRACE_CACHE, default
 # /var/cache/pytrace) and is reused when present.
 #
@@ -15,7 +15,8 @@
 #   scripts/kernels.sh test [SERIES...] the kernel smoke matrix: pytrace's own
 #                                      integration tests, built here, run in
 #                                      a VM of each kernel (all by default;
-#                                      PYTRACE_KERNEL_TESTS=REGEX: only those)
+#                                      PYTRACE_KERNEL_TESTS=REGEX: only the
+#                                      MODULE::NAMEs it matches)
 #
 # Why these pieces: KVM fails under nested virtualisation here (QEMU cannot
 # set MSR 0x10a), so the VMs run under TCG, emulated: a kernel boots in
@@ -154,7 +155,8 @@ run() {
   return "$status"
 }
 
-# The integration tests each kernel runs, as "TEST-FILE TEST-NAME": every
+# The integration tests each kernel runs, by their path in the one test
+# binary (MODULE::NAME, as `--list` prints them): every
 # subcommand against its ground truth on Debian's python3.11 (calls against
 # cProfile, gc against gc.callbacks in both modes, the import tree in both
 # modes, --native's shares against the CPU the fixture measured in and out
@@ -163,61 +165,62 @@ run() {
 # on Debian's stripped one through its code search's sites) and on bullseye's 3.9 in a chroot (calls in uprobe and
 # usdt mode, gc, imports, the sampling split, --native's shares, compare),
 # plus what `info` says of the kernel, and `sample --async` on sid's 3.15. --native runs at the rate an
-# emulated machine's user space keeps up with (tests/common's native_rate).
+# emulated machine's user space keeps up with (common's native_rate in
+# tests/integration/common/mod.rs).
 smoke_tests=(
-  "info kernel_features_are_those_of_its_release"
-  "info sample_idle_needs_5_18_and_says_so"
-  "info inlined_getitem_caveat_names_the_release_cookies_need"
-  "calls counts_equal_cprofile_when_pytrace_starts_the_command"
-  "gc collections_and_collected_equal_gc_callbacks_when_attached_by_pid"
-  "gc watchpoint_mode_is_exact_on_every_version"
-  "imports the_import_tree_is_exact_when_pytrace_starts_the_command"
-  "imports the_tree_is_exact_on_every_build_when_attached_by_pid"
-  "sample_native kernel_frames_go_above_the_native_frames_that_entered_the_kernel"
-  "sample_native native_frames_sit_between_the_python_caller_and_the_leaf"
-  "compare numbers_are_the_two_reports_combined_when_pytrace_starts_the_command"
-  "formats pstats_equal_cprofile_on_this_machines_3_11_builds"
-  "sample cpu_shares_match_the_known_split_within_two_points"
-  "sample_async async_tasks_debian_3_15"
-  "gil threads_own_measures_3_11"
-  "gil stripped_threads_own_measures_debian_3_11"
-  "matrix python_3_9::calls_equal_cprofile"
-  "matrix python_3_9::usdt_mode_counts_equal_cprofile"
-  "matrix python_3_9::gc_equals_gc_callbacks"
-  "matrix python_3_9::imports_tree"
-  "matrix python_3_9::sample_split_threads_and_depth"
-  "matrix python_3_9::sample_native_puts_c_frames_under_their_python_caller"
-  "matrix python_3_9::compare_sees_the_split_on_both_sides"
-  "launch a_shell_that_forks_the_python_is_followed"
-  "launch ctrl_c_mid_run_reaches_the_whole_tree"
-  "launch a_daemon_forked_just_before_pytrace_is_killed_gets_its_hook_back"
+  "info::kernel_features_are_those_of_its_release"
+  "info::sample_idle_needs_5_18_and_says_so"
+  "info::inlined_getitem_caveat_names_the_release_cookies_need"
+  "calls::counts_equal_cprofile_when_pytrace_starts_the_command"
+  "gc::collections_and_collected_equal_gc_callbacks_when_attached_by_pid"
+  "gc::watchpoint_mode_is_exact_on_every_version"
+  "imports::the_import_tree_is_exact_when_pytrace_starts_the_command"
+  "imports::the_tree_is_exact_on_every_build_when_attached_by_pid"
+  "sample_native::kernel_frames_go_above_the_native_frames_that_entered_the_kernel"
+  "sample_native::native_frames_sit_between_the_python_caller_and_the_leaf"
+  "compare::numbers_are_the_two_reports_combined_when_pytrace_starts_the_command"
+  "formats::pstats_equal_cprofile_on_this_machines_3_11_builds"
+  "sample::cpu_shares_match_the_known_split_within_two_points"
+  "sample_async::debian_3_15::tasks_carry_their_names_chains_and_shares"
+  "gil::nodtrace_3_11::threads_own_measures"
+  "gil::stripped_debian_3_11::threads_own_measures"
+  "matrix::python_3_9::calls_equal_cprofile"
+  "matrix::python_3_9::usdt_mode_counts_equal_cprofile"
+  "matrix::python_3_9::gc_equals_gc_callbacks"
+  "matrix::python_3_9::imports_tree"
+  "matrix::python_3_9::sample_split_threads_and_depth"
+  "matrix::python_3_9::sample_native_puts_c_frames_under_their_python_caller"
+  "matrix::python_3_9::compare_sees_the_split_on_both_sides"
+  "launch::a_shell_that_forks_the_python_is_followed"
+  "launch::ctrl_c_mid_run_reaches_the_whole_tree"
+  "launch::a_daemon_forked_just_before_pytrace_is_killed_gets_its_hook_back"
 )
 # Only from 5.18 (bpf_copy_from_user_task); on older kernels
 # sample_idle_needs_5_18_and_says_so checks --idle's refusal instead.
 # async_idle: --async's reads in the iterator's copy of the walk.
 newer_tests=(
-  "sample idle_sees_sleeping_threads_and_on_cpu_does_not"
-  "matrix python_3_9::sample_idle_sees_sleepers"
-  "sample_gil states_debian_3_11"
-  "sample_async async_idle_debian_3_15"
+  "sample::idle_sees_sleeping_threads_and_on_cpu_does_not"
+  "matrix::python_3_9::sample_idle_sees_sleepers"
+  "sample_gil::debian_3_11_stripped::states"
+  "sample_async::debian_3_15::idle_loop_samples_are_under_a_task_only_while_one_runs"
 )
 
 smoke() {
-  local repo list bins script want series_list=("$@") failed=() start elapsed status all_start
+  local repo bin script want series_list=("$@") failed=() start elapsed status all_start
   all_start=$(date +%s)
   repo=$(cd "$here/.." && pwd)
   [ ${#series_list[@]} -gt 0 ] || series_list=("${series[@]}")
   install_tools
   for want in "${series_list[@]}"; do image "$want" >/dev/null; done
-  # The test binaries, by test file, as cargo built them.
-  list=$(mktemp /tmp/pytrace-kernels-XXXXXX)
-  (cd "$repo" && cargo test --release --locked --no-run --message-format=json 2>/dev/null) \
+  # The integration-test binary (tests/integration), as cargo built it.
+  bin=$(cd "$repo" && cargo test --release --locked --test integration --no-run --message-format=json 2>/dev/null \
     | /usr/bin/python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
-        print(m["target"]["name"], m["executable"])' > "$list"
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "integration":
+        print(m["executable"])')
+  [ -x "$bin" ] || { echo "scripts/kernels.sh: cargo built no integration-test binary" >&2; return 1; }
   script=$(mktemp /tmp/pytrace-kernels-XXXXXX)
   # Runs in the guest: every test of the list, one at a time, with its
   # time; the guest sees this machine's files and these variables only.
@@ -231,24 +234,23 @@ for line in sys.stdin:
 # Under emulation a sample's interrupt takes long enough that the kernel
 # would lower the sampling rate on its own; and the emulated timers fire
 # late, so the sampler gets about half the samples it asks for: the
-# sampler's fixtures run 2.5 times longer (tests/common's `longer`).
+# sampler's fixtures run 2.5 times longer (tests/integration/common's `longer`).
 echo 0 > /proc/sys/kernel/perf_cpu_time_max_percent
 export PYTRACE_TEST_SLOWDOWN=2.5
 kernel=$(uname -r); passed=0; failed=0
 run_test() {
-  local bin t0 t1
-  bin=$(awk -v f="$1" '$1 == f { print $2 }' "$BINARIES")
+  local t0
   t0=$(date +%s)
-  if [ -n "$bin" ] && "$bin" --exact "$2" --test-threads=1 > /tmp/test.log 2>&1 && grep -q "^test result: ok. 1 passed" /tmp/test.log; then
-    passed=$((passed + 1)); echo "  ok    $1::$2 ($(( $(date +%s) - t0 )) s)"
+  if "$BINARY" --exact "$1" --test-threads=1 > /tmp/test.log 2>&1 && grep -q "^test result: ok. 1 passed" /tmp/test.log; then
+    passed=$((passed + 1)); echo "  ok    $1 ($(( $(date +%s) - t0 )) s)"
   else
     # The assertion's message first: a long one (a table in it) pushes
     # it out of the tail.
-    failed=$((failed + 1)); echo "  FAIL  $1::$2 ($(( $(date +%s) - t0 )) s)"
+    failed=$((failed + 1)); echo "  FAIL  $1 ($(( $(date +%s) - t0 )) s)"
     { grep -A 3 "panicked at" /tmp/test.log | cut -c 1-400; tail -n 30 /tmp/test.log; } | sed 's/^/        /'
   fi
 }
-while read -r file name; do run_test "$file" "$name"; done < "$TESTS"
+while read -r name; do run_test "$name"; done < "$TESTS"
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
 GUEST
@@ -270,7 +272,7 @@ GUEST
     # in each run. The cause is open; the test still runs on the host, 5.10
     # and 6.1.
     if [ "$want" = 6.12 ]; then
-      grep -v '^matrix python_3_9::sample_native_puts_c_frames_under_their_python_caller$' "$tests" > "$tests.keep" || true
+      grep -vxF 'matrix::python_3_9::sample_native_puts_c_frames_under_their_python_caller' "$tests" > "$tests.keep" || true
       mv "$tests.keep" "$tests"
     fi
     # PYTRACE_KERNEL_TESTS=REGEX keeps only the tests it matches (by hand,
@@ -293,16 +295,16 @@ GUEST
     all=$(mktemp /tmp/pytrace-kernels-XXXXXX)
     for attempt in 1 2 3; do
       set +e
-      (cd "$repo" && run "$want" "BINARIES=$list TESTS=$tests bash $script") | tee "$log"
+      (cd "$repo" && run "$want" "BINARY=$bin TESTS=$tests bash $script") | tee "$log"
       status=${PIPESTATUS[0]}
       set -e
       cat "$log" >> "$all"
       grep -Eq '^[0-9]+ passed, [0-9]+ failed$' "$log" && break
-      sed -nE 's/^  (ok|FAIL) +([^:]+)::(.*) \([0-9]+ s\)$/\2 \3/p' "$log" > "$log.done"
+      sed -nE 's/^  (ok|FAIL) +([^ ]+) \([0-9]+ s\)$/\2/p' "$log" > "$log.done"
       grep -vxFf "$log.done" "$tests" > "$tests.rest" || true
       mv "$tests.rest" "$tests"
       rm -f "$log.done"
-      [ $attempt -lt 3 ] && echo "kernel $want: the VM stopped before its tests ended (status $status, no summary), in or after $(head -n 1 "$tests" | tr ' ' ':'): booting it again for the $(wc -l < "$tests") tests left" >&2
+      [ $attempt -lt 3 ] && echo "kernel $want: the VM stopped before its tests ended (status $status, no summary), in or after $(head -n 1 "$tests"): booting it again for the $(wc -l < "$tests") tests left" >&2
     done
     # Failed if any boot had a test fail, or the last one stopped too.
     if grep -q '^  FAIL  ' "$all" || ! grep -Eq '^[0-9]+ passed, [0-9]+ failed$' "$log"; then
@@ -317,7 +319,7 @@ GUEST
     [ $status = 0 ] || failed+=("$want")
     rm -f "$tests"
   done
-  rm -f "$list" "$script"
+  rm -f "$script"
   echo "kernels ${series_list[*]}: $(( $(date +%s) - all_start )) s in all" >&2
   if [ ${#failed[@]} -gt 0 ]; then
     echo "scripts/kernels.sh: the smoke tests failed on Linux ${failed[*]}" >&2

@@ -45,7 +45,7 @@ if [ ! -e "$pip_stamp" ]; then
   "$viewers/venv/bin/pip" install -q --disable-pip-version-check "${pip_packages[@]}" >&2
   touch "$pip_stamp"
 fi
-# numpy, for sample --native's BLAS test (tests/sample_native.rs): its
+# numpy, for sample --native's BLAS test (tests/integration/sample_native.rs): its
 # wheel ships OpenBLAS, whose hand-written kernels have no unwind entries.
 # A venv of its own over the machine's python3.11, as the viewers' venv.
 numpy_packages=(numpy==2.3.5)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test: unit tests and the integration tests, which load real BPF
-# programs into the kernel against real CPython processes (run as root), then
+# Runs every test: unit tests and the integration tests (one binary, built
+# from tests/integration/), which load real BPF programs into the kernel
+# against real CPython processes (run as root), then
 # the kernel smoke matrix, the same programs in VMs of older kernels. Each
 # stage prints how long it took ("stage NAME: N s"): CI has 90 minutes in all.
 set -euo pipefail

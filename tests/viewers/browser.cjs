@@ -1,6 +1,6 @@
 // Opens pytrace's outputs in headless Chromium (Debian's, driven by
 // playwright-core) as a user would, and prints as JSON what the page shows;
-// tests/viewers.rs judges it against the fixture's known split.
+// tests/integration/viewers.rs judges it against the fixture's known split.
 //
 //   node browser.cjs flamegraph FILE.svg FUNCTION...
 //     searches each FUNCTION with the SVG's own search() and reads the

@@ -85,7 +85,7 @@ impl EvalHook {
     /// a version without one is refused when the interpreter is read), the
     /// offset below still needs two sources, and CPython itself sets the
     /// field there with one plain store, which this write is
-    /// (`_PyInterpreterState_SetEvalFrameFunc` in 3.13; tests/free_threaded.rs
+    /// (`_PyInterpreterState_SetEvalFrameFunc` in 3.13; tests/integration/free_threaded.rs
     /// counts calls exactly on four threads running in parallel).
     pub fn new(pid: u32, python: &Python) -> Result<Self> {
         let Some(eval_frame) = python.eval_frame_offset.agreed else {

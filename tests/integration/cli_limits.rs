@@ -4,13 +4,11 @@
 //! non-zero exit (never 101, a panic, or 134, an abort), with the target
 //! alive and its eval-frame hook not set.
 
-mod common;
-
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// A target that keeps calling Python functions (so `calls` sets its hook)
 /// until killed.
@@ -77,6 +75,7 @@ fn assert_ended_cleanly(what: &str, out: &Output, target: &Proc) {
 
 #[test]
 fn extreme_numbers_for_every_numeric_flag() {
+    let _machine = shared();
     let target = busy_target();
     let pid = target.pid().to_string();
     let values = ["0", "-5", "1e20", "NaN", "inf", "-inf", "18446744073709551616", "18446744073709551615", "4294967296", ""];
@@ -127,6 +126,7 @@ fn closed_pipe() -> Stdio {
 
 #[test]
 fn standard_output_closed_ends_the_run_with_its_files_written() {
+    let _machine = shared();
     let target = busy_target();
     let pid = target.pid().to_string();
     let dir = tempfile::tempdir().unwrap();
@@ -165,6 +165,7 @@ fn standard_output_closed_ends_the_run_with_its_files_written() {
 /// sentence, the target untouched.
 #[test]
 fn too_little_address_space_is_one_sentence() {
+    let _machine = shared();
     let target = busy_target();
     let pid = target.pid().to_string();
     let (mut failed, mut runs, mut allocator_said) = (0, 0, 0);

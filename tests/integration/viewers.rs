@@ -5,8 +5,6 @@
 //! show is held to the fixtures' own ground truth: cpu_split.py's measured
 //! CPU split, cProfile's call counts. scripts/test-tools.sh installs them.
 
-mod common;
-
 use std::collections::HashMap;
 use std::io::Read;
 use std::net::TcpStream;
@@ -14,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// Where scripts/test-tools.sh put the npm and pip packages.
 fn viewers_cache() -> PathBuf {
@@ -89,6 +87,7 @@ fn report_totals(report: &serde_json::Value) -> HashMap<String, u64> {
 /// Zoom" brings every frame back. Attached by PID and started by pytrace.
 #[test]
 fn flamegraph_search_and_zoom_work_in_chromium() {
+    let _machine = shared();
     for by_pid in [true, false] {
         let dir = tempfile::tempdir().unwrap();
         let (svg, json) = (dir.path().join("flame.svg"), dir.path().join("report.json"));
@@ -128,6 +127,7 @@ fn flamegraph_search_and_zoom_work_in_chromium() {
 /// of the fixture's measured CPU split; the page title names the target.
 #[test]
 fn speedscope_app_shows_the_known_functions_in_chromium() {
+    let _machine = shared();
     for by_pid in [true, false] {
         let dir = tempfile::tempdir().unwrap();
         let (profile, json) = (dir.path().join("profile.speedscope.json"), dir.path().join("report.json"));
@@ -222,6 +222,7 @@ fn gprof2dot_edges(prof: &Path) -> HashMap<(String, String), u64> {
 /// Attached by PID and started by pytrace.
 #[test]
 fn gprof2dot_draws_cprofiles_edges_from_pstats() {
+    let _machine = shared();
     for by_pid in [true, false] {
         let how = if by_pid { "by PID" } else { "started" };
         let dir = tempfile::tempdir().unwrap();
@@ -251,6 +252,7 @@ fn free_port() -> u16 {
 /// ncalls text (recursive "total/primitive" included).
 #[test]
 fn snakeviz_serves_pstats_with_cprofiles_counts() {
+    let _machine = shared();
     let dir = tempfile::tempdir().unwrap();
     let (truth, ours) = callers_pstats(dir.path(), false);
     let port = free_port().to_string();

@@ -7,13 +7,11 @@
 //! the same exact reports as on the host: calls equal to cProfile, the
 //! sampled split, gc equal to gc.callbacks, the import tree, compare, info.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::*;
+use crate::common::*;
 
 /// Runs inside the new namespaces: mounts the overlay and a proc for the new
 /// PID namespace, makes the overlay the root, drops the old root, and execs
@@ -56,7 +54,7 @@ impl Image {
         for dir in ["upper/fixtures", "work", "merged"] {
             std::fs::create_dir_all(layers.path().join(dir)).unwrap();
         }
-        for entry in std::fs::read_dir(common::fixture("")).unwrap().flatten() {
+        for entry in std::fs::read_dir(crate::common::fixture("")).unwrap().flatten() {
             std::fs::copy(entry.path(), layers.path().join("upper/fixtures").join(entry.file_name())).unwrap();
         }
         let child = Command::new("unshare")
@@ -158,7 +156,7 @@ fn truth_rows(path: &Path) -> Vec<(u32, String, u64)> {
         .collect()
 }
 
-fn info_and_calls(version: &'static str) {
+fn info_and_calls_equal_cprofile(version: &'static str) {
     let image = Image::new(version);
     let truth = image.run("callgraph.py", &["--rounds", "20", "--cprofile", "/fixtures/truth.json"]);
     let truth = truth_rows(&truth.file("truth.json"));
@@ -183,7 +181,7 @@ fn info_and_calls(version: &'static str) {
     assert_eq!(report["lost_events"], 0, "{version}");
 }
 
-fn sample_and_compare(version: &'static str) {
+fn sample_and_compare_see_the_split(version: &'static str) {
     let image = Image::new(version);
     let split = [("sixty", 60.0), ("thirty", 30.0), ("ten", 10.0)];
 
@@ -207,7 +205,7 @@ fn sample_and_compare(version: &'static str) {
     assert_compare_split(version, &read_report(&json), &c.file("wall-split.json"), 3.0);
 }
 
-fn gc_and_imports(version: &'static str) {
+fn gc_and_imports_are_exact(version: &'static str) {
     let image = Image::new(version);
     let key = |v: &serde_json::Value| {
         v.as_array().unwrap().iter().map(|g| (g["generation"].as_u64(), g["collections"].as_u64(), g["collected"].as_i64())).collect::<Vec<_>>()
@@ -254,26 +252,7 @@ fn gc_and_imports(version: &'static str) {
     }
 }
 
-macro_rules! containers {
-    ($($module:ident => $version:literal;)*) => {$(
-        mod $module {
-            #[test]
-            fn info_and_calls_equal_cprofile() {
-                super::info_and_calls($version)
-            }
-            #[test]
-            fn sample_and_compare_see_the_split() {
-                super::sample_and_compare($version)
-            }
-            #[test]
-            fn gc_and_imports_are_exact() {
-                super::gc_and_imports($version)
-            }
-        }
-    )*};
-}
-
-containers! {
-    bullseye_3_9 => "3.9";
-    sid_3_14 => "3.14";
+over_builds! {
+    bullseye_3_9("3.9"): info_and_calls_equal_cprofile, sample_and_compare_see_the_split, gc_and_imports_are_exact;
+    sid_3_14("3.14"): info_and_calls_equal_cprofile, sample_and_compare_see_the_split, gc_and_imports_are_exact;
 }

@@ -10,12 +10,10 @@
 //! those were counted where they happen, and no report may call its counts
 //! lower bounds.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use common::*;
+use crate::common::*;
 
 const SCRIPT: &str = "implicit_calls.py";
 const ROUNDS: &str = "3";
@@ -235,9 +233,24 @@ fn exact_by_command_and_pid(build: Build) {
     check(&build, "-p", &build.trace_pid(), &truth);
 }
 
-#[test]
-fn debian_3_11_2() {
-    exact_by_command_and_pid(Build::host("debian-3.11", PathBuf::from("/usr/bin/python3.11")));
+over_builds! {
+    debian_3_11_2(Build::host("debian-3.11", PathBuf::from("/usr/bin/python3.11"))): exact_by_command_and_pid;
+    pyenv_3_10(Build::host("pyenv-3.10", script_output(&["pyenv-3.10"]))): exact_by_command_and_pid;
+    pyenv_3_11(Build::host("pyenv-3.11", pythons().remove(1).1)): exact_by_command_and_pid;
+    pyenv_3_12(Build::host("pyenv-3.12", script_output(&["pyenv-3.12"]))): exact_by_command_and_pid;
+    pyenv_3_13(Build::host("pyenv-3.13", script_output(&["pyenv-3.13"]))): exact_by_command_and_pid;
+    // A stripped PIE libpython: its opcode table is found through its
+    // relocations, so 3.13's inlined __init__ is counted there too.
+    pyenv_3_13_stripped_shared_library(Build::stripped_pyenv_313()): exact_by_command_and_pid;
+    bullseye_3_9(Build::chroot("bullseye-3.9", "root-3.9", "/usr/bin/python3.9")): exact_by_command_and_pid;
+    trixie_3_13_5(Build::chroot("trixie-3.13", "root-trixie", "/usr/bin/python3.13")): exact_by_command_and_pid;
+    // Debian 13's stripped shared libpython3.13 (a PIE), as a program that
+    // embeds the interpreter runs it; started by pytrace, its library is
+    // found in the chroot's own root.
+    trixie_3_13_5_stripped_shared_library(Build::chroot("trixie-3.13-shared", "root-trixie", "/usr/local/bin/python3.13-shared")): exact_by_command_and_pid;
+    sid_3_13(Build::chroot("sid-3.13", "root-sid", "/usr/bin/python3.13")): exact_by_command_and_pid;
+    sid_3_14(Build::chroot("sid-3.14", "root-sid", "/usr/bin/python3.14")): exact_by_command_and_pid;
+    sid_3_15(Build::chroot("sid-3.15", "root-sid", "/usr/bin/python3.15")): exact_by_command_and_pid;
 }
 
 /// Kernels before 6.13 get a uprobe and a uretprobe instead of a session
@@ -245,69 +258,10 @@ fn debian_3_11_2() {
 /// return all the same.
 #[test]
 fn debian_3_11_2_without_uprobe_sessions() {
+    let _machine = shared();
     let mut build = Build::host("debian-3.11-no-session", PathBuf::from("/usr/bin/python3.11"));
     build.env.push(("PYTRACE_NO_UPROBE_SESSION".into(), "1".into()));
     let truth = build.truth();
     check(&build, "--", &build.trace_command(), &truth);
 }
 
-#[test]
-fn pyenv_3_10() {
-    exact_by_command_and_pid(Build::host("pyenv-3.10", script_output(&["pyenv-3.10"])));
-}
-
-#[test]
-fn pyenv_3_11() {
-    let (_, python) = pythons().remove(1);
-    exact_by_command_and_pid(Build::host("pyenv-3.11", python));
-}
-
-#[test]
-fn pyenv_3_12() {
-    exact_by_command_and_pid(Build::host("pyenv-3.12", script_output(&["pyenv-3.12"])));
-}
-
-#[test]
-fn pyenv_3_13() {
-    exact_by_command_and_pid(Build::host("pyenv-3.13", script_output(&["pyenv-3.13"])));
-}
-
-/// A stripped PIE libpython: its opcode table is found
-/// through its relocations, so 3.13's inlined __init__ is counted there too.
-#[test]
-fn pyenv_3_13_stripped_shared_library() {
-    exact_by_command_and_pid(Build::stripped_pyenv_313());
-}
-
-#[test]
-fn bullseye_3_9() {
-    exact_by_command_and_pid(Build::chroot("bullseye-3.9", "root-3.9", "/usr/bin/python3.9"));
-}
-
-#[test]
-fn trixie_3_13_5() {
-    exact_by_command_and_pid(Build::chroot("trixie-3.13", "root-trixie", "/usr/bin/python3.13"));
-}
-
-/// Debian 13's stripped shared libpython3.13 (a PIE), as a program that
-/// embeds the interpreter runs it; started by pytrace, its library is found
-/// in the chroot's own root.
-#[test]
-fn trixie_3_13_5_stripped_shared_library() {
-    exact_by_command_and_pid(Build::chroot("trixie-3.13-shared", "root-trixie", "/usr/local/bin/python3.13-shared"));
-}
-
-#[test]
-fn sid_3_13() {
-    exact_by_command_and_pid(Build::chroot("sid-3.13", "root-sid", "/usr/bin/python3.13"));
-}
-
-#[test]
-fn sid_3_14() {
-    exact_by_command_and_pid(Build::chroot("sid-3.14", "root-sid", "/usr/bin/python3.14"));
-}
-
-#[test]
-fn sid_3_15() {
-    exact_by_command_and_pid(Build::chroot("sid-3.15", "root-sid", "/usr/bin/python3.15"));
-}

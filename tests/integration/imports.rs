@@ -4,9 +4,7 @@
 //! without probes: pyenv's 3.9 to 3.13, and Debian's 3.11 with --mode
 //! uprobe), with and without uprobe sessions.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 /// (name, found, children) of an imports tree, for comparison.
 fn shape(nodes: &serde_json::Value) -> Vec<(String, bool, Vec<String>)> {
@@ -45,6 +43,7 @@ fn assert_tree(report: &serde_json::Value) {
 
 #[test]
 fn the_import_tree_is_exact_when_pytrace_starts_the_command() {
+    let _machine = shared();
     let (_, debian) = pythons().remove(0);
     let dir = tempfile::tempdir().unwrap();
     let out = pytrace(&["imports", "--json", "-", "--", debian.to_str().unwrap(), &fixture("imports_tree.py"), dir.path().to_str().unwrap()]);
@@ -59,6 +58,7 @@ fn the_import_tree_is_exact_when_pytrace_starts_the_command() {
 
 #[test]
 fn the_import_tree_is_exact_when_attached_by_pid() {
+    let _machine = shared();
     let (_, debian) = pythons().remove(0);
     let dir = tempfile::tempdir().unwrap();
     let target = start_waiting(&debian, "imports_tree.py", &[dir.path().to_str().unwrap()]);
@@ -86,6 +86,7 @@ fn builds() -> Vec<(String, std::path::PathBuf, &'static [&'static str])> {
 /// the same program.
 #[test]
 fn the_whole_tree_equals_importtime_when_pytrace_starts_the_command() {
+    let _machine = shared();
     for (label, python, mode) in builds() {
         let dir = tempfile::tempdir().unwrap();
         let truth = std::process::Command::new(&python)
@@ -110,6 +111,7 @@ fn the_whole_tree_equals_importtime_when_pytrace_starts_the_command() {
 /// loop), on every build and way.
 #[test]
 fn the_tree_is_exact_on_every_build_when_attached_by_pid() {
+    let _machine = shared();
     for (label, python, mode) in builds() {
         let dir = tempfile::tempdir().unwrap();
         let target = start_waiting(&python, "imports_tree.py", &[dir.path().to_str().unwrap()]);
@@ -129,6 +131,7 @@ fn the_tree_is_exact_on_every_build_when_attached_by_pid() {
 /// pointer. The same tree as -X importtime's.
 #[test]
 fn uprobe_mode_without_sessions_equals_importtime_too() {
+    let _machine = shared();
     let python = pyenv_python(12);
     let dir = tempfile::tempdir().unwrap();
     let truth = std::process::Command::new(&python).args(["-X", "importtime", &fixture("imports_tree.py"), dir.path().to_str().unwrap()]).output().unwrap();
@@ -149,6 +152,7 @@ fn uprobe_mode_without_sessions_equals_importtime_too() {
 /// and 3.10 too, where every Python call enters the eval function.
 #[test]
 fn import_module_calls_are_left_out_like_importtime() {
+    let _machine = shared();
     for minor in [9, 12] {
         let python = pyenv_python(minor);
         let dir = tempfile::tempdir().unwrap();

@@ -1,11 +1,9 @@
 //! `pytrace sample` against fixtures whose CPU split, threads and stack
 //! depth are known, on both local 3.11 builds.
 
-mod common;
-
 use std::collections::HashMap;
 
-use common::*;
+use crate::common::*;
 
 /// Samples per function, from a folded profile: name -> (thread -> samples).
 fn per_thread(folded: &str, functions: &[&str]) -> HashMap<String, HashMap<String, u64>> {
@@ -31,6 +29,7 @@ fn per_thread(folded: &str, functions: &[&str]) -> HashMap<String, HashMap<Strin
 /// not noise. pytrace stops when the target ends.
 #[test]
 fn cpu_shares_match_the_known_split_within_two_points() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let dir = tempfile::tempdir().unwrap();
         let json = dir.path().join("profile.json");
@@ -115,6 +114,7 @@ fn sample_split(python: &std::path::Path, hz: Option<u64>, attach: Attach, cpu_s
 /// virtual machine whose CPU the host takes away loses samples).
 #[test]
 fn periodic_work_gets_its_share_at_every_rate() {
+    let _machine = shared();
     let pythons = pythons();
     let (debian, nodtrace) = (&pythons[0].1, &pythons[1].1);
     use Attach::*;
@@ -177,6 +177,7 @@ fn periodic_work_gets_its_share_at_every_rate() {
 
 #[test]
 fn each_threads_stacks_hold_its_own_function() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let dir = tempfile::tempdir().unwrap();
         let folded = dir.path().join("threads.folded");
@@ -204,6 +205,7 @@ fn each_threads_stacks_hold_its_own_function() {
 /// bottom is marked truncated at its root, with the innermost frames kept.
 #[test]
 fn deep_stacks_are_marked_truncated_never_cut_silently() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let out = pytrace(&["sample", "-r", "499", "--folded", "-", "--", python.to_str().unwrap(), &fixture("deep_recursion.py"), "1.5"]);
         assert!(out.status.success(), "{label}: {}", String::from_utf8_lossy(&out.stderr));
@@ -221,6 +223,7 @@ fn deep_stacks_are_marked_truncated_never_cut_silently() {
 
 #[test]
 fn every_output_format_is_written_even_when_the_target_exits_mid_sample() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let dir = tempfile::tempdir().unwrap();
     let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
@@ -251,6 +254,7 @@ fn every_output_format_is_written_even_when_the_target_exits_mid_sample() {
 /// while it samples are counted.
 #[test]
 fn all_samples_every_python_process_at_once() {
+    let _machine = shared();
     let mut targets: Vec<Proc> = pythons().into_iter().map(|(_, python)| start_waiting(&python, "cpu_split.py", &["--cpu-seconds", "2"])).collect();
     let dir = tempfile::tempdir().unwrap();
     let folded = dir.path().join("all.folded");
@@ -296,6 +300,7 @@ fn all_samples_every_python_process_at_once() {
 /// one for the window's ends). Before the fix: 12 to 52 of 100.
 #[test]
 fn all_idle_samples_each_process_from_the_first_tick() {
+    let _machine = shared();
     let sleeper = "import time\nprint('ready', flush=True)\ntime.sleep(60)";
     let targets: Vec<Proc> = (0..3)
         .map(|i| {
@@ -334,6 +339,7 @@ fn all_idle_samples_each_process_from_the_first_tick() {
 /// least 50 passes due).
 #[test]
 fn idle_without_realtime_priority_still_samples_and_says_so() {
+    let _machine = shared();
     let sleeper = "import time\nprint('ready', flush=True)\ntime.sleep(60)";
     let (_, python) = &pythons()[0];
     let mut target = Proc(std::process::Command::new(python).args(["-c", sleeper]).stdout(std::process::Stdio::piped()).spawn().unwrap());
@@ -369,6 +375,7 @@ fn idle_without_realtime_priority_still_samples_and_says_so() {
 /// quarter of a bare sleeper's 0.32 s).
 #[test]
 fn idle_sees_sleeping_threads_and_on_cpu_does_not() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let script = fixture("sleep_and_spin.py");
         let cpu_times = tempfile::NamedTempFile::new().unwrap();
@@ -441,6 +448,7 @@ fn idle_sees_sleeping_threads_and_on_cpu_does_not() {
 /// pytrace's peak RSS stays under 150 MiB.
 #[test]
 fn a_code_object_flood_keeps_memory_bounded() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let mut target = start_waiting(&python, "code_flood.py", &["--table-bytes", &(5u64 << 28).to_string()]);
     let dir = tempfile::tempdir().unwrap();
@@ -478,6 +486,7 @@ fn a_code_object_flood_keeps_memory_bounded() {
 /// counted alike, 3 s runs at 999 Hz were 8 % to 25 % off.
 #[test]
 fn sampled_cpu_matches_the_targets_cpu_time_while_probes_fire() {
+    let _machine = shared();
     for (label, python) in pythons() {
         for hz in [999u64, 397] {
             let dir = tempfile::tempdir().unwrap();

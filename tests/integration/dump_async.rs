@@ -8,12 +8,10 @@
 //! under the thread that made it, with its coroutine and awaiters. On
 //! Debian's 3.14 and 3.15; before 3.14, one sentence and a non-zero exit.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 
-use common::matrix::Interpreter;
-use common::*;
+use crate::common::matrix::Interpreter;
+use crate::common::*;
 use serde_json::Value;
 
 /// Dumps taken of one target: enough that its spinning thread is found
@@ -111,20 +109,16 @@ fn tasks_and_awaiters_are_asyncios_own(py: Interpreter) {
     }
 }
 
-#[test]
-fn dump_async_debian_3_14() {
-    tasks_and_awaiters_are_asyncios_own(Interpreter::debian("3.14"));
-}
-
-#[test]
-fn dump_async_debian_3_15() {
-    tasks_and_awaiters_are_asyncios_own(Interpreter::debian("3.15"));
+over_builds! {
+    debian_3_14(Interpreter::debian("3.14")): tasks_and_awaiters_are_asyncios_own;
+    debian_3_15(Interpreter::debian("3.15")): tasks_and_awaiters_are_asyncios_own;
 }
 
 /// Before 3.14 CPython publishes no task layout: one sentence, a non-zero
 /// exit, and the target runs on.
 #[test]
 fn dump_async_is_refused_before_3_14() {
+    let _machine = shared();
     let py = Interpreter::debian("3.13");
     let sleep = ["-c", "import time; time.sleep(30)"];
     let mut chrooted = py.argv("sleep_and_spin.py", &[]);
@@ -148,6 +142,7 @@ fn dump_async_is_refused_before_3_14() {
 /// wrong with the target).
 #[test]
 fn dump_async_without_asyncio_says_why() {
+    let _machine = shared();
     let py = Interpreter::debian("3.14");
     let mut argv = py.argv("sleep_and_spin.py", &[]);
     argv.truncate(3);

@@ -1,9 +1,7 @@
 //! `pytrace info` on this machine's two CPython 3.11 builds, and what it
 //! says of the running kernel.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 fn info_json(args: &[&str]) -> serde_json::Value {
     let out = pytrace(&[&["info", "--json", "-"], args].concat());
@@ -13,6 +11,7 @@ fn info_json(args: &[&str]) -> serde_json::Value {
 
 #[test]
 fn finds_probes_and_mode_for_each_build() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let on_disk = info_json(&["--binary", python.to_str().unwrap()]);
         let target = start_waiting(&python, "callgraph.py", &["--rounds", "1"]);
@@ -54,6 +53,7 @@ fn finds_probes_and_mode_for_each_build() {
 
 #[test]
 fn table_output_names_the_mode() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let out = pytrace(&["info", "--binary", python.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -85,6 +85,7 @@ fn running_kernel() -> (u32, u32) {
 // features of its release. (Run on every kernel of scripts/kernels.sh.)
 #[test]
 fn kernel_features_are_those_of_its_release() {
+    let _machine = shared();
     let (major, minor) = running_kernel();
     let v = info_json(&[]);
     let kernel = &v["kernel"];
@@ -107,6 +108,7 @@ fn kernel_features_are_those_of_its_release() {
 // sentence before anything starts; where it has it, the feature works.
 #[test]
 fn sample_idle_needs_5_18_and_says_so() {
+    let _machine = shared();
     let (major, minor) = running_kernel();
     let (label, python) = pythons().remove(0);
     let marker = std::env::temp_dir().join(format!("pytrace-idle-started-{}", std::process::id()));
@@ -129,6 +131,7 @@ fn sample_idle_needs_5_18_and_says_so() {
 // Before that the caveat says the counts are lower bounds, and why.
 #[test]
 fn inlined_getitem_caveat_names_the_release_cookies_need() {
+    let _machine = shared();
     let (major, minor) = running_kernel();
     let (_, python) = pythons().remove(0);
     let v = info_json(&["--binary", python.to_str().unwrap()]);
@@ -145,6 +148,7 @@ fn inlined_getitem_caveat_names_the_release_cookies_need() {
 /// needs it: as `nobody` it says so; as root it does not.
 #[test]
 fn info_says_when_tracing_would_need_root() {
+    let _machine = shared();
     let out = std::process::Command::new("setpriv").args(["--reuid=65534", "--regid=65534", "--clear-groups", PYTRACE, "info"]).output().unwrap();
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

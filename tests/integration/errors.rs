@@ -1,11 +1,9 @@
 //! Bad input gets one clear sentence on stderr and a non-zero exit code,
 //! never a panic, and nothing is left changed in any process.
 
-mod common;
-
 use std::process::{Command, Stdio};
 
-use common::*;
+use crate::common::*;
 
 /// Runs pytrace, expecting failure with a one-line message containing `want`.
 fn assert_fails_with(args: &[&str], envs: &[(&str, &str)], want: &str) {
@@ -19,12 +17,14 @@ fn assert_fails_with(args: &[&str], envs: &[(&str, &str)], want: &str) {
 
 #[test]
 fn nonexistent_pid() {
+    let _machine = shared();
     assert_fails_with(&["calls", "-p", "999999999"], &[], "no process with PID 999999999");
     assert_fails_with(&["info", "-p", "999999999"], &[], "no process with PID 999999999");
 }
 
 #[test]
 fn process_that_is_not_python() {
+    let _machine = shared();
     let sleeper = Proc(Command::new("sleep").arg("30").spawn().unwrap());
     let pid = sleeper.pid().to_string();
     assert_fails_with(&["calls", "-p", &pid], &[], &format!("process {pid} (sleep) is not a CPython process"));
@@ -36,6 +36,7 @@ fn process_that_is_not_python() {
 /// an unknown future release looks to pytrace.
 #[test]
 fn python_version_not_supported() {
+    let _machine = shared();
     let dir = tempfile::tempdir().unwrap();
     let fake = dir.path().join("python3.11");
     let mut bytes = std::fs::read("/usr/bin/python3.11").unwrap();
@@ -80,6 +81,7 @@ fn python_version_not_supported() {
 /// CPython process, said as such, not as a failed read of /proc/PID/exe.
 #[test]
 fn kernel_thread_is_not_python() {
+    let _machine = shared();
     let kernel_thread = std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
@@ -99,6 +101,7 @@ fn kernel_thread_is_not_python() {
 
 #[test]
 fn target_that_has_already_exited() {
+    let _machine = shared();
     // Not reaped, so its PID still exists (a zombie), as when a target dies
     // while pytrace is starting.
     let (_, python) = pythons().remove(0);
@@ -111,6 +114,7 @@ fn target_that_has_already_exited() {
 
 #[test]
 fn without_privileges() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let target = start_waiting(&python, "callgraph.py", &["--rounds", "1"]);
     let out = Command::new("setpriv")
@@ -126,17 +130,20 @@ fn without_privileges() {
 
 #[test]
 fn kernel_without_btf() {
+    let _machine = shared();
     assert_fails_with(&["calls", "-p", "1"], &[("PYTRACE_KERNEL_BTF", "/nonexistent/vmlinux")], "this kernel has no BTF");
 }
 
 #[test]
 fn command_that_does_not_exist_or_is_not_python() {
+    let _machine = shared();
     assert_fails_with(&["calls", "--", "no-such-command-pytrace"], &[], "command not found: no-such-command-pytrace");
     assert_fails_with(&["calls", "--", "/bin/true"], &[], "/bin/true exited with status 0 before starting Python");
 }
 
 #[test]
 fn unwritable_output_fails_before_tracing() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let out = Command::new(PYTRACE)
         .args(["calls", "--json", "/nonexistent-dir/calls.json", "--", python.to_str().unwrap(), "-c", "print('ran')"])
@@ -149,6 +156,7 @@ fn unwritable_output_fails_before_tracing() {
 
 #[test]
 fn usdt_mode_is_refused_where_it_would_miss_calls() {
+    let _machine = shared();
     let pythons = pythons();
     assert_fails_with(&["calls", "--mode", "usdt", "--", pythons[0].1.to_str().unwrap(), "-c", "pass"], &[], "would miss calls on Python 3.11");
     assert_fails_with(&["calls", "--mode", "usdt", "--", pythons[1].1.to_str().unwrap(), "-c", "pass"], &[], "needs the function__entry and function__return USDT probes");
@@ -156,6 +164,7 @@ fn usdt_mode_is_refused_where_it_would_miss_calls() {
 
 #[test]
 fn missing_or_conflicting_target() {
+    let _machine = shared();
     assert_fails_with(&["calls"], &[], "say which process to trace");
     assert_fails_with(&["calls", "-d", "0", "-p", "1"], &[], "--duration must be a positive number");
     // A negative number is a value, not clap's tip to write `-- -5` (which
@@ -167,12 +176,14 @@ fn missing_or_conflicting_target() {
 
 #[test]
 fn imports_usdt_mode_without_import_probes_says_why() {
+    let _machine = shared();
     let (_, nodtrace) = pythons().remove(1);
     assert_fails_with(&["imports", "--mode", "usdt", "--", nodtrace.to_str().unwrap(), "-c", "pass"], &[], "needs the import__find__load__start/done USDT probes");
 }
 
 #[test]
 fn sample_checks_every_output_path_before_sampling() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let out = Command::new(PYTRACE)
         .args(["sample", "--folded", "/tmp/ok.folded", "--flamegraph", "/nonexistent-dir/p.svg", "--", python.to_str().unwrap(), "-c", "print('ran')"])

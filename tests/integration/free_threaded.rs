@@ -7,12 +7,10 @@
 //! budgets and each thread's own CPU time, gc against gc.callbacks, imports
 //! against -X importtime.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 /// The free-threaded build; scripts/test.sh provides it. Missing fails.
 fn free_threaded() -> PathBuf {
@@ -33,6 +31,7 @@ fn json_of(out: &std::process::Output) -> serde_json::Value {
 
 #[test]
 fn info_says_free_threaded_and_how_each_subcommand_sees_it() {
+    let _machine = shared();
     let python = free_threaded();
     let target = start_waiting(&python, "callgraph.py", &["--rounds", "1"]);
     let info = json_of(&pytrace(&["info", "-p", &target.pid().to_string(), "--json", "-"]));
@@ -65,6 +64,7 @@ fn assert_calls_equal(label: &str, report: &serde_json::Value, truth: &[(u32, St
 
 #[test]
 fn calls_equal_cprofile_by_command_and_by_pid() {
+    let _machine = shared();
     let python = free_threaded();
     let truth = cprofile_calls(&python, "callgraph.py", &["--rounds", "20"]);
     let by_command = json_of(&pytrace(&["calls", "--json", "-", "--", python.to_str().unwrap(), &fixture("callgraph.py"), "--rounds", "20"]));
@@ -86,6 +86,7 @@ fn calls_equal_cprofile_by_command_and_by_pid() {
 /// own shadow stack.
 #[test]
 fn calls_on_four_parallel_threads_equal_the_profiling_hook() {
+    let _machine = shared();
     let python = free_threaded();
     let args = ["--threads", "4", "--iterations", "300"];
     let truth = hook_calls(&python, "threads.py", &args);
@@ -96,6 +97,7 @@ fn calls_on_four_parallel_threads_equal_the_profiling_hook() {
 
 #[test]
 fn sample_split_is_within_two_points() {
+    let _machine = shared();
     let python = free_threaded();
     let report = json_of(&pytrace(&["sample", "-r", "999", "--json", "-", "--", python.to_str().unwrap(), &fixture("cpu_split.py"), "--cpu-seconds", "4"]));
     let total = |name: &str| report["functions"].as_array().unwrap().iter().find(|f| f["name"] == name).map(|f| f["total_samples"].as_u64().unwrap()).unwrap_or(0);
@@ -117,6 +119,7 @@ fn sample_split_is_within_two_points() {
 /// 17 points or more.)
 #[test]
 fn parallel_threads_split_like_their_cpu_times() {
+    let _machine = shared();
     let python = free_threaded();
     let dir = tempfile::tempdir().unwrap();
     let truth_path = dir.path().join("truth.json");
@@ -149,6 +152,7 @@ fn parallel_threads_split_like_their_cpu_times() {
 
 #[test]
 fn gc_equals_gc_callbacks_by_pid_and_by_command() {
+    let _machine = shared();
     let python = free_threaded();
     let generations = |v: &serde_json::Value| -> Vec<(u64, u64, i64)> {
         v.as_array().unwrap().iter().map(|g| (g["generation"].as_u64().unwrap(), g["collections"].as_u64().unwrap(), g["collected"].as_i64().unwrap())).collect()
@@ -179,6 +183,7 @@ fn gc_equals_gc_callbacks_by_pid_and_by_command() {
 
 #[test]
 fn imports_equal_importtime() {
+    let _machine = shared();
     let python = free_threaded();
     let dir = tempfile::tempdir().unwrap();
     let truth = Command::new(&python).args(["-X", "importtime", &fixture("imports_tree.py"), dir.path().to_str().unwrap()]).output().unwrap();
@@ -195,6 +200,7 @@ fn imports_equal_importtime() {
 /// busy host stretches unevenly), and every round calls each function once.
 #[test]
 fn compare_sees_the_split_on_both_sides() {
+    let _machine = shared();
     let python = free_threaded();
     let wall = tempfile::NamedTempFile::new().unwrap();
     let cmp = json_of(&pytrace(&[

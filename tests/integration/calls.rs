@@ -1,13 +1,11 @@
 //! `pytrace calls` against real CPython processes, with cProfile's ncalls as
 //! the ground truth. Every test loads real BPF programs; none is skipped.
 
-mod common;
-
 use std::collections::HashMap;
 use std::io::Read;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 const ROUNDS: &str = "50";
 
@@ -52,6 +50,7 @@ fn assert_times_consistent(label: &str, report: &serde_json::Value) {
 
 #[test]
 fn counts_equal_cprofile_when_pytrace_starts_the_command() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let truth = cprofile_calls(&python, "callgraph.py", &["--rounds", ROUNDS]);
         let dir = tempfile::tempdir().unwrap();
@@ -75,6 +74,7 @@ fn counts_equal_cprofile_when_pytrace_starts_the_command() {
 
 #[test]
 fn counts_equal_cprofile_when_attached_by_pid() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let truth = cprofile_calls(&python, "callgraph.py", &["--rounds", ROUNDS]);
         let target = start_waiting(&python, "callgraph.py", &["--rounds", ROUNDS]);
@@ -106,6 +106,7 @@ fn trace_command(python: &std::path::Path, script: &str, args: &[&str]) -> serde
 
 #[test]
 fn threads_running_at_once_are_each_counted_exactly() {
+    let _machine = shared();
     let args = ["--threads", "4", "--iterations", "500"];
     for (label, python) in pythons() {
         let truth = hook_calls(&python, "threads.py", &args);
@@ -129,6 +130,7 @@ fn threads_running_at_once_are_each_counted_exactly() {
 /// function must keep its own name and count: f_<i> is called i % 3 + 1 times.
 #[test]
 fn a_freed_code_objects_address_reused_by_another_function_keeps_them_apart() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let truth: HashMap<String, u64> =
             hook_calls(&python, "code_reuse.py", &["--functions", "300"]).into_iter().map(|(_, n, c)| (n, c)).collect();
@@ -151,6 +153,7 @@ fn a_freed_code_objects_address_reused_by_another_function_keeps_them_apart() {
 
 #[test]
 fn json_has_the_documented_fields_and_sorting_works() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let out = pytrace(&[
         "calls", "--sort", "calls", "--json", "-", "--",
@@ -181,11 +184,13 @@ fn json_has_the_documented_fields_and_sorting_works() {
 /// still sees it from its first instruction.
 #[test]
 fn a_wrapper_that_execs_python_is_followed() {
+    let _machine = shared();
     assert_calls_followed_through(|python, script| vec!["/bin/sh".into(), "-c".into(), format!("exec {} {script}", python.display())]);
 }
 
 #[test]
 fn exit_status_of_the_command_is_passed_on() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let out = pytrace(&["calls", "--", python.to_str().unwrap(), "-c", "import sys; sys.exit(7)"]);
     assert_eq!(out.status.code(), Some(7), "{}", String::from_utf8_lossy(&out.stderr));
@@ -196,6 +201,7 @@ fn exit_status_of_the_command_is_passed_on() {
 /// back, and leaves the target running to its correct end.
 #[test]
 fn every_stop_writes_the_report_and_restores_the_target() {
+    let _machine = shared();
     for (label, python) in pythons() {
         for how in ["duration", "sigint", "sigterm"] {
             let target = start_waiting(&python, "callgraph.py", &["--rounds", "1000000"]);
@@ -228,6 +234,7 @@ fn every_stop_writes_the_report_and_restores_the_target() {
 /// probe first waited for minutes on this 6.18 kernel).
 #[test]
 fn without_uprobe_sessions_counts_stay_exact_and_detaching_is_prompt() {
+    let _machine = shared();
     let fallback = [("PYTRACE_NO_UPROBE_SESSION", "1")];
     for (label, python) in pythons() {
         let truth = cprofile_calls(&python, "callgraph.py", &["--rounds", "20"]);
@@ -256,6 +263,7 @@ fn without_uprobe_sessions_counts_stay_exact_and_detaching_is_prompt() {
 /// still written and pytrace exits normally.
 #[test]
 fn a_target_that_dies_mid_trace_still_gets_its_report() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let target = start_waiting(&python, "callgraph.py", &["--rounds", "1000000"]);
         let tracer = start_tracer(&["calls", "-p", &target.pid().to_string(), "--json", "-"]);
@@ -275,6 +283,7 @@ fn a_target_that_dies_mid_trace_still_gets_its_report() {
 /// SIGKILL gives pytrace no chance to clean up: its guardian does.
 #[test]
 fn sigkill_of_pytrace_still_restores_the_target() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let target = start_waiting(&python, "callgraph.py", &["--rounds", "1000000"]);
         let pid = target.pid().to_string();
@@ -320,6 +329,7 @@ fn kernel_has_uretprobe_lease() -> bool {
 /// still detaching B's probes (a process of its own, still alive then).
 #[test]
 fn another_runs_pending_return_probes_hold_neither_this_run_nor_its_target() {
+    let _machine = shared();
     let python = pyenv_python(12);
     let loop_forever = "def f(): pass\ndef main():\n  while True: f()\nmain()";
     let a = start_tracer(&["calls", "--json", "-", "--", python.to_str().unwrap(), "-c", loop_forever]);
@@ -417,6 +427,7 @@ fn is_zombie(pid: u32) -> bool {
 /// the end are closed there, so no function has more self than total time.
 #[test]
 fn a_run_attached_to_a_busy_target_counts_from_the_hook_on_and_closes_open_calls() {
+    let _machine = shared();
     for minor in [11, 12, 13] {
         let python = pyenv_python(minor);
         let label = format!("3.{minor}");
@@ -453,6 +464,7 @@ fn a_run_attached_to_a_busy_target_counts_from_the_hook_on_and_closes_open_calls
 /// late. Truth: the counts the fixture prints.
 #[test]
 fn subinterpreters_created_while_traced_are_hooked_and_counted() {
+    let _machine = shared();
     for minor in [12, 13] {
         let python = pyenv_python(minor);
         let label = format!("3.{minor}");
@@ -492,6 +504,7 @@ fn subinterpreters_created_while_traced_are_hooked_and_counted() {
 /// at least one row is marked.
 #[test]
 fn under_load_a_one_line_function_never_outlasts_its_caller() {
+    let _machine = shared();
     let python = pyenv_python(12);
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let _neighbours: Vec<Proc> = (0..cores)

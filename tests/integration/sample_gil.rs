@@ -7,13 +7,11 @@
 //! and 3.15, pyenv's 3.10 and 3.12 (3.9 to 3.11 keep one GIL in the
 //! runtime, 3.12+ one per interpreter).
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use common::matrix::Interpreter;
-use common::*;
+use crate::common::matrix::Interpreter;
+use crate::common::*;
 
 const RATE: &str = "499";
 const HZ: f64 = 499.0;
@@ -71,52 +69,31 @@ fn gil_samples_follow_the_gil(label: &str, argv: Vec<String>, truth: PathBuf) {
     assert!(table.contains("not holding the GIL"), "{label}: the footer says what was left out: {table}");
 }
 
-fn on(py: Interpreter) {
+fn gil_samples(py: Interpreter) {
     let (inside, host) = py.output("gil-truth.json");
     let argv = py.argv("gil_threads.py", &[&inside, &longer(0.5)]);
     gil_samples_follow_the_gil(py.version, argv, host);
 }
 
-#[test]
-fn gil_samples_debian_3_9() {
-    on(Interpreter::debian("3.9"));
+fn states(py: Interpreter) {
+    let (inside, host) = py.output("states-truth.json");
+    let argv = py.argv("gil_threads.py", &[&inside, &longer(0.5)]);
+    states_follow_the_threads(py.version, argv, host);
 }
 
-#[test]
-fn gil_samples_pyenv_3_10() {
-    on(Interpreter::pyenv("3.10"));
-}
-
-#[test]
-fn gil_samples_debian_3_11_stripped() {
-    let dir = tempfile::tempdir().unwrap();
-    let truth = dir.path().join("gil-truth.json");
-    let argv = vec!["/usr/bin/python3.11".to_string(), fixture("gil_threads.py"), truth.to_str().unwrap().to_string(), longer(0.5)];
-    gil_samples_follow_the_gil("debian 3.11", argv, truth);
-}
-
-#[test]
-fn gil_samples_pyenv_3_12() {
-    on(Interpreter::pyenv("3.12"));
-}
-
-#[test]
-fn gil_samples_debian_3_13() {
-    on(Interpreter::debian("3.13"));
-}
-
-#[test]
-fn gil_samples_debian_3_14() {
-    on(Interpreter::debian("3.14"));
-}
-
-#[test]
-fn gil_samples_debian_3_15() {
-    on(Interpreter::debian("3.15"));
+over_builds! {
+    debian_3_9(Interpreter::debian("3.9")): gil_samples;
+    pyenv_3_10(Interpreter::pyenv("3.10")): gil_samples;
+    debian_3_11_stripped(Interpreter::host("3.11", PathBuf::from("/usr/bin/python3.11"))): gil_samples, states;
+    pyenv_3_12(Interpreter::pyenv("3.12")): gil_samples, states;
+    debian_3_13(Interpreter::debian("3.13")): gil_samples;
+    debian_3_14(Interpreter::debian("3.14")): gil_samples;
+    debian_3_15(Interpreter::debian("3.15")): gil_samples;
 }
 
 #[test]
 fn gil_samples_of_a_free_threaded_build_are_refused() {
+    let _machine = shared();
     let python = std::env::var_os("PYTRACE_FREETHREADED_PYTHON")
         .map(PathBuf::from)
         .or_else(|| {
@@ -175,20 +152,4 @@ fn states_follow_the_threads(label: &str, argv: Vec<String>, truth: PathBuf) {
         assert!(held >= low - 0.1 && held <= high + 0.1, "{label}: {f} held the GIL in {held:.2} of its samples, truth {low:.2}-{high:.2}: {by:?}");
         assert!(held + waited >= 0.9, "{label}: {f} is either running or waiting for the GIL: {held:.2} + {waited:.2}: {by:?}");
     }
-}
-
-#[test]
-fn states_debian_3_11() {
-    let dir = tempfile::tempdir().unwrap();
-    let truth = dir.path().join("states-truth.json");
-    let argv = vec!["/usr/bin/python3.11".to_string(), fixture("gil_threads.py"), truth.to_str().unwrap().to_string(), longer(0.5)];
-    states_follow_the_threads("debian 3.11", argv, truth);
-}
-
-#[test]
-fn states_pyenv_3_12() {
-    let py = Interpreter::pyenv("3.12");
-    let (inside, host) = py.output("states-truth.json");
-    let argv = py.argv("gil_threads.py", &[&inside, &longer(0.5)]);
-    states_follow_the_threads("pyenv 3.12", argv, host);
 }

@@ -9,13 +9,11 @@
 //! is imported: after pytrace started sampling) and 3.15 (in the
 //! interpreter). Before 3.14, one sentence and a non-zero exit.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::Path;
 
-use common::matrix::Interpreter;
-use common::*;
+use crate::common::matrix::Interpreter;
+use crate::common::*;
 
 const RATE: &str = "499";
 
@@ -95,20 +93,11 @@ fn tasks_carry_their_names_chains_and_shares(py: Interpreter) {
     }
 }
 
-#[test]
-fn async_tasks_debian_3_14() {
-    tasks_carry_their_names_chains_and_shares(Interpreter::debian("3.14"));
-}
-
-#[test]
-fn async_tasks_debian_3_15() {
-    tasks_carry_their_names_chains_and_shares(Interpreter::debian("3.15"));
-}
-
 /// Attached by PID to a loop already running (its `_asyncio` module mapped
 /// before pytrace looks): the same names and chains.
 #[test]
 fn async_tasks_by_pid_debian_3_14() {
+    let _machine = shared();
     let py = Interpreter::debian("3.14");
     let (inside, _) = py.output("async-truth.json");
     let target = py.start_waiting("async_tasks.py", &[&inside, &longer(4.0)]);
@@ -133,6 +122,7 @@ fn async_tasks_by_pid_debian_3_14() {
 /// carries the awaiters asyncio's own capture_call_graph gives it.
 #[test]
 fn a_task_awaited_by_several_carries_them_all_debian_3_14() {
+    let _machine = shared();
     let py = Interpreter::debian("3.14");
     let (inside, truth_path) = py.output("async-dump-truth.json");
     let target = py.start_waiting("async_dump.py", &[&inside]);
@@ -254,14 +244,9 @@ fn idle_loop_samples_are_under_a_task_only_while_one_runs(py: Interpreter) {
     assert!(waiting >= 100.0, "{label}: {waiting} of the {rest} samples outside the tasks' code in the selector");
 }
 
-#[test]
-fn async_idle_debian_3_14() {
-    idle_loop_samples_are_under_a_task_only_while_one_runs(Interpreter::debian("3.14"));
-}
-
-#[test]
-fn async_idle_debian_3_15() {
-    idle_loop_samples_are_under_a_task_only_while_one_runs(Interpreter::debian("3.15"));
+over_builds! {
+    debian_3_14(Interpreter::debian("3.14")): tasks_carry_their_names_chains_and_shares, idle_loop_samples_are_under_a_task_only_while_one_runs;
+    debian_3_15(Interpreter::debian("3.15")): tasks_carry_their_names_chains_and_shares, idle_loop_samples_are_under_a_task_only_while_one_runs;
 }
 
 fn refused(label: &str, argv: Vec<String>, version: &str) {
@@ -276,6 +261,7 @@ fn refused(label: &str, argv: Vec<String>, version: &str) {
 
 #[test]
 fn async_is_refused_before_3_14() {
+    let _machine = shared();
     refused("debian 3.11", vec!["/usr/bin/python3.11".into(), "-c".into(), "import time; time.sleep(0.5)".into()], "3.11");
     refused("debian 3.13", Interpreter::debian("3.13").argv("async_tasks.py", &["/dev/null", "0.1"]), "3.13");
 }

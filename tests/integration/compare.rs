@@ -4,13 +4,11 @@
 //! saved pair gives the same comparison, and the probes' cost is measured
 //! and flagged where it dominates.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 /// The row name `compare` gives samples taken inside pytrace's probes.
@@ -185,6 +183,7 @@ fn assert_saved_pair_gives_the_same(label: &str, run: &Run) {
 
 #[test]
 fn numbers_are_the_two_reports_combined_attached_by_pid() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let wall = tempfile::NamedTempFile::new().unwrap();
         let run = compare_pid(label, &python, "cpu_split.py", &["--seconds", &longer(3.0), "--wall-split", wall.path().to_str().unwrap()]);
@@ -202,6 +201,7 @@ fn numbers_are_the_two_reports_combined_attached_by_pid() {
 
 #[test]
 fn numbers_are_the_two_reports_combined_when_pytrace_starts_the_command() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let wall = tempfile::NamedTempFile::new().unwrap();
         let run = compare_command(label, &python, "cpu_split.py", &["--seconds", &longer(3.0), "--wall-split", wall.path().to_str().unwrap()]);
@@ -221,6 +221,7 @@ fn numbers_are_the_two_reports_combined_when_pytrace_starts_the_command() {
 /// fixture measures its main's wall and CPU time: the off-CPU truth.
 #[test]
 fn probe_cost_is_measured_taken_out_and_flagged() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let times = tempfile::NamedTempFile::new().unwrap();
         let run = compare_command(label, &python, "compare_mix.py", &["--seconds", "3", "--times", times.path().to_str().unwrap()]);
@@ -283,6 +284,7 @@ fn probe_cost_is_measured_taken_out_and_flagged() {
 /// compared, where it used to be flagged as not timed.
 #[test]
 fn a_duration_ends_it_and_the_target_is_left_as_found() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let target = start_waiting(&python, "cpu_split.py", &["--seconds", "6"]);
         let pid = target.pid().to_string();
@@ -312,6 +314,7 @@ fn assert_fails_with(args: &[&str], want: &str) {
 
 #[test]
 fn bad_input_is_one_clear_sentence() {
+    let _machine = shared();
     let dir = tempfile::tempdir().unwrap();
     let write = |name: &str, text: &str| {
         let path = dir.path().join(name);
@@ -354,6 +357,7 @@ fn bad_input_is_one_clear_sentence() {
 /// filled memory with), each at once and within bounded memory.
 #[test]
 fn unbounded_inputs_are_refused_at_once() {
+    let _machine = shared();
     let dir = tempfile::tempdir().unwrap();
     let sample = dir.path().join("sample.json");
     std::fs::write(

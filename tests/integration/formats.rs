@@ -1,13 +1,11 @@
 //! Each output format read back by the program a user would read it with:
 //! `--pprof` by Go's pprof (`go tool pprof`, from scripts/test-tools.sh).
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 /// `go tool pprof ARGS FILE`, which must succeed; its standard output.
 fn go_pprof(args: &[&str], file: &Path) -> String {
@@ -51,6 +49,7 @@ fn top_rows(top: &str) -> HashMap<String, (f64, f64)> {
 /// Attached by PID and started by pytrace, on every Python of the suite.
 #[test]
 fn pprof_reads_back_in_go_pprof_with_the_known_split() {
+    let _machine = shared();
     for (label, python) in pythons() {
         for by_pid in [true, false] {
             let dir = tempfile::tempdir().unwrap();
@@ -93,6 +92,7 @@ fn pprof_reads_back_in_go_pprof_with_the_known_split() {
 /// with pprof's mapping filters.
 #[test]
 fn pprof_keeps_native_and_kernel_frames_apart() {
+    let _machine = shared();
     let (label, python) = pythons().remove(0);
     let dir = tempfile::tempdir().unwrap();
     let pprof = dir.path().join("profile.pb.gz");
@@ -127,6 +127,7 @@ fn pprof_keeps_native_and_kernel_frames_apart() {
 /// self time, summed by pprof, equals the JSON report's.
 #[test]
 fn calls_pprof_reads_back_with_cprofiles_counts() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let dir = tempfile::tempdir().unwrap();
         let (pprof, json) = (dir.path().join("calls.pb.gz"), dir.path().join("calls.json"));
@@ -175,6 +176,7 @@ fn calls_pprof_reads_back_with_cprofiles_counts() {
 /// the interpreter names them.
 #[test]
 fn stacks_show_functions_with_short_paths_unless_asked() {
+    let _machine = shared();
     let (label, python) = pythons().remove(0);
     // textwrap is pure Python in the standard library.
     // cpu_split.py's spin loops over two lines.
@@ -229,6 +231,7 @@ fn stacks_show_functions_with_short_paths_unless_asked() {
 /// under sleep_here. The target runs on, its eval-frame hook untouched.
 #[test]
 fn dump_shows_each_threads_stack_where_it_waits() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let dir = tempfile::tempdir().unwrap();
         let ids_path = dir.path().join("ids.json");
@@ -274,12 +277,13 @@ fn dump_shows_each_threads_stack_where_it_waits() {
 }
 
 /// Python thread names in `dump` and `sample --threads`, and a hostile
-/// target's garbage refused (tests/common/matrix.rs), on this machine's two
-/// 3.11 builds; tests/matrix*.rs run the same on every other version.
+/// target's garbage refused (tests/integration/common/matrix.rs), on this machine's two
+/// 3.11 builds; tests/integration/matrix*.rs run the same on every other version.
 #[test]
 fn thread_names_on_this_machines_311s() {
+    let _machine = shared();
     for (_, python) in pythons() {
-        common::matrix::thread_names_in_dump_and_sample(&common::matrix::Interpreter::host("3.11", python));
+        crate::common::matrix::thread_names_in_dump_and_sample(&crate::common::matrix::Interpreter::host("3.11", python));
     }
 }
 
@@ -322,6 +326,7 @@ impl Drop for Terminal {
 /// screen again, not the view).
 #[test]
 fn top_shows_the_split_live_and_quits_on_q() {
+    let _machine = shared();
     let (label, python) = pythons().remove(0);
     let target = start_waiting(&python, "cpu_split.py", &["--seconds", "60"]);
     let terminal = Terminal::start("pytrace-top", &format!("{PYTRACE} top -r 999 -p {}; echo top exited with $?; sleep 60", target.pid()));
@@ -361,7 +366,8 @@ fn top_shows_the_split_live_and_quits_on_q() {
 /// whole run).
 #[test]
 fn top_async_shows_each_tasks_share() {
-    let py = common::matrix::Interpreter::debian("3.15");
+    let _machine = shared();
+    let py = crate::common::matrix::Interpreter::debian("3.15");
     let (inside, truth_path) = py.output("top-async-truth.json");
     let mut target = py.start_waiting("async_tasks.py", &[&inside, &longer(6.0)]);
     let terminal = Terminal::start("pytrace-top-async", &format!("{PYTRACE} top --async -r 499 -p {}; echo top exited with $?; sleep 60", target.pid()));
@@ -393,6 +399,7 @@ fn top_async_shows_each_tasks_share() {
 /// exits non-zero; the target runs on.
 #[test]
 fn top_async_before_3_14_says_what_it_needs() {
+    let _machine = shared();
     let (label, python) = pythons().remove(0);
     let target = start_waiting(&python, "cpu_split.py", &["--seconds", "30"]);
     let terminal = Terminal::start("pytrace-top-async-old", &format!("{PYTRACE} top --async -p {}; echo top exited with $?; sleep 60", target.pid()));
@@ -412,6 +419,7 @@ fn top_async_before_3_14_says_what_it_needs() {
 /// Without a terminal `top` says so in one sentence, before attaching.
 #[test]
 fn top_without_a_terminal_says_so() {
+    let _machine = shared();
     let (label, python) = pythons().remove(0);
     let target = start_waiting(&python, "cpu_split.py", &["--seconds", "5"]);
     let out = pytrace(&["top", "-p", &target.pid().to_string()]);
@@ -422,7 +430,7 @@ fn top_without_a_terminal_says_so() {
 }
 
 /// A CPython that runs the fixtures, and a directory it and pytrace both
-/// see: on this machine, or in a Debian root by chroot as tests/matrix.rs
+/// see: on this machine, or in a Debian root by chroot as tests/integration/matrix.rs
 /// runs them (the target then names its files by paths inside the root).
 struct Interpreter {
     label: String,
@@ -507,7 +515,7 @@ const CALLERS_OUTSIDE_MAIN: [&str; 3] = ["<module>", "Base", "Derived"];
 /// total of a function that does not recurse. `by_pid`: attach to the
 /// waiting fixture with -p (its module body, already running, is then no
 /// one's caller) instead of starting it.
-fn pstats_equal_cprofile(py: Interpreter, by_pid: bool) {
+fn pstats_equal_cprofile_by(py: Interpreter, by_pid: bool) {
     let label = &format!("{} {}", py.label, if by_pid { "-p" } else { "--" });
     let rounds = "100";
     py.run("callers.py", &["--rounds", rounds, "--cprofile-pstats", &format!("{}/cprofile.prof", py.inside_dir)]);
@@ -586,29 +594,26 @@ fn pstats_equal_cprofile(py: Interpreter, by_pid: bool) {
 
 #[test]
 fn pstats_equal_cprofile_on_this_machines_3_11_builds() {
+    let _machine = shared();
     for (label, python) in pythons() {
-        pstats_equal_cprofile(Interpreter::host(label, &python), false);
-        pstats_equal_cprofile(Interpreter::host(label, &python), true);
+        pstats_equal_cprofile_by(Interpreter::host(label, &python), false);
+        pstats_equal_cprofile_by(Interpreter::host(label, &python), true);
     }
 }
 
-macro_rules! pstats_matrix {
-    ($($name:ident => $how:ident($version:literal);)*) => {$(
-        #[test]
-        fn $name() {
-            pstats_equal_cprofile(Interpreter::$how($version), false);
-            pstats_equal_cprofile(Interpreter::$how($version), true);
-        }
-    )*};
+/// Started by pytrace, then attached by PID, each on a fresh interpreter.
+fn pstats_equal_cprofile(new: fn() -> Interpreter) {
+    pstats_equal_cprofile_by(new(), false);
+    pstats_equal_cprofile_by(new(), true);
 }
 
-pstats_matrix! {
-    pstats_equal_cprofile_on_debian_3_9 => rooted("3.9");
-    pstats_equal_cprofile_on_pyenv_3_10 => pyenv("3.10");
-    pstats_equal_cprofile_on_pyenv_3_12 => pyenv("3.12");
-    pstats_equal_cprofile_on_debian_3_13 => rooted("3.13");
-    pstats_equal_cprofile_on_debian_3_14 => rooted("3.14");
-    pstats_equal_cprofile_on_debian_3_15 => rooted("3.15");
+over_builds! {
+    debian_3_9(|| Interpreter::rooted("3.9")): pstats_equal_cprofile;
+    pyenv_3_10(|| Interpreter::pyenv("3.10")): pstats_equal_cprofile;
+    pyenv_3_12(|| Interpreter::pyenv("3.12")): pstats_equal_cprofile;
+    debian_3_13(|| Interpreter::rooted("3.13")): pstats_equal_cprofile;
+    debian_3_14(|| Interpreter::rooted("3.14")): pstats_equal_cprofile;
+    debian_3_15(|| Interpreter::rooted("3.15")): pstats_equal_cprofile;
 }
 
 /// `pytrace top --calls -p PID` in an 80×24 terminal: once the fixture's
@@ -617,6 +622,7 @@ pstats_matrix! {
 /// status 0 and gives the terminal back.
 #[test]
 fn top_calls_shows_cprofiles_counts_live_and_quits_on_q() {
+    let _machine = shared();
     let (label, python) = pythons().remove(0);
     let py = Interpreter::host(label, &python);
     let rounds = "2000";

@@ -9,13 +9,12 @@
 //! disagree, and the free-threaded 3.13t, get their one sentence and a
 //! non-zero exit.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::*;
+use crate::common::matrix::Interpreter;
+use crate::common::*;
 
 const MS: f64 = 1e6;
 
@@ -48,7 +47,7 @@ fn nodtrace_311() -> PathBuf {
 /// tests sharing the root.
 enum Place {
     Host(PathBuf),
-    Root(common::matrix::Interpreter),
+    Root(Interpreter),
 }
 
 impl Place {
@@ -258,25 +257,33 @@ fn assert_functions_and_blame(label: &str, report: &serde_json::Value, truth: &H
 const BY_SYMBOL: &str = "uprobes on take_gil and drop_gil";
 const BY_CODE_SEARCH: &str = "uprobes on take_gil, drop_gil and the GIL's condition variable, found by code search";
 
-macro_rules! matrix {
-    ($($name:ident => $place:expr, $version:literal, $mode:expr;)*) => {$(
-        #[test]
-        fn $name() {
-            assert_matches_the_threads_own_measures($version, &$place, $mode);
-        }
-    )*};
+/// One build of the GIL tests: its version, where the fixture runs, and the
+/// mode the report must name for it.
+struct Build {
+    version: &'static str,
+    place: Place,
+    mode: &'static str,
 }
 
-matrix! {
-    threads_own_measures_3_10 => Place::Host(pyenv("3.10")), "3.10", BY_SYMBOL;
-    threads_own_measures_3_11 => Place::Host(nodtrace_311()), "3.11", BY_SYMBOL;
-    threads_own_measures_3_12 => Place::Host(pyenv("3.12")), "3.12", BY_SYMBOL;
-    threads_own_measures_3_13 => Place::Host(pyenv("3.13")), "3.13", BY_SYMBOL;
-    stripped_threads_own_measures_debian_3_11 => Place::Host(PathBuf::from("/usr/bin/python3.11")), "3.11", BY_CODE_SEARCH;
-    stripped_threads_own_measures_debian_3_9 => Place::Root(common::matrix::Interpreter::debian("3.9")), "3.9", BY_CODE_SEARCH;
-    stripped_threads_own_measures_debian_3_13 => Place::Root(common::matrix::Interpreter::debian("3.13")), "3.13", BY_CODE_SEARCH;
-    stripped_threads_own_measures_debian_3_14 => Place::Root(common::matrix::Interpreter::debian("3.14")), "3.14", BY_CODE_SEARCH;
-    stripped_threads_own_measures_debian_3_15 => Place::Root(common::matrix::Interpreter::debian("3.15")), "3.15", BY_CODE_SEARCH;
+fn build(version: &'static str, place: Place, mode: &'static str) -> Build {
+    Build { version, place, mode }
+}
+
+fn threads_own_measures(build: Build) {
+    assert_matches_the_threads_own_measures(build.version, &build.place, build.mode);
+}
+
+// Debian's builds are stripped: their sites are found by code search.
+over_builds! {
+    pyenv_3_10(build("3.10", Place::Host(pyenv("3.10")), BY_SYMBOL)): threads_own_measures;
+    nodtrace_3_11(build("3.11", Place::Host(nodtrace_311()), BY_SYMBOL)): threads_own_measures;
+    pyenv_3_12(build("3.12", Place::Host(pyenv("3.12")), BY_SYMBOL)): threads_own_measures, attached_by_pid_threads_already_running_are_split_over_the_whole_session;
+    pyenv_3_13(build("3.13", Place::Host(pyenv("3.13")), BY_SYMBOL)): threads_own_measures;
+    stripped_debian_3_11(build("3.11", Place::Host(PathBuf::from("/usr/bin/python3.11")), BY_CODE_SEARCH)): threads_own_measures, attached_by_pid_threads_already_running_are_split_over_the_whole_session;
+    stripped_debian_3_9(build("3.9", Place::Root(Interpreter::debian("3.9")), BY_CODE_SEARCH)): threads_own_measures;
+    stripped_debian_3_13(build("3.13", Place::Root(Interpreter::debian("3.13")), BY_CODE_SEARCH)): threads_own_measures;
+    stripped_debian_3_14(build("3.14", Place::Root(Interpreter::debian("3.14")), BY_CODE_SEARCH)): threads_own_measures;
+    stripped_debian_3_15(build("3.15", Place::Root(Interpreter::debian("3.15")), BY_CODE_SEARCH)): threads_own_measures;
 }
 
 fn refused(args: &[&str]) -> String {
@@ -289,6 +296,7 @@ fn refused(args: &[&str]) -> String {
 
 #[test]
 fn a_free_threaded_build_has_no_gil_to_measure() {
+    let _machine = shared();
     let python = std::env::var_os("PYTRACE_FREETHREADED_PYTHON")
         .map(PathBuf::from)
         .or_else(|| {
@@ -312,6 +320,7 @@ fn a_free_threaded_build_has_no_gil_to_measure() {
 /// gil probes nothing, launched or by PID, and the target runs on.
 #[test]
 fn a_stripped_build_whose_callers_disagree_gets_no_probe() {
+    let _machine = shared();
     let dir = tempfile::tempdir().unwrap();
     let patched = dir.path().join("python3.11");
     let mut bytes = std::fs::read("/usr/bin/python3.11").unwrap();
@@ -355,17 +364,8 @@ fn a_stripped_build_whose_callers_disagree_gets_no_probe() {
 /// alive throughout has the whole session as its life, split exactly; and
 /// the target runs on to its normal end: with symbols, and on Debian's
 /// stripped 3.11 through the code search's sites.
-#[test]
-fn attached_by_pid_threads_already_running_are_split_over_the_whole_session() {
-    attached_by_pid(pyenv("3.12"));
-}
-
-#[test]
-fn stripped_attached_by_pid_threads_already_running_are_split_over_the_whole_session() {
-    attached_by_pid(PathBuf::from("/usr/bin/python3.11"));
-}
-
-fn attached_by_pid(python: PathBuf) {
+fn attached_by_pid_threads_already_running_are_split_over_the_whole_session(build: Build) {
+    let Place::Host(python) = build.place else { panic!("Python {}: attached by PID on this machine's builds only", build.version) };
     let dir = tempfile::tempdir().unwrap();
     let truth_path = dir.path().join("truth.json");
     let mut target = Proc(Command::new(&python).arg(fixture("gil_threads.py")).arg(&truth_path).arg(longer(2.0)).spawn().unwrap());

@@ -4,9 +4,7 @@
 //! mode on pyenv's 3.9 to 3.13 (no probes) and on Debian's 3.11 (whose
 //! probes it then leaves alone).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 fn generations(v: &serde_json::Value) -> Vec<(u64, u64, i64)> {
     v.as_array()
@@ -18,6 +16,7 @@ fn generations(v: &serde_json::Value) -> Vec<(u64, u64, i64)> {
 
 #[test]
 fn collections_and_collected_equal_gc_callbacks_when_attached_by_pid() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let dir = tempfile::tempdir().unwrap();
         let truth = dir.path().join("truth.json");
@@ -52,6 +51,7 @@ fn collections_and_collected_equal_gc_callbacks_when_attached_by_pid() {
 /// gc.callbacks saw; and --events prints one line per collection.
 #[test]
 fn events_stream_one_line_per_collection_when_pytrace_starts_the_command() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let dir = tempfile::tempdir().unwrap();
         let truth = dir.path().join("truth.json");
@@ -79,6 +79,7 @@ fn events_stream_one_line_per_collection_when_pytrace_starts_the_command() {
 /// objects equal gc.callbacks'.
 #[test]
 fn watchpoint_mode_is_exact_on_every_version() {
+    let _machine = shared();
     let mut builds: Vec<(String, std::path::PathBuf, &[&str])> = (9..=13).map(|minor| (format!("pyenv 3.{minor}"), pyenv_python(minor), &[][..])).collect();
     builds.push(("debian 3.11".into(), pythons().remove(0).1, &["--mode", "watchpoint"][..]));
     for (label, python, extra) in builds.into_iter().filter(|b| wanted(&b.0)) {
@@ -106,6 +107,7 @@ fn watchpoint_mode_is_exact_on_every_version() {
 /// --mode usdt where there are no probes says so, and what to use instead.
 #[test]
 fn usdt_mode_without_probes_says_why() {
+    let _machine = shared();
     let out = pytrace(&["gc", "--mode", "usdt", "--", pyenv_python(12).to_str().unwrap(), "-c", "pass"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -117,6 +119,7 @@ fn usdt_mode_without_probes_says_why() {
 /// in one sentence, and leaves the target running.
 #[test]
 fn watchpoint_mode_says_when_the_debug_registers_are_taken() {
+    let _machine = shared();
     #[repr(C)]
     #[derive(Default)]
     struct BreakpointAttr {
@@ -161,6 +164,7 @@ fn watchpoint_mode_says_when_the_debug_registers_are_taken() {
 /// schema_version, is refused with the validator naming the field.
 #[test]
 fn schema_refuses_a_report_with_a_wrong_field() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("gc.json");

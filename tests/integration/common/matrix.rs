@@ -1,5 +1,5 @@
-//! The version matrix's test bodies, shared by tests/matrix.rs (Debian's
-//! CPythons, each in a chroot of its own root) and tests/matrix_pyenv.rs
+//! The version matrix's test bodies, shared by tests/integration/matrix.rs (Debian's
+//! CPythons, each in a chroot of its own root) and tests/integration/matrix_pyenv.rs
 //! (pyenv's, on this machine). Each body takes an `Interpreter`, which knows
 //! how to run a fixture there and what that build has (USDT probes, a shared
 //! libpython); what differs between versions is asked of it, never of the
@@ -389,7 +389,7 @@ pub fn sample_split_threads_and_depth(py: &Interpreter) {
 /// Periodic work sampled at rates commensurate with its period: 100 Hz
 /// (its period, started by pytrace) and 50 Hz (twice it, by PID), where a
 /// strictly periodic clock gives one function every sample. The bound is
-/// that of tests/sample.rs's sweep: 4 standard errors of each share, or 2
+/// that of tests/integration/sample.rs's sweep: 4 standard errors of each share, or 2
 /// points when that is more.
 pub fn sample_periodic_work_at_exact_rates(py: &Interpreter) {
     let version = py.version;
@@ -426,7 +426,7 @@ pub fn sample_idle_sees_sleepers(py: &Interpreter) {
     };
     // Half each of the two threads' samples (start-up is neither's; the
     // two must be a good part of the whole, a guard only: see
-    // tests/sample.rs's idle test for what start-up took in a busy VM).
+    // tests/integration/sample.rs's idle test for what start-up took in a busy VM).
     let (sleeper, spinner) = (share("sleeper"), share("spinner"));
     let of_both = sleeper / (sleeper + spinner);
     assert!((of_both - 0.5).abs() < 0.08 && sleeper + spinner > 0.3, "{version}: sleeper {sleeper:.2}, spinner {spinner:.2}");

@@ -3,9 +3,7 @@
 //! pointers, the interpreter in the executable, zlib built in) and the
 //! probe-less build (libpython shared, zlib an extension module).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 /// A folded line's frames, outermost first, and its count.
 fn parse(line: &str) -> (Vec<&str>, u64) {
@@ -47,14 +45,6 @@ fn sample_native_run(label: &str, python: &std::path::Path, script: &str, args: 
     (cpu_split, folded, json)
 }
 
-/// The tests of this file one at a time: each wants both CPUs for its
-/// target, or the sample counts they rely on drop.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// libz's deflate runs inside zlib.compress, called from compress_work: its
 /// frames must come after compress_work (further from the root) with no
 /// Python frame after them. The fixture spends as much CPU in compress_work
@@ -73,10 +63,11 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// native_rate), for 15 s about 1500.
 #[test]
 fn native_frames_sit_between_the_python_caller_and_the_leaf() {
-    let _serial = serial();
+    // Both CPUs for its target, or the sample counts it relies on drop.
+    let _machine = alone();
     for (label, python) in pythons() {
         let dir = tempfile::tempdir().unwrap();
-        let (cpu_split, folded, json) = sample_native_run(&label, &python, "native_split.py", &[], dir.path());
+        let (cpu_split, folded, json) = sample_native_run(label, &python, "native_split.py", &[], dir.path());
         let (mut split, mut named_entry, mut in_clock, mut incomplete) = (NativeSplit::default(), 0, 0, 0);
         let mut libz_whole = 0;
         for line in std::fs::read_to_string(&folded).unwrap().lines() {
@@ -141,7 +132,8 @@ fn native_frames_sit_between_the_python_caller_and_the_leaf() {
 /// --native counters.
 #[test]
 fn without_native_only_python_frames_are_shown() {
-    let _serial = serial();
+    // Both CPUs for its target, or the sample counts it relies on drop.
+    let _machine = alone();
     let (label, python) = pythons().remove(1);
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("p.json");
@@ -167,6 +159,8 @@ fn without_native_only_python_frames_are_shown() {
 /// a kernel thread's, or the `--` target's before it runs Python).
 #[test]
 fn kernel_frames_go_above_the_native_frames_that_entered_the_kernel() {
+    // Both CPUs for its target, or the sample counts it relies on drop.
+    let _machine = alone();
     kernel_frames_above_native_frames(&[]);
 }
 
@@ -175,11 +169,12 @@ fn kernel_frames_go_above_the_native_frames_that_entered_the_kernel() {
 /// scripts/kernels.sh's VM).
 #[test]
 fn kernel_frames_go_above_the_native_frames_without_bpf_task_pt_regs() {
+    // Both CPUs for its target, or the sample counts it relies on drop.
+    let _machine = alone();
     kernel_frames_above_native_frames(&[("PYTRACE_NO_TASK_PT_REGS", "1")]);
 }
 
 fn kernel_frames_above_native_frames(envs: &[(&str, &str)]) {
-    let _serial = serial();
     let (label, python) = pythons().remove(0);
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("p.json");
@@ -217,7 +212,8 @@ fn kernel_frames_above_native_frames(envs: &[(&str, &str)]) {
 /// entered the kernel).
 #[test]
 fn idle_shows_where_a_sleeping_thread_waits() {
-    let _serial = serial();
+    // Both CPUs for its target, or the sample counts it relies on drop.
+    let _machine = alone();
     let (label, python) = pythons().remove(0);
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("p.json");
@@ -247,6 +243,7 @@ fn idle_shows_where_a_sleeping_thread_waits() {
 /// twice. At least one such frame must show, so the check is not empty.
 #[test]
 fn unnamed_native_functions_are_module_plus_offset_in_the_table() {
+    let _machine = shared();
     let out = pytrace(&["sample", "--native", "-r", "499", "--top", "300", "--", "/usr/bin/python3.11", &fixture("native_split.py"), "--cpu-seconds", &longer(1.0)]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let table = String::from_utf8_lossy(&out.stdout);
@@ -285,7 +282,8 @@ fn numpy_python() -> std::path::PathBuf {
 /// `[native stack incomplete]` sample is counted under a cause.
 #[test]
 fn blas_frames_unwind_to_their_python_caller() {
-    let _serial = serial();
+    // Both CPUs for its target, or the sample counts it relies on drop.
+    let _machine = alone();
     let python = numpy_python();
     for threads in ["1", "4"] {
         let label = format!("OPENBLAS_NUM_THREADS={threads}");

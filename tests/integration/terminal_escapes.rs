@@ -6,12 +6,10 @@
 //! those characters, and must still show the name (escaped), so the check
 //! is not passed by leaving the row out.
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// The characters the fixture puts in its names, none of which a table may
 /// contain. ESC itself is among them: no report table needs one.
@@ -41,6 +39,7 @@ fn traced(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn imports_escape_module_names_from_the_usdt_probes_and_from_uprobes() {
+    let _machine = shared();
     // USDT (Debian's default): the name is a C string, C0 controls and all.
     let out = traced(&["imports", "--mode", "usdt"]);
     assert_clean("imports usdt", &out.stdout, MODULE_SHOWN);
@@ -54,6 +53,7 @@ fn imports_escape_module_names_from_the_usdt_probes_and_from_uprobes() {
 
 #[test]
 fn calls_sample_and_gil_tables_escape_function_and_file_names() {
+    let _machine = shared();
     for (what, args) in [("calls", &["calls"][..]), ("sample", &["sample", "-r", "999", "--threads"]), ("gil", &["gil"])] {
         let out = traced(args);
         assert_clean(what, &out.stdout, NAME_SHOWN);
@@ -63,6 +63,7 @@ fn calls_sample_and_gil_tables_escape_function_and_file_names() {
 
 #[test]
 fn dump_escapes_function_file_and_thread_names() {
+    let _machine = shared();
     let target = start_waiting(std::path::Path::new("/usr/bin/python3.11"), "hostile_names.py", &["--seconds", "30"]);
     signal(target.pid(), libc::SIGUSR1);
     // The hostile thread runs once both imports are done: give it time.
@@ -88,6 +89,7 @@ fn dump_escapes_function_file_and_thread_names() {
 /// view itself is drawn with escape sequences.
 #[test]
 fn top_screen_bytes_escape_function_names() {
+    let _machine = shared();
     let dir = tempfile::tempdir().unwrap();
     let typescript = dir.path().join("top.typescript");
     let session = format!("pytrace-escapes-{}", std::process::id());

@@ -1,6 +1,5 @@
 //! Shared by the integration tests: the real pytrace binary, real Python
 //! processes (killed on drop), and cProfile as ground truth.
-#![allow(dead_code)]
 
 pub mod matrix;
 
@@ -10,6 +9,52 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub const PYTRACE: &str = env!("CARGO_BIN_EXE_pytrace");
+
+/// Tests over a list of builds, the one way every module writes them: for
+/// each `BUILD(VALUE): BODY, …;` a module BUILD holding one test per BODY,
+/// which calls the invoking module's `fn BODY(VALUE)`, VALUE made afresh
+/// in each test. A test is then named MODULE::BUILD::BODY
+/// (`matrix::python_3_9::imports_tree`), so `-- python_3_9::` picks a
+/// build's tests and `-- ::imports_tree` a body's. VALUE is written in the
+/// invoking module and sees its names.
+macro_rules! over_builds {
+    ($($build:ident($value:expr): $($body:ident),+;)*) => {$(
+        mod $build {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+            #[test]
+            fn $body() {
+                let _machine = $crate::common::shared();
+                super::$body($value)
+            }
+            )+
+        }
+    )*};
+}
+pub(crate) use over_builds;
+
+/// All the integration tests are one process, and libtest runs two of them
+/// at once whatever module each is in. A test whose measurement needs the
+/// machine's CPUs for its target alone (sample_native's: a target that gets
+/// less CPU gives fewer samples than they require) holds this lock
+/// exclusively, through `alone()`; every other test holds it shared,
+/// through `shared()`, so none runs beside such a test. (When each file was
+/// a binary of its own, cargo ran them one after another and
+/// sample_native's own mutex gave it the machine.) A test takes it once, in
+/// its #[test] function, never in a body it calls: a thread taking a read
+/// lock twice could wait behind a waiting writer.
+static MACHINE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// The machine to this test alone (see MACHINE).
+pub fn alone() -> std::sync::RwLockWriteGuard<'static, ()> {
+    MACHINE.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The machine shared with any test but one that needs it alone (see MACHINE).
+pub fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    MACHINE.read().unwrap_or_else(|e| e.into_inner())
+}
 
 pub fn fixture(name: &str) -> String {
     format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))

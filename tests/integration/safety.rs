@@ -7,15 +7,13 @@
 //! eval-frame hook back to NULL (read back by `pytrace info`), and that
 //! pytrace answers with an exact report or one clear sentence.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 fn fixture_target(python: &Path, args: &[&str]) -> Proc {
     // A copy of a Python written by a test can be held open for writing for
@@ -146,6 +144,7 @@ fn with_symbol_moved(bytes: &[u8], symbol: &str, delta: u64) -> Vec<u8> {
 /// refuses in a sentence instead.
 #[test]
 fn a_library_replaced_under_a_running_target_is_never_parsed() {
+    let _machine = shared();
     let copy = copy_nodtrace_python();
     let mut target = copy.spin();
     let pid = target.pid().to_string();
@@ -200,6 +199,7 @@ fn a_library_replaced_under_a_running_target_is_never_parsed() {
 /// openat2 and checked by identity: an unchanged library is read exactly.
 #[test]
 fn without_cap_sys_admin_files_are_checked_by_identity() {
+    let _machine = shared();
     let copy = copy_nodtrace_python();
     let mut target = copy.spin();
     let pid = target.pid().to_string();
@@ -222,6 +222,7 @@ fn without_cap_sys_admin_files_are_checked_by_identity() {
 /// probed the original library, which the command never ran: no calls.
 #[test]
 fn a_command_gets_the_library_its_own_loader_maps() {
+    let _machine = shared();
     let copy = copy_nodtrace_python();
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("calls.json");
@@ -241,6 +242,7 @@ fn a_command_gets_the_library_its_own_loader_maps() {
 /// within a small memory bound.
 #[test]
 fn a_container_that_plants_links_cannot_steer_pytrace() {
+    let _machine = shared();
     let root = tempfile::tempdir().unwrap();
     let r = root.path();
     for dir in ["usr", "etc", "app", "proc", "dev"] {
@@ -305,6 +307,7 @@ fn a_container_that_plants_links_cannot_steer_pytrace() {
 /// done, a new run may start.
 #[test]
 fn a_second_calls_run_on_a_traced_target_is_refused() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let target = waiting_target(&python, &["spin", "--wait"]);
         let pid = target.pid().to_string();
@@ -341,6 +344,7 @@ fn a_second_calls_run_on_a_traced_target_is_refused() {
 /// are marked incomplete.
 #[test]
 fn a_hook_changed_by_someone_else_marks_the_counts_incomplete() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let target = waiting_target(&python, &["spin", "--wait"]);
     let pid = target.pid().to_string();
@@ -374,6 +378,7 @@ fn eval_frame_offset(pid: u32) -> u64 {
 /// hook left by an earlier run.
 #[test]
 fn a_loop_of_interpreters_is_one_interpreter_and_no_stale_hook() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let target = waiting_target(&python, &["spin", "--wait"]);
     let pid = target.pid().to_string();
@@ -399,6 +404,7 @@ fn a_loop_of_interpreters_is_one_interpreter_and_no_stale_hook() {
 /// rather than that an earlier run left it.
 #[test]
 fn a_hook_set_by_no_pytrace_run_is_not_called_stale() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let mut target = waiting_target(&python, &["spin", "--wait"]);
     let pid = target.pid().to_string();
@@ -449,6 +455,7 @@ fn write_u64(pid: u32, addr: u64, value: u64) {
 /// hook back within about a second.
 #[test]
 fn a_killed_process_group_still_gets_the_hook_restored() {
+    let _machine = shared();
     for (label, python) in pythons() {
         let mut target = waiting_target(&python, &["spin", "--wait"]);
         let pid = target.pid().to_string();
@@ -501,6 +508,7 @@ fn guardians_of(pytrace: u32) -> Vec<(u32, i32)> {
 /// back when pytrace ends, and when it is killed (by the guardian).
 #[test]
 fn children_forked_while_traced_are_restored_too() {
+    let _machine = shared();
     for ending in ["sigint", "sigkill"] {
         let (_, python) = pythons().remove(0);
         let mut target = waiting_target(&python, &["fork", "--wait"]);
@@ -535,6 +543,7 @@ fn children_forked_while_traced_are_restored_too() {
 /// leave it now: every call counted and timed, nothing dropped.
 #[test]
 fn thread_churn_leaves_the_thread_map_empty() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("calls.json");
@@ -555,6 +564,7 @@ fn thread_churn_leaves_the_thread_map_empty() {
 /// to be an hdrhistogram of tens of KiB (318 MiB at the peak for this run).
 #[test]
 fn a_function_flood_is_bounded_and_counted() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let out = Command::new("/usr/bin/time")
         .args(["-f", "maxrss_kb=%M", PYTRACE, "calls", "--top", "1", "--", python.to_str().unwrap(), &fixture("safety.py"), "flood", "30000"])
@@ -575,6 +585,7 @@ fn a_function_flood_is_bounded_and_counted() {
 /// The table's footer names every drop (here: none).
 #[test]
 fn the_calls_table_ends_with_what_was_dropped() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let out = pytrace(&["calls", "--", python.to_str().unwrap(), &fixture("safety.py"), "brief"]);
     assert!(out.status.success());
@@ -587,6 +598,7 @@ fn the_calls_table_ends_with_what_was_dropped() {
 /// the shutdown, waits for the command, and returns its status.
 #[test]
 fn ctrl_c_with_a_command_waits_for_it_and_returns_its_status() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("calls.json");
@@ -635,6 +647,7 @@ fn ctrl_c_with_a_command_waits_for_it_and_returns_its_status() {
 /// one-second trace ends, on either side of it.
 #[test]
 fn a_target_that_exits_as_pytrace_ends_gets_no_guardian_message() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     for delay_ms in [900, 950, 1000, 1050, 1100] {
         let target = waiting_target(&python, &["spin", "--wait"]);
@@ -652,6 +665,7 @@ fn a_target_that_exits_as_pytrace_ends_gets_no_guardian_message() {
 /// from a live one by `info`, and `pytrace restore` puts NULL back.
 #[test]
 fn a_stale_hook_is_reported_and_restored_by_hand() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let mut target = waiting_target(&python, &["spin", "--wait"]);
     let pid = target.pid().to_string();
@@ -684,6 +698,7 @@ fn a_stale_hook_is_reported_and_restored_by_hand() {
 /// refused before anything runs.
 #[test]
 fn outputs_are_replaced_whole_and_never_through_links() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let dir = tempfile::tempdir().unwrap();
     let victim = dir.path().join("victim");
@@ -718,6 +733,7 @@ fn outputs_are_replaced_whole_and_never_through_links() {
 /// holds capabilities pytrace lacks, so ptrace access is denied).
 #[test]
 fn access_refused_to_root_says_what_failed() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let target = waiting_target(&python, &["spin", "--wait"]);
     let out = Command::new("setpriv")
@@ -760,6 +776,7 @@ fn chroot_container(r: &Path) -> Proc {
 /// directory, absolute or climbing with "..", never lead out of it.
 #[test]
 fn outputs_never_follow_a_linked_directory_out_of_a_container() {
+    let _machine = shared();
     let host = tempfile::tempdir().unwrap();
     let host_dir = host.path().join("host-reports");
     std::fs::create_dir(&host_dir).unwrap();
@@ -804,6 +821,7 @@ fn outputs_never_follow_a_linked_directory_out_of_a_container() {
 /// sentence, not a hang.
 #[test]
 fn outputs_to_dev_null_fifos_and_process_substitution() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let target = waiting_target(&python, &["spin", "--wait"]);
     let pid = target.pid().to_string();
@@ -859,6 +877,7 @@ impl Drop for SmallTmpfs {
 /// left on the disk, and an earlier report there survives.
 #[test]
 fn a_full_disk_keeps_the_table_and_names_each_failed_output() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let disk = SmallTmpfs(tempfile::tempdir().unwrap());
     assert!(Command::new("mount").args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"]).arg(disk.0.path()).status().unwrap().success());
@@ -905,6 +924,7 @@ fn a_full_disk_keeps_the_table_and_names_each_failed_output() {
 /// before anything runs, not one report silently lost.
 #[test]
 fn one_file_named_two_ways_is_refused_before_the_run() {
+    let _machine = shared();
     let (_, python) = pythons().remove(0);
     let dir = tempfile::tempdir().unwrap();
     let absolute = dir.path().join("x.json");
@@ -936,6 +956,7 @@ fn peak_rss_kib(args: &[&str]) -> (u64, Vec<u8>) {
 /// sample and calls still see it right.
 #[test]
 fn a_sparse_or_huge_executable_costs_no_more_than_a_normal_one() {
+    let _machine = shared();
     let dir = tempfile::tempdir().unwrap();
     let mut peaks = Vec::new();
     let mut leaves = Vec::new();
@@ -995,6 +1016,7 @@ fn a_sparse_or_huge_executable_costs_no_more_than_a_normal_one() {
 /// reads no section headers).
 #[test]
 fn a_section_past_the_file_or_of_4_gib_is_refused_in_one_sentence() {
+    let _machine = shared();
     let dir = tempfile::tempdir().unwrap();
     for (label, field, value) in [("past-the-end", 24usize, 1u64 << 40), ("4-gib", 32, 4 << 30)] {
         let exe = dir.path().join(label);

@@ -4,8 +4,6 @@
 //! whole tree (SIGINT, SIGTERM, SIGKILL) unless --keep-running; and every
 //! stop signal ends a run with its report written.
 
-mod common;
-
 // The tests of the eval-frame hook force uprobe mode, which sets it on any
 // 3.11+ build: the last of `pythons()` is then the probe-less one on this
 // machine, and Debian's where only that one is wanted (kernel VMs).
@@ -13,7 +11,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 /// The PID pytrace says it attached to: the CPython, here a grandchild.
 fn attached_pid(stderr: &str) -> u32 {
@@ -49,6 +47,7 @@ fn shell_running(python: &Path, script_and_args: &str) -> String {
 /// fixture spins (at 99 Hz, at least a third of them on a loaded machine).
 #[test]
 fn a_shell_that_forks_the_python_is_followed() {
+    let _machine = shared();
     assert_calls_followed_through(|python, script| vec!["bash".into(), "-c".into(), shell_running(python, script)]);
     let (label, python) = pythons().remove(0);
     let dir = tempfile::tempdir().unwrap();
@@ -64,6 +63,7 @@ fn a_shell_that_forks_the_python_is_followed() {
 /// so once a second has passed; the CPython is still traced from its start.
 #[test]
 fn a_delayed_start_is_waited_for_and_said() {
+    let _machine = shared();
     let (label, python) = pythons().pop().unwrap();
     let script = format!("sleep 1.5; {}", shell_running(&python, &format!("{} --rounds 3", fixture("callgraph.py"))));
     let out = pytrace(&["calls", "-d", "60", "--json", "-", "--", "bash", "-c", &script]);
@@ -90,6 +90,7 @@ fn a_delayed_start_is_waited_for_and_said() {
 /// status; one that keeps running is stopped at --duration, with its tree.
 #[test]
 fn a_command_that_starts_no_python_is_bounded() {
+    let _machine = shared();
     let out = pytrace(&["sample", "--", "bash", "-c", "exit 3"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
@@ -113,6 +114,7 @@ fn a_command_that_starts_no_python_is_bounded() {
 /// with --keep-running it is left running, and pytrace exits 0.
 #[test]
 fn the_duration_stops_the_command_unless_told_to_keep_it() {
+    let _machine = shared();
     let (label, python) = pythons().remove(0);
     let script = shell_running(&python, &format!("{} spin", fixture("safety.py")));
     for sub in ["sample", "calls"] {
@@ -149,6 +151,7 @@ fn the_duration_stops_the_command_unless_told_to_keep_it() {
 /// is gone, and pytrace returns the command's status (130).
 #[test]
 fn ctrl_c_mid_run_reaches_the_whole_tree() {
+    let _machine = shared();
     let (label, python) = pythons().pop().unwrap();
     let script = shell_running(&python, &format!("{} spin", fixture("safety.py")));
     for sub in ["sample", "calls"] {
@@ -179,6 +182,7 @@ fn ctrl_c_mid_run_reaches_the_whole_tree() {
 /// as SIGINT does: the report is written and the eval-frame hook put back.
 #[test]
 fn every_stop_signal_writes_the_report_and_restores_the_hook() {
+    let _machine = shared();
     let (label, python) = pythons().pop().unwrap();
     for sig in [libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2] {
         let dir = tempfile::tempdir().unwrap();
@@ -216,6 +220,7 @@ fn guardian_of(pytrace: u32) -> u32 {
 /// it (it had nothing left to do), and so frees the hook's lock.
 #[test]
 fn a_stopped_guardian_does_not_hold_back_the_report() {
+    let _machine = shared();
     let (label, python) = pythons().pop().unwrap();
     let target = start_waiting(&python, "callgraph.py", &["--rounds", "1000000"]);
     let pid = target.pid().to_string();
@@ -247,6 +252,7 @@ fn a_stopped_guardian_does_not_hold_back_the_report() {
 /// interp->eval_frame … libpython … is not mapped" in 3 of 5 SIGKILLs).
 #[test]
 fn a_command_killed_during_launch_gets_no_hook_message() {
+    let _machine = shared();
     let (label, python) = pythons().pop().unwrap();
     for kill_pytrace in [false, false, false, true, true, true] {
         let child = std::process::Command::new(PYTRACE)
@@ -292,6 +298,7 @@ fn a_command_killed_during_launch_gets_no_hook_message() {
 /// daemon's parentage.
 #[test]
 fn a_daemon_forked_just_before_pytrace_is_killed_gets_its_hook_back() {
+    let _machine = shared();
     use std::io::{BufRead, BufReader, Write};
     let (label, python) = pythons().pop().unwrap();
     let script = r#"

@@ -346,4 +346,7 @@ while time.time() < end:
         assert!(Instant::now() < deadline, "{label}: daemon {daemon}: {}; target: {}", eval_frame_now(daemon), eval_frame_now(target.id()));
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Reaped here, not left a zombie for the rest of the one test process.
+    let _ = target.kill();
+    let _ = target.wait();
 }

@@ -7,6 +7,10 @@
 //! `cargo test --release --test integration -- matrix::python_3_9::` or
 //! `... -- --exact gil::pyenv_3_12::threads_own_measures`.
 
+// clippy.toml keeps pytrace's own output behind its terminal filter; a
+// test's prints go to libtest's captured output, shown only when it fails.
+#![allow(clippy::disallowed_macros)]
+
 mod common;
 
 mod calls;

@@ -8,13 +8,18 @@
 #
 #   bench/memory/probe-costs.sh [REPEATS] [ROUNDS]    (defaults 5 and 600)
 #
+# A second table times one hit of the slow paths with pool_churn.py, which
+# opens and empties ~100k pools a run: alloc_heavy.py hits them too rarely for
+# their cost to stand out of a loaded machine's noise; raw_churn.py does the
+# same for the raw allocator and libc's malloc/free (a million each a run).
+#
 # Runs pyenv 3.12 (symbols) and sid's 3.14 (stripped, in the chroot of
 # scripts/pythons.sh; its static sites are found through the build-id debug
 # file that Debian's python3.14-dbg ships, for measuring only). Sites that
 # fire on every allocation run ROUNDS/60 rounds, the rest ROUNDS; each is
 # compared with plain runs of the same size, interleaved with them. Prints a
 # markdown table; raw runs go to $OUT (default /tmp/memory-probe-costs.tsv).
-# On demand, as root; not in CI. About 15 minutes on two loaded CPUs.
+# On demand, as root; not in CI. About 25 minutes on two loaded CPUs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repeats=${1:-5}
@@ -38,7 +43,11 @@ sid=$(scripts/pythons.sh root-sid)
 sidpy=$sid/usr/bin/python3.14
 hostlibc=/lib/x86_64-linux-gnu/libc.so.6
 sidlibc=$sid/lib/x86_64-linux-gnu/libc.so.6
-cp bench/memory/alloc_heavy.py "$sid/tmp/alloc_heavy.py"
+cp bench/memory/alloc_heavy.py bench/memory/pool_churn.py bench/memory/raw_churn.py "$sid/tmp/"
+churn_rounds=${CHURN_ROUNDS:-1000}
+raw_rounds=${RAW_ROUNDS:-1000000}
+# ONLY=churn or ONLY=rawchurn runs that driver's table alone
+only=${ONLY:-}
 
 # The stripped 3.14's static functions, from the debug file of the same
 # build id (python3.14-dbg carries it); a site inlined into a bigger function
@@ -97,13 +106,21 @@ first_jcc() { # the first conditional jump at or after a function's entry
     | awk '$2 ~ /^j/ && $2 != "jmp" {sub(":","",$1); print "0x"$1; exit}'
 }
 
+# the sites pool_churn.py drives hard enough to time one hit
+churn_site() {
+  case $1 in
+    allocate_from_new_pool*|insert_to_freepool|_PyMem_Arena*|sys_mmap|sys_munmap) echo churn ;;
+    PyMem_RawMalloc|PyMem_RawFree|libc_malloc|libc_free|obmalloc_big_malloc_callsite) echo rawchurn ;;
+  esac
+}
+
 # site list: python name rounds event (events added below)
 sites=$work/sites
 {
   for f in allocate_from_new_pool insert_to_freepool _PyMem_ArenaAlloc _PyMem_ArenaFree \
            PyMem_RawMalloc PyMem_RawRealloc PyMem_RawFree; do
     perf probe -q -x "$lib312" -a "$group:p312_$f=$f"
-    echo "3.12 $f $rounds $group:p312_$f"
+    echo "3.12 $f $rounds $group:p312_$f $(churn_site "$f")"
   done
   for f in _PyObject_Malloc _PyObject_Free; do
     perf probe -q -x "$lib312" -a "$group:p312_$f=$f"
@@ -111,13 +128,13 @@ sites=$work/sites
   done
   for f in malloc free; do
     perf probe -q -x "$hostlibc" -a "$group:p312_libc_$f=$f"
-    echo "3.12 libc_$f $rounds $group:p312_libc_$f"
+    echo "3.12 libc_$f $rounds $group:p312_libc_$f rawchurn"
   done
 
   newpool=0x$(sym_addr "$dbg" allocate_from_new_pool)
   s14() { # name vaddr rounds
     add_uprobe "s314_$1" "$sidpy" "$(file_offset "$sidpy" "$2")"
-    echo "3.14 $1 $3 $group:s314_$1"
+    echo "3.14 $1 $3 $group:s314_$1 $(churn_site "$1")"
   }
   s14 allocate_from_new_pool "$newpool" "$rounds"
   # its first conditional jump, which every call runs: the kernel emulates a
@@ -131,7 +148,7 @@ sites=$work/sites
     local_i=$((local_i + 1))
     add_uprobe "s314_newpool_call_$local_i" "$sidpy" "$(file_offset "$sidpy" "$a")"
   done
-  echo "3.14 allocate_from_new_pool_${local_i}_callsites $rounds $group:s314_newpool_call_*"
+  echo "3.14 allocate_from_new_pool_${local_i}_callsites $rounds $group:s314_newpool_call_* churn"
   s14 insert_to_freepool "$(inlined_addr "$dbg" "$sidpy" _PyObject_Free insert_to_freepool)" "$rounds"
   s14 _PyMem_ArenaAlloc 0x$(sym_addr "$dbg" _PyMem_ArenaAlloc) "$rounds"
   s14 _PyMem_ArenaFree 0x$(sym_addr "$dbg" _PyMem_ArenaFree) "$rounds"
@@ -143,25 +160,26 @@ sites=$work/sites
   s14 _PyObject_Free 0x$(sym_addr "$dbg" _PyObject_Free) "$small"
   for f in malloc free; do
     perf probe -q -x "$sidlibc" -a "$group:s314_libc_$f=$f"
-    echo "3.14 libc_$f $rounds $group:s314_libc_$f"
+    echo "3.14 libc_$f $rounds $group:s314_libc_$f rawchurn"
   done
   for py in 3.12 3.14; do
-    for e in mmap munmap brk madvise; do echo "$py sys_$e $rounds syscalls:sys_enter_$e"; done
-    echo "$py page-faults $rounds page-faults"
+    for e in mmap munmap brk madvise; do echo "$py sys_$e $rounds syscalls:sys_enter_$e $(churn_site "sys_$e")"; done
+    echo "$py page-faults $rounds page-faults churn"
   done
 } > "$sites"
 grep "" "$sites" >&2
 
 # perf counts only while the workload works: it opens the FIFOs (in the sid
 # root's /tmp too, so that the chroot sees them) to turn counting on and off.
+rm -f "$sid/tmp/perf-ctl" "$sid/tmp/perf-ack"
 mkfifo "$sid/tmp/perf-ctl" "$sid/tmp/perf-ack"
 trap 'cleanup; rm -f "$sid/tmp/perf-ctl" "$sid/tmp/perf-ack"' EXIT
-run() { # python rounds event -> "cpu_s hits"
-  local cmd
+run() { # python rounds event [script] -> "cpu_s hits"
+  local cmd script=${4:-alloc_heavy.py}
   if [ "$1" = 3.12 ]; then cmd=(env PERF_CTL_FIFO="$sid/tmp/perf-ctl" PERF_ACK_FIFO="$sid/tmp/perf-ack"
-                               "$pyenv312" bench/memory/alloc_heavy.py "$2")
+                               "$pyenv312" "bench/memory/$script" "$2")
   else cmd=(env PERF_CTL_FIFO=/tmp/perf-ctl PERF_ACK_FIFO=/tmp/perf-ack
-            chroot "$sid" python3.14 /tmp/alloc_heavy.py "$2"); fi
+            chroot "$sid" python3.14 "/tmp/$script" "$2"); fi
   perf stat -x, -o "$work/stat" --delay=-1 --control "fifo:$sid/tmp/perf-ctl,$sid/tmp/perf-ack" \
     -e "$3" -- "${cmd[@]}" > "$work/stdout"
   local cpu hits
@@ -173,13 +191,24 @@ run() { # python rounds event -> "cpu_s hits"
 
 for rep in $(seq "$repeats"); do
   for py in 3.12 3.14; do
-    for r in "$rounds" "$small"; do
+    for r in $([ -z "$only" ] && echo "$rounds" "$small"); do
       echo -e "$py\tbaseline\t$r\t$rep\t$(run "$py" "$r" page-faults | tr ' ' '\t')" >> "$out"
     done
-    while read -r p name r ev; do
-      [ "$p" = "$py" ] || continue
+    while read -r p name r ev _; do
+      [ "$p" = "$py" ] && [ -z "$only" ] || continue
       echo -e "$py\t$name\t$r\t$rep\t$(run "$py" "$r" "$ev" | tr ' ' '\t')" >> "$out"
     done < "$sites"
+    # the slow paths' cost per hit, where a driver makes them many
+    for driver in churn rawchurn; do
+      script=pool_churn.py n=$churn_rounds
+      [ $driver = rawchurn ] && script=raw_churn.py n=$raw_rounds
+      [ -n "$only" ] && [ "$only" != "$driver" ] && continue
+      echo -e "$py\t$driver:baseline\t$n\t$rep\t$(run "$py" "$n" page-faults $script | tr ' ' '\t')" >> "$out"
+      while read -r p name _ ev flag; do
+        [ "$p" = "$py" ] && [ "$flag" = "$driver" ] || continue
+        echo -e "$py\t$driver:$name\t$n\t$rep\t$(run "$py" "$n" "$ev" $script | tr ' ' '\t')" >> "$out"
+      done < "$sites"
+    done
   done
   echo "repeat $rep done" >&2
 done

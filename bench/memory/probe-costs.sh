@@ -19,7 +19,11 @@
 # fire on every allocation run ROUNDS/60 rounds, the rest ROUNDS; each is
 # compared with plain runs of the same size, interleaved with them. Prints a
 # markdown table; raw runs go to $OUT (default /tmp/memory-probe-costs.tsv).
-# On demand, as root; not in CI. About 25 minutes on two loaded CPUs.
+# ONLY=churn or ONLY=rawchurn runs one driver's table alone (summarize.py
+# takes several $OUT files). Needs perf, gdb, binutils and sid's root
+# (scripts/pythons.sh root-sid). On demand, as root; not in CI. About 40
+# minutes on two loaded CPUs (the raw table's single-stepped probes take
+# 16 s a run).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repeats=${1:-5}
@@ -150,6 +154,25 @@ sites=$work/sites
   done
   echo "3.14 allocate_from_new_pool_${local_i}_callsites $rounds $group:s314_newpool_call_* churn"
   s14 insert_to_freepool "$(inlined_addr "$dbg" "$sidpy" _PyObject_Free insert_to_freepool)" "$rounds"
+  # obmalloc's path above 512 bytes, inlined too: every `call malloc@plt` /
+  # `call free@plt` right after a guard comparing the raw allocator's pointer
+  # with _PyMem_RawMalloc / _PyMem_RawFree (209 and 83 places in 3.14.10)
+  guarded_calls() { # raw function, libc function
+    local guard
+    guard=$(sym_addr "$dbg" "$1")
+    objdump -d --no-show-raw-insn "$sidpy" | G="cmp    \$0x$guard,%rax" F="<$2@plt>" awk '
+      index($0, ENVIRON["G"]) {n = 8}
+      n > 0 {n--; if ($2 == "call" && index($0, ENVIRON["F"])) {sub(":", "", $1); print "0x"$1; n = 0}}'
+  }
+  for pair in "_PyMem_RawMalloc malloc" "_PyMem_RawFree free"; do
+    set -- $pair
+    local_i=0
+    for a in $(guarded_calls "$1" "$2"); do
+      local_i=$((local_i + 1))
+      add_uprobe "s314_big_$2_$local_i" "$sidpy" "$(file_offset "$sidpy" "$a")"
+    done
+    echo "3.14 obmalloc_big_$2_${local_i}_callsites $rounds $group:s314_big_$2_*"
+  done
   s14 _PyMem_ArenaAlloc 0x$(sym_addr "$dbg" _PyMem_ArenaAlloc) "$rounds"
   s14 _PyMem_ArenaFree 0x$(sym_addr "$dbg" _PyMem_ArenaFree) "$rounds"
   s14 PyMem_RawMalloc 0x$(sym_addr "$dbg" PyMem_RawMalloc) "$rounds"

@@ -171,7 +171,7 @@ sites=$work/sites
       local_i=$((local_i + 1))
       add_uprobe "s314_big_$2_$local_i" "$sidpy" "$(file_offset "$sidpy" "$a")"
     done
-    echo "3.14 obmalloc_big_$2_${local_i}_callsites $rounds $group:s314_big_$2_*"
+    echo "3.14 obmalloc_big_$2_${local_i}_callsites $rounds $group:s314_big_$2_* rawchurn"
   done
   s14 _PyMem_ArenaAlloc 0x$(sym_addr "$dbg" _PyMem_ArenaAlloc) "$rounds"
   s14 _PyMem_ArenaFree 0x$(sym_addr "$dbg" _PyMem_ArenaFree) "$rounds"

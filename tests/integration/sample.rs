@@ -453,18 +453,16 @@ fn a_code_object_flood_keeps_memory_bounded() {
     let mut target = start_waiting(&python, "code_flood.py", &["--table-bytes", &(5u64 << 28).to_string()]);
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("p.json");
-    let tracer = start_tracer(&["sample", "-p", &target.pid().to_string(), "-r", "999", "--json", json.to_str().unwrap()]);
+    let tracer = start_tracer_measured(&["sample", "-p", &target.pid().to_string(), "-r", "999", "--json", json.to_str().unwrap()]);
     signal(target.pid(), libc::SIGUSR1);
     let mut made = String::new();
     std::io::BufRead::read_line(&mut std::io::BufReader::new(target.0.stdout.as_mut().unwrap()), &mut made).unwrap();
     assert!(target.0.wait().unwrap().success(), "the target did not end as it would have");
-    let (mut status, mut usage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
-    // SAFETY: waits for pytrace, our child, and fills `usage`.
-    assert_eq!(unsafe { libc::wait4(tracer.child.pid() as i32, &mut status, 0, &mut usage) }, tracer.child.pid() as i32);
-    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "pytrace failed: {status}");
+    let (code, _, stderr) = tracer.finish();
+    assert_eq!(code, 0, "pytrace failed: {stderr}");
     let table_bytes: u64 = made.split_whitespace().nth(4).and_then(|b| b.parse().ok()).unwrap_or_else(|| panic!("{made}"));
     assert!(table_bytes > 1 << 30, "the flood made only {table_bytes} bytes of line tables: {made}");
-    let peak_mib = usage.ru_maxrss / 1024;
+    let peak_mib = peak_kib(&stderr) / 1024;
     assert!(peak_mib < 150, "pytrace peaked at {peak_mib} MiB while the target made {table_bytes} bytes of line tables");
     let report = read_report(&json);
     let counters = &report["counters"];

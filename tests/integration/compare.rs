@@ -389,7 +389,7 @@ fn unbounded_inputs_are_refused_at_once() {
         assert_eq!(out.status.code(), Some(1), "{input}: {stderr}");
         let (sentence, rest) = stderr.split_once('\n').unwrap();
         assert!(sentence.starts_with("pytrace: ") && sentence.contains(&want), "{input}: expected {want:?} in {stderr:?}");
-        let rss: u64 = rest.lines().find_map(|l| l.strip_prefix("maxrss_kb=")).unwrap().trim().parse().unwrap();
+        let rss = peak_kib(rest);
         assert!(rss < 64 * 1024, "{input}: pytrace peaked at {rss} KiB");
         assert!(started.elapsed() < std::time::Duration::from_secs(10), "{input}: took {:?}", started.elapsed());
     }

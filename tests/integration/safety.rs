@@ -291,7 +291,7 @@ fn a_container_that_plants_links_cannot_steer_pytrace() {
         assert!(out.status.success(), "{label}: {stderr}");
         let report: serde_json::Value = parse_report(&out.stdout);
         assert!(report["functions"].as_array().unwrap().iter().any(|f| f["name"] == "leaf" && f["calls"].as_u64().unwrap() > 100), "{label}: {report}");
-        let rss: u64 = stderr.lines().find_map(|l| l.strip_prefix("maxrss_kb=")).unwrap().trim().parse().unwrap();
+        let rss = peak_kib(&stderr);
         assert!(rss < 300 * 1024, "{label}: pytrace peaked at {rss} KiB");
         assert_hook_restored_within(pid, Duration::from_secs(2), label);
         assert_alive(&mut target, label);
@@ -572,7 +572,7 @@ fn a_function_flood_is_bounded_and_counted() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let rss: u64 = stderr.lines().find_map(|l| l.strip_prefix("maxrss_kb=")).unwrap().trim().parse().unwrap();
+    let rss = peak_kib(&stderr);
     assert!(rss < 120 * 1024, "pytrace peaked at {rss} KiB");
     let table = String::from_utf8_lossy(&out.stdout);
     let footer = table.lines().last().unwrap();
@@ -945,7 +945,7 @@ fn peak_rss_kib(args: &[&str]) -> (u64, Vec<u8>) {
     let out = Command::new("/usr/bin/time").args(["-f", "maxrss_kb=%M", PYTRACE]).args(args).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{args:?}: {stderr}");
-    (stderr.lines().find_map(|l| l.strip_prefix("maxrss_kb=")).unwrap().trim().parse().unwrap(), out.stdout)
+    (peak_kib(&stderr), out.stdout)
 }
 
 /// A target whose executable is padded with a 504 MiB sparse hole (6.6 MB

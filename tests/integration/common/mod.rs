@@ -210,7 +210,8 @@ pub fn start_tracer_measured(args: &[&str]) -> Tracer {
     start(command)
 }
 
-/// The peak `start_tracer_measured`'s run reached, in KiB.
+/// The peak a run under GNU time's `-f maxrss_kb=%M` reached, in KiB
+/// (`start_tracer_measured`, or time run directly).
 pub fn peak_kib(stderr: &str) -> u64 {
     stderr.lines().find_map(|l| l.strip_prefix("maxrss_kb=")).and_then(|kib| kib.trim().parse().ok()).unwrap_or_else(|| panic!("no maxrss_kb line in {stderr:?}"))
 }

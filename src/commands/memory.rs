@@ -1,0 +1,28 @@
+//! `pytrace memory`: the bytes each Python stack made the heap grow by and
+//! still holds, sampled by bytes (docs/commands/memory.md).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::report::memory::MemoryReport;
+use crate::report::{self, Output};
+use crate::session::{self, TargetSpec};
+use crate::tracing::memory::Options as MemoryOptions;
+
+pub struct Options {
+    pub target: TargetSpec,
+    pub duration: Option<Duration>,
+    pub memory: MemoryOptions,
+    pub top: usize,
+    pub json: Option<PathBuf>,
+}
+
+pub fn run(opts: Options) -> Result<i32> {
+    let mut json = opts.json.as_deref().map(Output::create).transpose()?;
+    let (run, data) = session::trace_memory(opts.target, opts.duration, opts.memory)?;
+    let report = MemoryReport::new(run.pid, run.python_info(), run.elapsed.as_nanos() as u64, data);
+    report::emit(json.as_mut(), || report.to_json(), || report.to_table(opts.top))?;
+    Ok(run.exit_code())
+}

@@ -1,0 +1,27 @@
+//! A `memory` run from start to end: the target found or started, its
+//! allocator's probe sites found (a build pytrace cannot measure never
+//! runs), the memory program attached, and the live view read at the end
+//! of the traced window while the target still runs (the session's
+//! `before_detach`).
+
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::{Run, Target, TargetSpec};
+use crate::model::memory::MemoryData;
+use crate::tracing::memory::{self, Options};
+
+pub fn trace_memory(spec: TargetSpec, duration: Option<Duration>, opts: Options) -> Result<(Run, MemoryData)> {
+    let (target, python) = Target::prepare(spec)?;
+    // Refused here, before the command runs, if the build has no sites.
+    python.alloc_sites().map_err(anyhow::Error::msg)?;
+    let release = |session: &memory::Session, target: &mut Target| {
+        target.release()?;
+        session.locate_soon()
+    };
+    let plan = memory::Plan { pid: target.pid, python: &python, opts };
+    let (mut run, data) = target.trace(&python, "memory", duration, plan, release, |_, _| Ok(true))?;
+    run.mode = "uprobes at obmalloc's pool openings and big allocations".into();
+    Ok((run, data))
+}

@@ -12,6 +12,10 @@ use super::{Run, Target, TargetSpec};
 use crate::model::memory::MemoryData;
 use crate::tracing::memory::{self, Options};
 
+/// A stop signal (Ctrl-C) ends the traced window here, before the driver
+/// would pass it on to a command pytrace started: the live view is read
+/// while the command still holds its memory, and the command is stopped
+/// after (`Target::end_command`), not while it is read.
 pub fn trace_memory(spec: TargetSpec, duration: Option<Duration>, opts: Options) -> Result<(Run, MemoryData)> {
     let (target, python) = Target::prepare(spec)?;
     // Refused here, before the command runs, if the build has no sites.
@@ -21,7 +25,7 @@ pub fn trace_memory(spec: TargetSpec, duration: Option<Duration>, opts: Options)
         session.locate_soon()
     };
     let plan = memory::Plan { pid: target.pid, python: &python, opts };
-    let (mut run, data) = target.trace(&python, "memory", duration, plan, release, |_, _| Ok(true))?;
+    let (mut run, data) = target.trace(&python, "memory", duration, plan, release, |_, _| Ok(!super::stop_requested()))?;
     run.mode = "uprobes at obmalloc's pool openings and big allocations".into();
     Ok((run, data))
 }

@@ -46,21 +46,19 @@ impl MemoryReport {
     pub fn new(pid: u32, python: PythonInfo, duration_ns: u64, data: MemoryData) -> Self {
         let mut live = Estimate::default();
         let mut grown = Estimate::default();
-        let mut stacks: Vec<StackRow> = data
-            .stacks
+        // Stacks that differ only where a frame's instruction is (two
+        // call sites on one line) are one row.
+        let mut merged: std::collections::BTreeMap<(Vec<String>, Source), (Estimate, Estimate)> = Default::default();
+        for s in data.stacks {
+            live.add(&s.live);
+            grown.add(&s.grown);
+            let row = merged.entry((s.frames.iter().map(|f| label(f)).collect(), s.source)).or_default();
+            row.0.add(&s.live);
+            row.1.add(&s.grown);
+        }
+        let mut stacks: Vec<StackRow> = merged
             .into_iter()
-            .map(|s| {
-                live.add(&s.live);
-                grown.add(&s.grown);
-                StackRow {
-                    frames: s.frames.iter().map(|f| label(f)).collect(),
-                    source: s.source,
-                    live_interval95: s.live.interval95(),
-                    live: s.live,
-                    grown_interval95: s.grown.interval95(),
-                    grown: s.grown,
-                }
-            })
+            .map(|((frames, source), (live, grown))| StackRow { frames, source, live_interval95: live.interval95(), live, grown_interval95: grown.interval95(), grown })
             .collect();
         stacks.sort_by(|a, b| b.live.bytes.total_cmp(&a.live.bytes).then(b.grown.bytes.total_cmp(&a.grown.bytes)));
         MemoryReport {

@@ -202,6 +202,10 @@ struct MemoryArgs {
     /// kept with probability 1 - e^(-b/SIZE)); smaller is finer and costs more
     #[arg(long, value_name = "BYTES", default_value_t = crate::tracing::memory::DEFAULT_EVERY)]
     every: u64,
+    /// Read the live view every SECONDS while the target runs (the last
+    /// read is the report's if the target exits by itself)
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    interval: f64,
     /// Rows in the terminal table
     #[arg(long, value_name = "N", default_value_t = 20, allow_negative_numbers = true)]
     top: usize,
@@ -512,7 +516,9 @@ impl Cli {
             Command::Memory(args) => {
                 let (target, duration) = args.target.into_parts()?;
                 anyhow::ensure!(args.every > 0, "--every must be at least 1 byte");
-                commands::memory::run(commands::memory::Options { target, duration, memory: crate::tracing::memory::Options { every: args.every }, top: args.top, json: args.json })
+                anyhow::ensure!(args.interval.is_finite() && args.interval >= 0.1, "--interval must be at least 0.1 seconds");
+                let interval = std::time::Duration::from_secs_f64(args.interval);
+                commands::memory::run(commands::memory::Options { target, duration, memory: crate::tracing::memory::Options { every: args.every, interval }, top: args.top, json: args.json })
             }
         }
     }

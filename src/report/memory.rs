@@ -91,7 +91,7 @@ impl MemoryReport {
             bytes(self.every as f64)
         );
         out += &format!(
-            "live at the end: {} ± {}; grown: {} ± {} (95 %); {} kept blocks read, {} gone since\n",
+            "live at the last read: {} ± {}; grown: {} ± {} (95 %); {} kept blocks read, {} gone since\n",
             bytes(self.live.bytes),
             bytes(self.live.interval95()),
             bytes(self.grown.bytes),

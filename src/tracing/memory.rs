@@ -39,6 +39,10 @@ pub const DEFAULT_EVERY: u64 = 512 << 10;
 pub struct Options {
     /// T: an event of b bytes is kept with probability 1 - e^(-b/T).
     pub every: u64,
+    /// How often the live view is read while the target runs: the last
+    /// read stands for the end when the target exits by itself (its
+    /// memory is gone by the end).
+    pub interval: Duration,
 }
 
 pub struct Session<'obj, 'a> {
@@ -49,8 +53,10 @@ pub struct Session<'obj, 'a> {
     pool_size: u64,
     processes: RefCell<Processes<'a>>,
     stacks: RefCell<Stacks>,
-    /// The live view read at the end of the traced window.
+    /// The live view, read at each `interval` and at the end of the
+    /// traced window if the target still runs then.
     live: RefCell<Option<LiveView>>,
+    last_read: std::cell::Cell<std::time::Instant>,
 }
 
 pub struct Plan<'a> {
@@ -119,6 +125,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
             processes: RefCell::new(Processes::new(false)),
             stacks: RefCell::new(Stacks::new(false, false, false)),
             live: RefCell::new(None),
+            last_read: std::cell::Cell::new(std::time::Instant::now()),
         };
         session.processes.borrow_mut().add(&session.skel.maps.processes, pid, PythonRef::Borrowed(python))?;
         ensure_still_running(pid)?;
@@ -139,6 +146,21 @@ impl<'obj, 'a> Session<'obj, 'a> {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// Reads the live view now, unless the target has exited (whose
+    /// blocks all read as gone): the last read then stands.
+    fn read_live_if_running(&self) {
+        self.last_read.set(std::time::Instant::now());
+        if !crate::process::proc::is_running(self.pid) {
+            return;
+        }
+        let view = self.read_live();
+        // A read racing the exit finds every block gone: keep the last.
+        if view.read > 0 && view.gone == view.read && self.live.borrow().is_some() {
+            return;
+        }
+        *self.live.borrow_mut() = Some(view);
     }
 
     /// Reads every kept block's header now: bytes live per stack and source.
@@ -252,6 +274,9 @@ impl Tracing for Session<'_, '_> {
 
     fn between_polls(&self) -> Result<()> {
         self.processes.borrow_mut().locate(&self.skel.maps.processes)?;
+        if self.last_read.get().elapsed() >= self.opts.interval {
+            self.read_live_if_running();
+        }
         Ok(())
     }
 
@@ -264,10 +289,10 @@ impl Tracing for Session<'_, '_> {
     }
 
     /// The live view, read while the target still runs and the probes
-    /// still count (a block opened again since it was kept is seen).
+    /// still count (a block opened again since it was kept is seen); if
+    /// it exited, the last read before stands.
     fn before_detach(&self) {
-        let view = self.read_live();
-        *self.live.borrow_mut() = Some(view);
+        self.read_live_if_running();
     }
 
     fn finish(self) -> Result<MemoryData> {

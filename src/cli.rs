@@ -212,6 +212,9 @@ struct MemoryArgs {
     /// Write the report as JSON ("-" for standard output)
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Write folded stacks weighted by live bytes, one `frame;frame;... bytes` a line
+    #[arg(long, value_name = "FILE")]
+    folded: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -518,7 +521,7 @@ impl Cli {
                 anyhow::ensure!(args.every > 0, "--every must be at least 1 byte");
                 anyhow::ensure!(args.interval.is_finite() && args.interval >= 0.1, "--interval must be at least 0.1 seconds");
                 let interval = std::time::Duration::from_secs_f64(args.interval);
-                commands::memory::run(commands::memory::Options { target, duration, memory: crate::tracing::memory::Options { every: args.every, interval }, top: args.top, json: args.json })
+                commands::memory::run(commands::memory::Options { target, duration, memory: crate::tracing::memory::Options { every: args.every, interval }, top: args.top, json: args.json, folded: args.folded })
             }
         }
     }

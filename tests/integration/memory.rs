@@ -79,8 +79,9 @@ fn live_view_matches_tracemalloc(py: Interpreter) {
         let label = format!("{} {}", py.version, if by_pid { "by PID" } else { "started by pytrace" });
         let (held_inside, held_host) = py.output(&format!("memory-held-{by_pid}.json"));
         let out = py.output(&format!("memory-{by_pid}.json")).1;
+        let folded = py.output(&format!("memory-{by_pid}.folded")).1;
         let args = ["--held", held_inside.as_str(), "--hold", "300"];
-        let mut pytrace_args = vec!["memory", "--every", EVERY, "--json", out.to_str().unwrap()];
+        let mut pytrace_args = vec!["memory", "--every", EVERY, "--json", out.to_str().unwrap(), "--folded", folded.to_str().unwrap()];
         let (report, _target) = if by_pid {
             let target = py.start_waiting("memory_split.py", &args);
             let pid = target.pid().to_string();
@@ -95,6 +96,8 @@ fn live_view_matches_tracemalloc(py: Interpreter) {
             (stop_when_held(common::start_tracer(&pytrace_args), &held_host, &label, &out), None)
         };
         check(&label, &report, &truth);
+        // The folded stacks, weighted by live bytes, hold the same split.
+        check_split(&format!("{label}, folded"), &per_function_folded(&std::fs::read_to_string(&folded).unwrap()), &truth);
     }
 }
 
@@ -127,6 +130,28 @@ fn per_function(report: &serde_json::Value) -> HashMap<&'static str, (f64, u64)>
     out
 }
 
+/// Live bytes per fixture function from folded stacks (outermost first,
+/// `frame;frame bytes`), each line charged to the innermost of the five.
+fn per_function_folded(folded: &str) -> HashMap<&'static str, (f64, u64)> {
+    let mut out: HashMap<&'static str, (f64, u64)> = FUNCTIONS.iter().map(|f| (*f, (0.0, 0))).collect();
+    for line in folded.lines() {
+        let (stack, bytes) = line.rsplit_once(' ').unwrap();
+        let Some(function) = stack.split(';').rev().find_map(|f| FUNCTIONS.iter().find(|name| f.starts_with(&format!("{name} (")))) else { continue };
+        out.get_mut(function).unwrap().0 += bytes.parse::<f64>().unwrap();
+    }
+    out
+}
+
+fn check_split(label: &str, got: &HashMap<&'static str, (f64, u64)>, truth: &HashMap<&str, f64>) {
+    let retained = ["retain_small", "retain_bytearrays", "retain_buffers"];
+    let got_sum: f64 = retained.iter().map(|f| got[f].0).sum();
+    let truth_sum: f64 = retained.iter().map(|f| truth[f]).sum();
+    for f in retained {
+        let (share, want) = (got[f].0 / got_sum, truth[f] / truth_sum);
+        assert!((share - want).abs() <= 0.03, "{label}: {f} holds {share:.3} of the three's live bytes, tracemalloc {want:.3} (± 0.03); pytrace {got:?}, truth {truth:?}");
+    }
+}
+
 fn check(label: &str, report: &serde_json::Value, truth: &HashMap<&str, f64>) {
     assert_eq!(report["lost_events"].as_u64(), Some(0), "{label}: events lost: {report}");
     let got = per_function(report);
@@ -136,13 +161,10 @@ fn check(label: &str, report: &serde_json::Value, truth: &HashMap<&str, f64>) {
         "{label}: the bytearrays' estimate rests on {} kept events, at least {MIN_KEPT_BYTEARRAYS} needed",
         got["retain_bytearrays"].1
     );
+    check_split(label, &got, truth);
     let retained = ["retain_small", "retain_bytearrays", "retain_buffers"];
     let got_sum: f64 = retained.iter().map(|f| got[f].0).sum();
     let truth_sum: f64 = retained.iter().map(|f| truth[f]).sum();
-    for f in retained {
-        let (share, want) = (got[f].0 / got_sum, truth[f] / truth_sum);
-        assert!((share - want).abs() <= 0.03, "{label}: {f} holds {share:.3} of the three's live bytes, tracemalloc {want:.3} (± 0.03); pytrace {got:?}, truth {truth:?}");
-    }
     // The churner keeps nothing: what pytrace finds live under it is at
     // most a few of its pools still partly in use by objects of others.
     let churn = got["churn"].0 / got_sum;

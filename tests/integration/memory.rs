@@ -173,3 +173,20 @@ fn check(label: &str, report: &serde_json::Value, truth: &HashMap<&str, f64>) {
     let leak = got["leak"].0 / truth["leak"];
     assert!((leak - 1.0).abs() <= 0.10, "{label}: the leak is {:.0} bytes live, tracemalloc {:.0} (± 10 %)", got["leak"].0, truth["leak"]);
 }
+
+/// Options that cannot work are one sentence and exit 1, before any
+/// process is looked at.
+#[test]
+fn bad_options_are_refused_in_one_sentence() {
+    let _machine = common::shared();
+    for (args, said) in [
+        (["memory", "--every", "0", "-p", "1"], "--every must be at least 1 byte"),
+        (["memory", "--interval", "0", "-p", "1"], "--interval must be at least 0.1 seconds"),
+        (["memory", "--interval", "NaN", "-p", "1"], "--interval must be at least 0.1 seconds"),
+    ] {
+        let out = common::pytrace(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(common::error_lines(&stderr), vec![format!("pytrace: {said}").as_str()], "{args:?}");
+    }
+}

@@ -321,8 +321,8 @@ pub fn find_library(exe: &ElfFile, exe_dir: &Path, name: &str, pid: u32) -> Opti
 const MAX_ENVIRON_BYTES: u64 = 1 << 20;
 
 /// One variable of process `pid`'s environment as it was at its exec (the
-/// loader reads it then).
-fn environment_variable(pid: u32, name: &str) -> Option<String> {
+/// loader reads it then, as CPython reads PYTHONMALLOC).
+pub fn environment_variable(pid: u32, name: &str) -> Option<String> {
     use std::io::Read;
     let mut bytes = Vec::new();
     std::fs::File::open(format!("/proc/{pid}/environ")).ok()?.take(MAX_ENVIRON_BYTES).read_to_end(&mut bytes).ok()?;

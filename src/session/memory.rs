@@ -18,8 +18,18 @@ use crate::tracing::memory::{self, Options};
 /// after (`Target::end_command`), not while it is read.
 pub fn trace_memory(spec: TargetSpec, duration: Option<Duration>, opts: Options) -> Result<(Run, MemoryData)> {
     let (target, python) = Target::prepare(spec)?;
-    // Refused here, before the command runs, if the build has no sites.
+    // Refused here, before the command runs, if the build has no sites or
+    // the process does not allocate through obmalloc: PYTHONMALLOC is read
+    // once, at startup, from the environment the process was started with.
     python.alloc_sites().map_err(anyhow::Error::msg)?;
+    if let Some(allocator) = crate::process::elf::environment_variable(target.pid, "PYTHONMALLOC") {
+        if !allocator.is_empty() && !allocator.starts_with("pymalloc") {
+            anyhow::bail!(
+                "process {} runs with PYTHONMALLOC={allocator}: its objects do not come from obmalloc's pools, which `pytrace memory` watches",
+                target.pid
+            );
+        }
+    }
     let release = |session: &memory::Session, target: &mut Target| {
         target.release()?;
         session.locate_soon()

@@ -14,7 +14,7 @@ use crate::common::matrix::Interpreter;
 use crate::common::{self, over_builds};
 
 over_builds! {
-    pyenv_3_12(Interpreter::pyenv("3.12")): live_view_matches_tracemalloc;
+    pyenv_3_12(Interpreter::pyenv("3.12")): live_view_matches_tracemalloc, another_allocator_is_refused_in_one_sentence;
     nodtrace_3_11(Interpreter::host("3.11", nodtrace_311())): live_view_matches_tracemalloc;
     debian_3_14(Interpreter::debian("3.14")): stripped_build_is_refused_in_one_sentence;
 }
@@ -189,4 +189,19 @@ fn bad_options_are_refused_in_one_sentence() {
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
         assert_eq!(common::error_lines(&stderr), vec![format!("pytrace: {said}").as_str()], "{args:?}");
     }
+}
+
+/// PYTHONMALLOC=malloc sends every object to malloc, past obmalloc's pools
+/// and its big-allocation call: the run would see nothing, so it is
+/// refused in one sentence, exit 1, before the command runs.
+fn another_allocator_is_refused_in_one_sentence(py: Interpreter) {
+    let (held_inside, held_host) = py.output("memory-held-malloc.json");
+    let argv = py.argv("memory_split.py", &["--held", &held_inside, "--hold", "0"]);
+    let out = std::process::Command::new(common::PYTRACE).args(["memory", "-d", "5", "--"]).args(&argv).env("PYTHONMALLOC", "malloc").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let errors = common::error_lines(&stderr);
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(errors[0].contains("runs with PYTHONMALLOC=malloc"), "{stderr}");
+    assert!(!held_host.exists(), "the command ran: {stderr}");
 }

@@ -12,7 +12,7 @@ use std::process::Command;
 use libbpf_cargo::SkeletonBuilder;
 
 // histogram_test: only the unit tests load it (src/model/latency.rs).
-const PROGRAMS: &[&str] = &["calls", "gc", "gil", "imports", "sample", "histogram_test"];
+const PROGRAMS: &[&str] = &["calls", "gc", "gil", "imports", "sample", "histogram_test", "memory"];
 
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"));

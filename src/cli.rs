@@ -60,6 +60,8 @@ enum Command {
     /// The JSON Schema of a report kind's --json output (docs/schema/KIND.json)
     #[command(hide = true)]
     Schema(SchemaArgs),
+    /// The bytes each Python stack made the heap grow by and still holds, sampled by bytes
+    Memory(MemoryArgs),
 }
 
 #[derive(Args)]
@@ -190,6 +192,29 @@ struct ImportsArgs {
     /// Also write the tree as JSON to FILE ("-" for standard output)
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct MemoryArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Keep one event per SIZE bytes on average (an event of b bytes is
+    /// kept with probability 1 - e^(-b/SIZE)); smaller is finer and costs more
+    #[arg(long, value_name = "BYTES", default_value_t = crate::tracing::memory::DEFAULT_EVERY)]
+    every: u64,
+    /// Read the live view every SECONDS while the target runs (the last
+    /// read is the report's if the target exits by itself)
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    interval: f64,
+    /// Rows in the terminal table
+    #[arg(long, value_name = "N", default_value_t = 20, allow_negative_numbers = true)]
+    top: usize,
+    /// Write the report as JSON ("-" for standard output)
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Write folded stacks weighted by live bytes, one `frame;frame;... bytes` a line
+    #[arg(long, value_name = "FILE")]
+    folded: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -491,6 +516,13 @@ impl Cli {
             Command::Dump(args) => commands::dump::run(commands::dump::Options { pid: args.pid, native: args.native, async_tasks: args.async_tasks, json: args.json }),
             Command::Restore(args) => commands::restore::run(args.pid),
             Command::Schema(args) => commands::schema::run(&args.kind),
+            Command::Memory(args) => {
+                let (target, duration) = args.target.into_parts()?;
+                anyhow::ensure!(args.every > 0, "--every must be at least 1 byte");
+                anyhow::ensure!(args.interval.is_finite() && args.interval >= 0.1, "--interval must be at least 0.1 seconds");
+                let interval = std::time::Duration::from_secs_f64(args.interval);
+                commands::memory::run(commands::memory::Options { target, duration, memory: crate::tracing::memory::Options { every: args.every, interval }, top: args.top, json: args.json, folded: args.folded })
+            }
         }
     }
 }

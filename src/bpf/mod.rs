@@ -34,3 +34,8 @@ pub mod gil {
 pub mod histogram_test {
     include!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/bpf/histogram_test.skel.rs"));
 }
+
+#[allow(clippy::all, dead_code, non_camel_case_types, unused_imports)]
+pub mod memory {
+    include!(concat!(env!("CARGO_MANIFEST_DIR"), "/src/bpf/memory.skel.rs"));
+}

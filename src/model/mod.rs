@@ -11,3 +11,4 @@ pub mod functions;
 pub mod hook;
 pub mod latency;
 pub mod samples;
+pub mod memory;

@@ -64,6 +64,10 @@ pub struct ElfFile {
     /// each names, and the GOT slot the loader writes its address to, which
     /// the function's PLT stub jumps through.
     plt_slots: HashMap<String, u64>,
+    /// R_X86_64_GLOB_DAT relocations (.rela.dyn): a function's GOT slot
+    /// that a `.plt.got` stub jumps through (a call of an exported function
+    /// of the file itself, bound at load: libpython's PyMem_RawMalloc).
+    got_slots: HashMap<String, u64>,
     /// The addresses .dynsym defines: what the file exports (a static
     /// function never is).
     exported: std::collections::HashSet<u64>,
@@ -73,6 +77,8 @@ pub struct ElfFile {
 const R_X86_64_RELATIVE: u32 = 8;
 /// x86-64's "the address of a symbol, in a GOT slot of the PLT" type.
 const R_X86_64_JUMP_SLOT: u32 = 7;
+/// x86-64's "the address of a symbol, in a GOT slot" type.
+const R_X86_64_GLOB_DAT: u32 = 6;
 
 impl ElfFile {
     /// A file on pytrace's own command line (`info --binary`, tests).
@@ -84,7 +90,7 @@ impl ElfFile {
     pub fn read(file: CheckedFile) -> Result<Self> {
         let bytes = super::elf_image::read_declared(&file)?;
         let name = file.name.clone();
-        let (symbols, segments, is_shared_object, needed, rpaths, runpaths, usdt_probes, relative_relocs, sections, plt_slots, exported) = {
+        let (symbols, segments, is_shared_object, needed, rpaths, runpaths, usdt_probes, relative_relocs, sections, plt_slots, got_slots, exported) = {
             let elf = Elf::parse(&bytes).with_context(|| format!("{name} is not an ELF file"))?;
             let mut symbols = HashMap::new();
             for (syms, strtab) in [(&elf.dynsyms, &elf.dynstrtab), (&elf.syms, &elf.strtab)] {
@@ -124,8 +130,14 @@ impl ElfFile {
                 .filter(|r| r.r_type == R_X86_64_JUMP_SLOT)
                 .filter_map(|r| Some((elf.dynstrtab.get_at(elf.dynsyms.get(r.r_sym)?.st_name)?.to_string(), r.r_offset)))
                 .collect();
+            let got_slots = elf
+                .dynrelas
+                .iter()
+                .filter(|r| r.r_type == R_X86_64_GLOB_DAT)
+                .filter_map(|r| Some((elf.dynstrtab.get_at(elf.dynsyms.get(r.r_sym)?.st_name)?.to_string(), r.r_offset)))
+                .collect();
             let exported = elf.dynsyms.iter().filter(|s| s.st_value != 0).map(|s| s.st_value).collect();
-            (symbols, segments, elf.header.e_type == goblin::elf::header::ET_DYN, needed, rpaths, runpaths, usdt_probes, relative_relocs, sections, plt_slots, exported)
+            (symbols, segments, elf.header.e_type == goblin::elf::header::ET_DYN, needed, rpaths, runpaths, usdt_probes, relative_relocs, sections, plt_slots, got_slots, exported)
         };
         Ok(Self {
             path: file.fd_path(),
@@ -143,6 +155,7 @@ impl ElfFile {
             relative_relocs,
             sections,
             plt_slots,
+            got_slots,
             exported,
         })
     }
@@ -169,6 +182,12 @@ impl ElfFile {
     /// jumps (its R_X86_64_JUMP_SLOT relocation), if the file imports it so.
     pub fn plt_slot(&self, name: &str) -> Option<u64> {
         self.plt_slots.get(name).copied()
+    }
+
+    /// The GOT slot of function `name` a `.plt.got` stub jumps through
+    /// (its R_X86_64_GLOB_DAT relocation), if the file has one.
+    pub fn got_slot(&self, name: &str) -> Option<u64> {
+        self.got_slots.get(name).copied()
     }
 
     /// Link-time address of a symbol, from .dynsym or .symtab.
@@ -302,8 +321,8 @@ pub fn find_library(exe: &ElfFile, exe_dir: &Path, name: &str, pid: u32) -> Opti
 const MAX_ENVIRON_BYTES: u64 = 1 << 20;
 
 /// One variable of process `pid`'s environment as it was at its exec (the
-/// loader reads it then).
-fn environment_variable(pid: u32, name: &str) -> Option<String> {
+/// loader reads it then, as CPython reads PYTHONMALLOC).
+pub fn environment_variable(pid: u32, name: &str) -> Option<String> {
     use std::io::Read;
     let mut bytes = Vec::new();
     std::fs::File::open(format!("/proc/{pid}/environ")).ok()?.take(MAX_ENVIRON_BYTES).read_to_end(&mut bytes).ok()?;

@@ -10,6 +10,7 @@ pub mod imports;
 mod perf_event;
 pub mod sample;
 pub mod watchpoint;
+pub mod memory;
 
 use std::cell::RefCell;
 use std::mem::MaybeUninit;

@@ -8,11 +8,11 @@
 mod async_tasks;
 mod clock;
 mod counts;
-mod discovery;
+pub(crate) mod discovery;
 mod idle_pacer;
 mod kernel_symbols;
 mod resolve;
-mod stacks;
+pub(crate) mod stacks;
 mod thread_states;
 
 use std::cell::{Cell, RefCell};

@@ -8,3 +8,4 @@ pub mod gil_sites;
 pub mod inlined_getitem;
 pub mod inlined_init;
 pub mod opcode_table;
+pub mod alloc_sites;

@@ -7,3 +7,4 @@ pub mod asyncio_tasks;
 pub mod code;
 pub mod strings;
 pub mod thread_names;
+pub mod pools;

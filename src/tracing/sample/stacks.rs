@@ -472,6 +472,16 @@ impl Stacks {
         }
     }
 
+    /// The frames of stack `hash` of `pid`, outermost first, as the
+    /// profile names them (None: its frames never arrived). `pytrace
+    /// memory` counts its own weights per stack and names them here.
+    pub fn frames_of(&mut self, pid: u32, hash: u64, processes: &mut Processes) -> Option<Vec<Rc<Frame>>> {
+        self.name_new(processes);
+        let raw = self.raw.get(&(pid, hash))?;
+        let label = self.label_processes.then(|| processes.by_pid.get(&pid).map(|p| p.label.clone())).flatten();
+        Some(full_stack(raw, &self.markers, label))
+    }
+
     /// The profile so far, one Sample per stack and thread (`pytrace top`
     /// reads it while sampling goes on).
     pub fn samples_so_far(&self) -> Vec<Sample> {

@@ -1,0 +1,227 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/* `pytrace memory`: the bytes the Python stacks of one process make its
+ * heap grow by, sampled by bytes, and the blocks kept for the live view.
+ *
+ * Two sources (docs/design/memory.md), each at an instruction the kernel
+ * emulates (about 1 µs a hit; a single-stepped one costs 16-19 µs):
+ * - a pool opened: the conditional jump just after obmalloc's call of
+ *   allocate_from_new_pool, which every call runs, where rax holds the
+ *   pool's first block (the pool is that address rounded down to
+ *   POOL_SIZE) and the pool's header its size class;
+ * - an allocation over 512 bytes: obmalloc's call of the raw allocator
+ *   (`call PyMem_RawMalloc`, a call rel32, where rdi is the size asked
+ *   for) and the conditional jump after it (rax: the chunk). Chosen over
+ *   a uprobe at PyMem_RawMalloc's entry, which is single-stepped (16.2 µs
+ *   × 6.6k calls a second on alloc_heavy.py: 10.7 %) and sees every raw
+ *   allocation, obmalloc's or not.
+ * Found by src/python/probes/alloc_sites.rs. An event of b bytes is kept
+ * with probability p = 1 - e^(-b/T) (T = --every) and stands for b/p bytes
+ * (Horvitz-Thompson, unbiased); a kept event walks the Python stack with
+ * sample's walker and adds to its stack's sums in the kernel. Nothing is
+ * written into the target: the live view reads the kept pools' headers and
+ * chunks' headers from user space.
+ *
+ * Kernels: uprobes, bounded loops, bpf_ringbuf_output (5.8): as sample. */
+#include "vmlinux.h"
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include "memory.h"
+#include "python_read.bpf.h"
+#include "counters.bpf.h"
+#include "ring.bpf.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* The walk's own options: all off (no --async, no --native). */
+const volatile struct sample_config cfg = {};
+const volatile struct memory_config memory_cfg = {};
+/* In .bss, not .rodata: the verifier knows frozen read-only values, and
+ * with them would follow the product below as a distinct constant on each
+ * of the 2^25 paths through its bits. */
+__u64 exp_bits[EXP_BITS] = {};
+
+/* The one target (sample.bpf.c's map, filled by the same code). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PROCESSES);
+	__type(key, __u32);
+	__type(value, struct sample_target);
+} processes SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_GROWTH_STACKS);
+	__type(key, struct memory_key);
+	__type(value, struct memory_growth);
+} growth SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_KEPT_BLOCKS);
+	__type(key, struct memory_place);
+	__type(value, struct kept_block);
+} kept_blocks SEC(".maps");
+
+/* tid -> the size its call of the raw allocator asked for, until the
+ * call returns. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u64);
+} raw_calls SEC(".maps");
+
+DEFINE_COUNTERS(MEMORY_COUNTER_COUNT);
+
+struct memory_key _memory_key = {};
+struct memory_growth _memory_growth = {};
+struct memory_place _memory_place = {};
+struct kept_block _kept_block = {};
+enum memory_source _memory_source = 0;
+enum memory_counter _memory_counter = 0;
+struct sample_stack _sample_stack = {};
+struct stack_key _stack_key = {};
+enum record_kind _record_kind = 0;
+enum sample_counter _sample_counter = 0;
+enum memory_exp _memory_exp = 0;
+
+#include "sample_walk_base.bpf.h"
+
+#define WALK(name) CAT(name, _current)
+#define WALK_READ(dst, size, src, task) bpf_probe_read_user(dst, size, src)
+#define WALK_OTHER_THREAD 0
+#include "sample_async.bpf.h"
+#include "sample_walk.bpf.h"
+#undef WALK
+#undef WALK_READ
+#undef WALK_OTHER_THREAD
+
+/* Sizes above this are counted as this (b << 32 must fit 64 bits). */
+#define MAX_EVENT_BYTES (1ULL << 31)
+
+/* The chance an event of `bytes` is kept, 1 - e^(-bytes/T), in units of
+ * 2^-32 (2^32: certain): e^(-x) as the product of e^(-2^j) over the bits
+ * of x in fixed point. */
+static __always_inline __u64 keep_chance(__u64 bytes)
+{
+	__u64 every = memory_cfg.every ? memory_cfg.every : 1;
+	__u64 x = (bytes << EXP_FRACTION_BITS) / every;
+	__u64 e = 1ULL << 32;
+
+	if (x >> EXP_BITS)
+		return 1ULL << 32;
+	for (int k = 0; k < EXP_BITS; k++) {
+		if (x & (1ULL << k))
+			e = (e * exp_bits[k]) >> 32;
+	}
+	e = (1ULL << 32) - e;
+	return e ? e : 1;
+}
+
+/* Walks the stack of an event kept with chance `p` and adds it to its
+ * stack's growth; returns the stack's hash (0: not counted). */
+static __always_inline __u64 count_kept(__u32 pid, __u32 source, __u64 bytes, __u64 p)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid(), zero = 0;
+	const struct sample_target *t = bpf_map_lookup_elem(&processes, &pid);
+	struct memory_key key = { .pid = pid, .source = source };
+	struct stack_key known = { .pid = pid };
+	struct memory_growth *g, first = {};
+	struct task_struct *task;
+	struct walk_scratch *s;
+	__u64 estimate;
+
+	if (!t || !(s = bpf_map_lookup_elem(&scratch, &zero)))
+		return 0;
+	task = (struct task_struct *)bpf_get_current_task();
+	key.hash = known.hash = walk_python_current(t, s, tid, task, BPF_CORE_READ(task, thread.fsbase));
+	if (!SEND_IF_NEW(&s->rec, &known, t, task, read_names_current))
+		return 0;
+	estimate = (bytes << 32) / p;
+	g = bpf_map_lookup_elem(&growth, &key);
+	if (!g) {
+		bpf_map_update_elem(&growth, &key, &first, BPF_NOEXIST);
+		g = bpf_map_lookup_elem(&growth, &key);
+		if (!g) {
+			count(MEMORY_GROWTH_FULL);
+			return 0;
+		}
+	}
+	__sync_fetch_and_add(&g->kept, 1);
+	__sync_fetch_and_add(&g->bytes, bytes);
+	__sync_fetch_and_add(&g->estimate, estimate);
+	__sync_fetch_and_add(&g->variance, estimate * (estimate - bytes));
+	return key.hash;
+}
+
+/* An event of `bytes` at `address`: kept or not, and if kept, followed. */
+static __always_inline void event(__u32 source, __u64 address, __u64 bytes, __u32 szidx)
+{
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	struct memory_place place = { .pid = pid, .address = address };
+	struct kept_block block = { .bytes = bytes, .szidx = szidx, .source = source };
+	__u64 p;
+
+	count(MEMORY_EVENTS);
+	if (bytes > MAX_EVENT_BYTES)
+		bytes = MAX_EVENT_BYTES;
+	/* A block opened (or made) again at a kept one's address: the kept
+	 * one was emptied (or freed) since; its sample ends. */
+	bpf_map_delete_elem(&kept_blocks, &place);
+	p = keep_chance(bytes);
+	if ((__u64)bpf_get_prandom_u32() >= p) {
+		count(MEMORY_NOT_KEPT);
+		return;
+	}
+	block.hash = count_kept(pid, source, bytes, p);
+	if (!block.hash)
+		return;
+	block.p = (__u32)p; /* 2^32 (certain) wraps to 0 */
+	if (bpf_map_update_elem(&kept_blocks, &place, &block, BPF_ANY))
+		count(MEMORY_KEPT_FULL);
+}
+
+SEC("uprobe")
+int pool_opened(struct pt_regs *ctx)
+{
+	__u64 pool_size = memory_cfg.pool_size, block = PT_REGS_RC(ctx), pool;
+	__u32 szidx = 0;
+
+	if (!block || !pool_size)
+		return 0;
+	pool = block & ~(pool_size - 1);
+	if (bpf_probe_read_user(&szidx, sizeof(szidx), (const void *)(pool + memory_cfg.pool_szidx))) {
+		count(MEMORY_BAD_POOL);
+		return 0;
+	}
+	event(SOURCE_POOL, pool, pool_size, szidx);
+	return 0;
+}
+
+SEC("uprobe")
+int raw_call(struct pt_regs *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 size = PT_REGS_PARM1(ctx);
+
+	bpf_map_update_elem(&raw_calls, &tid, &size, BPF_ANY);
+	return 0;
+}
+
+SEC("uprobe")
+int raw_returned(struct pt_regs *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 chunk = PT_REGS_RC(ctx), *size = bpf_map_lookup_elem(&raw_calls, &tid), bytes;
+
+	if (!size) {
+		count(MEMORY_UNPAIRED);
+		return 0;
+	}
+	bytes = *size;
+	bpf_map_delete_elem(&raw_calls, &tid);
+	if (chunk)
+		event(SOURCE_BIG, chunk, bytes, 0);
+	return 0;
+}

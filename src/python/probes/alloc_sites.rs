@@ -1,0 +1,111 @@
+//! Where `pytrace memory` attaches in obmalloc (docs/design/memory.md):
+//! after each call of `allocate_from_new_pool` (a pool opened) and around
+//! `_PyObject_Malloc`'s call of the raw allocator (an allocation over 512
+//! bytes), each at an instruction the kernel emulates: the call itself
+//! (`call rel32`) and the first conditional jump after it, which every
+//! return runs and where rax still holds what was returned.
+//!
+//! This first slice needs the static functions' symbols (pyenv's builds
+//! have them); a stripped build is refused in one sentence.
+
+use iced_x86::{FlowControl, Mnemonic, OpKind, Register};
+
+use crate::process::x86;
+use crate::python::Python;
+
+/// Instructions between a call and the conditional jump that tests what
+/// it returned (3.12: `test %rax,%rax; jne`, or `mov %rax,%rcx; test; jne`).
+const AFTER_CALL_BUDGET: usize = 4;
+
+/// Bytes of an allocator function read at most.
+const FUNCTION_MAX_BYTES: usize = 4096;
+
+/// A pool's header, from Objects/obmalloc.c (every version pytrace
+/// supports): `szidx`, the pool's size class, is its 10th 32-bit word.
+pub const POOL_SZIDX_OFFSET: u32 = 36;
+/// Blocks in use: the first word (`ref.count`).
+pub const POOL_COUNT_OFFSET: u32 = 0;
+/// The header's size: blocks start after it.
+pub const POOL_HEADER_BYTES: u64 = 48;
+
+/// Link-time addresses of the probe sites.
+#[derive(Debug, Clone, Default)]
+pub struct AllocSites {
+    /// The conditional jumps after each call of allocate_from_new_pool.
+    pub pool_opened: Vec<u64>,
+    /// `_PyObject_Malloc`'s calls of PyMem_RawMalloc, and the jump after each.
+    pub raw_calls: Vec<u64>,
+    pub raw_returned: Vec<u64>,
+}
+
+/// POOL_SIZE: 16 KiB from 3.10 on 64-bit builds (USE_LARGE_POOLS with the
+/// radix tree), 4 KiB before.
+pub fn pool_size(python: &Python) -> u64 {
+    if python.version.minor >= 10 {
+        16 << 10
+    } else {
+        4 << 10
+    }
+}
+
+impl Python {
+    /// The memory probes' sites, or the one sentence saying why there are none.
+    pub fn alloc_sites(&self) -> Result<AllocSites, String> {
+        let path = &self.target_path;
+        let new_pool = self.elf.symbol("allocate_from_new_pool").ok_or_else(|| {
+            format!("{path} has no symbol for obmalloc's allocate_from_new_pool (a stripped build): `pytrace memory` needs it for now")
+        })?;
+        let raw_malloc = self.elf.symbol("PyMem_RawMalloc");
+        let raw_slots = [self.elf.plt_slot("PyMem_RawMalloc"), self.elf.got_slot("PyMem_RawMalloc")];
+        let mut sites = AllocSites::default();
+        for function in ["_PyObject_Malloc", "_PyObject_Calloc"] {
+            let (Some(at), Some(code)) = (self.elf.symbol(function), self.elf.function_code(function, FUNCTION_MAX_BYTES)) else { continue };
+            let code = x86::decode(code, at);
+            for (i, call) in code.iter().enumerate() {
+                if call.mnemonic() != Mnemonic::Call || call.op0_kind() != OpKind::NearBranch64 {
+                    continue;
+                }
+                let target = call.near_branch_target();
+                if target == new_pool {
+                    sites.pool_opened.extend(jump_after(&code[i + 1..]));
+                } else if function == "_PyObject_Malloc" && (Some(target) == raw_malloc || raw_slots.iter().any(|&slot| self.is_plt_stub_of(target, slot))) {
+                    if let Some(jump) = jump_after(&code[i + 1..]) {
+                        sites.raw_calls.push(call.ip());
+                        sites.raw_returned.push(jump);
+                    }
+                }
+            }
+        }
+        if sites.pool_opened.is_empty() {
+            return Err(format!("no call of allocate_from_new_pool followed by a test of what it returned in {path}'s _PyObject_Malloc or _PyObject_Calloc"));
+        }
+        if sites.raw_calls.is_empty() {
+            return Err(format!("no call of PyMem_RawMalloc followed by a test of what it returned in {path}'s _PyObject_Malloc"));
+        }
+        Ok(sites)
+    }
+
+    /// Whether `target` is a PLT stub jumping through GOT slot `slot`
+    /// (`.plt`/`.plt.sec`: a JUMP_SLOT's; `.plt.got`: a GLOB_DAT's).
+    fn is_plt_stub_of(&self, target: u64, slot: Option<u64>) -> bool {
+        let Some(slot) = slot else { return false };
+        let Ok(bytes) = self.elf.read_static(target, 16) else { return false };
+        x86::decode(bytes, target).iter().take(2).any(|i| {
+            i.mnemonic() == Mnemonic::Jmp && i.op0_kind() == OpKind::Memory && i.is_ip_rel_memory_operand() && i.ip_rel_memory_address() == slot
+        })
+    }
+}
+
+/// The first conditional jump in `after`, if no instruction before it
+/// writes rax (which then still holds what the call returned).
+fn jump_after(after: &[iced_x86::Instruction]) -> Option<u64> {
+    for i in after.iter().take(AFTER_CALL_BUDGET) {
+        if i.flow_control() == FlowControl::ConditionalBranch {
+            return Some(i.ip());
+        }
+        if i.flow_control() != FlowControl::Next || x86::writes_register(i, Register::RAX) {
+            return None;
+        }
+    }
+    None
+}

@@ -1,0 +1,135 @@
+//! `pytrace memory`'s table and JSON: per stack and allocator path, the
+//! bytes live at the end of the run and the bytes the heap grew by, each
+//! with its 95 % interval and the kept events it rests on.
+
+use serde::Serialize;
+
+use super::profile::label;
+use super::{counted_line, dropped_line, thousands, PythonInfo};
+use crate::model::counters::Counters;
+use crate::model::memory::{Estimate, MemoryData, Source};
+
+/// Kept events under which an estimate is marked unreliable: its interval
+/// rests on the normal approximation.
+pub const MIN_RELIABLE_KEPT: u64 = 30;
+
+#[derive(Serialize)]
+pub struct MemoryReport {
+    pub kind: &'static str,
+    pub pid: u32,
+    pub python: PythonInfo,
+    pub duration_ns: u64,
+    /// T, bytes.
+    pub every: u64,
+    pub live: Estimate,
+    pub grown: Estimate,
+    pub blocks_read: u64,
+    pub blocks_gone: u64,
+    pub lost_events: u64,
+    pub counters: Counters,
+    /// By live bytes, largest first.
+    pub stacks: Vec<StackRow>,
+}
+
+#[derive(Serialize)]
+pub struct StackRow {
+    /// Outermost first, as `name (file:line)`.
+    pub frames: Vec<String>,
+    pub source: Source,
+    pub live: Estimate,
+    pub live_interval95: f64,
+    pub grown: Estimate,
+    pub grown_interval95: f64,
+}
+
+impl MemoryReport {
+    pub fn new(pid: u32, python: PythonInfo, duration_ns: u64, data: MemoryData) -> Self {
+        let mut live = Estimate::default();
+        let mut grown = Estimate::default();
+        // Stacks that differ only where a frame's instruction is (two
+        // call sites on one line) are one row.
+        let mut merged: std::collections::BTreeMap<(Vec<String>, Source), (Estimate, Estimate)> = Default::default();
+        for s in data.stacks {
+            live.add(&s.live);
+            grown.add(&s.grown);
+            let row = merged.entry((s.frames.iter().map(|f| label(f)).collect(), s.source)).or_default();
+            row.0.add(&s.live);
+            row.1.add(&s.grown);
+        }
+        let mut stacks: Vec<StackRow> = merged
+            .into_iter()
+            .map(|((frames, source), (live, grown))| StackRow { frames, source, live_interval95: live.interval95(), live, grown_interval95: grown.interval95(), grown })
+            .collect();
+        stacks.sort_by(|a, b| b.live.bytes.total_cmp(&a.live.bytes).then(b.grown.bytes.total_cmp(&a.grown.bytes)));
+        MemoryReport {
+            kind: "memory",
+            pid,
+            python,
+            duration_ns,
+            every: data.every,
+            live,
+            grown,
+            blocks_read: data.blocks_read,
+            blocks_gone: data.blocks_gone,
+            lost_events: data.counters.lost(),
+            counters: data.counters,
+            stacks,
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a memory report serializes") + "\n"
+    }
+
+    pub fn to_table(&self, top: usize) -> String {
+        let mut out = format!(
+            "pytrace memory: PID {} (Python {}, {}), {:.1} s, one event kept per {} on average\n",
+            self.pid,
+            self.python.version,
+            self.python.mode,
+            self.duration_ns as f64 / 1e9,
+            bytes(self.every as f64)
+        );
+        out += &format!(
+            "live at the last read: {} ± {}; grown: {} ± {} (95 %); {} kept blocks read, {} gone since\n",
+            bytes(self.live.bytes),
+            bytes(self.live.interval95()),
+            bytes(self.grown.bytes),
+            bytes(self.grown.interval95()),
+            thousands(self.blocks_read),
+            thousands(self.blocks_gone)
+        );
+        out += &counted_line(&self.counters);
+        out += &format!("{:>10} {:>9} {:>10} {:>9} {:>6}  {:<6}  stack (innermost first)\n", "live", "±95%", "grown", "±95%", "kept", "from");
+        for row in self.stacks.iter().take(top) {
+            let inner: Vec<&str> = row.frames.iter().rev().take(3).map(String::as_str).collect();
+            let mark = if row.grown.kept < MIN_RELIABLE_KEPT { " (few events)" } else { "" };
+            out += &format!(
+                "{:>10} {:>9} {:>10} {:>9} {:>6}  {:<6}  {}{}\n",
+                bytes(row.live.bytes),
+                bytes(row.live_interval95),
+                bytes(row.grown.bytes),
+                bytes(row.grown_interval95),
+                thousands(row.grown.kept),
+                row.source.name(),
+                inner.join(" < "),
+                mark
+            );
+        }
+        out += &dropped_line(&self.counters);
+        out
+    }
+}
+
+/// Bytes in the binary unit that keeps three or four significant digits.
+fn bytes(b: f64) -> String {
+    if b < 1024.0 {
+        format!("{b:.0} B")
+    } else if b < 1024.0 * 1024.0 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else if b < 1024.0 * 1024.0 * 1024.0 {
+        format!("{:.1} MiB", b / 1048576.0)
+    } else {
+        format!("{:.2} GiB", b / 1073741824.0)
+    }
+}

@@ -1,0 +1,301 @@
+//! The `memory` BPF session (bpf/memory.bpf.c): uprobes at obmalloc's
+//! pool openings and big allocations (src/python/probes/alloc_sites.rs),
+//! byte-sampled in the kernel, each kept event's Python stack walked by
+//! sample's walker and its bytes summed per stack there. Here the stacks
+//! are named with the sampler's own code (sample/stacks.rs), and at the
+//! end of the traced window, while the target still runs, the kept pools'
+//! and chunks' headers are read (python/reading/pools.rs): the live view.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::mem::MaybeUninit;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use libbpf_rs::skel::SkelBuilder;
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
+
+use super::sample::discovery::{Processes, PythonRef};
+use super::sample::stacks::Stacks;
+use super::{attach_error, ensure_still_running, read_counters, Links, Tracing};
+use crate::bpf::memory::types::{kept_block, memory_counter, memory_growth, memory_key, memory_place, memory_source, sample_counter};
+use crate::bpf::memory::{MemorySkel, MemorySkelBuilder};
+use crate::model::counters::Kind::{Informational, Lost};
+use crate::model::memory::{Estimate, MemoryData, MemoryStack, Source};
+use crate::python::probes::alloc_sites::{self, POOL_SZIDX_OFFSET};
+use crate::python::reading::pools::{self, Kept};
+use crate::python::Python;
+
+const CHECK_EVERY: Duration = Duration::from_millis(250);
+
+/// How long `locate_soon` waits for the interpreter to be mapped.
+const LOCATE_AT_MOST: Duration = Duration::from_secs(2);
+
+/// T, the mean bytes between kept events, unless --every says otherwise:
+/// the design's 512 KiB keeps one pool opening in 32.
+pub const DEFAULT_EVERY: u64 = 512 << 10;
+
+#[derive(Clone, Copy)]
+pub struct Options {
+    /// T: an event of b bytes is kept with probability 1 - e^(-b/T).
+    pub every: u64,
+    /// How often the live view is read while the target runs: the last
+    /// read stands for the end when the target exits by itself (its
+    /// memory is gone by the end).
+    pub interval: Duration,
+}
+
+pub struct Session<'obj, 'a> {
+    skel: MemorySkel<'obj>,
+    links: Links,
+    pid: u32,
+    opts: Options,
+    pool_size: u64,
+    processes: RefCell<Processes<'a>>,
+    stacks: RefCell<Stacks>,
+    /// The live view, read at each `interval` and at the end of the
+    /// traced window if the target still runs then.
+    live: RefCell<Option<LiveView>>,
+    last_read: std::cell::Cell<std::time::Instant>,
+}
+
+pub struct Plan<'a> {
+    pub pid: u32,
+    pub python: &'a Python,
+    pub opts: Options,
+}
+
+impl<'a> super::Start for Plan<'a> {
+    type Data = MemoryData;
+    type Objects = super::Object;
+    type Session<'obj> = Session<'obj, 'a>;
+
+    fn start<'obj>(self, object: &'obj mut MaybeUninit<OpenObject>) -> Result<Session<'obj, 'a>> {
+        Session::start(object, self.pid, self.python, self.opts)
+    }
+}
+
+/// Per kept block's stack and source: live bytes estimated.
+struct LiveView {
+    by_stack: HashMap<(u64, u32), Estimate>,
+    read: u64,
+    gone: u64,
+}
+
+impl<'obj, 'a> Session<'obj, 'a> {
+    pub fn start(object: &'obj mut MaybeUninit<OpenObject>, pid: u32, python: &'a Python, opts: Options) -> Result<Self> {
+        let sites = python.alloc_sites().map_err(anyhow::Error::msg)?;
+        let pool_size = alloc_sites::pool_size(python);
+        let mut open = MemorySkelBuilder::default().open(object).context("failed to open the memory BPF program")?;
+        let rodata = open.maps.rodata_data.as_deref_mut().context("the memory BPF program has no rodata")?;
+        rodata.memory_cfg.every = opts.every.max(1);
+        rodata.memory_cfg.pool_size = pool_size;
+        rodata.memory_cfg.pool_szidx = POOL_SZIDX_OFFSET;
+        // e^(-2^(k - 20)) in units of 2^-32, for each bit k of b/T.
+        let data = open.maps.bss_data.as_deref_mut().context("the memory BPF program has no bss")?;
+        for (k, slot) in data.exp_bits.iter_mut().enumerate() {
+            let x = 2f64.powi(k as i32 - crate::bpf::memory::types::memory_exp::EXP_FRACTION_BITS.0 as i32);
+            *slot = ((-x).exp() * 4294967296.0).min(4294967295.0) as u64;
+        }
+        let skel = crate::bpf::load::load("memory", open)?;
+        let path = &python.elf.path;
+        let attach = |prog: &libbpf_rs::ProgramMut<'obj>, at: u64, what: &str| -> Result<Link> {
+            let offset = python.elf.file_offset(at)? as usize;
+            prog.attach_uprobe(false, pid as i32, path, offset).map_err(|e| attach_error(pid, e)).with_context(|| format!("failed to attach to {what} in {}", python.target_path))
+        };
+        let p = &skel.progs;
+        let mut links = Vec::new();
+        // Returns before calls: a call seen without its return would leave
+        // its size pending (counted unpaired otherwise).
+        for &at in &sites.raw_returned {
+            links.push(attach(&p.raw_returned, at, "the return of _PyObject_Malloc's call of PyMem_RawMalloc")?);
+        }
+        for &at in &sites.raw_calls {
+            links.push(attach(&p.raw_call, at, "_PyObject_Malloc's call of PyMem_RawMalloc")?);
+        }
+        for &at in &sites.pool_opened {
+            links.push(attach(&p.pool_opened, at, "the return of allocate_from_new_pool")?);
+        }
+        let session = Session {
+            skel,
+            links: Links::new(links),
+            pid,
+            opts,
+            pool_size,
+            processes: RefCell::new(Processes::new(false)),
+            stacks: RefCell::new(Stacks::new(false, false, false)),
+            live: RefCell::new(None),
+            last_read: std::cell::Cell::new(std::time::Instant::now()),
+        };
+        session.processes.borrow_mut().add(&session.skel.maps.processes, pid, PythonRef::Borrowed(python))?;
+        ensure_still_running(pid)?;
+        Ok(session)
+    }
+
+    /// Tells BPF where the target's interpreter is as soon as it is
+    /// mapped, waiting for it at most LOCATE_AT_MOST: a command started by
+    /// pytrace (`--`) may allocate most of what it keeps in its first
+    /// fraction of a second, and an event met before is counted without
+    /// its stack (no_thread_state).
+    pub fn locate_soon(&self) -> Result<()> {
+        let started = std::time::Instant::now();
+        loop {
+            self.processes.borrow_mut().locate(&self.skel.maps.processes)?;
+            if self.processes.borrow().all_located() || started.elapsed() > LOCATE_AT_MOST {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Reads the live view now, unless the target has exited (whose
+    /// blocks all read as gone): the last read then stands.
+    fn read_live_if_running(&self) {
+        self.last_read.set(std::time::Instant::now());
+        if !crate::process::proc::is_running(self.pid) {
+            return;
+        }
+        let view = self.read_live();
+        // A read racing the exit finds every block gone: keep the last.
+        if view.read > 0 && view.gone == view.read && self.live.borrow().is_some() {
+            return;
+        }
+        *self.live.borrow_mut() = Some(view);
+    }
+
+    /// Reads every kept block's header now: bytes live per stack and source.
+    fn read_live(&self) -> LiveView {
+        let map = &self.skel.maps.kept_blocks;
+        let mut places = Vec::new();
+        let mut kept = Vec::new();
+        for key in map.keys() {
+            let Ok(Some(value)) = map.lookup(&key, MapFlags::ANY) else { continue };
+            let (Some(place), Some(block)) = (plain::<memory_place>(&key), plain::<kept_block>(&value)) else { continue };
+            if place.pid != self.pid {
+                continue;
+            }
+            kept.push(if block.source == memory_source::SOURCE_POOL.0 {
+                Kept::Pool { address: place.address, szidx: block.szidx, pool_size: self.pool_size }
+            } else {
+                Kept::Chunk { address: place.address, size: block.bytes }
+            });
+            places.push(block);
+        }
+        let live = pools::live_bytes(self.pid, &kept);
+        let mut view = LiveView { by_stack: HashMap::new(), read: kept.len() as u64, gone: 0 };
+        for (block, bytes) in places.iter().zip(live) {
+            let Some(bytes) = bytes else {
+                view.gone += 1;
+                continue;
+            };
+            let p = if block.p == 0 { 1.0 } else { block.p as f64 / 4294967296.0 };
+            let x = bytes as f64;
+            let e = view.by_stack.entry((block.hash, block.source)).or_default();
+            e.add(&Estimate { bytes: x / p, variance: (1.0 - p) * x * x / (p * p), kept: 1 });
+        }
+        view
+    }
+
+    fn growth(&self) -> Vec<(memory_key, memory_growth)> {
+        let map = &self.skel.maps.growth;
+        map.keys()
+            .filter_map(|key| {
+                let value = map.lookup(&key, MapFlags::ANY).ok()??;
+                Some((plain::<memory_key>(&key)?, plain::<memory_growth>(&value)?))
+            })
+            .collect()
+    }
+
+    pub fn finish(self) -> Result<MemoryData> {
+        self.links.clear();
+        let live = self.live.borrow_mut().take().unwrap_or_else(|| self.read_live());
+        let growth = self.growth();
+        let mut stacks = self.stacks.into_inner();
+        let mut processes = self.processes.into_inner();
+        let mut rows: HashMap<(u64, u32), MemoryStack> = HashMap::new();
+        let mut unnamed = 0;
+        let source_of = |s: u32| if s == memory_source::SOURCE_POOL.0 { Source::Pool } else { Source::Big };
+        for (key, g) in growth {
+            let Some(frames) = stacks.frames_of(key.pid, key.hash, &mut processes) else {
+                unnamed += g.kept;
+                continue;
+            };
+            let grown = Estimate { bytes: g.estimate as f64, variance: g.variance as f64, kept: g.kept };
+            let live = live.by_stack.get(&(key.hash, key.source)).copied().unwrap_or_default();
+            rows.insert((key.hash, key.source), MemoryStack { frames, source: source_of(key.source), grown, live });
+        }
+        let names = [
+            ("lost", Lost, "kept events lost (ring buffer full: their stack could not be sent)", sample_counter::SAMPLE_LOST.0),
+            ("bad_frame", Informational, "frames that could not be read (stacks end there)", sample_counter::SAMPLE_BAD_FRAME.0),
+            ("no_thread_state", Informational, "events of threads without a Python thread state", sample_counter::SAMPLE_NO_THREAD.0),
+            ("events", Informational, "pool openings and allocations over 512 bytes seen", memory_counter::MEMORY_EVENTS.0),
+            ("not_kept", Informational, "of those, not kept by the byte sampler (their bytes are in the estimates)", memory_counter::MEMORY_NOT_KEPT.0),
+            ("growth_map_full", Lost, "kept events lost (the kernel's map of stacks was full)", memory_counter::MEMORY_GROWTH_FULL.0),
+            ("kept_map_full", Lost, "kept blocks not followed for the live view (the kernel's map was full)", memory_counter::MEMORY_KEPT_FULL.0),
+            ("unpaired", Informational, "raw allocations whose call was not seen (under way at attach)", memory_counter::MEMORY_UNPAIRED.0),
+            ("bad_pool", Lost, "pool openings whose header could not be read", memory_counter::MEMORY_BAD_POOL.0),
+        ];
+        let mut counters = read_counters(&self.skel.maps.counters, &names)?;
+        counters.push("unnamed_stacks", Lost, "kept events whose stack's frames never reached pytrace", unnamed);
+        Ok(MemoryData { stacks: rows.into_values().collect(), every: self.opts.every, blocks_read: live.read, blocks_gone: live.gone, counters })
+    }
+}
+
+/// A skeleton type from a map's bytes (they are that C struct's).
+fn plain<T: Copy + Default>(bytes: &[u8]) -> Option<T> {
+    if bytes.len() != std::mem::size_of::<T>() {
+        return None;
+    }
+    let mut value = T::default();
+    // SAFETY: T is a plain C struct of the skeleton (integers only) and
+    // `bytes` is exactly its size.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), (&mut value as *mut T).cast::<u8>(), bytes.len()) };
+    Some(value)
+}
+
+impl Tracing for Session<'_, '_> {
+    type Data = MemoryData;
+
+    fn what(&self) -> String {
+        "memory".into()
+    }
+
+    fn add_to<'s>(&'s self, builder: &mut RingBufferBuilder<'s, 's>) -> Result<()> {
+        builder.add(&self.skel.maps.records, |bytes: &[u8]| {
+            self.stacks.borrow_mut().receive(bytes, &mut self.processes.borrow_mut());
+            0
+        })?;
+        Ok(())
+    }
+
+    fn check_every(&self) -> Duration {
+        CHECK_EVERY
+    }
+
+    fn between_polls(&self) -> Result<()> {
+        self.processes.borrow_mut().locate(&self.skel.maps.processes)?;
+        if self.last_read.get().elapsed() >= self.opts.interval {
+            self.read_live_if_running();
+        }
+        Ok(())
+    }
+
+    fn after_poll(&self) {
+        self.stacks.borrow_mut().name_new(&mut self.processes.borrow_mut());
+    }
+
+    fn links(&self) -> Option<&Links> {
+        Some(&self.links)
+    }
+
+    /// The live view, read while the target still runs and the probes
+    /// still count (a block opened again since it was kept is seen); if
+    /// it exited, the last read before stands.
+    fn before_detach(&self) {
+        self.read_live_if_running();
+    }
+
+    fn finish(self) -> Result<MemoryData> {
+        Session::finish(self)
+    }
+}

@@ -26,7 +26,9 @@ Examples:
   pytrace info                            what this kernel lets pytrace do
   pytrace top -p 1234                     a live view, like top (q quits)
   pytrace dump -p 1234                    every thread's stack right now
-  pytrace restore -p 1234                 put back an eval-frame hook a killed run left set";
+  pytrace restore -p 1234                 put back an eval-frame hook a killed run left set
+  pytrace heap -p 1234 --stop             the live objects by type, the process held still
+  pytrace heap -p 1234 --interval 30 -n 5 which types grow";
 
 #[derive(Parser)]
 #[command(name = "pytrace", version, about = "See what a running CPython process does, from outside it, with eBPF", after_help = EXAMPLES)]
@@ -60,6 +62,8 @@ enum Command {
     /// The JSON Schema of a report kind's --json output (docs/schema/KIND.json)
     #[command(hide = true)]
     Schema(SchemaArgs),
+    /// The live objects by type (count, bytes, share), read from outside; which types grow
+    Heap(HeapArgs),
 }
 
 #[derive(Args)]
@@ -331,6 +335,37 @@ struct DumpArgs {
 }
 
 #[derive(Args)]
+struct HeapArgs {
+    /// PID of the Python process
+    #[arg(short, long, allow_negative_numbers = true)]
+    pid: Option<u32>,
+    /// Hold every thread of the target still during each walk (ptrace), for an exact snapshot
+    #[arg(long)]
+    stop: bool,
+    /// Group the rows by the module that defines each type
+    #[arg(long)]
+    by_module: bool,
+    /// Walk every SECONDS and show which types grew (with -n)
+    #[arg(long, value_name = "SECONDS")]
+    interval: Option<f64>,
+    /// How many walks (default 1; 2 with --interval)
+    #[arg(short = 'n', long = "count", value_name = "K")]
+    count: Option<u32>,
+    /// Rows shown in the table
+    #[arg(long, default_value_t = 30)]
+    top: usize,
+    /// A walk that takes longer than SECONDS ends there, marked partial
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    timeout: f64,
+    /// Write the census as JSON to FILE ("-" for standard output)
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Not taken: heap reads a process that runs (-p)
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    command: Vec<String>,
+}
+
+#[derive(Args)]
 struct RestoreArgs {
     /// PID of the Python process whose interp->eval_frame pytrace left set
     #[arg(short, long, allow_negative_numbers = true)]
@@ -491,6 +526,36 @@ impl Cli {
             Command::Dump(args) => commands::dump::run(commands::dump::Options { pid: args.pid, native: args.native, async_tasks: args.async_tasks, json: args.json }),
             Command::Restore(args) => commands::restore::run(args.pid),
             Command::Schema(args) => commands::schema::run(&args.kind),
+            Command::Heap(args) => {
+                if !args.command.is_empty() {
+                    bail!("pytrace heap reads a process that is already running: start the program, then give its PID with -p (a heap census of a command would have no moment to be taken at)");
+                }
+                let Some(pid) = args.pid else { bail!("pytrace heap needs the PID of a running Python process: -p PID") };
+                let valid = |s: f64| s.is_finite() && s > 0.0 && s <= 86400.0;
+                if !valid(args.timeout) {
+                    bail!("--timeout must be a number of seconds above 0 and at most a day");
+                }
+                if let Some(i) = args.interval.filter(|&i| !valid(i)) {
+                    bail!("--interval must be a number of seconds above 0 and at most a day, not {i}");
+                }
+                let walks = args.count.unwrap_or(if args.interval.is_some() { 2 } else { 1 });
+                if walks == 0 || walks > 10_000 {
+                    bail!("-n must be between 1 and 10000 walks");
+                }
+                if walks > 1 && args.interval.is_none() {
+                    bail!("-n {walks} needs --interval SECONDS between the walks");
+                }
+                commands::heap::run(commands::heap::Options {
+                    pid,
+                    stop: args.stop,
+                    by_module: args.by_module,
+                    interval: args.interval.map(Duration::from_secs_f64),
+                    walks,
+                    top: args.top,
+                    timeout: Duration::from_secs_f64(args.timeout),
+                    json: args.json,
+                })
+            }
         }
     }
 }

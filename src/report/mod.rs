@@ -15,6 +15,7 @@ pub mod pstats;
 pub mod schema;
 pub mod terminal;
 pub mod top;
+pub mod heap;
 
 use anyhow::Result;
 
@@ -53,6 +54,7 @@ pub enum ReportKind {
     Compare,
     Dump,
     Info,
+    Heap,
 }
 
 impl ReportKind {
@@ -67,6 +69,7 @@ impl ReportKind {
             ReportKind::Compare => "`pytrace compare --json`",
             ReportKind::Dump => "`pytrace dump --json`",
             ReportKind::Info => "`pytrace info --json`",
+            ReportKind::Heap => "`pytrace heap --json`",
         }
     }
 }

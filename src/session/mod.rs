@@ -23,6 +23,7 @@ mod launch;
 mod run;
 mod sampling;
 mod snapshot;
+mod heap;
 
 use std::collections::HashMap;
 use std::io::IsTerminal;
@@ -45,6 +46,7 @@ pub use imports::trace_imports;
 pub use run::Run;
 pub use sampling::{sample, sample_target};
 pub use snapshot::snapshot;
+pub use heap::{heap_census, HeapOptions};
 
 pub use launch::Command as LaunchCommand;
 

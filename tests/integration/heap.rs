@@ -1,0 +1,144 @@
+//! `pytrace heap` against fixtures/heap_known.py's own census: the
+//! fixture starts (pytrace reads its interpreter's own objects: the
+//! baseline), builds a known heap, takes gc.get_objects() by
+//! `module.qualname` and sys.getsizeof sums last, and waits. One fixture
+//! run per build is checked every way: --stop counts equal the census
+//! exactly, a walk without --stop within 1 %, the built str/int/float/bytes
+//! are found above the baseline within 1 %, bytes as getsizeof counts
+//! them, --by-module, and the target runs on after the --stop walk.
+
+use std::collections::HashMap;
+use std::process::{Command, Stdio};
+
+use crate::common::matrix::Interpreter;
+use crate::common::*;
+use serde_json::Value;
+
+/// Instances of each of the fixture's two classes, and str/int/float built.
+const INSTANCES: u64 = 20_000;
+const VALUES: u64 = 50_000;
+
+/// `pytrace heap ARGS -p PID --json -`, which must succeed.
+fn heap_json(pid: u32, args: &[&str]) -> Value {
+    let pid = pid.to_string();
+    let out = pytrace(&[&["heap", "-p", &pid, "--json", "-"], args].concat());
+    assert!(out.status.success(), "pytrace heap {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let report = parse_report(&out.stdout);
+    assert_eq!(report["kind"], "heap");
+    report
+}
+
+/// The last walk's rows, by (`module.qualname`, tracked).
+fn rows(report: &Value) -> HashMap<(String, bool), (u64, u64)> {
+    let snapshot = report["snapshots"].as_array().unwrap().last().unwrap();
+    snapshot["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let name = format!("{}.{}", r["module"].as_str().unwrap(), r["qualname"].as_str().unwrap());
+            ((name, r["tracked"].as_bool().unwrap()), (r["count"].as_u64().unwrap(), r["bytes"].as_u64().unwrap()))
+        })
+        .collect()
+}
+
+fn census_equals_gc_get_objects(py: Interpreter) {
+    let label = format!("heap {}", py.version);
+    let (inside, host) = py.output("heap-truth.json");
+    let (instances, values) = (INSTANCES.to_string(), VALUES.to_string());
+    let argv = py.argv("heap_known.py", &[&inside, "--instances", &instances, "--values", &values]);
+    let mut target = Proc(Command::new(&argv[0]).args(&argv[1..]).stdout(Stdio::piped()).spawn().unwrap());
+    let pid = target.pid();
+
+    // The interpreter's own objects, before the fixture builds anything.
+    wait_for_line(&mut target, "base");
+    let base = rows(&heap_json(pid, &[]));
+    signal(pid, libc::SIGUSR1);
+    wait_for_line(&mut target, "ready");
+    let truth = read_json(&host);
+
+    // --stop: every type's count equals gc.get_objects()'s.
+    let stopped = heap_json(pid, &["--stop"]);
+    let walk = &stopped["snapshots"][0];
+    assert!(walk["stopped_ns"].as_u64().unwrap() > 0, "{label}: no stop time: {walk}");
+    assert_eq!(walk["list_broken"], Value::Null, "{label}");
+    assert_eq!(walk["arenas_not_read"], Value::Null, "{label}");
+    let got = rows(&stopped);
+    let census = truth["gc_counts"].as_object().unwrap();
+    for (name, want) in census {
+        let have = got.get(&(name.clone(), true)).map_or(0, |r| r.0);
+        assert_eq!(have, want.as_u64().unwrap(), "{label}: tracked {name}");
+    }
+    let extra: Vec<_> = got.keys().filter(|(name, tracked)| *tracked && !census.contains_key(name)).collect();
+    assert!(extra.is_empty(), "{label}: types gc.get_objects() does not have: {extra:?}");
+    for class in ["__main__.Slotted", "__main__.Plain"] {
+        assert_eq!(got[&(class.to_string(), true)].0, INSTANCES, "{label}: {class}");
+        // Instances of a class are sized by the default rule plus the
+        // collector's header (and the managed dict's words, 3.11+): exactly
+        // what sys.getsizeof says, summed.
+        assert_eq!(got[&(class.to_string(), true)].1, truth["gc_bytes"][class].as_u64().unwrap(), "{label}: bytes of {class}");
+    }
+
+    // The built untracked objects, above the baseline: counts within 1 %
+    // (the interpreter makes a few of its own between the two walks: 8 ints
+    // on pyenv's 3.12), bytes within 1 % of their getsizeof sum (str by its
+    // kind and length, int by its digits, float and bytes by the default).
+    for kind in ["str", "int", "float", "bytes"] {
+        let key = (format!("builtins.{kind}"), false);
+        let (count, bytes) = got.get(&key).copied().unwrap_or_default();
+        let (base_count, base_bytes) = base.get(&key).copied().unwrap_or_default();
+        let built = &truth["built"][kind];
+        let (want_count, want_bytes) = (built["count"].as_u64().unwrap() as f64, built["bytes"].as_u64().unwrap() as f64);
+        let found = count as f64 - base_count as f64;
+        assert!((found - want_count).abs() <= want_count * 0.01, "{label}: {kind}: {found} found above the baseline, {want_count} built");
+        let found_bytes = bytes as f64 - base_bytes as f64;
+        assert!((found_bytes - want_bytes).abs() <= want_bytes * 0.01, "{label}: {kind}: {found_bytes} bytes found, {want_bytes} built");
+    }
+
+    // Without --stop, on a target that allocates nothing while it waits:
+    // within 1 % for every type of 100 objects or more.
+    let running = rows(&heap_json(pid, &[]));
+    for (name, want) in census {
+        let want = want.as_u64().unwrap() as f64;
+        let have = running.get(&(name.clone(), true)).map_or(0, |r| r.0) as f64;
+        if want >= 100.0 {
+            assert!((have - want).abs() <= want * 0.01, "{label}: running walk: {name} {have} of {want}");
+        }
+    }
+
+    // --by-module: the fixture's own module holds its two classes' instances.
+    let by_module = pytrace(&["heap", "-p", &pid.to_string(), "--by-module", "--top", "1000"]);
+    let text = String::from_utf8_lossy(&by_module.stdout);
+    let main_row = text.lines().find(|l| l.ends_with(" __main__")).unwrap_or_else(|| panic!("{label}: no __main__ row:\n{text}"));
+    let main_count: u64 = main_row.split_whitespace().next().unwrap().replace(',', "").parse().unwrap();
+    assert!(main_count >= 2 * INSTANCES, "{label}: {main_row}");
+
+    // The target runs on after the --stop walks: it answers a signal.
+    signal(pid, libc::SIGUSR1);
+    wait_for_line(&mut target, "alive");
+}
+
+over_builds! {
+    pyenv_3_9(Interpreter::pyenv("3.9")): census_equals_gc_get_objects;
+    pyenv_3_10(Interpreter::pyenv("3.10")): census_equals_gc_get_objects;
+    pyenv_3_11(Interpreter::pyenv("3.11")): census_equals_gc_get_objects;
+    pyenv_3_12(Interpreter::pyenv("3.12")): census_equals_gc_get_objects;
+    pyenv_3_13(Interpreter::pyenv("3.13")): census_equals_gc_get_objects;
+    debian_3_14(Interpreter::debian("3.14")): census_equals_gc_get_objects;
+    debian_3_15(Interpreter::debian("3.15")): census_equals_gc_get_objects;
+}
+
+/// A `-- command`, or no -p: one sentence and a non-zero exit.
+#[test]
+fn heap_needs_a_running_process() {
+    let _machine = shared();
+    let out = pytrace(&["heap", "--", "python3", "-c", "pass"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(error_lines(&err).len(), 1, "{err}");
+    assert!(err.contains("already running") && err.contains("-p"), "{err}");
+    let out = pytrace(&["heap", "-p", "999999999"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(error_lines(&err).len(), 1, "{err}");
+}

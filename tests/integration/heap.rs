@@ -142,3 +142,35 @@ fn heap_needs_a_running_process() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(error_lines(&err).len(), 1, "{err}");
 }
+
+/// `--interval 2 -n 3` on fixtures/heap_growing.py (2,000 `Leaked` a
+/// second on its own schedule, a list of str growing slower, a dict a tick
+/// made and freed): the growth table names Leaked first, at the rate the
+/// fixture measures itself within 10 %, with every walk whole while the
+/// target runs.
+#[test]
+fn growth_names_the_leaking_class_first() {
+    let _machine = shared();
+    let python = pyenv_python(12);
+    let mut target = Proc(Command::new(&python).arg(fixture("heap_growing.py")).stdout(Stdio::piped()).spawn().unwrap());
+    wait_for_line(&mut target, "ready");
+    let report = heap_json(target.pid(), &["--interval", "2", "-n", "3"]);
+    signal(target.pid(), libc::SIGUSR1);
+    let stdout = target.0.stdout.as_mut().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
+    let own_rate: f64 = line.trim().strip_prefix("rate ").unwrap_or_else(|| panic!("{line:?}")).parse().unwrap();
+    let snapshots = report["snapshots"].as_array().unwrap();
+    assert_eq!(snapshots.len(), 3);
+    for s in snapshots {
+        assert_eq!(s["list_broken"], Value::Null, "{s}");
+        assert_eq!(s["partial"], false);
+    }
+    let first = &report["growth"][0];
+    assert_eq!(first["qualname"], "Leaked", "{}", report["growth"]);
+    assert_eq!(first["module"], "__main__");
+    let rate = first["count_per_s"].as_f64().unwrap();
+    // At least 4 s of walks at 2,000 a second: 8,000 objects counted.
+    assert!(first["count_delta"].as_i64().unwrap() >= 7_000, "{first}");
+    assert!((rate - own_rate).abs() <= own_rate * 0.10, "pytrace's rate {rate}/s, the fixture's own {own_rate}/s");
+}

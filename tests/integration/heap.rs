@@ -174,3 +174,45 @@ fn growth_names_the_leaking_class_first() {
     assert!(first["count_delta"].as_i64().unwrap() >= 7_000, "{first}");
     assert!((rate - own_rate).abs() <= own_rate * 0.10, "pytrace's rate {rate}/s, the fixture's own {own_rate}/s");
 }
+
+/// pytrace SIGKILLed while it holds the target stopped (--stop, seen as
+/// the target's TracerPid): the kernel detaches it and the target runs on,
+/// untraced, and answers a signal.
+#[test]
+fn a_killed_stop_walk_leaves_the_target_running() {
+    let _machine = shared();
+    let python = pyenv_python(12);
+    let dir = tempfile::tempdir().unwrap();
+    let truth = dir.path().join("truth.json");
+    // 300,000 instances of each class: a walk of about a second.
+    let mut target = Proc(
+        Command::new(&python)
+            .arg(fixture("heap_known.py"))
+            .args([truth.to_str().unwrap(), "--instances", "300000", "--values", "10"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = target.pid();
+    wait_for_line(&mut target, "base");
+    signal(pid, libc::SIGUSR1);
+    wait_for_line(&mut target, "ready");
+    let mut tracer = Proc(Command::new(PYTRACE).args(["heap", "--stop", "-p", &pid.to_string()]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+    let tracer_pid = tracer.pid();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while tracer_pid_of(pid) != Some(tracer_pid) {
+        assert!(std::time::Instant::now() < deadline, "pytrace never held the target");
+        assert!(tracer.0.try_wait().unwrap().is_none(), "pytrace ended before it was killed: make the heap bigger");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    tracer.0.kill().unwrap();
+    tracer.0.wait().unwrap();
+    assert_eq!(tracer_pid_of(pid), Some(0), "the target is still traced");
+    signal(pid, libc::SIGUSR1);
+    wait_for_line(&mut target, "alive");
+}
+
+fn tracer_pid_of(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("TracerPid:")?.trim().parse().ok())
+}

@@ -195,3 +195,68 @@ pub fn allocated_blocks(pool: &[u8], pool_address: u64) -> Result<Option<(u64, V
     ensure!(blocks.len() as u64 == count, "pool changed during the read");
     Ok(Some((size, blocks)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POOL: u64 = 0x7f00_0000_4000;
+    const SIZE: usize = 16 * 1024;
+
+    /// A pool of 32-byte blocks (szidx 1) with `count` allocated, blocks
+    /// carved up to `nextoffset`, and the free list `free` (offsets).
+    fn pool(count: u32, nextoffset: u32, free: &[u64]) -> Vec<u8> {
+        let mut p = vec![0u8; SIZE];
+        p[0..4].copy_from_slice(&count.to_le_bytes());
+        p[8..16].copy_from_slice(&free.first().map_or(0, |o| POOL + o).to_le_bytes());
+        for (i, &o) in free.iter().enumerate() {
+            let next = free.get(i + 1).map_or(0, |n| POOL + n);
+            p[o as usize..o as usize + 8].copy_from_slice(&next.to_le_bytes());
+        }
+        p[36..40].copy_from_slice(&1u32.to_le_bytes());
+        p[40..44].copy_from_slice(&nextoffset.to_le_bytes());
+        p[44..48].copy_from_slice(&(SIZE as u32 - 32).to_le_bytes());
+        p
+    }
+
+    #[test]
+    fn allocated_blocks_are_the_carved_ones_not_free() {
+        // Blocks at 48, 80, 112, 144 carved; 80 freed.
+        let (size, blocks) = allocated_blocks(&pool(3, 176, &[80]), POOL).unwrap().unwrap();
+        assert_eq!((size, blocks), (32, vec![48, 112, 144]));
+        assert!(allocated_blocks(&pool(0, 176, &[]), POOL).unwrap().is_none(), "an empty pool");
+    }
+
+    #[test]
+    fn a_pool_that_disagrees_or_loops_is_refused() {
+        assert!(allocated_blocks(&pool(4, 176, &[80]), POOL).is_err(), "count says 4, 3 allocated: it changed");
+        let mut looping = pool(2, 176, &[80, 112]);
+        looping[112..120].copy_from_slice(&(POOL + 80).to_le_bytes());
+        assert!(allocated_blocks(&looping, POOL).is_err(), "a free list that loops");
+        assert!(allocated_blocks(&pool(3, 176, &[81]), POOL).is_err(), "a free block off its boundary");
+        let mut outside = pool(3, 176, &[]);
+        outside[8..16].copy_from_slice(&(POOL + 2 * SIZE as u64).to_le_bytes());
+        assert!(allocated_blocks(&outside, POOL).is_err(), "a free block outside its pool");
+        let mut garbage = pool(3, 176, &[]);
+        garbage[36..40].copy_from_slice(&99u32.to_le_bytes());
+        assert!(allocated_blocks(&garbage, POOL).is_err(), "a size class past 512 bytes");
+    }
+
+    #[test]
+    fn arena_slots_out_of_bounds_are_refused() {
+        let mut table = vec![0u8; 3 * ARENA_OBJECT_SIZE as usize];
+        let slot = |t: &mut Vec<u8>, i: usize, address: u64, pool_address: u64, nfree: u32, ntotal: u32| {
+            let at = i * ARENA_OBJECT_SIZE as usize;
+            t[at..at + 8].copy_from_slice(&address.to_le_bytes());
+            t[at + 8..at + 16].copy_from_slice(&pool_address.to_le_bytes());
+            t[at + 16..at + 20].copy_from_slice(&nfree.to_le_bytes());
+            t[at + 20..at + 24].copy_from_slice(&ntotal.to_le_bytes());
+        };
+        slot(&mut table, 0, 0x7f00_0010_0000, 0x7f00_0010_8000, 1, 63);
+        slot(&mut table, 1, 0x7f00_0020_0000, 0x7f00_0040_0000, 1, 63); // pool_address past the arena
+        slot(&mut table, 2, 0x7f00_0030_0000, 0x7f00_0030_0000, 70, 63); // more free pools than pools
+        let t = ArenaTable::parse(&table, 1 << 20, 1 << 14);
+        assert_eq!((t.arenas.len(), t.refused), (1, 2));
+        assert!(t.contains(0x7f00_0010_0040) && !t.contains(0x7f00_0020_0040));
+    }
+}

@@ -141,7 +141,6 @@ fn rss_bytes(pid: u32) -> u64 {
 /// Every thread of a process held in a ptrace stop; dropped, each is
 /// detached (with any signal it stopped for), so it runs on.
 struct Paused {
-    pid: u32,
     /// Each seized thread and the signal to give back at its detach.
     threads: Vec<(libc::pid_t, i32)>,
     since: Instant,
@@ -155,7 +154,7 @@ impl Paused {
         if let Some(tracer) = tracer_of(pid).filter(|&t| t != 0) {
             bail!("process {pid} is already traced by process {tracer}: --stop cannot hold it (run without --stop)");
         }
-        let mut paused = Paused { pid, threads: Vec::new(), since: Instant::now() };
+        let mut paused = Paused { threads: Vec::new(), since: Instant::now() };
         // Threads started while the first are seized: list again until no new one.
         loop {
             let tids = proc_tids(pid)?;
@@ -206,7 +205,6 @@ impl Drop for Paused {
             // SAFETY: our stopped tracee; detaching lets it run.
             unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0, sig as libc::c_long) };
         }
-        let _ = self.pid;
     }
 }
 

@@ -183,7 +183,7 @@ pub fn allocated_blocks(pool: &[u8], pool_address: u64) -> Result<Option<(u64, V
     let mut steps = 0;
     while link != 0 {
         let Some(offset) = link.checked_sub(pool_address) else { bail!("free block outside its pool") };
-        ensure!(offset >= POOL_OVERHEAD && offset + size <= pool_size && (offset - POOL_OVERHEAD) % size == 0, "free block off its boundaries");
+        ensure!(offset >= POOL_OVERHEAD && offset + size <= pool_size && (offset - POOL_OVERHEAD).is_multiple_of(size), "free block off its boundaries");
         let index = ((offset - POOL_OVERHEAD) / size) as usize;
         ensure!(!free[index] && steps <= capacity, "free list loops");
         free[index] = true;

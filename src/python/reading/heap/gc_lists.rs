@@ -91,7 +91,7 @@ pub fn walk(
         let mut walked = 0u64;
         while node != head {
             steps += 1;
-            if steps > max_steps || (steps % 4096 == 0 && Instant::now() > deadline) {
+            if steps > max_steps || (steps.is_multiple_of(4096) && Instant::now() > deadline) {
                 out.partial = true;
                 return out;
             }

@@ -22,7 +22,7 @@ pub const USER_END: u64 = 1 << 47;
 /// Whether `addr` could be an object or type pointer: non-null, 8-aligned,
 /// in user space.
 pub fn plausible(addr: u64) -> bool {
-    addr != 0 && addr % 8 == 0 && addr < USER_END
+    addr != 0 && addr.is_multiple_of(8) && addr < USER_END
 }
 
 /// A little-endian u64 at `at` in `bytes` (the caller bounds `at`).

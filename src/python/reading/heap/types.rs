@@ -106,7 +106,7 @@ impl<'a> Types<'a> {
         let flags = word(&head, TP_FLAGS as usize);
         let tp_name = self.c_name(word(&head, TP_NAME as usize)).unwrap_or_else(|| format!("<type {addr:#x}: unreadable name>"));
         let (module, qualname) = if flags & HEAPTYPE != 0 {
-            match self.heap_name(addr, &head) {
+            match self.heap_name(addr) {
                 Ok(names) => names,
                 Err(_) => {
                     self.unnamed += 1;
@@ -124,8 +124,7 @@ impl<'a> Types<'a> {
     }
 
     /// A heap type's `__module__` (its dict's str) and `__qualname__`.
-    fn heap_name(&self, addr: u64, head: &[u8]) -> Result<(String, String)> {
-        let _ = head;
+    fn heap_name(&self, addr: u64) -> Result<(String, String)> {
         let qualname = read_str(self.mem, self.layout, self.mem.read_u64_non_null(addr + self.heap.ht_qualname as u64)?)?;
         let dicts = self.dicts.as_ref().ok_or_else(|| anyhow::anyhow!("no dict reader"))?;
         let dict = self.mem.read_u64_non_null(addr + TP_DICT)?;

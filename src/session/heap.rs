@@ -45,7 +45,7 @@ pub fn heap_census(opts: &HeapOptions) -> Result<HeapRun> {
         bail!("pytrace heap does not know Python {}'s heap layout yet", python.version);
     };
     let census = walk(opts, &python, layout).map_err(|e| {
-        if !proc::is_running(opts.pid) {
+        if !proc::is_running(opts.pid) && !e.to_string().contains("exited during the heap walk") {
             anyhow::anyhow!("process {} exited during the heap walk", opts.pid)
         } else {
             e
@@ -79,6 +79,16 @@ fn walk(opts: &HeapOptions, python: &Python, heap: &heap::HeapLayout) -> Result<
     let plain = table.as_ref().ok().map(|t| arenas::walk(&mem, t, &mut types, &sizes, deadline));
     let walk_ns = started.elapsed().as_nanos() as u64;
     let stopped_ns = paused.map(|p| p.resume());
+    // A target that ended under the walk leaves a census of half a heap:
+    // an error, not a report. One that is exiting may not be a zombie yet,
+    // but its memory is gone already.
+    if !proc::is_running(pid) || mem.read_u64(runtime).is_err() {
+        let (read, all) = match (&table, &plain) {
+            (Ok(t), Some(w)) => (w.arenas_read, t.arenas.len()),
+            _ => (0, 0),
+        };
+        bail!("process {pid} exited during the heap walk, after {read} of {all} arenas and {} objects on the collector's lists", lists.objects);
+    }
 
     let mut census = Census {
         tracked_objects: lists.objects,

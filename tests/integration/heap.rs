@@ -216,3 +216,34 @@ fn tracer_pid_of(pid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status.lines().find_map(|l| l.strip_prefix("TracerPid:")?.trim().parse().ok())
 }
+
+/// A target killed while pytrace walks its heap (a walk of about 1.5 s
+/// without --stop, the kill 0.5 s in): one sentence and a non-zero exit,
+/// never a census of half a heap.
+#[test]
+fn a_target_that_exits_mid_walk_is_one_sentence() {
+    let _machine = shared();
+    let python = pyenv_python(12);
+    let dir = tempfile::tempdir().unwrap();
+    let truth = dir.path().join("truth.json");
+    let mut target = Proc(
+        Command::new(&python)
+            .arg(fixture("heap_known.py"))
+            .args([truth.to_str().unwrap(), "--instances", "300000", "--values", "10"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = target.pid();
+    wait_for_line(&mut target, "base");
+    signal(pid, libc::SIGUSR1);
+    wait_for_line(&mut target, "ready");
+    let tracer = Command::new(PYTRACE).args(["heap", "-p", &pid.to_string()]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    target.0.kill().unwrap();
+    let out = tracer.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a census of an exited process: {}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(error_lines(&err).len(), 1, "{err}");
+    assert!(err.contains(&format!("process {pid} exited during the heap walk")) || err.contains("has exited"), "{err}");
+}

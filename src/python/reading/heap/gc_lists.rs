@@ -128,3 +128,99 @@ fn read_node(mem: &Memory, node: u64, buf: &mut [u8; NODE_READ]) -> Option<()> {
     buf.fill(0);
     mem.read(node, &mut buf[..32]).ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::python::layouts::{for_build, heap::for_version};
+    use crate::python::reading::heap::types::HAVE_GC;
+
+    /// Crafted lists in this process's own memory, read through
+    /// /proc/self/mem as a target's would be: a fake GC type whose type is
+    /// itself (standing for PyType_Type), and nodes of 8 words: next, prev,
+    /// refcount, type.
+    struct Crafted {
+        ty: Vec<u64>,
+        name: Vec<u8>,
+        head: Box<[u64; 3]>,
+        nodes: Vec<[u64; 8]>,
+    }
+
+    impl Crafted {
+        fn new(n: usize) -> Self {
+            let mut c = Crafted { ty: vec![0; 32], name: b"Fake\0".to_vec(), head: Box::new([0; 3]), nodes: vec![[0; 8]; n] };
+            let ty = c.ty.as_ptr() as u64;
+            c.ty[1] = ty;
+            c.ty[3] = c.name.as_ptr() as u64;
+            c.ty[4] = 32;
+            c.ty[21] = HAVE_GC;
+            for node in c.nodes.iter_mut() {
+                node[2] = 1;
+                node[3] = ty;
+            }
+            c
+        }
+        fn head(&self) -> u64 {
+            self.head.as_ptr() as u64
+        }
+        fn node(&self, i: usize) -> u64 {
+            self.nodes[i].as_ptr() as u64
+        }
+        /// head -> 0 -> 1 -> ... -> head, each prev the one before.
+        fn link(&mut self) {
+            let n = self.nodes.len();
+            let (head, addrs): (u64, Vec<u64>) = (self.head(), (0..n).map(|i| self.node(i)).collect());
+            self.head[0] = addrs[0];
+            self.head[1] = addrs[n - 1];
+            for i in 0..n {
+                self.nodes[i][0] = if i + 1 < n { addrs[i + 1] } else { head };
+                self.nodes[i][1] = if i > 0 { addrs[i - 1] } else { head };
+            }
+        }
+        /// Walks the one list at `head` (the other two generations empty).
+        fn walk(&self) -> ListWalk {
+            let layout = for_build(3, 12, false).unwrap();
+            let heap = for_version((3, 12)).unwrap();
+            let mem = Memory::open(std::process::id()).unwrap();
+            let mut types = Types::new(&mem, layout, heap, None, self.ty.as_ptr() as u64);
+            let sizes = Sizes::new(layout, heap, 0, 0, 0);
+            let deadline = Instant::now() + std::time::Duration::from_secs(10);
+            let mut out = walk(&mem, &mut types, &sizes, [self.head(), self.head(), self.head()], 1000, deadline, |_| false);
+            // The same list stands for all three generations: one walk's worth.
+            out.objects /= 3;
+            out.refused /= 3;
+            out
+        }
+    }
+
+    #[test]
+    fn a_whole_list_counts_every_node() {
+        let mut c = Crafted::new(4);
+        c.link();
+        let out = c.walk();
+        assert_eq!((out.objects, out.refused, out.broken.as_deref()), (4, 0, None));
+    }
+
+    #[test]
+    fn a_list_that_loops_back_into_itself_stops_there() {
+        let mut c = Crafted::new(4);
+        c.link();
+        // 3's next is 1 again: 1's prev (0) is not 3, so the walk stops at 1.
+        c.nodes[3][0] = c.node(1);
+        let out = c.walk();
+        assert_eq!(out.objects, 4);
+        let broken = out.broken.unwrap();
+        assert!(broken.contains(&format!("breaks at {:#x} after 4 objects", c.node(1))), "{broken}");
+    }
+
+    #[test]
+    fn a_node_of_no_gc_type_is_refused_and_a_garbage_pointer_breaks() {
+        let mut c = Crafted::new(3);
+        c.link();
+        c.nodes[1][3] = 0x1234; // no type there
+        c.nodes[2][0] = 0xdead_0000_0008; // next is unmapped
+        let out = c.walk();
+        assert_eq!((out.objects, out.refused), (2, 1));
+        assert!(out.broken.unwrap().contains("breaks at 0xdead00000008"));
+    }
+}

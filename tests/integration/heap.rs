@@ -142,6 +142,7 @@ over_builds! {
     pyenv_3_11(Interpreter::pyenv("3.11")): census_equals_gc_get_objects;
     pyenv_3_12(Interpreter::pyenv("3.12")): census_equals_gc_get_objects;
     pyenv_3_13(Interpreter::pyenv("3.13")): census_equals_gc_get_objects;
+    debian_3_13(Interpreter::debian("3.13")): census_equals_gc_get_objects;
     debian_3_14(Interpreter::debian("3.14")): census_equals_gc_get_objects;
     debian_3_15(Interpreter::debian("3.15")): census_equals_gc_get_objects;
     debian_3_11(Interpreter::host("3.11", "/usr/bin/python3.11".into())): stripped_build_counts_tracked_objects;

@@ -55,7 +55,10 @@ pub fn heads(mem: &Memory, gc_state: u64, candidates: &[u32]) -> Result<[u64; 3]
             *head = gc_state + offset as u64 + g as u64 * GENERATION_SIZE;
             let Ok(next) = mem.read_u64(*head).map(|n| n & !FLAG_BITS) else { continue 'candidate };
             let Ok(prev) = mem.read_u64(*head + 8).map(|p| p & !FLAG_BITS) else { continue 'candidate };
-            if !(plausible(next) && plausible(prev)) {
+            // A head is only 4-byte aligned where PyGC_Head is (sid's
+            // 3.13.18): an empty list's next and prev are the head itself.
+            let head_like = |a: u64| a != 0 && a.is_multiple_of(4) && a < super::USER_END;
+            if !(head_like(next) && head_like(prev)) {
                 continue 'candidate;
             }
             let back = mem.read_u64(next + 8).map(|p| p & !FLAG_BITS).ok();

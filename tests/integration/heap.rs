@@ -267,3 +267,40 @@ fn a_target_that_exits_mid_walk_is_one_sentence() {
     assert_eq!(error_lines(&err).len(), 1, "{err}");
     assert!(err.contains(&format!("process {pid} exited during the heap walk")) || err.contains("has exited"), "{err}");
 }
+
+/// Every numeric flag of heap given extreme values: each run ends with a
+/// census (exit 0) or one `pytrace: ` sentence (exit 1 or clap's 2),
+/// never a panic, and the target is neither killed nor left traced.
+#[test]
+fn extreme_numbers_for_every_heap_flag() {
+    let _machine = shared();
+    let python = pyenv_python(12);
+    let dir = tempfile::tempdir().unwrap();
+    let truth = dir.path().join("truth.json");
+    let mut target = Proc(
+        Command::new(&python).arg(fixture("heap_known.py")).args([truth.to_str().unwrap()]).stdout(Stdio::piped()).spawn().unwrap(),
+    );
+    wait_for_line(&mut target, "base");
+    let pid = target.pid().to_string();
+    let values = ["0", "-5", "1e20", "NaN", "inf", "-inf", "18446744073709551616", "18446744073709551615", "4294967296", ""];
+    for flag in ["-p", "--interval", "-n", "--top", "--timeout"] {
+        for value in values {
+            let mut args = vec!["heap", flag, value];
+            if flag != "-p" {
+                args.extend(["-p", &pid, "--stop"]);
+            }
+            let out = pytrace(&args);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let what = format!("pytrace {args:?}");
+            assert!(matches!(out.status.code(), Some(0..=2)), "{what}: {:?}: {stderr}", out.status);
+            assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+            if !out.status.success() {
+                let said = error_lines(&stderr);
+                assert!(said.len() == 1 && said[0].starts_with("pytrace: "), "{what}: one sentence, not {stderr:?}");
+            }
+            assert_eq!(tracer_pid_of(target.pid()), Some(0), "{what}: the target is left traced");
+        }
+    }
+    signal(target.pid(), libc::SIGUSR1);
+    wait_for_line(&mut target, "ready");
+}

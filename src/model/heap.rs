@@ -34,6 +34,9 @@ pub struct Census {
     /// type was not a GC type (freed mid-walk, or garbage).
     pub tracked_objects: u64,
     pub tracked_refused: u64,
+    /// Objects in the permanent generation (`gc.freeze()`), which
+    /// gc.get_objects() and the rows leave out.
+    pub frozen_objects: u64,
     /// Where a list broke or looped, if one did.
     pub list_broken: Option<String>,
     /// Small untracked objects found in the arenas; None in `arenas_not_read`

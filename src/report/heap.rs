@@ -135,6 +135,9 @@ fn growth(snapshots: &[Snapshot]) -> Vec<Growth> {
 fn footer(c: &Census) -> String {
     let mut out = String::from("\n");
     out += &format!("covered: {} objects on the collector's lists", thousands(c.tracked_objects));
+    if c.frozen_objects > 0 {
+        out += &format!(" (and {} frozen by gc.freeze(), not in the rows, as gc.get_objects() leaves them out)", thousands(c.frozen_objects));
+    }
     match &c.arenas_not_read {
         None => {
             out += &format!(

@@ -73,9 +73,12 @@ fn walk(opts: &HeapOptions, python: &Python, heap: &heap::HeapLayout) -> Result<
     anyhow::ensure!(interp != 0, "the interpreter has not started");
     let table = ArenaTable::read(&mem, python, heap, interp, bias);
     let in_arena = |a: u64| table.as_ref().is_ok_and(|t| t.contains(a));
-    let heads = gc_lists::heads(&mem, interp + layout.interp_gc as u64, heap.generations)?;
+    let (heads, permanent) = gc_lists::heads(&mem, interp + layout.interp_gc as u64, heap.generations)?;
     let mut types = Types::new(&mem, layout, heap, thread_names::dict_reader(pid, python).ok(), pytype);
-    let lists = gc_lists::walk(&mem, &mut types, &sizes, heads, max_steps, deadline, in_arena);
+    let lists = gc_lists::walk(&mem, &mut types, &sizes, &[(heads[0], "generation 0"), (heads[1], "generation 1"), (heads[2], "generation 2")], max_steps, deadline, in_arena);
+    // gc.freeze()'s objects: gc.get_objects() leaves them out, and so do
+    // the rows; their number is said beside them.
+    let frozen = gc_lists::walk(&mem, &mut types, &sizes, &[(permanent, "the permanent generation")], max_steps, deadline, in_arena);
     let plain = table.as_ref().ok().map(|t| arenas::walk(&mem, t, &mut types, &sizes, deadline));
     let walk_ns = started.elapsed().as_nanos() as u64;
     let stopped_ns = paused.map(|p| p.resume());
@@ -92,9 +95,10 @@ fn walk(opts: &HeapOptions, python: &Python, heap: &heap::HeapLayout) -> Result<
 
     let mut census = Census {
         tracked_objects: lists.objects,
-        tracked_refused: lists.refused,
-        list_broken: lists.broken,
-        partial: lists.partial,
+        tracked_refused: lists.refused + frozen.refused,
+        list_broken: lists.broken.or(frozen.broken),
+        partial: lists.partial || frozen.partial,
+        frozen_objects: frozen.objects,
         types_unnamed: types.unnamed,
         walk_ns,
         stopped_ns,

@@ -74,6 +74,8 @@ fn check_census(py: Interpreter, has_arenas: bool) {
     let walk = &stopped["snapshots"][0];
     assert!(walk["stopped_ns"].as_u64().unwrap() > 0, "{label}: no stop time: {walk}");
     assert_eq!(walk["list_broken"], Value::Null, "{label}");
+    // gc.freeze()'s permanent generation, counted apart.
+    assert_eq!(walk["frozen_objects"], truth["freeze_count"], "{label}: frozen objects");
     if has_arenas {
         assert_eq!(walk["arenas_not_read"], Value::Null, "{label}");
     } else {

@@ -28,9 +28,10 @@ pub enum Obmalloc {
 #[derive(Debug, PartialEq, Eq)]
 pub struct HeapLayout {
     pub version: (u32, u32),
-    /// `generations[0]` in the collector's state (`interp->gc`), for each
-    /// patch release's layout; each generation is `GENERATION_SIZE` bytes.
-    pub generations: &'static [u32],
+    /// `generations[0]` and the permanent generation (`gc.freeze()`'s) in
+    /// the collector's state (`interp->gc`), for each patch release's
+    /// layout; each generation is `GENERATION_SIZE` bytes.
+    pub generations: &'static [(u32, u32)],
     pub obmalloc: Obmalloc,
     /// log2 of an arena's and of a pool's size.
     pub arena_bits: u32,
@@ -68,14 +69,14 @@ const MANAGED_DICT: u64 = 1 << 4;
 const MANAGED_WEAKREF: u64 = 1 << 3;
 
 pub static HEAP_LAYOUTS: &[HeapLayout] = &[
-    HeapLayout { version: (3, 9), generations: &[24], obmalloc: Obmalloc::Symbols, arena_bits: 18, pool_bits: 12, pre_header_flags: 0, ht_qualname: 856, int_tag_shift: None },
-    HeapLayout { version: (3, 10), generations: &[24], obmalloc: Obmalloc::Symbols, arena_bits: 20, pool_bits: 14, pre_header_flags: 0, ht_qualname: 864, int_tag_shift: None },
-    HeapLayout { version: (3, 11), generations: &[24], obmalloc: Obmalloc::Symbols, arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT, ht_qualname: 864, int_tag_shift: None },
-    HeapLayout { version: (3, 12), generations: &[24], obmalloc: Obmalloc::Inline(3960), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3) },
+    HeapLayout { version: (3, 9), generations: &[(24, 104)], obmalloc: Obmalloc::Symbols, arena_bits: 18, pool_bits: 12, pre_header_flags: 0, ht_qualname: 856, int_tag_shift: None },
+    HeapLayout { version: (3, 10), generations: &[(24, 104)], obmalloc: Obmalloc::Symbols, arena_bits: 20, pool_bits: 14, pre_header_flags: 0, ht_qualname: 864, int_tag_shift: None },
+    HeapLayout { version: (3, 11), generations: &[(24, 104)], obmalloc: Obmalloc::Symbols, arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT, ht_qualname: 864, int_tag_shift: None },
+    HeapLayout { version: (3, 12), generations: &[(24, 104)], obmalloc: Obmalloc::Inline(3960), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3) },
     // 3.13.0 at 24; 3.13.18 at 20 (PyGC_Head became 4-byte aligned).
-    HeapLayout { version: (3, 13), generations: &[24, 20], obmalloc: Obmalloc::Pointer(10800), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3) },
-    HeapLayout { version: (3, 14), generations: &[24], obmalloc: Obmalloc::Pointer(10904), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3) },
-    HeapLayout { version: (3, 15), generations: &[8], obmalloc: Obmalloc::Pointer(10880), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 880, int_tag_shift: Some(3) },
+    HeapLayout { version: (3, 13), generations: &[(24, 104), (20, 104)], obmalloc: Obmalloc::Pointer(10800), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3) },
+    HeapLayout { version: (3, 14), generations: &[(24, 96)], obmalloc: Obmalloc::Pointer(10904), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3) },
+    HeapLayout { version: (3, 15), generations: &[(8, 80)], obmalloc: Obmalloc::Pointer(10880), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 880, int_tag_shift: Some(3) },
 ];
 
 /// The row of `version`, if `heap` knows it.

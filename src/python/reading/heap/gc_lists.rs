@@ -45,39 +45,42 @@ pub struct ListWalk {
     pub partial: bool,
 }
 
-/// The three generation heads in the collector's state at `gc_state`: the
-/// first candidate offset whose three heads are each a list (the first
-/// node's prev and the last node's next are the head).
-pub fn heads(mem: &Memory, gc_state: u64, candidates: &[u32]) -> Result<[u64; 3]> {
-    'candidate: for &offset in candidates {
-        let mut heads = [0; 3];
-        for (g, head) in heads.iter_mut().enumerate() {
-            *head = gc_state + offset as u64 + g as u64 * GENERATION_SIZE;
-            let Ok(next) = mem.read_u64(*head).map(|n| n & !FLAG_BITS) else { continue 'candidate };
-            let Ok(prev) = mem.read_u64(*head + 8).map(|p| p & !FLAG_BITS) else { continue 'candidate };
-            // A head is only 4-byte aligned where PyGC_Head is (sid's
-            // 3.13.18): an empty list's next and prev are the head itself.
-            let head_like = |a: u64| a != 0 && a.is_multiple_of(4) && a < super::USER_END;
-            if !(head_like(next) && head_like(prev)) {
-                continue 'candidate;
-            }
-            let back = mem.read_u64(next + 8).map(|p| p & !FLAG_BITS).ok();
-            let forward = mem.read_u64(prev).map(|n| n & !FLAG_BITS).ok();
-            if back != Some(*head) || forward != Some(*head) {
-                continue 'candidate;
-            }
+/// The three generation heads and the permanent generation's in the
+/// collector's state at `gc_state`: the first candidate layout whose four
+/// heads are each a list (the first node's prev and the last node's next
+/// are the head).
+pub fn heads(mem: &Memory, gc_state: u64, candidates: &[(u32, u32)]) -> Result<([u64; 3], u64)> {
+    for &(generations, permanent) in candidates {
+        let heads = [0, 1, 2].map(|g| gc_state + generations as u64 + g * GENERATION_SIZE);
+        let permanent = gc_state + permanent as u64;
+        if heads.iter().chain([&permanent]).all(|&head| is_list_head(mem, head)) {
+            return Ok((heads, permanent));
         }
-        return Ok(heads);
     }
     bail!("the collector's generation lists are not where this version keeps them (tried offsets {candidates:?} in its state)")
 }
 
-/// Walks the three lists from `heads`, at most `max_steps` nodes in all.
+fn is_list_head(mem: &Memory, head: u64) -> bool {
+    let (Ok(next), Ok(prev)) = (mem.read_u64(head), mem.read_u64(head + 8)) else { return false };
+    let (next, prev) = (next & !FLAG_BITS, prev & !FLAG_BITS);
+    // A head is only 4-byte aligned where PyGC_Head is (sid's 3.13.18): an
+    // empty list's next and prev are the head itself.
+    let head_like = |a: u64| a != 0 && a.is_multiple_of(4) && a < super::USER_END;
+    if !(head_like(next) && head_like(prev)) {
+        return false;
+    }
+    let back = mem.read_u64(next + 8).map(|p| p & !FLAG_BITS).ok();
+    let forward = mem.read_u64(prev).map(|n| n & !FLAG_BITS).ok();
+    back == Some(head) && forward == Some(head)
+}
+
+/// Walks the lists from `heads` (each with the name a message gives it:
+/// "generation 0"), at most `max_steps` nodes in all.
 pub fn walk(
     mem: &Memory,
     types: &mut Types,
     sizes: &Sizes,
-    heads: [u64; 3],
+    heads: &[(u64, &str)],
     max_steps: u64,
     deadline: Instant,
     in_arena: impl Fn(u64) -> bool + Copy,
@@ -85,10 +88,10 @@ pub fn walk(
     let mut out = ListWalk::default();
     let mut steps = 0u64;
     let mut node_bytes = [0u8; NODE_READ];
-    for (generation, &head) in heads.iter().enumerate() {
+    for &(head, generation) in heads {
         let mut previous = head;
         let Ok(mut node) = mem.read_u64(head).map(|n| n & !FLAG_BITS) else {
-            out.broken = Some(format!("generation {generation}'s list head at {head:#x} is unreadable"));
+            out.broken = Some(format!("{generation}'s list head at {head:#x} is unreadable"));
             continue;
         };
         let mut walked = 0u64;
@@ -100,7 +103,7 @@ pub fn walk(
             }
             let ok = plausible(node) && read_node(mem, node, &mut node_bytes).is_some();
             if !ok || word(&node_bytes, 8) & !FLAG_BITS != previous {
-                out.broken = Some(format!("generation {generation}'s list breaks at {node:#x} after {walked} objects"));
+                out.broken = Some(format!("{generation}'s list breaks at {node:#x} after {walked} objects"));
                 break;
             }
             let next = word(&node_bytes, 0) & !FLAG_BITS;
@@ -188,7 +191,7 @@ mod tests {
             let mut types = Types::new(&mem, layout, heap, None, self.ty.as_ptr() as u64);
             let sizes = Sizes::new(layout, heap, 0, 0, 0);
             let deadline = Instant::now() + std::time::Duration::from_secs(10);
-            let mut out = walk(&mem, &mut types, &sizes, [self.head(), self.head(), self.head()], 1000, deadline, |_| false);
+            let mut out = walk(&mem, &mut types, &sizes, &[(self.head(), "generation 0"), (self.head(), "generation 1"), (self.head(), "generation 2")], 1000, deadline, |_| false);
             // The same list stands for all three generations: one walk's worth.
             out.objects /= 3;
             out.refused /= 3;

@@ -360,6 +360,9 @@ struct HeapArgs {
     /// Write the census as JSON to FILE ("-" for standard output)
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    /// Which types grew between two saved `heap --json` reports (the earlier first)
+    #[arg(long, num_args = 2, value_names = ["A.json", "B.json"], conflicts_with_all = ["pid", "stop", "interval", "count"])]
+    diff: Option<Vec<PathBuf>>,
     /// Not taken: heap reads a process that runs (-p)
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
     command: Vec<String>,
@@ -530,7 +533,13 @@ impl Cli {
                 if !args.command.is_empty() {
                     bail!("pytrace heap reads a process that is already running: start the program, then give its PID with -p (a heap census of a command would have no moment to be taken at)");
                 }
-                let Some(pid) = args.pid else { bail!("pytrace heap needs the PID of a running Python process: -p PID") };
+                let diff = args.diff.map(|mut files| {
+                    let b = files.pop().expect("two files");
+                    (files.pop().expect("two files"), b)
+                });
+                let Some(pid) = args.pid.or(diff.as_ref().map(|_| 0)) else {
+                    bail!("pytrace heap needs the PID of a running Python process: -p PID (or --diff A.json B.json)")
+                };
                 let valid = |s: f64| s.is_finite() && s > 0.0 && s <= 86400.0;
                 if !valid(args.timeout) {
                     bail!("--timeout must be a number of seconds above 0 and at most a day");
@@ -554,6 +563,7 @@ impl Cli {
                     top: args.top,
                     timeout: Duration::from_secs_f64(args.timeout),
                     json: args.json,
+                    diff,
                 })
             }
         }

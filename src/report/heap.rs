@@ -5,7 +5,8 @@
 
 use std::collections::HashMap;
 
-use serde::Serialize;
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
 
 use super::{thousands, PythonInfo, ReportKind};
 use crate::model::heap::{Census, TypeRow};
@@ -26,10 +27,13 @@ pub struct HeapReport {
     pub top: usize,
 }
 
-#[derive(Serialize, schemars::JsonSchema)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Snapshot {
     /// Seconds since the first walk started.
     pub at_s: f64,
+    /// When the walk started, in seconds since the Unix epoch (what
+    /// `--diff` takes the time between two reports from).
+    pub unix_s: f64,
     #[serde(flatten)]
     pub census: Census,
 }
@@ -42,6 +46,40 @@ pub struct Growth {
     pub bytes_delta: i64,
     /// Objects per second over the walks' span.
     pub count_per_s: f64,
+}
+
+/// A saved `heap --json` report, as `--diff` reads it back.
+#[derive(Deserialize)]
+struct Saved {
+    kind: ReportKind,
+    pid: u32,
+    python: PythonInfo,
+    snapshots: Vec<Snapshot>,
+}
+
+/// A report file larger than this is not one `heap` wrote for a process.
+const MAX_SAVED_BYTES: u64 = 1 << 28;
+
+/// The last walk of a saved heap report, its PID and Python version.
+pub fn read_saved(path: &std::path::Path) -> Result<(u32, String, Snapshot)> {
+    let name = path.display();
+    let size = std::fs::metadata(path).with_context(|| format!("could not read {name}"))?.len();
+    if size > MAX_SAVED_BYTES {
+        bail!("{name} is {size} bytes: not a heap report");
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("could not read {name}"))?;
+    let saved: Saved = serde_json::from_str(&text).map_err(|e| {
+        let kind = serde_json::from_str::<serde_json::Value>(&text).ok().and_then(|v| v["kind"].as_str().map(str::to_string));
+        match kind {
+            Some(k) if k != "heap" => anyhow::anyhow!("{name} is a `pytrace {k} --json` report, not a heap report"),
+            _ => anyhow::anyhow!("{name} is not a `pytrace heap --json` report: {e}"),
+        }
+    })?;
+    if saved.kind != ReportKind::Heap {
+        bail!("{name} is not a `pytrace heap --json` report");
+    }
+    let Some(last) = saved.snapshots.into_iter().last() else { bail!("{name} holds no walk") };
+    Ok((saved.pid, saved.python.version, last))
 }
 
 impl HeapReport {

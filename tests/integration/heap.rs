@@ -306,3 +306,42 @@ fn extreme_numbers_for_every_heap_flag() {
     signal(target.pid(), libc::SIGUSR1);
     wait_for_line(&mut target, "ready");
 }
+
+/// `--diff A.json B.json` of two saved walks of fixtures/heap_growing.py
+/// 2 s apart: Leaked first, at the fixture's own rate within 10 %; a report
+/// of another kind is refused in one sentence.
+#[test]
+fn diff_of_two_saved_reports_names_the_leak() {
+    let _machine = shared();
+    let python = pyenv_python(12);
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
+    let mut target = Proc(Command::new(&python).arg(fixture("heap_growing.py")).stdout(Stdio::piped()).spawn().unwrap());
+    wait_for_line(&mut target, "ready");
+    let pid = target.pid().to_string();
+    for (i, file) in [&a, &b].into_iter().enumerate() {
+        if i > 0 {
+            std::thread::sleep(std::time::Duration::from_secs(2));
+        }
+        let out = pytrace(&["heap", "-p", &pid, "--json", file.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    signal(target.pid(), libc::SIGUSR1);
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(target.0.stdout.as_mut().unwrap()), &mut line).unwrap();
+    let own_rate: f64 = line.trim().strip_prefix("rate ").unwrap_or_else(|| panic!("{line:?}")).parse().unwrap();
+    let out = pytrace(&["heap", "--diff", a.to_str().unwrap(), b.to_str().unwrap(), "--json", "-"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = parse_report(&out.stdout);
+    let first = &report["growth"][0];
+    assert_eq!(first["qualname"], "Leaked", "{}", report["growth"]);
+    let rate = first["count_per_s"].as_f64().unwrap();
+    assert!(first["count_delta"].as_i64().unwrap() >= 3_000, "{first}");
+    assert!((rate - own_rate).abs() <= own_rate * 0.10, "--diff's rate {rate}/s, the fixture's own {own_rate}/s");
+    // Another kind of report: one sentence.
+    let info = dir.path().join("info.json");
+    assert!(pytrace(&["info", "--json", info.to_str().unwrap()]).status.success());
+    let out = pytrace(&["heap", "--diff", info.to_str().unwrap(), b.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && error_lines(&err).len() == 1 && err.contains("not a heap report"), "{err}");
+}

@@ -26,7 +26,9 @@ Examples:
   pytrace info                            what this kernel lets pytrace do
   pytrace top -p 1234                     a live view, like top (q quits)
   pytrace dump -p 1234                    every thread's stack right now
-  pytrace restore -p 1234                 put back an eval-frame hook a killed run left set";
+  pytrace restore -p 1234                 put back an eval-frame hook a killed run left set
+  pytrace heap -p 1234 --stop             the live objects by type, the process held still
+  pytrace heap -p 1234 --interval 30 -n 5 which types grow";
 
 #[derive(Parser)]
 #[command(name = "pytrace", version, about = "See what a running CPython process does, from outside it, with eBPF", after_help = EXAMPLES)]
@@ -62,6 +64,8 @@ enum Command {
     Schema(SchemaArgs),
     /// The bytes each Python stack made the heap grow by and still holds, sampled by bytes
     Memory(MemoryArgs),
+    /// The live objects by type (count, bytes, share), read from outside; which types grow
+    Heap(HeapArgs),
 }
 
 #[derive(Args)]
@@ -356,6 +360,40 @@ struct DumpArgs {
 }
 
 #[derive(Args)]
+struct HeapArgs {
+    /// PID of the Python process
+    #[arg(short, long, allow_negative_numbers = true)]
+    pid: Option<u32>,
+    /// Hold every thread of the target still during each walk (ptrace), for an exact snapshot
+    #[arg(long)]
+    stop: bool,
+    /// Group the rows by the module that defines each type
+    #[arg(long)]
+    by_module: bool,
+    /// Walk every SECONDS and show which types grew (with -n)
+    #[arg(long, value_name = "SECONDS")]
+    interval: Option<f64>,
+    /// How many walks (default 1; 2 with --interval)
+    #[arg(short = 'n', long = "count", value_name = "K")]
+    count: Option<u32>,
+    /// Rows shown in the table
+    #[arg(long, default_value_t = 30)]
+    top: usize,
+    /// A walk that takes longer than SECONDS ends there, marked partial
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    timeout: f64,
+    /// Write the census as JSON to FILE ("-" for standard output)
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Which types grew between two saved `heap --json` reports (the earlier first)
+    #[arg(long, num_args = 2, value_names = ["A.json", "B.json"], conflicts_with_all = ["pid", "stop", "interval", "count"])]
+    diff: Option<Vec<PathBuf>>,
+    /// Not taken: heap reads a process that runs (-p)
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    command: Vec<String>,
+}
+
+#[derive(Args)]
 struct RestoreArgs {
     /// PID of the Python process whose interp->eval_frame pytrace left set
     #[arg(short, long, allow_negative_numbers = true)]
@@ -522,6 +560,42 @@ impl Cli {
                 anyhow::ensure!(args.interval.is_finite() && args.interval >= 0.1, "--interval must be at least 0.1 seconds");
                 let interval = std::time::Duration::from_secs_f64(args.interval);
                 commands::memory::run(commands::memory::Options { target, duration, memory: crate::tracing::memory::Options { every: args.every, interval }, top: args.top, json: args.json, folded: args.folded })
+            Command::Heap(args) => {
+                if !args.command.is_empty() {
+                    bail!("pytrace heap reads a process that is already running: start the program, then give its PID with -p (a heap census of a command would have no moment to be taken at)");
+                }
+                let diff = args.diff.map(|mut files| {
+                    let b = files.pop().expect("two files");
+                    (files.pop().expect("two files"), b)
+                });
+                let Some(pid) = args.pid.or(diff.as_ref().map(|_| 0)) else {
+                    bail!("pytrace heap needs the PID of a running Python process: -p PID (or --diff A.json B.json)")
+                };
+                let valid = |s: f64| s.is_finite() && s > 0.0 && s <= 86400.0;
+                if !valid(args.timeout) {
+                    bail!("--timeout must be a number of seconds above 0 and at most a day");
+                }
+                if let Some(i) = args.interval.filter(|&i| !valid(i)) {
+                    bail!("--interval must be a number of seconds above 0 and at most a day, not {i}");
+                }
+                let walks = args.count.unwrap_or(if args.interval.is_some() { 2 } else { 1 });
+                if walks == 0 || walks > 10_000 {
+                    bail!("-n must be between 1 and 10000 walks");
+                }
+                if walks > 1 && args.interval.is_none() {
+                    bail!("-n {walks} needs --interval SECONDS between the walks");
+                }
+                commands::heap::run(commands::heap::Options {
+                    pid,
+                    stop: args.stop,
+                    by_module: args.by_module,
+                    interval: args.interval.map(Duration::from_secs_f64),
+                    walks,
+                    top: args.top,
+                    timeout: Duration::from_secs_f64(args.timeout),
+                    json: args.json,
+                    diff,
+                })
             }
         }
     }

@@ -13,3 +13,4 @@ pub mod schema;
 pub mod top;
 pub mod top_calls;
 pub mod memory;
+pub mod heap;

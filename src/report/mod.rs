@@ -16,6 +16,7 @@ pub mod schema;
 pub mod terminal;
 pub mod top;
 pub mod memory;
+pub mod heap;
 
 use anyhow::Result;
 
@@ -54,6 +55,7 @@ pub enum ReportKind {
     Compare,
     Dump,
     Info,
+    Heap,
 }
 
 impl ReportKind {
@@ -68,6 +70,7 @@ impl ReportKind {
             ReportKind::Compare => "`pytrace compare --json`",
             ReportKind::Dump => "`pytrace dump --json`",
             ReportKind::Info => "`pytrace info --json`",
+            ReportKind::Heap => "`pytrace heap --json`",
         }
     }
 }

@@ -13,10 +13,11 @@ use super::gil::GilReport;
 use super::imports::ImportsReport;
 use super::info::{Findings, KernelOnly};
 use super::profile::SampleReport;
+use super::heap::HeapReport;
 
 /// Every report kind with a JSON form, as `pytrace schema` and
 /// docs/schema/KIND.json name it.
-pub const KINDS: [&str; 8] = ["calls", "compare", "dump", "gc", "gil", "imports", "info", "sample"];
+pub const KINDS: [&str; 9] = ["calls", "compare", "dump", "gc", "gil", "imports", "info", "sample", "heap"];
 
 // A report as `to_json_text` writes it: `schema_version` first, then the
 // report's own fields. Only its schema is used.
@@ -57,6 +58,7 @@ pub fn schema(kind: &str) -> Option<Schema> {
         "imports" => written::<Versioned<ImportsReport>>(),
         "info" => written::<Versioned<InfoReport>>(),
         "sample" => written::<Versioned<SampleReport<'static>>>(),
+        "heap" => written::<Versioned<HeapReport>>(),
         _ => return None,
     };
     schema.insert("title".into(), format!("pytrace {kind} --json").into());

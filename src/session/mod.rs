@@ -24,6 +24,7 @@ mod run;
 mod sampling;
 mod snapshot;
 mod memory;
+mod heap;
 
 use std::collections::HashMap;
 use std::io::IsTerminal;
@@ -47,6 +48,7 @@ pub use run::Run;
 pub use sampling::{sample, sample_target};
 pub use snapshot::snapshot;
 pub use memory::trace_memory;
+pub use heap::{heap_census, HeapOptions};
 
 pub use launch::Command as LaunchCommand;
 

@@ -37,3 +37,4 @@ mod sample_native;
 mod terminal_escapes;
 mod viewers;
 mod memory;
+mod heap;

@@ -11,6 +11,7 @@
 
 mod facts;
 mod table;
+pub mod heap;
 
 pub use facts::VersionFacts;
 

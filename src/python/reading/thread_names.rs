@@ -61,12 +61,30 @@ pub fn read(pid: u32, python: &Python) -> Result<PythonThreadNames> {
     reader.names(runtime)
 }
 
-struct Reader<'l> {
+/// A reader of the target's dicts and strs, with every check above, for
+/// another reader (the heap census names heap types by their `__module__`).
+pub(crate) fn dict_reader(pid: u32, python: &Python) -> Result<Reader<'_>> {
+    let layout = &python.layout;
+    ensure!(!layout.free_threaded, "a free-threaded build's dicts are not read without their locks");
+    let bias = python.load_bias_in(pid)?;
+    let type_at = |name: &str| python.symbol(name).map(|t| t.wrapping_add(bias));
+    Ok(Reader {
+        mem: Memory::open(pid)?,
+        layout,
+        o: &layout.objects,
+        dict_type: type_at("PyDict_Type")?,
+        str_type: type_at("PyUnicode_Type")?,
+        int_type: type_at("PyLong_Type")?,
+        module_type: type_at("PyModule_Type")?,
+    })
+}
+
+pub(crate) struct Reader<'l> {
     mem: Memory,
     layout: &'l Layout,
     o: &'l ObjectLayout,
     dict_type: u64,
-    str_type: u64,
+    pub(crate) str_type: u64,
     int_type: u64,
     module_type: u64,
 }
@@ -148,7 +166,7 @@ impl Reader<'_> {
     }
 
     /// `dict[name]` for a str `name`, or None if it has no such key.
-    fn dict_get(&self, dict: u64, name: &str) -> Result<Option<u64>> {
+    pub(crate) fn dict_get(&self, dict: u64, name: &str) -> Result<Option<u64>> {
         for (key, value) in self.dict_items(dict)? {
             if self.type_of(key)? == self.str_type && self.str(key).is_ok_and(|k| k == name) {
                 return Ok(Some(value));
@@ -225,11 +243,12 @@ impl Reader<'_> {
         Ok(value)
     }
 
-    fn str(&self, obj: u64) -> Result<String> {
+    /// A str object's text (a compact str, at most 4096 characters).
+    pub(crate) fn str(&self, obj: u64) -> Result<String> {
         read_str(&self.mem, self.layout, obj)
     }
 
-    fn type_of(&self, obj: u64) -> Result<u64> {
+    pub(crate) fn type_of(&self, obj: u64) -> Result<u64> {
         self.mem.read_u64_non_null(obj + self.layout.object_type as u64)
     }
 }

@@ -1,0 +1,85 @@
+//! What `pytrace heap` reads that neither `_Py_DebugOffsets` nor the
+//! generated table has yet: where the collector's generation heads sit in
+//! its state, where obmalloc keeps its arena table, the arena and pool
+//! sizes, and the type fields a census names and sizes objects by.
+//!
+//! Measured: printed by `offsetof`/`sizeof` from each build's own headers
+//! (a program like bench/heap/offsets.c, compiled against pyenv's 3.9.18,
+//! 3.10.13, 3.11.7, 3.12.1, 3.13.0 and sid's 3.13.18, 3.14.10, 3.15.2
+//! headers, scripts/pythons.sh headers); the design (docs/design/heap.md)
+//! has the table. They move between patch releases (sid's 3.13.18 moved
+//! the generations from 24 to 20), so a field that did is a list of
+//! candidates, each kept only if the target's memory proves it (the three
+//! heads are lists: src/python/reading/heap/gc_lists.rs). Moving them into
+//! scripts/layout-offsets.c is left to do.
+
+/// Where obmalloc's state (its `mgmt.arenas` table) is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Obmalloc {
+    /// Static in obmalloc.c (3.9 to 3.11): the `arenas` and `maxarenas`
+    /// symbols, in .symtab only (a stripped build has neither).
+    Symbols,
+    /// `interp->obmalloc` inline at this offset (3.12).
+    Inline(u32),
+    /// `interp->obmalloc` a pointer at this offset (3.13+).
+    Pointer(u32),
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct HeapLayout {
+    pub version: (u32, u32),
+    /// `generations[0]` and the permanent generation (`gc.freeze()`'s) in
+    /// the collector's state (`interp->gc`), for each patch release's
+    /// layout; each generation is `GENERATION_SIZE` bytes.
+    pub generations: &'static [(u32, u32)],
+    pub obmalloc: Obmalloc,
+    /// log2 of an arena's and of a pool's size.
+    pub arena_bits: u32,
+    pub pool_bits: u32,
+    /// The type flags that put two more words (a managed dict, a weakref
+    /// list) before an object's PyGC_Head: 3.11's Py_TPFLAGS_MANAGED_DICT,
+    /// 3.12+'s and Py_TPFLAGS_MANAGED_WEAKREF. sys.getsizeof counts them.
+    pub pre_header_flags: u64,
+    /// PyHeapTypeObject.ht_qualname.
+    pub ht_qualname: u32,
+    /// An int's digit count is its size word shifted right by this (3.12+'s
+    /// lv_tag); None: the size word is the signed digit count.
+    pub int_tag_shift: Option<u32>,
+}
+
+/// struct gc_generation: its list head (16 bytes), threshold and count.
+pub const GENERATION_SIZE: u64 = 24;
+/// Offsets in PyTypeObject, the same from 3.9 to 3.15 in every default build.
+pub const TP_NAME: u64 = 24;
+pub const TP_BASICSIZE: u64 = 32;
+pub const TP_ITEMSIZE: u64 = 40;
+pub const TP_FLAGS: u64 = 168;
+pub const TP_DICT: u64 = 264;
+/// struct arena_object's size and fields (obmalloc.c, 3.9 to 3.15).
+pub const ARENA_OBJECT_SIZE: u64 = 48;
+pub const MGMT_ARENAS: u64 = 512;
+pub const MGMT_MAXARENAS: u64 = 520;
+/// struct pool_header: ref.count (u32) at 0, freeblock at 8, szidx,
+/// nextoffset, maxnextoffset (u32s) at 36, 40, 44; its size (POOL_OVERHEAD).
+pub const POOL_OVERHEAD: u64 = 48;
+/// obmalloc's ALIGNMENT on x86-64: block sizes are multiples of it.
+pub const ALIGNMENT: u64 = 16;
+
+const MANAGED_DICT: u64 = 1 << 4;
+const MANAGED_WEAKREF: u64 = 1 << 3;
+
+pub static HEAP_LAYOUTS: &[HeapLayout] = &[
+    HeapLayout { version: (3, 9), generations: &[(24, 104)], obmalloc: Obmalloc::Symbols, arena_bits: 18, pool_bits: 12, pre_header_flags: 0, ht_qualname: 856, int_tag_shift: None },
+    HeapLayout { version: (3, 10), generations: &[(24, 104)], obmalloc: Obmalloc::Symbols, arena_bits: 20, pool_bits: 14, pre_header_flags: 0, ht_qualname: 864, int_tag_shift: None },
+    HeapLayout { version: (3, 11), generations: &[(24, 104)], obmalloc: Obmalloc::Symbols, arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT, ht_qualname: 864, int_tag_shift: None },
+    HeapLayout { version: (3, 12), generations: &[(24, 104)], obmalloc: Obmalloc::Inline(3960), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3) },
+    // 3.13.0 at 24; 3.13.18 at 20 (PyGC_Head became 4-byte aligned).
+    HeapLayout { version: (3, 13), generations: &[(24, 104), (20, 104)], obmalloc: Obmalloc::Pointer(10800), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3) },
+    HeapLayout { version: (3, 14), generations: &[(24, 96)], obmalloc: Obmalloc::Pointer(10904), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3) },
+    HeapLayout { version: (3, 15), generations: &[(8, 80)], obmalloc: Obmalloc::Pointer(10880), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 880, int_tag_shift: Some(3) },
+];
+
+/// The row of `version`, if `heap` knows it.
+pub fn for_version(version: (u32, u32)) -> Option<&'static HeapLayout> {
+    HEAP_LAYOUTS.iter().find(|l| l.version == version)
+}

@@ -1,0 +1,155 @@
+//! Which addresses are type objects, and what each is called and how big
+//! its instances are. A census trusts an object only through its type, so
+//! a type is checked before any object counts under it: its own type is
+//! PyType_Type, or a metaclass that reaches it in a few steps; its sizes
+//! are in bounds; it lies in no arena (no type object is that small:
+//! CPython's static types are in the binary, heap types exceed 512 bytes).
+//! Each address is checked once and cached, refusals too.
+
+use std::collections::HashMap;
+
+use anyhow::{ensure, Result};
+
+use super::{plausible, word};
+use crate::process::proc::Memory;
+use crate::python::layouts::heap::{HeapLayout, TP_BASICSIZE, TP_DICT, TP_FLAGS, TP_ITEMSIZE, TP_NAME};
+use crate::python::reading::code::read_str;
+use crate::python::reading::thread_names::Reader;
+use crate::python::Layout;
+
+/// Py_TPFLAGS_HEAPTYPE: a class made at run time (a `class` statement,
+/// PyType_FromSpec), named by its `__module__` and `__qualname__`.
+const HEAPTYPE: u64 = 1 << 9;
+/// Py_TPFLAGS_HAVE_GC: instances carry a PyGC_Head and may be tracked.
+pub const HAVE_GC: u64 = 1 << 14;
+/// No instance is larger than this without its items, nor has items larger.
+const MAX_BASICSIZE: u64 = 1 << 20;
+const MAX_ITEMSIZE: u64 = 1 << 16;
+/// A metaclass of a metaclass...: more steps than this to PyType_Type is garbage.
+const MAX_META_STEPS: usize = 4;
+/// Longer type names are cut here.
+const MAX_NAME: usize = 256;
+/// More distinct types than this is not a heap pytrace will census.
+const MAX_TYPES: usize = 1 << 20;
+
+#[derive(Debug, Clone)]
+pub struct TypeInfo {
+    pub address: u64,
+    /// `__module__` and `__qualname__`, as `type(o).__module__` gives them
+    /// (static types: what their tp_name says, "builtins" without a dot).
+    pub module: String,
+    pub qualname: String,
+    pub flags: u64,
+    pub basicsize: u64,
+    pub itemsize: u64,
+}
+
+impl TypeInfo {
+    pub fn has_gc(&self) -> bool {
+        self.flags & HAVE_GC != 0
+    }
+}
+
+/// The checked types met so far, by address.
+pub struct Types<'a> {
+    mem: &'a Memory,
+    layout: &'a Layout,
+    heap: &'a HeapLayout,
+    dicts: Option<Reader<'a>>,
+    pytype: u64,
+    cache: HashMap<u64, Option<usize>>,
+    pub infos: Vec<TypeInfo>,
+    /// Heap types whose `__module__` or `__qualname__` could not be read
+    /// (named by tp_name, or as unreadable).
+    pub unnamed: u64,
+}
+
+impl<'a> Types<'a> {
+    /// `pytype` is PyType_Type's address in the target; `dicts` reads heap
+    /// types' `__module__` (None: they are named by tp_name).
+    pub fn new(mem: &'a Memory, layout: &'a Layout, heap: &'a HeapLayout, dicts: Option<Reader<'a>>, pytype: u64) -> Self {
+        Self { mem, layout, heap, dicts, pytype, cache: HashMap::new(), infos: Vec::new(), unnamed: 0 }
+    }
+
+    /// The index in `infos` of the type at `addr`, if it is one. `in_arena`
+    /// refuses, without a read, what lies in an allocator arena.
+    pub fn check(&mut self, addr: u64, in_arena: impl Fn(u64) -> bool) -> Option<usize> {
+        if let Some(&known) = self.cache.get(&addr) {
+            return known;
+        }
+        if !plausible(addr) || in_arena(addr) {
+            // Not cached: most such words are list pointers, never met again.
+            return None;
+        }
+        let found = self.read(addr).ok().filter(|_| self.infos.len() < MAX_TYPES).map(|info| {
+            self.infos.push(info);
+            self.infos.len() - 1
+        });
+        if self.cache.len() < MAX_TYPES * 4 {
+            self.cache.insert(addr, found);
+        }
+        found
+    }
+
+    fn read(&mut self, addr: u64) -> Result<TypeInfo> {
+        let mut head = [0u8; TP_FLAGS as usize + 8];
+        self.mem.read(addr, &mut head)?;
+        let mut meta = word(&head, self.layout.object_type as usize);
+        let mut steps = 0;
+        while meta != self.pytype {
+            ensure!(plausible(meta) && steps < MAX_META_STEPS, "not a type");
+            meta = self.mem.read_u64(meta + self.layout.object_type as u64)?;
+            steps += 1;
+        }
+        let (basicsize, itemsize) = (word(&head, TP_BASICSIZE as usize), word(&head, TP_ITEMSIZE as usize));
+        ensure!(basicsize > 0 && basicsize <= MAX_BASICSIZE && itemsize <= MAX_ITEMSIZE, "sizes out of bounds");
+        let flags = word(&head, TP_FLAGS as usize);
+        let tp_name = self.c_name(word(&head, TP_NAME as usize)).unwrap_or_else(|| format!("<type {addr:#x}: unreadable name>"));
+        let (module, qualname) = if flags & HEAPTYPE != 0 {
+            match self.heap_name(addr) {
+                Ok(names) => names,
+                Err(_) => {
+                    self.unnamed += 1;
+                    (String::from("?"), tp_name)
+                }
+            }
+        } else {
+            // type.__module__ and __qualname__ of a static type: split at its last dot.
+            match tp_name.rsplit_once('.') {
+                Some((module, name)) => (module.to_string(), name.to_string()),
+                None => ("builtins".to_string(), tp_name),
+            }
+        };
+        Ok(TypeInfo { address: addr, module, qualname, flags, basicsize, itemsize })
+    }
+
+    /// A heap type's `__module__` (its dict's str) and `__qualname__`.
+    fn heap_name(&self, addr: u64) -> Result<(String, String)> {
+        let qualname = read_str(self.mem, self.layout, self.mem.read_u64_non_null(addr + self.heap.ht_qualname as u64)?)?;
+        let dicts = self.dicts.as_ref().ok_or_else(|| anyhow::anyhow!("no dict reader"))?;
+        let dict = self.mem.read_u64_non_null(addr + TP_DICT)?;
+        let module = dicts.dict_get(dict, "__module__")?.ok_or_else(|| anyhow::anyhow!("no __module__"))?;
+        ensure!(dicts.type_of(module)? == dicts.str_type, "__module__ is not a str");
+        Ok((dicts.str(module)?, qualname))
+    }
+
+    /// A C string of at most MAX_NAME bytes, printable UTF-8, read without
+    /// crossing into the next page (which may be unmapped).
+    fn c_name(&self, at: u64) -> Option<String> {
+        if at == 0 || at >= super::USER_END {
+            return None;
+        }
+        let to_page_end = 4096 - (at % 4096) as usize;
+        let mut bytes = vec![0u8; MAX_NAME.min(to_page_end)];
+        self.mem.read(at, &mut bytes).ok()?;
+        if !bytes.contains(&0) && bytes.len() < MAX_NAME {
+            let mut more = vec![0u8; MAX_NAME - bytes.len()];
+            if self.mem.read(at + bytes.len() as u64, &mut more).is_ok() {
+                bytes.extend(more);
+            }
+        }
+        let end = bytes.iter().position(|&b| b == 0)?;
+        let name = std::str::from_utf8(&bytes[..end]).ok()?;
+        (!name.is_empty() && !name.chars().any(char::is_control)).then(|| name.to_string())
+    }
+}

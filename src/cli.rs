@@ -560,6 +560,7 @@ impl Cli {
                 anyhow::ensure!(args.interval.is_finite() && args.interval >= 0.1, "--interval must be at least 0.1 seconds");
                 let interval = std::time::Duration::from_secs_f64(args.interval);
                 commands::memory::run(commands::memory::Options { target, duration, memory: crate::tracing::memory::Options { every: args.every, interval }, top: args.top, json: args.json, folded: args.folded })
+            }
             Command::Heap(args) => {
                 if !args.command.is_empty() {
                     bail!("pytrace heap reads a process that is already running: start the program, then give its PID with -p (a heap census of a command would have no moment to be taken at)");

@@ -60,6 +60,8 @@ enum Command {
     /// The JSON Schema of a report kind's --json output (docs/schema/KIND.json)
     #[command(hide = true)]
     Schema(SchemaArgs),
+    /// Always-on profiling of every CPython on the host, pushed every interval to Pyroscope or a directory, with /metrics
+    Agent(AgentArgs),
 }
 
 #[derive(Args)]
@@ -343,6 +345,22 @@ struct SchemaArgs {
     kind: String,
 }
 
+#[derive(Args)]
+struct AgentArgs {
+    /// The configuration file (TOML, docs/commands/agent.md); flags override it
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Samples per second (default 19)
+    #[arg(long, value_name = "HZ")]
+    frequency: Option<u64>,
+    /// Seconds each exported profile covers (default 15)
+    #[arg(long, value_name = "SECONDS")]
+    interval: Option<f64>,
+    /// Serve Prometheus metrics at http://ADDRESS/metrics (like 127.0.0.1:9465)
+    #[arg(long, value_name = "ADDRESS")]
+    metrics_address: Option<String>,
+}
+
 /// The longest --duration: a year. Longer ones would overflow the clock
 /// arithmetic of a deadline (1e20 s does), and a run meant to last that
 /// long is one without -d.
@@ -491,6 +509,10 @@ impl Cli {
             Command::Dump(args) => commands::dump::run(commands::dump::Options { pid: args.pid, native: args.native, async_tasks: args.async_tasks, json: args.json }),
             Command::Restore(args) => commands::restore::run(args.pid),
             Command::Schema(args) => commands::schema::run(&args.kind),
+            Command::Agent(args) => {
+                let interval = args.interval.map(|s| if s.is_finite() && (1.0..=3600.0).contains(&s) { Ok(Duration::from_secs_f64(s)) } else { Err(anyhow::anyhow!("--interval must be between 1 and 3600 seconds")) }).transpose()?;
+                commands::agent::run(commands::agent::Options { config: args.config, frequency: args.frequency, interval, metrics_address: args.metrics_address })
+            }
         }
     }
 }

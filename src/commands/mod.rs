@@ -12,3 +12,4 @@ pub mod restore;
 pub mod schema;
 pub mod top;
 pub mod top_calls;
+pub mod agent;

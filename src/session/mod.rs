@@ -23,6 +23,7 @@ mod launch;
 mod run;
 mod sampling;
 mod snapshot;
+pub mod agent;
 
 use std::collections::HashMap;
 use std::io::IsTerminal;

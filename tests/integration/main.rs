@@ -36,3 +36,4 @@ mod sample_gil;
 mod sample_native;
 mod terminal_escapes;
 mod viewers;
+mod agent;

@@ -1,8 +1,9 @@
 //! A destination's retry queue: the profiles it has not taken yet, at most
-//! so many intervals and so many bytes. The sampler only ever adds (never
+//! so many intervals (each one profile per process) and so many bytes. The sampler only ever adds (never
 //! waits); the destination's push thread takes from the front, and drops
 //! nothing until it has been delivered or given up on. When a new profile
-//! would pass a cap the oldest go, each counted (`buffer_full`), so an
+//! would pass a cap the oldest interval goes, each of its profiles counted
+//! (`buffer_full`), so an
 //! outage longer than the buffer loses its start, exactly counted, and
 //! memory stays bounded whatever the destination does.
 
@@ -25,8 +26,20 @@ pub struct Buffer {
 struct State {
     items: VecDeque<Arc<Exported>>,
     bytes: usize,
+    /// How many intervals `items` holds (they come in interval order).
+    intervals: usize,
     /// Set at shutdown: the push thread delivers what it can until then.
     deadline: Option<Instant>,
+}
+
+impl State {
+    fn pop_front(&mut self) {
+        let Some(gone) = self.items.pop_front() else { return };
+        self.bytes -= gone.pprof.len();
+        if self.items.front().is_none_or(|f| f.interval != gone.interval) {
+            self.intervals -= 1;
+        }
+    }
 }
 
 impl Buffer {
@@ -47,10 +60,17 @@ impl Buffer {
             self.metrics.dropped(Cause::BufferFull, 1);
             return;
         }
-        while state.items.len() >= self.limits.intervals || state.bytes + size > self.limits.bytes {
-            let Some(old) = state.items.pop_front() else { break };
-            state.bytes -= old.pprof.len();
-            self.metrics.dropped(Cause::BufferFull, 1);
+        let new_interval = state.items.back().is_none_or(|back| back.interval != item.interval);
+        while (new_interval && state.intervals >= self.limits.intervals) || state.bytes + size > self.limits.bytes {
+            // The whole oldest interval goes.
+            let Some(oldest) = state.items.front().map(|f| f.interval) else { break };
+            while state.items.front().is_some_and(|f| f.interval == oldest) {
+                state.pop_front();
+                self.metrics.dropped(Cause::BufferFull, 1);
+            }
+        }
+        if state.items.back().is_none_or(|back| back.interval != item.interval) {
+            state.intervals += 1;
         }
         state.bytes += size;
         state.items.push_back(item);
@@ -80,8 +100,7 @@ impl Buffer {
     pub fn remove(&self, item: &Arc<Exported>) {
         let mut state = self.lock();
         if state.items.front().is_some_and(|front| Arc::ptr_eq(front, item)) {
-            let gone = state.items.pop_front().map_or(0, |g| g.pprof.len());
-            state.bytes -= gone;
+            state.pop_front();
         }
         self.metrics.set_buffered(state.items.len(), state.bytes);
     }
@@ -113,6 +132,7 @@ impl Buffer {
         let left = state.items.len() as u64;
         state.items.clear();
         state.bytes = 0;
+        state.intervals = 0;
         self.metrics.dropped(Cause::Shutdown, left);
         self.metrics.set_buffered(0, 0);
     }
@@ -123,26 +143,30 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
-    fn item(bytes: usize) -> Arc<Exported> {
-        Arc::new(Exported { pid: 1, service: "s".into(), labels: BTreeMap::new(), start_unix_ns: 0, end_unix_ns: 0, pprof: vec![0; bytes] })
+    fn item(interval: u64, bytes: usize) -> Arc<Exported> {
+        Arc::new(Exported { interval, pid: 1, service: "s".into(), labels: BTreeMap::new(), start_unix_ns: 0, end_unix_ns: 0, pprof: vec![0; bytes] })
     }
 
     #[test]
-    fn caps_drop_the_oldest_counted() {
+    fn caps_drop_the_oldest_interval_counted() {
         let metrics = Arc::new(DestinationMetrics::new("d"));
-        let buffer = Buffer::new(BufferLimits { intervals: 3, bytes: 100 }, metrics.clone());
-        for _ in 0..5 {
-            buffer.push(item(10));
+        let buffer = Buffer::new(BufferLimits { intervals: 2, bytes: 100 }, metrics.clone());
+        // Two profiles (processes) an interval, three intervals: the first goes.
+        for interval in 1..=3 {
+            buffer.push(item(interval, 10));
+            buffer.push(item(interval, 10));
         }
         assert_eq!(metrics.dropped_by(Cause::BufferFull), 2);
-        buffer.push(item(90));
-        // 3 × 10 + 90 > 100: two more go, leaving one of 10 and the 90.
+        assert_eq!(buffer.front().unwrap().interval, 2);
+        // 4 × 10 + 70 > 100: interval 2 goes, though the count would fit.
+        buffer.push(item(3, 70));
         assert_eq!(metrics.dropped_by(Cause::BufferFull), 4);
-        buffer.push(item(101));
-        assert_eq!(metrics.dropped_by(Cause::BufferFull), 5);
+        buffer.push(item(4, 101));
+        assert_eq!(metrics.dropped_by(Cause::BufferFull), 5, "one larger than the cap is dropped itself");
         let front = buffer.front().unwrap();
         buffer.remove(&front);
-        assert_eq!(buffer.front().unwrap().pprof.len(), 90);
+        buffer.remove(&buffer.front().unwrap());
+        assert_eq!(buffer.front().unwrap().pprof.len(), 70);
         buffer.shut_down(Instant::now());
         assert!(buffer.front().is_none());
         buffer.drop_rest();

@@ -38,6 +38,8 @@ use metrics::Metrics;
 
 /// One process's profile for one interval, as every destination gets it.
 pub struct Exported {
+    /// Which interval (counted from 1): a buffer's cap is in intervals.
+    pub interval: u64,
     pub pid: u32,
     pub service: String,
     /// Every label: the process's, then the configuration's static ones.
@@ -119,6 +121,8 @@ struct Agent {
     versions: HashMap<u32, String>,
     /// When the current interval began.
     since: (Instant, SystemTime),
+    /// Intervals cut so far.
+    cuts: u64,
 }
 
 impl Agent {
@@ -134,6 +138,7 @@ impl Agent {
             labels: labels::LabelCache::new(),
             versions: HashMap::new(),
             since: (Instant::now(), SystemTime::now()),
+            cuts: 0,
         })
     }
 
@@ -162,6 +167,7 @@ impl Agent {
         let duration_ns = end.duration_since(self.since.0).as_nanos() as u64;
         let start_unix_ns = unix_ns(self.since.1);
         self.since = (end, end_wall);
+        self.cuts += 1;
         let by_pid = self.cutter.cut(so_far);
         self.metrics.processes.store(by_pid.len() as u64, Ordering::Relaxed);
         for (pid, samples) in by_pid {
@@ -182,7 +188,7 @@ impl Agent {
             };
             self.metrics.samples.fetch_add(count, Ordering::Relaxed);
             self.metrics.profiles.fetch_add(1, Ordering::Relaxed);
-            let exported = Arc::new(Exported { pid, service: process.service, labels, start_unix_ns, end_unix_ns: unix_ns(end_wall), pprof });
+            let exported = Arc::new(Exported { interval: self.cuts, pid, service: process.service, labels, start_unix_ns, end_unix_ns: unix_ns(end_wall), pprof });
             for destination in &self.destinations {
                 destination.buffer.push(exported.clone());
             }

@@ -57,3 +57,17 @@ if [ ! -e "$numpy_stamp" ]; then
   "$viewers/numpy/bin/pip" install -q --disable-pip-version-check --only-binary=:all: "${numpy_packages[@]}" >&2
   touch "$numpy_stamp"
 fi
+# pytrace agent's OTLP receiver (tests/receivers/otlp_profiles.py) decodes
+# with the OpenTelemetry project's own Python messages: opentelemetry-proto
+# 1.45.2, whose profiles messages are those of the Rust crate pytrace
+# encodes with (opentelemetry-proto 0.33, OTLP proto v1.10.0).
+receiver_packages=(opentelemetry-proto==1.45.2 protobuf==7.36.2)
+receiver_stamp="$viewers/receivers.${receiver_packages[*]}.done"
+receiver_stamp=${receiver_stamp// /+}
+if [ ! -e "$receiver_stamp" ]; then
+  echo "installing the tests' receivers' pip packages: ${receiver_packages[*]}" >&2
+  rm -rf "$viewers/receivers"
+  python3.11 -m venv "$viewers/receivers"
+  "$viewers/receivers/bin/pip" install -q --disable-pip-version-check "${receiver_packages[@]}" >&2
+  touch "$receiver_stamp"
+fi

@@ -1,7 +1,9 @@
 //! pytrace agent against receivers that stand in for the backends (no
 //! Pyroscope, Parca or Collector binary can be installed here): a
 //! Pyroscope-style HTTP /ingest (tests/receivers/pyroscope_ingest.py) whose
-//! bodies Go's own pprof reader decodes, and the directory destination.
+//! bodies Go's own pprof reader decodes, an OTLP profiles HTTP receiver
+//! decoding with PyPI's opentelemetry-proto (tests/receivers/otlp_profiles.py),
+//! and the directory destination.
 //! One run is checked every way, to keep the CPU time low: two services
 //! with a known CPU split (fixtures/cpu_split.py writes its own), one in
 //! its own PID and mount namespace, four full intervals and the partial
@@ -17,10 +19,10 @@ use std::time::{Duration, Instant};
 
 use crate::common::{self, assert_share, fixture, read_json, signal, Proc, PYTRACE};
 
-const INTERVAL_SECONDS: u64 = 6;
+const INTERVAL_SECONDS: u64 = 8;
 /// High for an agent (19 Hz by default), so each interval holds enough
 /// samples per service for a share test: a service on half a CPU gets
-/// about 3000 an interval.
+/// about 4000 an interval.
 const HZ: u64 = 997;
 /// Samples of the three functions an interval must hold for its shares
 /// to be checked within SHARE_POINTS: at 1500, one standard deviation of
@@ -39,12 +41,24 @@ struct Receiver {
 
 impl Receiver {
     fn start(dir: PathBuf, down: bool) -> Receiver {
+        Receiver::start_script(dir, down, PYTHON.into(), "pyroscope_ingest.py")
+    }
+
+    /// The OTLP receiver, in the venv scripts/test-tools.sh makes.
+    fn start_otlp(dir: PathBuf) -> Receiver {
+        let viewers = PathBuf::from(std::env::var("PYTRACE_VIEWERS").unwrap_or_else(|_| "/var/cache/pytrace/viewers".into()));
+        let python = viewers.join("receivers/bin/python");
+        assert!(python.exists(), "{} is missing: run scripts/test-tools.sh", python.display());
+        Receiver::start_script(dir, false, python, "otlp_profiles.py")
+    }
+
+    fn start_script(dir: PathBuf, down: bool, python: PathBuf, script: &str) -> Receiver {
         std::fs::create_dir_all(&dir).unwrap();
         if down {
             std::fs::write(dir.join("down"), "").unwrap();
         }
-        let script = format!("{}/tests/receivers/pyroscope_ingest.py", env!("CARGO_MANIFEST_DIR"));
-        let mut child = Command::new(PYTHON).arg(script).arg(&dir).stdout(Stdio::piped()).spawn().expect("start the receiver");
+        let script = format!("{}/tests/receivers/{script}", env!("CARGO_MANIFEST_DIR"));
+        let mut child = Command::new(python).arg(script).arg(&dir).stdout(Stdio::piped()).spawn().expect("start the receiver");
         let mut line = String::new();
         BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
         let port = line.trim().parse().unwrap_or_else(|_| panic!("the receiver said {line:?}, not its port"));
@@ -175,11 +189,14 @@ fn python_version() -> String {
 
 #[test]
 fn every_destination_gets_every_interval() {
-    let _machine = common::shared();
+    // Each service needs a good part of a CPU for the samples its share
+    // tests require: no other test of this binary runs beside it.
+    let _machine = common::alone();
     let tmp = tempfile::tempdir().unwrap();
     let steady = Receiver::start(tmp.path().join("steady"), false);
     let outage = Receiver::start(tmp.path().join("outage"), true);
     let small = Receiver::start(tmp.path().join("small"), true);
+    let otlp = Receiver::start_otlp(tmp.path().join("otlp"));
     std::fs::write(tmp.path().join("token"), "s3cret-token\n").unwrap();
     let metrics_port = free_port();
     let profiles = tmp.path().join("profiles");
@@ -201,6 +218,9 @@ url = "http://127.0.0.1:{}"
 bearer_token_file = "{token}"
 tenant = "team-a"
 [[destinations]]
+kind = "otlp"
+url = "http://127.0.0.1:{}"
+[[destinations]]
 kind = "pyroscope"
 name = "outage"
 url = "http://127.0.0.1:{}"
@@ -216,6 +236,7 @@ retry_initial = "200ms"
 retry_max = "1s"
 "#,
         steady.port,
+        otlp.port,
         outage.port,
         small.port,
         profiles = profiles.display(),
@@ -249,7 +270,7 @@ retry_max = "1s"
     let mut scraped = HashMap::new();
     wait_until("every buffer is empty", limit, || {
         scraped = scrape(metrics_port);
-        ["directory", "steady", "outage", "small"].iter().all(|d| scraped[&format!("pytrace_agent_buffered_profiles{{destination=\"{d}\"}}")] == 0.0)
+        ["directory", "steady", "otlp", "outage", "small"].iter().all(|d| scraped[&format!("pytrace_agent_buffered_profiles{{destination=\"{d}\"}}")] == 0.0)
     });
     let counted = |d: &str| scraped[&format!("pytrace_agent_pushes_total{{destination=\"{d}\"}}")];
     let dropped = |d: &str, cause: &str| scraped[&format!("pytrace_agent_profiles_dropped_total{{destination=\"{d}\",cause=\"{cause}\"}}")];
@@ -292,6 +313,41 @@ retry_max = "1s"
             for f in ["sixty", "thirty", "ten"] {
                 let share = split.get(f).copied().unwrap_or(0.0) / n.max(1.0);
                 assert_share(&format!("{label} interval from {from}"), f, share, truth[f].as_f64().unwrap() / total, SHARE_POINTS, n, MIN_SAMPLES);
+            }
+        }
+    }
+
+    // OTLP: the same intervals, as PyPI's opentelemetry-proto decodes them.
+    let otlp_got: Vec<serde_json::Value> = (1..).map(|n| otlp.dir.join(format!("{n}.json"))).take_while(|p| p.exists()).map(|p| read_json(&p)).collect();
+    assert_eq!(otlp_got.len(), got.len(), "the OTLP receiver and the steady /ingest one got as many profiles");
+    for (label, pid, truth) in [("agent-split-a", pid_a, &truth_a), ("agent-split-b", pid_b, &truth_b)] {
+        let mut mine: Vec<&serde_json::Value> = otlp_got.iter().filter(|p| p["attributes"]["service.name"] == label).collect();
+        mine.sort_by_key(|p| p["time_unix_nano"].as_u64().unwrap());
+        let pprof_intervals = intervals_of(&got, label);
+        assert_eq!(mine.len(), pprof_intervals.len(), "{label}: OTLP and /ingest intervals");
+        let truth = read_json(truth);
+        let total: f64 = ["sixty", "thirty", "ten"].iter().map(|f| truth[f].as_f64().unwrap()).sum();
+        for (i, p) in mine.iter().enumerate() {
+            let a = &p["attributes"];
+            assert_eq!((a["host.name"].as_str(), a["process.pid"].as_u64(), a["process.runtime.version"].as_str(), a["env"].as_str()), (Some(host.as_str()), Some(pid as u64), Some(version.as_str()), Some("ci")), "{label}: {a}");
+            assert_eq!(p["sample_type"], serde_json::json!(["samples", "count"]));
+            let start = p["time_unix_nano"].as_u64().unwrap();
+            if let Some(next) = mine.get(i + 1) {
+                let end = start + p["duration_nano"].as_u64().unwrap();
+                let next_start = next["time_unix_nano"].as_u64().unwrap();
+                assert!(end.abs_diff(next_start) < 1_000_000, "{label}: OTLP intervals are not back to back: {end} then {next_start}");
+                let mut split: HashMap<&str, f64> = HashMap::new();
+                for stack in p["stacks"].as_array().unwrap() {
+                    let names: Vec<&str> = stack[0].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+                    if let Some(f) = names.iter().find(|n| ["sixty", "thirty", "ten"].contains(n)) {
+                        *split.entry(f).or_insert(0.0) += stack[1].as_f64().unwrap();
+                    }
+                }
+                let n: f64 = split.values().sum();
+                for f in ["sixty", "thirty", "ten"] {
+                    let share = split.get(f).copied().unwrap_or(0.0) / n.max(1.0);
+                    assert_share(&format!("{label} OTLP interval {i}"), f, share, truth[f].as_f64().unwrap() / total, SHARE_POINTS, n, MIN_SAMPLES);
+                }
             }
         }
     }

@@ -35,7 +35,7 @@ struct State {
 impl State {
     fn pop_front(&mut self) {
         let Some(gone) = self.items.pop_front() else { return };
-        self.bytes -= gone.pprof.len();
+        self.bytes -= gone.bytes();
         if self.items.front().is_none_or(|f| f.interval != gone.interval) {
             self.intervals -= 1;
         }
@@ -55,7 +55,7 @@ impl Buffer {
     /// larger than the whole byte cap is dropped itself.
     pub fn push(&self, item: Arc<Exported>) {
         let mut state = self.lock();
-        let size = item.pprof.len();
+        let size = item.bytes();
         if size > self.limits.bytes {
             self.metrics.dropped(Cause::BufferFull, 1);
             return;
@@ -144,7 +144,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn item(interval: u64, bytes: usize) -> Arc<Exported> {
-        Arc::new(Exported { interval, pid: 1, service: "s".into(), labels: BTreeMap::new(), start_unix_ns: 0, end_unix_ns: 0, pprof: vec![0; bytes] })
+        Arc::new(Exported { interval, pid: 1, service: "s".into(), labels: BTreeMap::new(), start_unix_ns: 0, end_unix_ns: 0, pprof: vec![0; bytes], otlp: None })
     }
 
     #[test]
@@ -166,7 +166,7 @@ mod tests {
         let front = buffer.front().unwrap();
         buffer.remove(&front);
         buffer.remove(&buffer.front().unwrap());
-        assert_eq!(buffer.front().unwrap().pprof.len(), 70);
+        assert_eq!(buffer.front().unwrap().bytes(), 70);
         buffer.shut_down(Instant::now());
         assert!(buffer.front().is_none());
         buffer.drop_rest();

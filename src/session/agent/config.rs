@@ -50,6 +50,8 @@ pub enum DestinationKind {
     Directory { path: PathBuf, max_bytes: u64 },
     /// Grafana Pyroscope's HTTP `/ingest`.
     Pyroscope { url: String, auth: Auth, tenant: Option<String>, timeout: Duration },
+    /// OTLP profiles over HTTP/protobuf (`URL/v1development/profiles`).
+    Otlp { url: String, auth: Auth, tenant: Option<String>, timeout: Duration },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -103,7 +105,7 @@ struct FileMetrics {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileDestination {
-    /// "directory" or "pyroscope".
+    /// "directory", "pyroscope" or "otlp".
     kind: String,
     name: Option<String>,
     path: Option<PathBuf>,
@@ -142,7 +144,7 @@ impl Config {
             config.metrics_address = Some(address.clone());
         }
         if config.destinations.is_empty() {
-            bail!("no destination is configured: add a [[destinations]] table (kind = \"directory\" or \"pyroscope\") to the configuration file");
+            bail!("no destination is configured: add a [[destinations]] table (kind = \"directory\", \"pyroscope\" or \"otlp\") to the configuration file");
         }
         Ok(config)
     }
@@ -204,8 +206,8 @@ fn destination(d: FileDestination) -> Result<Destination> {
             };
             DestinationKind::Directory { path, max_bytes }
         }
-        "pyroscope" => {
-            let url = d.url.context("a pyroscope destination needs `url` (like \"http://pyroscope:4040\")")?;
+        "pyroscope" | "otlp" => {
+            let url = d.url.with_context(|| format!("a {} destination needs `url` (like \"{}\")", d.kind, if d.kind == "otlp" { "http://collector:4318" } else { "http://pyroscope:4040" }))?;
             check_url(&url)?;
             let auth = match (&d.bearer_token_file, &d.basic_auth_user, &d.basic_auth_password_file) {
                 (Some(_), Some(_), _) => bail!("give bearer_token_file or basic_auth_user, not both"),
@@ -216,9 +218,14 @@ fn destination(d: FileDestination) -> Result<Destination> {
                 (None, None, None) => Auth::None,
             };
             let timeout = d.timeout.as_deref().map(|t| duration(t, "timeout")).transpose()?.unwrap_or(Duration::from_secs(10));
-            DestinationKind::Pyroscope { url: url.trim_end_matches('/').to_string(), auth, tenant: d.tenant, timeout }
+            let url = url.trim_end_matches('/').to_string();
+            if d.kind == "otlp" {
+                DestinationKind::Otlp { url, auth, tenant: d.tenant, timeout }
+            } else {
+                DestinationKind::Pyroscope { url, auth, tenant: d.tenant, timeout }
+            }
         }
-        other => bail!("unknown destination kind {other:?}: the kinds are \"directory\" and \"pyroscope\""),
+        other => bail!("unknown destination kind {other:?}: the kinds are \"directory\", \"pyroscope\" and \"otlp\""),
     };
     let name = d.name.unwrap_or_else(|| d.kind.clone());
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {

@@ -29,6 +29,7 @@ use anyhow::Result;
 use super::{preflight, Live};
 use crate::model::counters::Counters;
 use crate::model::samples::Sample;
+use crate::report::profile::otlp::Attribute;
 use crate::report::profile::Profile;
 use crate::report::PythonInfo;
 use crate::tracing::sample::{self, Options, Targets};
@@ -48,6 +49,15 @@ pub struct Exported {
     pub end_unix_ns: i64,
     /// Gzipped pprof.
     pub pprof: Vec<u8>,
+    /// An OTLP ExportProfilesServiceRequest, made if a destination speaks OTLP.
+    pub otlp: Option<Vec<u8>>,
+}
+
+impl Exported {
+    /// What it holds, for the buffers' byte caps.
+    pub fn bytes(&self) -> usize {
+        self.pprof.len() + self.otlp.as_ref().map_or(0, Vec::len)
+    }
 }
 
 /// Set by SIGHUP.
@@ -123,6 +133,9 @@ struct Agent {
     since: (Instant, SystemTime),
     /// Intervals cut so far.
     cuts: u64,
+    /// Whether a round ran: the first interval begins there, once the
+    /// sampler is attached (attaching takes a second or two, unsampled).
+    rounds_began: bool,
 }
 
 impl Agent {
@@ -139,11 +152,16 @@ impl Agent {
             versions: HashMap::new(),
             since: (Instant::now(), SystemTime::now()),
             cuts: 0,
+            rounds_began: false,
         })
     }
 
     /// Between the sampler's polls: a reload if asked, a cut if due.
     fn round(&mut self, session: &sample::Session) {
+        if !self.rounds_began {
+            self.rounds_began = true;
+            self.since = (Instant::now(), SystemTime::now());
+        }
         if RELOAD.swap(false, Ordering::SeqCst) {
             self.reload();
         }
@@ -186,9 +204,10 @@ impl Agent {
                     continue;
                 }
             };
+            let otlp = self.config.destinations.iter().any(|d| matches!(d.kind, config::DestinationKind::Otlp { .. })).then(|| profile.to_otlp(start_unix_ns, &resource_attributes(&labels)));
             self.metrics.samples.fetch_add(count, Ordering::Relaxed);
             self.metrics.profiles.fetch_add(1, Ordering::Relaxed);
-            let exported = Arc::new(Exported { interval: self.cuts, pid, service: process.service, labels, start_unix_ns, end_unix_ns: unix_ns(end_wall), pprof });
+            let exported = Arc::new(Exported { interval: self.cuts, pid, service: process.service, labels, start_unix_ns, end_unix_ns: unix_ns(end_wall), pprof, otlp });
             for destination in &self.destinations {
                 destination.buffer.push(exported.clone());
             }
@@ -229,6 +248,25 @@ impl Agent {
     fn finish(self) {
         finish_all(self.destinations, Instant::now() + self.config.flush_timeout);
     }
+}
+
+/// Labels as OpenTelemetry's resource attributes, under its semantic
+/// conventions' names where one exists (static labels as they are).
+fn resource_attributes(labels: &BTreeMap<String, String>) -> Vec<(String, Attribute)> {
+    let mut out = vec![("process.runtime.name".to_string(), Attribute::Text("cpython".into()))];
+    for (key, value) in labels {
+        let (key, value) = match key.as_str() {
+            "service_name" => ("service.name", Attribute::Text(value.clone())),
+            "host" => ("host.name", Attribute::Text(value.clone())),
+            "pid" => ("process.pid", Attribute::Int(value.parse().unwrap_or(0))),
+            "python_version" => ("process.runtime.version", Attribute::Text(value.clone())),
+            "container_id" => ("container.id", Attribute::Text(value.clone())),
+            "pod_uid" => ("k8s.pod.uid", Attribute::Text(value.clone())),
+            other => (other, Attribute::Text(value.clone())),
+        };
+        out.push((key.to_string(), value));
+    }
+    out
 }
 
 fn start_destinations(config: &Config, metrics: &Metrics) -> Result<Vec<Running>> {

@@ -4,6 +4,7 @@
 //! destination never holds up the sampler or another destination.
 
 mod directory;
+mod otlp;
 mod pyroscope;
 
 use std::sync::Arc;
@@ -43,6 +44,7 @@ impl Running {
         let destination: Box<dyn Destination> = match &config.kind {
             DestinationKind::Directory { path, max_bytes } => Box::new(directory::Directory::new(path, *max_bytes)?),
             DestinationKind::Pyroscope { url, auth, tenant, timeout } => Box::new(pyroscope::Pyroscope::new(url, auth.clone(), tenant.clone(), *timeout)?),
+            DestinationKind::Otlp { url, auth, tenant, timeout } => Box::new(otlp::Otlp::new(url, auth.clone(), tenant.clone(), *timeout)?),
         };
         let metrics = Arc::new(DestinationMetrics::new(&config.name));
         let buffer = Arc::new(Buffer::new(config.buffer, metrics.clone()));
@@ -62,6 +64,28 @@ impl Running {
             let _ = thread.join();
         }
         self.buffer.drop_rest();
+    }
+}
+
+/// The HTTP client of a destination: its timeout, pytrace's user agent.
+fn http_client(timeout: Duration) -> Result<reqwest::blocking::Client> {
+    reqwest::blocking::Client::builder()
+        .timeout(timeout)
+        .user_agent(concat!("pytrace-agent/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .context("cannot make the HTTP client")
+}
+
+/// A request with the destination's credentials and tenant header.
+fn authorized(request: reqwest::blocking::RequestBuilder, auth: &config::Auth, tenant: Option<&str>) -> reqwest::blocking::RequestBuilder {
+    let request = match auth {
+        config::Auth::None => request,
+        config::Auth::Bearer(token) => request.bearer_auth(token),
+        config::Auth::Basic { user, password } => request.basic_auth(user, Some(password)),
+    };
+    match tenant {
+        Some(tenant) => request.header("X-Scope-OrgID", tenant),
+        None => request,
     }
 }
 

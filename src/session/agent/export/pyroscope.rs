@@ -21,12 +21,7 @@ pub struct Pyroscope {
 impl Pyroscope {
     pub fn new(url: &str, auth: Auth, tenant: Option<String>, timeout: Duration) -> Result<Self> {
         let url = reqwest::Url::parse(&format!("{url}/ingest")).with_context(|| format!("bad pyroscope url {url}"))?;
-        let client = reqwest::blocking::Client::builder()
-            .timeout(timeout)
-            .user_agent(concat!("pytrace-agent/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .context("cannot make the HTTP client")?;
-        Ok(Pyroscope { client, url, auth, tenant })
+        Ok(Pyroscope { client: super::http_client(timeout)?, url, auth, tenant })
     }
 }
 
@@ -46,16 +41,8 @@ impl Destination for Pyroscope {
             .append_pair("until", &(profile.end_unix_ns / 1_000_000_000).to_string())
             .append_pair("format", "pprof")
             .append_pair("spyName", "pytrace");
-        let mut request = self.client.post(url).header("Content-Type", "application/octet-stream").body(profile.pprof.clone());
-        request = match &self.auth {
-            Auth::None => request,
-            Auth::Bearer(token) => request.bearer_auth(token),
-            Auth::Basic { user, password } => request.basic_auth(user, Some(password)),
-        };
-        if let Some(tenant) = &self.tenant {
-            request = request.header("X-Scope-OrgID", tenant);
-        }
-        let response = request.send().map_err(|e| PushError::Retry(format!("{:#}", anyhow::Error::new(e))))?;
+        let request = self.client.post(url).header("Content-Type", "application/octet-stream").body(profile.pprof.clone());
+        let response = super::authorized(request, &self.auth, self.tenant.as_deref()).send().map_err(|e| PushError::Retry(format!("{:#}", anyhow::Error::new(e))))?;
         let status = response.status();
         if status.is_success() {
             return Ok(());

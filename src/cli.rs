@@ -60,7 +60,7 @@ enum Command {
     /// The JSON Schema of a report kind's --json output (docs/schema/KIND.json)
     #[command(hide = true)]
     Schema(SchemaArgs),
-    /// Always-on profiling of every CPython on the host, pushed every interval to Pyroscope or a directory, with /metrics
+    /// Always-on profiling of every CPython on the host, pushed every interval to Pyroscope, OTLP or a directory, with /metrics
     Agent(AgentArgs),
 }
 

@@ -4,13 +4,15 @@
 # --pprof files; tmux, a terminal for `pytrace top`; Chromium (headless),
 # driven by playwright-core, to open --speedscope files in the speedscope app
 # (its npm package) and --flamegraph SVGs; snakeviz and gprof2dot for the
-# --pstats files. Debian's packages, then npm and pip packages at pinned
+# --pstats files; Prometheus, to scrape `pytrace agent`'s /metrics (the test
+# starts its own, on a free port, with its own configuration and storage).
+# Debian's packages, then npm and pip packages at pinned
 # versions cached under /var/cache/pytrace/viewers; safe to run again.
 #
 # Prints nothing on standard output; the tests find the cache at
 # $PYTRACE_VIEWERS (default /var/cache/pytrace/viewers).
 set -euo pipefail
-packages=(golang-go graphviz tmux chromium python3.11-venv)
+packages=(golang-go graphviz tmux chromium python3.11-venv prometheus)
 # A Node.js from elsewhere (nodesource's bundles npm) will do.
 command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()

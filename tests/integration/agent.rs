@@ -9,7 +9,8 @@
 //! its own PID and mount namespace, four full intervals and the partial
 //! one SIGTERM cuts, three receivers (one always up, two down for the
 //! first two intervals with a large and a one-interval buffer) and
-//! /metrics scraped while it runs.
+//! /metrics scraped while it runs, directly and by a real Prometheus
+//! (Debian's, started by the test).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -139,6 +140,39 @@ fn scrape(port: u16) -> HashMap<String, f64> {
     text.lines().filter(|l| !l.starts_with('#') && l.starts_with("pytrace_agent_")).filter_map(|l| l.rsplit_once(' ')).map(|(k, v)| (k.to_string(), v.parse().unwrap())).collect()
 }
 
+/// Debian's Prometheus, scraping `target` every second, its storage in `dir`.
+fn start_prometheus(dir: &Path, target: u16) -> (Proc, u16) {
+    let port = free_port();
+    let config = dir.join("prometheus.yml");
+    std::fs::write(&config, format!("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: pytrace-agent\n    static_configs:\n      - targets: ['127.0.0.1:{target}']\n")).unwrap();
+    let child = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
+        .spawn()
+        .expect("start prometheus (scripts/test-tools.sh installs Debian's)");
+    (Proc(child), port)
+}
+
+/// A PromQL query's result: each series' labels and value.
+fn prometheus_query(port: u16, query: &str) -> Vec<(serde_json::Value, f64)> {
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return Vec::new() };
+    // HTTP/1.0: the whole body, never chunked.
+    write!(stream, "GET /api/v1/query?query={query} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    if stream.read_to_string(&mut text).is_err() {
+        return Vec::new();
+    }
+    let Some((_, body)) = text.split_once("\r\n\r\n") else { return Vec::new() };
+    let Ok(answer) = serde_json::from_str::<serde_json::Value>(body) else { return Vec::new() };
+    answer["data"]["result"]
+        .as_array()
+        .map(|rows| rows.iter().map(|r| (r["metric"].clone(), r["value"][1].as_str().unwrap().parse().unwrap())).collect())
+        .unwrap_or_default()
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -249,6 +283,7 @@ retry_max = "1s"
     let (mut service_a, pid_a) = service("OTEL_SERVICE_NAME", "agent-split-a", &truth_a, false);
     let (service_b, pid_b) = service("PYROSCOPE_APPLICATION_NAME", "agent-split-b", &truth_b, true);
 
+    let (_prometheus, prometheus_port) = start_prometheus(tmp.path(), metrics_port);
     let log = std::fs::File::create(tmp.path().join("agent.log")).unwrap();
     let agent = Proc(Command::new(PYTRACE).args(["agent", "--config"]).arg(&config_path).stdout(Stdio::null()).stderr(log).spawn().unwrap());
     let log_text = || std::fs::read_to_string(tmp.path().join("agent.log")).unwrap_or_default();
@@ -266,7 +301,10 @@ retry_max = "1s"
         intervals_of(&got, "agent-split-a").len() >= FULL_INTERVALS && intervals_of(&got, "agent-split-b").len() >= FULL_INTERVALS
     });
     // Scraped once every buffer is empty, just after a cut: the next is
-    // seconds away, so the receivers' counts are those the scrape saw.
+    // seconds away, so the receivers' counts are those the scrape saw, and
+    // Prometheus's scrapes in the next seconds see them too.
+    let before = steady.received().len();
+    wait_until("a new interval", limit, || steady.received().len() > before);
     let mut scraped = HashMap::new();
     wait_until("every buffer is empty", limit, || {
         scraped = scrape(metrics_port);
@@ -275,6 +313,15 @@ retry_max = "1s"
     let counted = |d: &str| scraped[&format!("pytrace_agent_pushes_total{{destination=\"{d}\"}}")];
     let dropped = |d: &str, cause: &str| scraped[&format!("pytrace_agent_profiles_dropped_total{{destination=\"{d}\",cause=\"{cause}\"}}")];
     let at_scrape = (steady.received().len(), outage.received().len(), small.received().len());
+    let quiet = Instant::now();
+    let mut by_prometheus = Vec::new();
+    wait_until("Prometheus scraped the agent since the buffers emptied", Duration::from_secs(5), || {
+        std::thread::sleep(Duration::from_millis(300));
+        by_prometheus = prometheus_query(prometheus_port, "pytrace_agent_pushes_total");
+        quiet.elapsed() > Duration::from_millis(2500) && by_prometheus.len() == 5
+    });
+    let dropped_by_prometheus = prometheus_query(prometheus_port, "pytrace_agent_profiles_dropped_total");
+    let quiet_for = quiet.elapsed();
 
     // SIGTERM: the partial interval is cut and delivered, then it exits.
     let terminated = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
@@ -364,6 +411,15 @@ retry_max = "1s"
     assert_eq!(counted("outage") as usize, at_scrape.1, "{scraped:?}");
     assert_eq!(counted("small") as usize, at_scrape.2, "{scraped:?}");
     assert!(scraped["pytrace_agent_push_failures_total{destination=\"outage\"}"] >= 2.0, "the outage was seen: {scraped:?}");
+
+    // Prometheus scraped the same figures, which agree with the receivers.
+    assert!(quiet_for < Duration::from_secs(INTERVAL_SECONDS - 2), "the Prometheus check took {quiet_for:?}, into the next interval");
+    let prometheus_pushes: HashMap<String, f64> = by_prometheus.iter().map(|(m, v)| (m["destination"].as_str().unwrap().to_string(), *v)).collect();
+    for (d, received) in [("steady", at_scrape.0), ("outage", at_scrape.1), ("small", at_scrape.2)] {
+        assert_eq!(prometheus_pushes.get(d).copied(), Some(received as f64), "Prometheus's pushes_total for {d}: {by_prometheus:?}");
+    }
+    let prometheus_small_full = dropped_by_prometheus.iter().find(|(m, _)| m["destination"] == "small" && m["cause"] == "buffer_full").map(|(_, v)| *v);
+    assert_eq!(prometheus_small_full, Some(dropped("small", "buffer_full")), "{dropped_by_prometheus:?}");
 
     // Down for two intervals with room for ten: nothing lost.
     let mut outage_bodies: Vec<Vec<u8>> = outage.received().into_iter().map(|(_, b)| b).collect();

@@ -450,6 +450,7 @@ fn a_bad_configuration_is_one_sentence() {
         ("[[destinations]]\nkind = \"pyroscope\"\nurl = \"http://127.0.0.1:1\"\nbearer_token_file = \"/nonexistent/token\"\n", "cannot read the secret file /nonexistent/token"),
         ("interval = \"fast\"\n[[destinations]]\nkind = \"directory\"\npath = \"/tmp/x\"\n", "interval \"fast\" is not a duration"),
         ("", "no destination is configured"),
+        ("[metrics]\naddress = \"256.0.0.1:9465\"\n[[destinations]]\nkind = \"directory\"\npath = \"/tmp/x\"\n", "cannot serve /metrics on 256.0.0.1:9465"),
     ];
     for (text, want) in cases {
         let path = tmp.path().join("agent.toml");
@@ -460,4 +461,40 @@ fn a_bad_configuration_is_one_sentence() {
         assert_eq!(stderr.lines().count(), 1, "{text:?}: one line expected: {stderr}");
         assert!(stderr.contains(want), "{text:?}: {stderr:?} should say {want:?}");
     }
+}
+
+/// SIGHUP reads the configuration again: its new destination takes the
+/// next intervals; a bad file then changes nothing, says why, and the
+/// agent goes on.
+#[test]
+fn sighup_reloads_the_configuration() {
+    let _machine = common::shared();
+    let tmp = tempfile::tempdir().unwrap();
+    let (first, second) = (tmp.path().join("first"), tmp.path().join("second"));
+    let config = |dir: &Path| format!("interval = \"1s\"\nfrequency = 97\n[[destinations]]\nkind = \"directory\"\npath = \"{}\"\n", dir.display());
+    let config_path = tmp.path().join("agent.toml");
+    std::fs::write(&config_path, config(&first)).unwrap();
+    let truth = tmp.path().join("split.json");
+    let (_service, _) = service("OTEL_SERVICE_NAME", "agent-reload", &truth, false);
+    let log = std::fs::File::create(tmp.path().join("agent.log")).unwrap();
+    let mut agent = Proc(Command::new(PYTRACE).args(["agent", "--config"]).arg(&config_path).stdout(Stdio::null()).stderr(log).spawn().unwrap());
+    let log_text = || std::fs::read_to_string(tmp.path().join("agent.log")).unwrap_or_default();
+    let files = |dir: &Path| std::fs::read_dir(dir).map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().contains("agent-reload")).count()).unwrap_or(0);
+    let limit = Duration::from_secs(30);
+    wait_until("a profile in the first directory", limit, || files(&first) > 0);
+    std::fs::write(&config_path, config(&second)).unwrap();
+    signal(agent.pid(), libc::SIGHUP);
+    wait_until("a profile in the second directory", limit, || files(&second) > 0);
+    assert!(log_text().contains("configuration reloaded"), "{}", log_text());
+    // The first directory's destination was flushed and let go.
+    let in_first = files(&first);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(files(&first), in_first, "the old destination still takes profiles");
+    std::fs::write(&config_path, "frequncy = 3\n").unwrap();
+    signal(agent.pid(), libc::SIGHUP);
+    wait_until("the bad file is reported", limit, || log_text().contains("the configuration was not reloaded"));
+    let in_second = files(&second);
+    wait_until("the agent going on with the second directory", limit, || files(&second) > in_second);
+    signal(agent.pid(), libc::SIGTERM);
+    assert_eq!(agent.0.wait().unwrap().code(), Some(0), "{}", log_text());
 }

@@ -188,6 +188,7 @@ impl Agent {
         self.cuts += 1;
         let by_pid = self.cutter.cut(so_far);
         self.metrics.processes.store(by_pid.len() as u64, Ordering::Relaxed);
+        let in_cut: Vec<u32> = by_pid.keys().copied().collect();
         for (pid, samples) in by_pid {
             let version = self.versions.get(&pid).cloned().unwrap_or_else(|| "unknown".into());
             let process = self.labels.get(pid, &version).clone();
@@ -212,8 +213,11 @@ impl Agent {
                 destination.buffer.push(exported.clone());
             }
         }
-        self.labels.prune(crate::process::proc::exists);
-        self.versions.retain(|&pid, _| crate::process::proc::exists(pid));
+        // A process that exited is forgotten one cut after its last
+        // samples: those the sampler read after its exit still get its labels.
+        let keep = |pid: u32| in_cut.contains(&pid) || crate::process::proc::exists(pid);
+        self.labels.prune(keep);
+        self.versions.retain(|&pid, _| keep(pid));
     }
 
     /// SIGHUP: the file read again; its destinations replace the old ones

@@ -4,13 +4,15 @@
 # --pprof files; tmux, a terminal for `pytrace top`; Chromium (headless),
 # driven by playwright-core, to open --speedscope files in the speedscope app
 # (its npm package) and --flamegraph SVGs; snakeviz and gprof2dot for the
-# --pstats files. Debian's packages, then npm and pip packages at pinned
+# --pstats files; Prometheus, to scrape `pytrace agent`'s /metrics (the test
+# starts its own, on a free port, with its own configuration and storage).
+# Debian's packages, then npm and pip packages at pinned
 # versions cached under /var/cache/pytrace/viewers; safe to run again.
 #
 # Prints nothing on standard output; the tests find the cache at
 # $PYTRACE_VIEWERS (default /var/cache/pytrace/viewers).
 set -euo pipefail
-packages=(golang-go graphviz tmux chromium python3.11-venv)
+packages=(golang-go graphviz tmux chromium python3.11-venv prometheus)
 # A Node.js from elsewhere (nodesource's bundles npm) will do.
 command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()
@@ -56,4 +58,18 @@ if [ ! -e "$numpy_stamp" ]; then
   python3.11 -m venv "$viewers/numpy"
   "$viewers/numpy/bin/pip" install -q --disable-pip-version-check --only-binary=:all: "${numpy_packages[@]}" >&2
   touch "$numpy_stamp"
+fi
+# pytrace agent's OTLP receiver (tests/receivers/otlp_profiles.py) decodes
+# with the OpenTelemetry project's own Python messages: opentelemetry-proto
+# 1.45.2, whose profiles messages are those of the Rust crate pytrace
+# encodes with (opentelemetry-proto 0.33, OTLP proto v1.10.0).
+receiver_packages=(opentelemetry-proto==1.45.2 protobuf==7.36.2)
+receiver_stamp="$viewers/receivers.${receiver_packages[*]}.done"
+receiver_stamp=${receiver_stamp// /+}
+if [ ! -e "$receiver_stamp" ]; then
+  echo "installing the tests' receivers' pip packages: ${receiver_packages[*]}" >&2
+  rm -rf "$viewers/receivers"
+  python3.11 -m venv "$viewers/receivers"
+  "$viewers/receivers/bin/pip" install -q --disable-pip-version-check "${receiver_packages[@]}" >&2
+  touch "$receiver_stamp"
 fi

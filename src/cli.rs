@@ -66,6 +66,8 @@ enum Command {
     Memory(MemoryArgs),
     /// The live objects by type (count, bytes, share), read from outside; which types grow
     Heap(HeapArgs),
+    /// Always-on profiling of every CPython on the host, pushed every interval to Pyroscope, OTLP or a directory, with /metrics
+    Agent(AgentArgs),
 }
 
 #[derive(Args)]
@@ -406,6 +408,22 @@ struct SchemaArgs {
     kind: String,
 }
 
+#[derive(Args)]
+struct AgentArgs {
+    /// The configuration file (TOML, docs/commands/agent.md); flags override it
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Samples per second (default 19)
+    #[arg(long, value_name = "HZ")]
+    frequency: Option<u64>,
+    /// Seconds each exported profile covers (default 15)
+    #[arg(long, value_name = "SECONDS")]
+    interval: Option<f64>,
+    /// Serve Prometheus metrics at http://ADDRESS/metrics (like 127.0.0.1:9465)
+    #[arg(long, value_name = "ADDRESS")]
+    metrics_address: Option<String>,
+}
+
 /// The longest --duration: a year. Longer ones would overflow the clock
 /// arithmetic of a deadline (1e20 s does), and a run meant to last that
 /// long is one without -d.
@@ -597,6 +615,9 @@ impl Cli {
                     json: args.json,
                     diff,
                 })
+            Command::Agent(args) => {
+                let interval = args.interval.map(|s| if s.is_finite() && (1.0..=3600.0).contains(&s) { Ok(Duration::from_secs_f64(s)) } else { Err(anyhow::anyhow!("--interval must be between 1 and 3600 seconds")) }).transpose()?;
+                commands::agent::run(commands::agent::Options { config: args.config, frequency: args.frequency, interval, metrics_address: args.metrics_address })
             }
         }
     }

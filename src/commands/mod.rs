@@ -14,3 +14,4 @@ pub mod top;
 pub mod top_calls;
 pub mod memory;
 pub mod heap;
+pub mod agent;

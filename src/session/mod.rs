@@ -25,6 +25,7 @@ mod sampling;
 mod snapshot;
 mod memory;
 mod heap;
+pub mod agent;
 
 use std::collections::HashMap;
 use std::io::IsTerminal;

@@ -16,6 +16,7 @@ pub(crate) mod stacks;
 mod thread_states;
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
@@ -336,6 +337,11 @@ impl<'obj, 'a> Session<'obj, 'a> {
     pub fn samples_so_far(&self) -> Vec<Sample> {
         let _ = self.drain(false);
         self.stacks.borrow().samples_so_far()
+    }
+
+    /// Each process sampled now, with its Python's version.
+    pub fn python_versions(&self) -> HashMap<u32, String> {
+        self.processes.borrow().by_pid.iter().map(|(&pid, p)| (pid, p.version())).collect()
     }
 
     /// The samples counted so far.

@@ -38,3 +38,4 @@ mod terminal_escapes;
 mod viewers;
 mod memory;
 mod heap;
+mod agent;

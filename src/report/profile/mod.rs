@@ -9,6 +9,7 @@ mod outputs;
 mod pprof;
 mod speedscope;
 mod table;
+pub mod otlp;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;

@@ -10,6 +10,12 @@ impl Profile {
     /// the sampling period; `time` names that time: "cpu" for on-CPU
     /// sampling, "wall" for --idle.
     pub fn to_pprof(&self, time: &'static str) -> Result<Vec<u8>> {
+        self.to_pprof_from(time, unix_ns_ago(self.duration_ns))
+    }
+
+    /// The same, for a window that began at `start_unix_ns` (the agent's
+    /// intervals, cut after they end).
+    pub fn to_pprof_from(&self, time: &'static str, start_unix_ns: i64) -> Result<Vec<u8>> {
         let period_ns = (1_000_000_000 / self.hz.max(1)) as i64;
         let mut comments = vec![format!("pytrace sample: {}", self.subject())];
         comments.extend(crate::report::counted_line(&self.counters).lines().map(str::to_string));
@@ -22,7 +28,7 @@ impl Profile {
                 .map(|((thread, frames), &n)| StackValues { thread, frames, values: vec![n as i64, n as i64 * period_ns] })
                 .collect(),
             period: Some((time, "nanoseconds", period_ns)),
-            start_unix_ns: unix_ns_ago(self.duration_ns),
+            start_unix_ns,
             duration_ns: self.duration_ns,
             comments,
         })

@@ -60,6 +60,11 @@ pub struct Process<'a> {
 }
 
 impl Process<'_> {
+    /// Its Python's version, as `info` shows it.
+    pub fn version(&self) -> String {
+        self.python.version.to_string()
+    }
+
     /// --async: the root frames of a stack whose thread ran the asyncio
     /// task at `task` in this process (`pid`); `naming` a new stack.
     pub fn task_frames(&mut self, pid: u32, task: u64, naming: bool) -> Rc<[Rc<Frame>]> {

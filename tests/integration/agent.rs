@@ -1,0 +1,500 @@
+//! pytrace agent against receivers that stand in for the backends (no
+//! Pyroscope, Parca or Collector binary can be installed here): a
+//! Pyroscope-style HTTP /ingest (tests/receivers/pyroscope_ingest.py) whose
+//! bodies Go's own pprof reader decodes, an OTLP profiles HTTP receiver
+//! decoding with PyPI's opentelemetry-proto (tests/receivers/otlp_profiles.py),
+//! and the directory destination.
+//! One run is checked every way, to keep the CPU time low: two services
+//! with a known CPU split (fixtures/cpu_split.py writes its own), one in
+//! its own PID and mount namespace, four full intervals and the partial
+//! one SIGTERM cuts, three receivers (one always up, two down for the
+//! first two intervals with a large and a one-interval buffer) and
+//! /metrics scraped while it runs, directly and by a real Prometheus
+//! (Debian's, started by the test).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::{self, assert_share, fixture, read_json, signal, Proc, PYTRACE};
+
+const INTERVAL_SECONDS: u64 = 8;
+/// High for an agent (19 Hz by default), so each interval holds enough
+/// samples per service for a share test: a service on half a CPU gets
+/// about 4000 an interval.
+const HZ: u64 = 997;
+/// Samples of the three functions an interval must hold for its shares
+/// to be checked within SHARE_POINTS: at 1500, one standard deviation of
+/// a 60 % share is 1.3 points.
+const MIN_SAMPLES: f64 = 1500.0;
+const SHARE_POINTS: f64 = 0.03;
+const FULL_INTERVALS: usize = 4;
+const PYTHON: &str = "/usr/bin/python3.11";
+
+/// A receiver: its process, directory and port.
+struct Receiver {
+    _proc: Proc,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Receiver {
+    fn start(dir: PathBuf, down: bool) -> Receiver {
+        Receiver::start_script(dir, down, PYTHON.into(), "pyroscope_ingest.py")
+    }
+
+    /// The OTLP receiver, in the venv scripts/test-tools.sh makes.
+    fn start_otlp(dir: PathBuf) -> Receiver {
+        let viewers = PathBuf::from(std::env::var("PYTRACE_VIEWERS").unwrap_or_else(|_| "/var/cache/pytrace/viewers".into()));
+        let python = viewers.join("receivers/bin/python");
+        assert!(python.exists(), "{} is missing: run scripts/test-tools.sh", python.display());
+        Receiver::start_script(dir, false, python, "otlp_profiles.py")
+    }
+
+    fn start_script(dir: PathBuf, down: bool, python: PathBuf, script: &str) -> Receiver {
+        std::fs::create_dir_all(&dir).unwrap();
+        if down {
+            std::fs::write(dir.join("down"), "").unwrap();
+        }
+        let script = format!("{}/tests/receivers/{script}", env!("CARGO_MANIFEST_DIR"));
+        let mut child = Command::new(python).arg(script).arg(&dir).stdout(Stdio::piped()).spawn().expect("start the receiver");
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+        let port = line.trim().parse().unwrap_or_else(|_| panic!("the receiver said {line:?}, not its port"));
+        Receiver { _proc: Proc(child), dir, port }
+    }
+
+    fn up(&self) {
+        std::fs::remove_file(self.dir.join("down")).unwrap();
+    }
+
+    /// Every profile taken so far: its query and headers, and its body.
+    fn received(&self) -> Vec<(serde_json::Value, Vec<u8>)> {
+        let mut out = Vec::new();
+        for n in 1.. {
+            let meta = self.dir.join(format!("{n}.json"));
+            if !meta.exists() {
+                break;
+            }
+            out.push((read_json(&meta), std::fs::read(self.dir.join(format!("{n}.pb.gz"))).unwrap()));
+        }
+        out
+    }
+}
+
+/// A service's profiles at a receiver, by interval start (`from`).
+fn intervals_of(received: &[(serde_json::Value, Vec<u8>)], service: &str) -> BTreeMap<u64, (serde_json::Value, Vec<u8>)> {
+    received
+        .iter()
+        .filter(|(meta, _)| meta["name"].as_str().is_some_and(|n| n.starts_with(&format!("{service}{{"))))
+        .map(|(meta, body)| (meta["from"].as_str().unwrap().parse().unwrap(), (meta.clone(), body.clone())))
+        .collect()
+}
+
+/// Samples per function (sixty, thirty, ten) in a pprof body, as Go's
+/// pprof reads it (`-raw`: each sample's counts and location IDs, then
+/// each location's function).
+fn split_by_go_pprof(body: &[u8], dir: &Path) -> HashMap<String, f64> {
+    let file = dir.join("decode.pb.gz");
+    std::fs::write(&file, body).unwrap();
+    let out = Command::new("go").args(["tool", "pprof", "-raw"]).arg(&file).output().expect("run go tool pprof (scripts/test-tools.sh installs golang-go)");
+    assert!(out.status.success(), "go tool pprof could not read the profile: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut functions: HashMap<u64, String> = HashMap::new();
+    let mut samples: Vec<(f64, Vec<u64>)> = Vec::new();
+    let mut section = "";
+    for line in text.lines() {
+        match line.trim_end() {
+            "Samples:" | "Locations" | "Mappings" => section = line.trim_end(),
+            l if section == "Samples:" && l.contains(':') && !l.contains('/') => {
+                let (values, ids) = l.split_once(':').unwrap();
+                let count: f64 = values.split_whitespace().next().unwrap().parse().unwrap();
+                samples.push((count, ids.split_whitespace().map(|i| i.parse().unwrap()).collect()));
+            }
+            l if section == "Locations" => {
+                let (id, rest) = l.trim().split_once(": ").unwrap();
+                // "0x0 M=1 NAME FILE:LINE s=N()"
+                let name = rest.split_whitespace().nth(2).unwrap_or("").to_string();
+                functions.insert(id.parse().unwrap(), name);
+            }
+            _ => {}
+        }
+    }
+    let mut split = HashMap::new();
+    for (count, ids) in samples {
+        if let Some(f) = ids.iter().filter_map(|i| functions.get(i)).find(|f| ["sixty", "thirty", "ten"].contains(&f.as_str())) {
+            *split.entry(f.clone()).or_insert(0.0) += count;
+        }
+    }
+    split
+}
+
+fn scrape(port: u16) -> HashMap<String, f64> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    text.lines().filter(|l| !l.starts_with('#') && l.starts_with("pytrace_agent_")).filter_map(|l| l.rsplit_once(' ')).map(|(k, v)| (k.to_string(), v.parse().unwrap())).collect()
+}
+
+/// Debian's Prometheus, scraping `target` every second, its storage in `dir`.
+fn start_prometheus(dir: &Path, target: u16) -> (Proc, u16) {
+    let port = free_port();
+    let config = dir.join("prometheus.yml");
+    std::fs::write(&config, format!("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: pytrace-agent\n    static_configs:\n      - targets: ['127.0.0.1:{target}']\n")).unwrap();
+    let child = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
+        .spawn()
+        .expect("start prometheus (scripts/test-tools.sh installs Debian's)");
+    (Proc(child), port)
+}
+
+/// A PromQL query's result: each series' labels and value.
+fn prometheus_query(port: u16, query: &str) -> Vec<(serde_json::Value, f64)> {
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return Vec::new() };
+    // HTTP/1.0: the whole body, never chunked.
+    write!(stream, "GET /api/v1/query?query={query} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    if stream.read_to_string(&mut text).is_err() {
+        return Vec::new();
+    }
+    let Some((_, body)) = text.split_once("\r\n\r\n") else { return Vec::new() };
+    let Ok(answer) = serde_json::from_str::<serde_json::Value>(body) else { return Vec::new() };
+    answer["data"]["result"]
+        .as_array()
+        .map(|rows| rows.iter().map(|r| (r["metric"].clone(), r["value"][1].as_str().unwrap().parse().unwrap())).collect())
+        .unwrap_or_default()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A cpu_split.py run as a service: `label` its service name, set through
+/// `variable`; `contained` puts it in its own PID and mount namespace.
+fn service(variable: &str, label: &str, truth: &Path, contained: bool) -> (Proc, u32) {
+    let script = fixture("cpu_split.py");
+    let args = ["--seconds", "300", "--stop-on-usr2", "--cpu-split", truth.to_str().unwrap()];
+    let mut command = if contained {
+        let mut c = Command::new("unshare");
+        c.args(["--pid", "--mount", "--fork", "--kill-child", PYTHON, &script]);
+        c
+    } else {
+        let mut c = Command::new(PYTHON);
+        c.arg(&script);
+        c
+    };
+    let child = command.args(args).env(variable, label).stdout(Stdio::null()).spawn().expect("start a service");
+    let proc = Proc(child);
+    let pid = if contained {
+        let unshare = proc.pid();
+        let mut pid = 0;
+        wait_until("unshare forked the service", Duration::from_secs(10), || {
+            let children = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children")).unwrap_or_default();
+            pid = children.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(0);
+            pid != 0
+        });
+        pid
+    } else {
+        proc.pid()
+    };
+    (proc, pid)
+}
+
+fn python_version() -> String {
+    let out = Command::new(PYTHON).args(["-c", "import platform; print(platform.python_version())"]).output().unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+#[test]
+fn every_destination_gets_every_interval() {
+    // Each service needs a good part of a CPU for the samples its share
+    // tests require: no other test of this binary runs beside it.
+    let _machine = common::alone();
+    let tmp = tempfile::tempdir().unwrap();
+    let steady = Receiver::start(tmp.path().join("steady"), false);
+    let outage = Receiver::start(tmp.path().join("outage"), true);
+    let small = Receiver::start(tmp.path().join("small"), true);
+    let otlp = Receiver::start_otlp(tmp.path().join("otlp"));
+    std::fs::write(tmp.path().join("token"), "s3cret-token\n").unwrap();
+    let metrics_port = free_port();
+    let profiles = tmp.path().join("profiles");
+    let config = format!(
+        r#"
+frequency = {HZ}
+interval = "{INTERVAL_SECONDS}s"
+[labels]
+env = "ci"
+[metrics]
+address = "127.0.0.1:{metrics_port}"
+[[destinations]]
+kind = "directory"
+path = "{profiles}"
+[[destinations]]
+kind = "pyroscope"
+name = "steady"
+url = "http://127.0.0.1:{}"
+bearer_token_file = "{token}"
+tenant = "team-a"
+[[destinations]]
+kind = "otlp"
+url = "http://127.0.0.1:{}"
+[[destinations]]
+kind = "pyroscope"
+name = "outage"
+url = "http://127.0.0.1:{}"
+buffer_intervals = 10
+retry_initial = "200ms"
+retry_max = "1s"
+[[destinations]]
+kind = "pyroscope"
+name = "small"
+url = "http://127.0.0.1:{}"
+buffer_intervals = 1
+retry_initial = "200ms"
+retry_max = "1s"
+"#,
+        steady.port,
+        otlp.port,
+        outage.port,
+        small.port,
+        profiles = profiles.display(),
+        token = tmp.path().join("token").display(),
+    );
+    let config_path = tmp.path().join("agent.toml");
+    std::fs::write(&config_path, config).unwrap();
+
+    let (truth_a, truth_b) = (tmp.path().join("a.json"), tmp.path().join("b.json"));
+    let (mut service_a, pid_a) = service("OTEL_SERVICE_NAME", "agent-split-a", &truth_a, false);
+    let (service_b, pid_b) = service("PYROSCOPE_APPLICATION_NAME", "agent-split-b", &truth_b, true);
+
+    let (_prometheus, prometheus_port) = start_prometheus(tmp.path(), metrics_port);
+    let log = std::fs::File::create(tmp.path().join("agent.log")).unwrap();
+    let agent = Proc(Command::new(PYTRACE).args(["agent", "--config"]).arg(&config_path).stdout(Stdio::null()).stderr(log).spawn().unwrap());
+    let log_text = || std::fs::read_to_string(tmp.path().join("agent.log")).unwrap_or_default();
+    let limit = Duration::from_secs(INTERVAL_SECONDS * 3 + 30);
+
+    // Down for the first two intervals, then back.
+    wait_until("the steady receiver has two intervals of each service", limit, || {
+        let got = steady.received();
+        intervals_of(&got, "agent-split-a").len() >= 2 && intervals_of(&got, "agent-split-b").len() >= 2
+    });
+    outage.up();
+    small.up();
+    wait_until("four intervals of each service", limit, || {
+        let got = steady.received();
+        intervals_of(&got, "agent-split-a").len() >= FULL_INTERVALS && intervals_of(&got, "agent-split-b").len() >= FULL_INTERVALS
+    });
+    // Scraped once every buffer is empty, just after a cut: the next is
+    // seconds away, so the receivers' counts are those the scrape saw, and
+    // Prometheus's scrapes in the next seconds see them too.
+    let before = steady.received().len();
+    wait_until("a new interval", limit, || steady.received().len() > before);
+    let mut scraped = HashMap::new();
+    wait_until("every buffer is empty", limit, || {
+        scraped = scrape(metrics_port);
+        ["directory", "steady", "otlp", "outage", "small"].iter().all(|d| scraped[&format!("pytrace_agent_buffered_profiles{{destination=\"{d}\"}}")] == 0.0)
+    });
+    let counted = |d: &str| scraped[&format!("pytrace_agent_pushes_total{{destination=\"{d}\"}}")];
+    let dropped = |d: &str, cause: &str| scraped[&format!("pytrace_agent_profiles_dropped_total{{destination=\"{d}\",cause=\"{cause}\"}}")];
+    let at_scrape = (steady.received().len(), outage.received().len(), small.received().len());
+    let quiet = Instant::now();
+    let mut by_prometheus = Vec::new();
+    wait_until("Prometheus scraped the agent since the buffers emptied", Duration::from_secs(5), || {
+        std::thread::sleep(Duration::from_millis(300));
+        by_prometheus = prometheus_query(prometheus_port, "pytrace_agent_pushes_total");
+        quiet.elapsed() > Duration::from_millis(2500) && by_prometheus.len() == 5
+    });
+    let dropped_by_prometheus = prometheus_query(prometheus_port, "pytrace_agent_profiles_dropped_total");
+    let quiet_for = quiet.elapsed();
+
+    // SIGTERM: the partial interval is cut and delivered, then it exits.
+    let terminated = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    signal(agent.pid(), libc::SIGTERM);
+    let mut agent = agent;
+    let status = agent.0.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "the agent ended badly: {}", log_text());
+    signal(pid_a, libc::SIGUSR2);
+    signal(pid_b, libc::SIGUSR2);
+    assert!(service_a.0.wait().unwrap().success());
+    wait_until("the contained service wrote its split", Duration::from_secs(10), || truth_b.exists());
+    drop(service_b);
+
+    let got = steady.received();
+    let (host, version) = (std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap().trim().to_string(), python_version());
+    for (label, pid, truth) in [("agent-split-a", pid_a, &truth_a), ("agent-split-b", pid_b, &truth_b)] {
+        let intervals = intervals_of(&got, label);
+        let bounds: Vec<(u64, u64)> = intervals.values().map(|(m, _)| (m["from"].as_str().unwrap().parse().unwrap(), m["until"].as_str().unwrap().parse().unwrap())).collect();
+        assert!(bounds.len() > FULL_INTERVALS, "{label}: {} intervals; the four full ones and the last, partial one were expected: {bounds:?}", bounds.len());
+        for pair in bounds.windows(2) {
+            assert_eq!(pair[0].1, pair[1].0, "{label}: intervals are not back to back: {bounds:?}");
+        }
+        let last = bounds.last().unwrap();
+        assert!(last.1 + 1 >= terminated, "{label}: the last interval ends at {}, before the SIGTERM at {terminated}", last.1);
+        let want_name = format!("{label}{{env=ci,host={host},pid={pid},python_version={version}}}");
+        let truth = read_json(truth);
+        let total: f64 = ["sixty", "thirty", "ten"].iter().map(|f| truth[f].as_f64().unwrap()).sum();
+        // Every interval cut by the clock (not the last, SIGTERM's).
+        for (from, (meta, body)) in intervals.iter().take(bounds.len() - 1) {
+            assert_eq!(meta["name"], want_name, "{label}");
+            assert_eq!(meta["format"], "pprof");
+            assert_eq!(meta["authorization"], "Bearer s3cret-token");
+            assert_eq!(meta["tenant"], "team-a");
+            let split = split_by_go_pprof(body, tmp.path());
+            let n: f64 = split.values().sum();
+            for f in ["sixty", "thirty", "ten"] {
+                let share = split.get(f).copied().unwrap_or(0.0) / n.max(1.0);
+                assert_share(&format!("{label} interval from {from}"), f, share, truth[f].as_f64().unwrap() / total, SHARE_POINTS, n, MIN_SAMPLES);
+            }
+        }
+    }
+
+    // OTLP: the same intervals, as PyPI's opentelemetry-proto decodes them.
+    let otlp_got: Vec<serde_json::Value> = (1..).map(|n| otlp.dir.join(format!("{n}.json"))).take_while(|p| p.exists()).map(|p| read_json(&p)).collect();
+    assert_eq!(otlp_got.len(), got.len(), "the OTLP receiver and the steady /ingest one got as many profiles");
+    for (label, pid, truth) in [("agent-split-a", pid_a, &truth_a), ("agent-split-b", pid_b, &truth_b)] {
+        let mut mine: Vec<&serde_json::Value> = otlp_got.iter().filter(|p| p["attributes"]["service.name"] == label).collect();
+        mine.sort_by_key(|p| p["time_unix_nano"].as_u64().unwrap());
+        let pprof_intervals = intervals_of(&got, label);
+        assert_eq!(mine.len(), pprof_intervals.len(), "{label}: OTLP and /ingest intervals");
+        let truth = read_json(truth);
+        let total: f64 = ["sixty", "thirty", "ten"].iter().map(|f| truth[f].as_f64().unwrap()).sum();
+        for (i, p) in mine.iter().enumerate() {
+            let a = &p["attributes"];
+            assert_eq!((a["host.name"].as_str(), a["process.pid"].as_u64(), a["process.runtime.version"].as_str(), a["env"].as_str()), (Some(host.as_str()), Some(pid as u64), Some(version.as_str()), Some("ci")), "{label}: {a}");
+            assert_eq!(p["sample_type"], serde_json::json!(["samples", "count"]));
+            let start = p["time_unix_nano"].as_u64().unwrap();
+            if let Some(next) = mine.get(i + 1) {
+                let end = start + p["duration_nano"].as_u64().unwrap();
+                let next_start = next["time_unix_nano"].as_u64().unwrap();
+                assert!(end.abs_diff(next_start) < 1_000_000, "{label}: OTLP intervals are not back to back: {end} then {next_start}");
+                let mut split: HashMap<&str, f64> = HashMap::new();
+                for stack in p["stacks"].as_array().unwrap() {
+                    let names: Vec<&str> = stack[0].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+                    if let Some(f) = names.iter().find(|n| ["sixty", "thirty", "ten"].contains(n)) {
+                        *split.entry(f).or_insert(0.0) += stack[1].as_f64().unwrap();
+                    }
+                }
+                let n: f64 = split.values().sum();
+                for f in ["sixty", "thirty", "ten"] {
+                    let share = split.get(f).copied().unwrap_or(0.0) / n.max(1.0);
+                    assert_share(&format!("{label} OTLP interval {i}"), f, share, truth[f].as_f64().unwrap() / total, SHARE_POINTS, n, MIN_SAMPLES);
+                }
+            }
+        }
+    }
+
+    // The directory holds the very bodies the steady receiver took.
+    let mut in_directory: Vec<Vec<u8>> = std::fs::read_dir(&profiles).unwrap().flatten().map(|e| std::fs::read(e.path()).unwrap()).collect();
+    let mut bodies: Vec<Vec<u8>> = got.iter().map(|(_, b)| b.clone()).collect();
+    in_directory.sort();
+    bodies.sort();
+    assert!(in_directory == bodies, "the directory has {} profiles, the steady receiver {}", in_directory.len(), bodies.len());
+
+    // /metrics agreed with the receivers when scraped.
+    assert_eq!(counted("steady") as usize, at_scrape.0, "{scraped:?}");
+    assert_eq!(counted("outage") as usize, at_scrape.1, "{scraped:?}");
+    assert_eq!(counted("small") as usize, at_scrape.2, "{scraped:?}");
+    assert!(scraped["pytrace_agent_push_failures_total{destination=\"outage\"}"] >= 2.0, "the outage was seen: {scraped:?}");
+
+    // Prometheus scraped the same figures, which agree with the receivers.
+    assert!(quiet_for < Duration::from_secs(INTERVAL_SECONDS - 2), "the Prometheus check took {quiet_for:?}, into the next interval");
+    let prometheus_pushes: HashMap<String, f64> = by_prometheus.iter().map(|(m, v)| (m["destination"].as_str().unwrap().to_string(), *v)).collect();
+    for (d, received) in [("steady", at_scrape.0), ("outage", at_scrape.1), ("small", at_scrape.2)] {
+        assert_eq!(prometheus_pushes.get(d).copied(), Some(received as f64), "Prometheus's pushes_total for {d}: {by_prometheus:?}");
+    }
+    let prometheus_small_full = dropped_by_prometheus.iter().find(|(m, _)| m["destination"] == "small" && m["cause"] == "buffer_full").map(|(_, v)| *v);
+    assert_eq!(prometheus_small_full, Some(dropped("small", "buffer_full")), "{dropped_by_prometheus:?}");
+
+    // Down for two intervals with room for ten: nothing lost.
+    let mut outage_bodies: Vec<Vec<u8>> = outage.received().into_iter().map(|(_, b)| b).collect();
+    outage_bodies.sort();
+    assert!(outage_bodies == bodies, "the outage receiver has {} profiles, the steady one {}", outage_bodies.len(), bodies.len());
+    assert_eq!(dropped("outage", "buffer_full"), 0.0);
+    // Room for one interval: the first interval's profiles were dropped,
+    // exactly as many as /metrics says, and only those.
+    let small_got = small.received();
+    let missing = got.len() - small_got.len();
+    assert!(missing > 0, "the one-interval buffer dropped nothing");
+    assert_eq!(dropped("small", "buffer_full") as usize, missing, "{scraped:?}");
+    let first_from = got.iter().map(|(m, _)| m["from"].as_str().unwrap().to_string()).min().unwrap();
+    let small_first: Vec<_> = small_got.iter().filter(|(m, _)| m["from"].as_str().unwrap() == first_from).collect();
+    assert!(small_first.is_empty(), "the small buffer delivered the first interval, which it should have dropped");
+    assert_eq!(got.iter().filter(|(m, _)| m["from"].as_str().unwrap() == first_from).count(), missing);
+}
+
+/// A bad configuration is one sentence naming the cause, and exit 1,
+/// before anything is sampled.
+#[test]
+fn a_bad_configuration_is_one_sentence() {
+    let _machine = common::shared();
+    let tmp = tempfile::tempdir().unwrap();
+    let cases = [
+        ("frequncy = 19\n", "unknown field `frequncy`"),
+        ("[[destinations]]\nkind = \"kafka\"\n", "unknown destination kind \"kafka\""),
+        ("[[destinations]]\nkind = \"pyroscope\"\nurl = \"http://127.0.0.1:1\"\nbearer_token_file = \"/nonexistent/token\"\n", "cannot read the secret file /nonexistent/token"),
+        ("interval = \"fast\"\n[[destinations]]\nkind = \"directory\"\npath = \"/tmp/x\"\n", "interval \"fast\" is not a duration"),
+        ("", "no destination is configured"),
+        ("[metrics]\naddress = \"256.0.0.1:9465\"\n[[destinations]]\nkind = \"directory\"\npath = \"/tmp/x\"\n", "cannot serve /metrics on 256.0.0.1:9465"),
+    ];
+    for (text, want) in cases {
+        let path = tmp.path().join("agent.toml");
+        std::fs::write(&path, text).unwrap();
+        let out = Command::new(PYTRACE).args(["agent", "--config"]).arg(&path).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{text:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{text:?}: one line expected: {stderr}");
+        assert!(stderr.contains(want), "{text:?}: {stderr:?} should say {want:?}");
+    }
+}
+
+/// SIGHUP reads the configuration again: its new destination takes the
+/// next intervals; a bad file then changes nothing, says why, and the
+/// agent goes on.
+#[test]
+fn sighup_reloads_the_configuration() {
+    let _machine = common::shared();
+    let tmp = tempfile::tempdir().unwrap();
+    let (first, second) = (tmp.path().join("first"), tmp.path().join("second"));
+    let config = |dir: &Path| format!("interval = \"1s\"\nfrequency = 97\n[[destinations]]\nkind = \"directory\"\npath = \"{}\"\n", dir.display());
+    let config_path = tmp.path().join("agent.toml");
+    std::fs::write(&config_path, config(&first)).unwrap();
+    let truth = tmp.path().join("split.json");
+    let (_service, _) = service("OTEL_SERVICE_NAME", "agent-reload", &truth, false);
+    let log = std::fs::File::create(tmp.path().join("agent.log")).unwrap();
+    let mut agent = Proc(Command::new(PYTRACE).args(["agent", "--config"]).arg(&config_path).stdout(Stdio::null()).stderr(log).spawn().unwrap());
+    let log_text = || std::fs::read_to_string(tmp.path().join("agent.log")).unwrap_or_default();
+    let files = |dir: &Path| std::fs::read_dir(dir).map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().contains("agent-reload")).count()).unwrap_or(0);
+    let limit = Duration::from_secs(30);
+    wait_until("a profile in the first directory", limit, || files(&first) > 0);
+    std::fs::write(&config_path, config(&second)).unwrap();
+    signal(agent.pid(), libc::SIGHUP);
+    wait_until("a profile in the second directory", limit, || files(&second) > 0);
+    assert!(log_text().contains("configuration reloaded"), "{}", log_text());
+    // The first directory's destination was flushed and let go.
+    let in_first = files(&first);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(files(&first), in_first, "the old destination still takes profiles");
+    std::fs::write(&config_path, "frequncy = 3\n").unwrap();
+    signal(agent.pid(), libc::SIGHUP);
+    wait_until("the bad file is reported", limit, || log_text().contains("the configuration was not reloaded"));
+    let in_second = files(&second);
+    wait_until("the agent going on with the second directory", limit, || files(&second) > in_second);
+    signal(agent.pid(), libc::SIGTERM);
+    assert_eq!(agent.0.wait().unwrap().code(), Some(0), "{}", log_text());
+}

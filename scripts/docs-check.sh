@@ -18,8 +18,7 @@ import glob, os, re, sys, unicodedata
 
 files = ["README.md"] + sorted(glob.glob("docs/**/*.md", recursive=True))
 problems = []
-SUBCOMMANDS = r"(calls|sample|compare|top|dump|gc|imports|gil|info|restore|heap|memory)"
-SUBCOMMANDS = r"(calls|sample|compare|top|dump|gc|imports|gil|info|restore|agent)"
+SUBCOMMANDS = r"(calls|sample|compare|top|dump|gc|imports|gil|info|restore|heap|memory|agent)"
 # A command line runs pytrace: the word pytrace (or a path ending in it) then a
 # subcommand followed by a space or the line's end. Output lines such as
 # "pytrace calls: PID 42" are not commands (a colon follows the subcommand).

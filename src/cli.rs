@@ -615,6 +615,7 @@ impl Cli {
                     json: args.json,
                     diff,
                 })
+            }
             Command::Agent(args) => {
                 let interval = args.interval.map(|s| if s.is_finite() && (1.0..=3600.0).contains(&s) { Ok(Duration::from_secs_f64(s)) } else { Err(anyhow::anyhow!("--interval must be between 1 and 3600 seconds")) }).transpose()?;
                 commands::agent::run(commands::agent::Options { config: args.config, frequency: args.frequency, interval, metrics_address: args.metrics_address })

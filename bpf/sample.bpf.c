@@ -320,12 +320,15 @@ int sample_all_threads(struct bpf_iter__task *ctx)
 		count(SAMPLE_TORN);
 		return 0;
 	}
-	if (cfg.once)
-		bpf_map_update_elem(&threads_read, &tid, &read, BPF_ANY);
 	if (task_switched_task(t, s, task)) {
 		count(SAMPLE_TASK_SWITCHED);
 		return 0;
 	}
+	/* Read whole, stack and task: a snapshot's next pass leaves it be. Set
+	 * only now, so that a thread whose asyncio task switched under the read
+	 * is read again, like a torn one, rather than dropped from the dump. */
+	if (cfg.once)
+		bpf_map_update_elem(&threads_read, &tid, &read, BPF_ANY);
 	known.hash = key.hash = add_running_task_task(&s->rec, key.hash);
 	if (cfg.thread_states) {
 		s->rec.thread_state = thread_state_of_task(t, s, tid, task, task->thread.fsbase, &s->rec.syscall);

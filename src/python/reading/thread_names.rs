@@ -43,21 +43,8 @@ pub struct PythonThreadNames {
 /// The threads' Python names in process `pid`, or why they could not be
 /// read (then every thread keeps the kernel's name).
 pub fn read(pid: u32, python: &Python) -> Result<PythonThreadNames> {
-    let layout = &python.layout;
-    // Without the GIL, dicts change under a reader with no lock held: not read.
-    ensure!(!layout.free_threaded, "a free-threaded build's dicts are not read without their locks");
-    let bias = python.load_bias_in(pid)?;
-    let type_at = |name: &str| python.symbol(name).map(|t| t.wrapping_add(bias));
-    let reader = Reader {
-        mem: Memory::open(pid)?,
-        layout,
-        o: &layout.objects,
-        dict_type: type_at("PyDict_Type")?,
-        str_type: type_at("PyUnicode_Type")?,
-        int_type: type_at("PyLong_Type")?,
-        module_type: type_at("PyModule_Type")?,
-    };
-    let runtime = type_at(RUNTIME_SYMBOL)?;
+    let reader = dict_reader(pid, python)?;
+    let runtime = python.symbol(RUNTIME_SYMBOL)?.wrapping_add(python.load_bias_in(pid)?);
     reader.names(runtime)
 }
 
@@ -65,6 +52,7 @@ pub fn read(pid: u32, python: &Python) -> Result<PythonThreadNames> {
 /// another reader (the heap census names heap types by their `__module__`).
 pub(crate) fn dict_reader(pid: u32, python: &Python) -> Result<Reader<'_>> {
     let layout = &python.layout;
+    // Without the GIL, dicts change under a reader with no lock held: not read.
     ensure!(!layout.free_threaded, "a free-threaded build's dicts are not read without their locks");
     let bias = python.load_bias_in(pid)?;
     let type_at = |name: &str| python.symbol(name).map(|t| t.wrapping_add(bias));

@@ -207,18 +207,8 @@ fn a_killed_stop_walk_leaves_the_target_running() {
     let dir = tempfile::tempdir().unwrap();
     let truth = dir.path().join("truth.json");
     // 300,000 instances of each class: a walk of about a second.
-    let mut target = Proc(
-        Command::new(&python)
-            .arg(fixture("heap_known.py"))
-            .args([truth.to_str().unwrap(), "--instances", "300000", "--values", "10"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
+    let mut target = big_heap(&python, &truth);
     let pid = target.pid();
-    wait_for_line(&mut target, "base");
-    signal(pid, libc::SIGUSR1);
-    wait_for_line(&mut target, "ready");
     let mut tracer = Proc(Command::new(PYTRACE).args(["heap", "--stop", "-p", &pid.to_string()]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
     let tracer_pid = tracer.pid();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -232,6 +222,23 @@ fn a_killed_stop_walk_leaves_the_target_running() {
     assert_eq!(tracer_pid_of(pid), Some(0), "the target is still traced");
     signal(pid, libc::SIGUSR1);
     wait_for_line(&mut target, "alive");
+}
+
+/// heap_known.py with 300,000 instances of each class (a walk of about a
+/// second), built and waiting.
+fn big_heap(python: &std::path::Path, truth: &std::path::Path) -> Proc {
+    let mut target = Proc(
+        Command::new(python)
+            .arg(fixture("heap_known.py"))
+            .args([truth.to_str().unwrap(), "--instances", "300000", "--values", "10"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for_line(&mut target, "base");
+    signal(target.pid(), libc::SIGUSR1);
+    wait_for_line(&mut target, "ready");
+    target
 }
 
 fn tracer_pid_of(pid: u32) -> Option<u32> {
@@ -248,18 +255,8 @@ fn a_target_that_exits_mid_walk_is_one_sentence() {
     let python = pyenv_python(12);
     let dir = tempfile::tempdir().unwrap();
     let truth = dir.path().join("truth.json");
-    let mut target = Proc(
-        Command::new(&python)
-            .arg(fixture("heap_known.py"))
-            .args([truth.to_str().unwrap(), "--instances", "300000", "--values", "10"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
+    let mut target = big_heap(&python, &truth);
     let pid = target.pid();
-    wait_for_line(&mut target, "base");
-    signal(pid, libc::SIGUSR1);
-    wait_for_line(&mut target, "ready");
     let tracer = Command::new(PYTRACE).args(["heap", "-p", &pid.to_string()]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(500));
     target.0.kill().unwrap();

@@ -100,18 +100,31 @@ enum sample_weight _sample_weight = 0;
  * bpf/memory.bpf.c. */
 #include "sample_walk_base.bpf.h"
 
-/* The walker twice, from one template: reading the interrupted thread's own
- * memory (the perf-event sampler)... */
+/* The walker three times, from one template: reading the interrupted
+ * thread's own memory (the perf-event sampler), with bounded loops for
+ * kernels before 5.17... */
 #define WALK(name) CAT(name, _current)
 #define WALK_READ(dst, size, src, task) bpf_probe_read_user(dst, size, src)
 /* The interrupted thread cannot change its own stack under the walk. */
 #define WALK_OTHER_THREAD 0
+#define WALK_BPF_LOOP 0
+#include "sample_async.bpf.h"
+#include "sample_walk.bpf.h"
+#include "sample_gil.bpf.h"
+#undef WALK
+#undef WALK_BPF_LOOP
+
+/* ...the same with bpf_loop, whose loops later kernels verify once rather
+ * than pass by pass... */
+#define WALK(name) CAT(name, _current_loops)
+#define WALK_BPF_LOOP 1
 #include "sample_async.bpf.h"
 #include "sample_walk.bpf.h"
 #include "sample_gil.bpf.h"
 #undef WALK
 #undef WALK_READ
 #undef WALK_OTHER_THREAD
+#undef WALK_BPF_LOOP
 
 /* ...and another thread's, from a sleepable task iterator (--idle). */
 #define WALK(name) CAT(name, _task)
@@ -120,12 +133,14 @@ enum sample_weight _sample_weight = 0;
  * each link for a second read; its loops are bpf_loop's (5.17; this program
  * needs 5.18), whose body the verifier checks once instead of per pass. */
 #define WALK_OTHER_THREAD 1
+#define WALK_BPF_LOOP 1
 #include "sample_async.bpf.h"
 #include "sample_walk.bpf.h"
 #include "sample_gil.bpf.h"
 #undef WALK
 #undef WALK_READ
 #undef WALK_OTHER_THREAD
+#undef WALK_BPF_LOOP
 
 /* --kernel: the kernel stack into the record, mixed into the hash. */
 static __always_inline __u64 add_kernel_stack(void *ctx, struct sample_stack *rec, __u64 hash)
@@ -208,82 +223,18 @@ static __always_inline struct pt_regs *saved_user_regs_fallback(struct task_stru
 	return regs;
 }
 
-SEC("perf_event")
-int sample_thread(struct bpf_perf_event_data *ctx)
-{
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)pid_tgid, pid = pid_tgid >> 32, zero = 0;
-	const struct sample_target *t;
-	struct task_struct *task;
-	struct walk_scratch *s;
-	struct stack_key key = {}, known = {};
-	void *counts_map = 0;
-	__u32 cpu, *weight = 0;
-	__u64 hash, thread_pointer;
-
-	if (only_pid && pid != only_pid)
-		return 0;
-	t = bpf_map_lookup_elem(&processes, &pid);
-	if (!t || !(s = bpf_map_lookup_elem(&scratch, &zero)))
-		return 0;
-	task = (struct task_struct *)bpf_get_current_task();
-	thread_pointer = BPF_CORE_READ(task, thread.fsbase);
-	if (leave_out_for_gil_current(t, s, tid, task, thread_pointer))
-		return 0;
-	hash = walk_python_current(t, s, tid, task, thread_pointer);
-	/* The thread is interrupted: its task cannot change under the walk. */
-	hash = add_running_task_current(&s->rec, hash);
-	s->rec.kernel_frames = 0;
-	if (cfg.kernel_stacks)
-		hash = add_kernel_stack(ctx, &s->rec, hash);
-	known.pid = key.pid = pid;
-	known.hash = key.hash = hash;
-	key.tid = cfg.per_thread || cfg.native ? tid : 0;
-	if (!cfg.native) {
-		counts_map = bpf_map_lookup_elem(&counts, &zero);
-		if (!counts_map)
-			return 0;
-		cpu = bpf_get_smp_processor_id();
-		weight = bpf_map_lookup_elem(&sample_weights, &cpu);
-		if (add_to_count(counts_map, &key, weight && *weight ? *weight : SAMPLE_WEIGHT))
-			return 0;
-	}
-	if (!SEND_IF_NEW(&s->rec, &known, t, task, read_names_current))
-		return 0;
-	if (cfg.native) {
-		/* The interrupt's registers, if it came from user mode (read
-		 * through the context, which the verifier rewrites on every
-		 * kernel); otherwise those saved at the top of the kernel stack,
-		 * found by bpf_task_pt_regs (5.15) or as the kernel does. */
-		bool user = (((volatile const __u64 *)ctx)[PT_REGS_CS_WORD] & 3) == 3;
-		__u64 ip = ctx->regs.ip, sp = ctx->regs.sp, bp = ctx->regs.bp;
-		struct native_record *r = bpf_ringbuf_reserve(&records, NATIVE_RECORD_BYTES, 0);
-
-		if (!r) {
-			count(SAMPLE_LOST);
-			return 0;
-		}
-		start_native(r, &key);
-		if (!user) {
-			struct pt_regs *regs;
-
-			if (cfg.task_pt_regs && bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_task_pt_regs)) {
-				regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-				user = regs && (BPF_CORE_READ(regs, cs) & 3) == 3;
-			} else {
-				regs = saved_user_regs_fallback(task, &user);
-			}
-			ip = BPF_CORE_READ(regs, ip);
-			sp = BPF_CORE_READ(regs, sp);
-			bp = BPF_CORE_READ(regs, bp);
-		}
-		fill_native_current(r, user, ip, sp, bp, task);
-		bpf_ringbuf_submit(r, ring_submit_flags(&records));
-		return 0;
-	}
-	start_count(counts_map, &key, weight && *weight ? *weight : SAMPLE_WEIGHT);
-	return 0;
-}
+/* The perf-event sampler twice, one per current-thread walker: with plain
+ * bounded loops (kernels before 5.17) and with bpf_loop. */
+#define WALK(name) CAT(name, _current)
+#define SAMPLE_THREAD_PROGRAM sample_thread
+#include "sample_thread.bpf.h"
+#undef WALK
+#undef SAMPLE_THREAD_PROGRAM
+#define WALK(name) CAT(name, _current_loops)
+#define SAMPLE_THREAD_PROGRAM sample_thread_loops
+#include "sample_thread.bpf.h"
+#undef WALK
+#undef SAMPLE_THREAD_PROGRAM
 
 /* --idle: every thread of every target, running or not, each time user
  * space reads this iterator (at the sampling rate): a wall-clock view.

@@ -35,6 +35,10 @@ pub enum Feature {
     /// bpf_task_pt_regs: `sample --native` reads the user registers of a
     /// thread interrupted in the kernel with it.
     TaskPtRegs,
+    /// bpf_loop: the sampler's loops (frames, their names, the thread
+    /// list) run through it, so the verifier checks each loop's body once
+    /// instead of once per pass: a hundredth of the work at every start.
+    BpfLoop,
     /// bpf_copy_from_user_task in a sleepable task iterator: how `sample
     /// --idle` reads threads that are not running.
     CopyFromUserTask,
@@ -47,11 +51,12 @@ pub enum Feature {
 }
 
 impl Feature {
-    pub const ALL: [Feature; 7] = [
+    pub const ALL: [Feature; 8] = [
         Feature::Ringbuf,
         Feature::AtomicCompareExchange,
         Feature::AttachCookie,
         Feature::TaskPtRegs,
+        Feature::BpfLoop,
         Feature::CopyFromUserTask,
         Feature::UprobeMulti,
         Feature::UprobeSession,
@@ -64,6 +69,7 @@ impl Feature {
             Feature::AtomicCompareExchange => (5, 12),
             Feature::AttachCookie => (5, 15),
             Feature::TaskPtRegs => (5, 15),
+            Feature::BpfLoop => (5, 17),
             Feature::CopyFromUserTask => (5, 18),
             Feature::UprobeMulti => (6, 6),
             Feature::UprobeSession => (6, 13),
@@ -77,6 +83,7 @@ impl Feature {
             Feature::AtomicCompareExchange => "BPF_CMPXCHG",
             Feature::AttachCookie => "bpf_get_attach_cookie",
             Feature::TaskPtRegs => "bpf_task_pt_regs",
+            Feature::BpfLoop => "bpf_loop",
             Feature::CopyFromUserTask => "bpf_copy_from_user_task",
             Feature::UprobeMulti => "uprobe_multi links",
             Feature::UprobeSession => "uprobe sessions",
@@ -90,6 +97,7 @@ impl Feature {
             Feature::AtomicCompareExchange => None,
             Feature::AttachCookie => Some(("bpf_func_id", "BPF_FUNC_get_attach_cookie")),
             Feature::TaskPtRegs => Some(("bpf_func_id", "BPF_FUNC_task_pt_regs")),
+            Feature::BpfLoop => Some(("bpf_func_id", "BPF_FUNC_loop")),
             Feature::CopyFromUserTask => Some(("bpf_func_id", "BPF_FUNC_copy_from_user_task")),
             Feature::UprobeMulti => Some(("bpf_attach_type", "BPF_TRACE_UPROBE_MULTI")),
             Feature::UprobeSession => Some(("bpf_attach_type", "BPF_TRACE_UPROBE_SESSION")),

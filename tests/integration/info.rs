@@ -64,11 +64,12 @@ fn table_output_names_the_mode() {
 /// The mainline release each kernel feature pytrace looks for arrived in
 /// (from the kernel's own history, independent of how pytrace detects
 /// them: it reads the kernel's BTF).
-const FEATURES_SINCE: [(&str, (u32, u32)); 7] = [
+const FEATURES_SINCE: [(&str, (u32, u32)); 8] = [
     ("ringbuf", (5, 8)),
     ("atomic_compare_exchange", (5, 12)),
     ("attach_cookie", (5, 15)),
     ("task_pt_regs", (5, 15)),
+    ("bpf_loop", (5, 17)),
     ("copy_from_user_task", (5, 18)),
     ("uprobe_multi", (6, 6)),
     ("uprobe_session", (6, 13)),

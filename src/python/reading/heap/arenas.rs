@@ -16,6 +16,7 @@ use anyhow::{bail, ensure, Context, Result};
 
 use super::gc_lists::Tally;
 use super::sizes::Sizes;
+use super::tracked::{Heads, Scan};
 use super::types::Types;
 use super::{word, word32};
 use crate::process::proc::Memory;
@@ -107,8 +108,12 @@ pub struct ArenaWalk {
     pub partial: bool,
 }
 
-/// Reads every arena of `table` and counts its plain objects.
-pub fn walk(mem: &Memory, table: &ArenaTable, types: &mut Types, sizes: &Sizes, deadline: Instant) -> ArenaWalk {
+/// Reads every arena of `table` and counts its plain objects; its GC
+/// objects go to `tracked` (with the type flags that put a pre-header
+/// before their PyGC_Head, and the list heads their links may reach).
+pub fn walk(mem: &Memory, table: &ArenaTable, types: &mut Types, sizes: &Sizes, tracked: (&mut Scan, u64, &Heads), deadline: Instant) -> ArenaWalk {
+    let (scan, pre_header_flags, heads) = tracked;
+    let in_arena = |a: u64| table.contains(a);
     let mut out = ArenaWalk::default();
     let mut arena = vec![0u8; table.arena_size as usize];
     for &(address, pool_address) in &table.arenas {
@@ -133,8 +138,11 @@ pub fn walk(mem: &Memory, table: &ArenaTable, types: &mut Types, sizes: &Sizes, 
                     out.pools += 1;
                     for offset in blocks {
                         out.block_bytes += size;
-                        let block = &arena[at + offset as usize..at + (offset + size) as usize];
-                        count_plain(block, table, types, sizes, &mut out);
+                        let start = at + offset as usize;
+                        let block = &arena[start..start + size as usize];
+                        if !count_plain(block, table, types, sizes, &mut out) {
+                            scan.block(&arena, address, start, size as usize, types, sizes, pre_header_flags, heads, in_arena);
+                        }
                     }
                 }
                 Err(_) => out.pools_changed += 1,
@@ -145,23 +153,25 @@ pub fn walk(mem: &Memory, table: &ArenaTable, types: &mut Types, sizes: &Sizes, 
     out
 }
 
-/// A block that holds a refcount and then a checked type without GC.
-fn count_plain(block: &[u8], table: &ArenaTable, types: &mut Types, sizes: &Sizes, out: &mut ArenaWalk) {
+/// Whether the block holds a refcount and then a checked type without GC
+/// (counted then).
+fn count_plain(block: &[u8], table: &ArenaTable, types: &mut Types, sizes: &Sizes, out: &mut ArenaWalk) -> bool {
     let refcount = word(block, 0);
     // A refcount (3.14+: with ob_flags in its top 16 bits) is never above
     // 2**32, where a pointer (a buffer's first item, a free block's link) is.
     if refcount as u32 == 0 || (refcount >> 32) & 0xffff != 0 {
-        return;
+        return false;
     }
-    let Some(t) = types.check(word(block, 8), |a| table.contains(a)) else { return };
+    let Some(t) = types.check(word(block, 8), |a| table.contains(a)) else { return false };
     let info = &types.infos[t];
     if info.has_gc() {
-        return;
+        return false;
     }
     let tally = out.by_type.entry(t).or_default();
     tally.count += 1;
     tally.bytes += sizes.bytes(info, block);
     out.plain_objects += 1;
+    true
 }
 
 /// A pool's block size and its allocated blocks' offsets (`pool` is the

@@ -14,6 +14,7 @@
 pub mod arenas;
 pub mod gc_lists;
 pub mod sizes;
+pub mod tracked;
 pub mod types;
 
 /// The largest user-space address on x86-64 (47 bits).

@@ -58,6 +58,9 @@ pub struct Types<'a> {
     dicts: Option<Reader<'a>>,
     pytype: u64,
     cache: HashMap<u64, Option<usize>>,
+    /// The last address checked and its answer: a pool's blocks are mostly
+    /// of one type, so most checks end here without a hash.
+    last: (u64, Option<usize>),
     pub infos: Vec<TypeInfo>,
     /// Heap types whose `__module__` or `__qualname__` could not be read
     /// (named by tp_name, or as unreadable).
@@ -68,16 +71,23 @@ impl<'a> Types<'a> {
     /// `pytype` is PyType_Type's address in the target; `dicts` reads heap
     /// types' `__module__` (None: they are named by tp_name).
     pub fn new(mem: &'a Memory, layout: &'a Layout, heap: &'a HeapLayout, dicts: Option<Reader<'a>>, pytype: u64) -> Self {
-        Self { mem, layout, heap, dicts, pytype, cache: HashMap::new(), infos: Vec::new(), unnamed: 0 }
+        Self { mem, layout, heap, dicts, pytype, cache: HashMap::new(), last: (0, None), infos: Vec::new(), unnamed: 0 }
     }
 
     /// The index in `infos` of the type at `addr`, if it is one. `in_arena`
     /// refuses, without a read, what lies in an allocator arena.
     pub fn check(&mut self, addr: u64, in_arena: impl Fn(u64) -> bool) -> Option<usize> {
+        if addr == self.last.0 {
+            return self.last.1;
+        }
+        if !plausible(addr) {
+            return None;
+        }
         if let Some(&known) = self.cache.get(&addr) {
+            self.last = (addr, known);
             return known;
         }
-        if !plausible(addr) || in_arena(addr) {
+        if in_arena(addr) {
             // Not cached: most such words are list pointers, never met again.
             return None;
         }
@@ -88,6 +98,7 @@ impl<'a> Types<'a> {
         if self.cache.len() < MAX_TYPES * 4 {
             self.cache.insert(addr, found);
         }
+        self.last = (addr, found);
         found
     }
 

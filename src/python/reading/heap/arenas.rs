@@ -5,8 +5,9 @@
 //! those below `nextoffset` not on the free list; a pool whose count
 //! disagrees changed under the read and is skipped. A block is a plain
 //! object if its first word is a refcount and its second a checked non-GC
-//! type; GC objects (counted from the lists) and raw buffers (list items,
-//! dict tables) are neither and count only as the arenas' bytes.
+//! type; a block that is not goes to tracked.rs, which finds the GC
+//! objects; raw buffers (list items, dict tables) are neither and count
+//! only as the arenas' bytes.
 //! bench/heap/read-rate.py is the prototype this follows.
 
 use std::collections::HashMap;

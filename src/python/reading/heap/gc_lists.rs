@@ -4,8 +4,9 @@
 //! prev is the node before it (so a loop that does not come back to the
 //! head breaks the walk there, and a node freed mid-walk fails) and its
 //! type is a checked GC type; the walk is bounded in steps and by a
-//! deadline. One read per node: batching them is left to do (the design's
-//! allocator walk finds in-pool nodes without following them).
+//! deadline. One read per node: used for the permanent generation (a few
+//! hundred objects, subtracted from what the pools gave); the others'
+//! objects are found in the pools (tracked.rs).
 
 use std::collections::HashMap;
 use std::time::Instant;

@@ -209,3 +209,78 @@ impl Scan {
         self.out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::python::layouts::{for_build, heap::for_version};
+    use crate::python::reading::heap::types::HAVE_GC;
+
+    const A: u64 = 0x7f00_0010_0000;
+    const B: u64 = 0x7f00_0020_0000;
+    const HEADS: u64 = 0x7f00_0030_0000;
+
+    fn put(buf: &mut [u8], at: u64, value: u64) {
+        buf[at as usize..at as usize + 8].copy_from_slice(&value.to_le_bytes());
+    }
+
+    /// A node at `at` of `buf`: next, prev, refcount 1, type `ty`.
+    fn node(buf: &mut [u8], at: u64, next: u64, prev: u64, ty: u64) {
+        put(buf, at, next);
+        put(buf, at + 8, prev);
+        put(buf, at + 16, 1);
+        put(buf, at + 24, ty);
+    }
+
+    /// Two crafted arenas (never read: they are buffers here) and a fake GC
+    /// type in this process's memory, read through /proc/self/mem as a
+    /// target's would be. Generation 0's list: head, A+0, A+64, B+0, head;
+    /// A+128 looks like a node but A+192 (untracked) does not point back.
+    /// `m0_prev` is what B+0 says its prev is (A+64 when the list is whole).
+    fn census(m0_prev: u64) -> u64 {
+        let name = b"Fake\0".to_vec();
+        let mut ty = vec![0u64; 32];
+        ty[1] = ty.as_ptr() as u64;
+        ty[3] = name.as_ptr() as u64;
+        ty[4] = 32;
+        ty[21] = HAVE_GC;
+        let t = ty.as_ptr() as u64;
+        let (mut a, mut b) = (vec![0u8; 256], vec![0u8; 256]);
+        node(&mut a, 0, A + 64, HEADS, t);
+        node(&mut a, 64, B, A, t);
+        node(&mut a, 128, A + 192, A, t);
+        node(&mut a, 192, 0, 0, t);
+        node(&mut b, 0, HEADS, m0_prev, t);
+        let addrs = [0, 1, 2, 3].map(|i| HEADS + i * 24);
+        let heads = Heads { addrs, nexts: [A, addrs[1], addrs[2], addrs[3]], prevs: [B, addrs[1], addrs[2], addrs[3]] };
+
+        let layout = for_build(3, 12, false).unwrap();
+        let heap = for_version((3, 12)).unwrap();
+        let mem = Memory::open(std::process::id()).unwrap();
+        let mut types = Types::new(&mem, layout, heap, None, t);
+        let sizes = Sizes::new(layout, heap, 0, 0, 0);
+        let in_arena = |x: u64| (A..A + 256).contains(&x) || (B..B + 256).contains(&x);
+        let mut scan = Scan::default();
+        for (buf, base) in [(&a, A), (&b, B)] {
+            for at in (0..256).step_by(64) {
+                scan.block(buf, base, at, 64, &mut types, &sizes, heap.pre_header_flags, &heads, in_arena);
+            }
+        }
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        let out = scan.finish(&mem, &mut types, &sizes, &heads, 1000, deadline, in_arena);
+        assert_eq!(out.broken, None);
+        out.objects
+    }
+
+    #[test]
+    fn pool_nodes_count_when_their_links_check_in_the_buffer_across_arenas_and_at_the_head() {
+        // A+0 (checked in A's buffer), A+64 (its next in B: matched by the
+        // sort), B+0 (its next the head, whose prev is B+0); not A+128.
+        assert_eq!(census(A + 64), 3);
+    }
+
+    #[test]
+    fn a_node_whose_next_in_another_arena_does_not_point_back_is_not_counted() {
+        assert_eq!(census(A + 128), 2);
+    }
+}

@@ -79,9 +79,9 @@ fn walk(opts: &HeapOptions, python: &Python, heap: &heap::HeapLayout) -> Result<
     let mut types = Types::new(&mem, layout, heap, thread_names::dict_reader(pid, python).ok(), pytype);
     // The tracked objects come from the pools with the plain ones (and,
     // without arenas, from the lists followed by pointer): tracked.rs.
-    let mut scan = Scan::default();
-    let plain = table.as_ref().ok().map(|t| arenas::walk(&mem, t, &mut types, &sizes, (&mut scan, heap.pre_header_flags, &heads), deadline));
-    let mut lists = scan.finish(&mem, &mut types, &sizes, &heads, max_steps, deadline, in_arena);
+    let mut scan = Scan::new(heads, heap.pre_header_flags);
+    let plain = table.as_ref().ok().map(|t| arenas::walk(&mem, t, &mut types, &sizes, &mut scan, deadline));
+    let mut lists = scan.finish(&mem, &mut types, &sizes, max_steps, deadline, in_arena);
     // gc.freeze()'s objects were found with the rest, but gc.get_objects()
     // leaves them out, and so do the rows: walked by pointer (375 objects
     // at a 3.12's start) and taken out; their number is said beside them.

@@ -17,7 +17,7 @@ use anyhow::{bail, ensure, Context, Result};
 
 use super::gc_lists::Tally;
 use super::sizes::Sizes;
-use super::tracked::{Heads, Scan};
+use super::tracked::Scan;
 use super::types::Types;
 use super::{word, word32};
 use crate::process::proc::Memory;
@@ -109,11 +109,9 @@ pub struct ArenaWalk {
     pub partial: bool,
 }
 
-/// Reads every arena of `table` and counts its plain objects; its GC
-/// objects go to `tracked` (with the type flags that put a pre-header
-/// before their PyGC_Head, and the list heads their links may reach).
-pub fn walk(mem: &Memory, table: &ArenaTable, types: &mut Types, sizes: &Sizes, tracked: (&mut Scan, u64, &Heads), deadline: Instant) -> ArenaWalk {
-    let (scan, pre_header_flags, heads) = tracked;
+/// Reads every arena of `table` and counts its plain objects; the other
+/// blocks go to `scan`, which finds the GC objects among them.
+pub fn walk(mem: &Memory, table: &ArenaTable, types: &mut Types, sizes: &Sizes, scan: &mut Scan, deadline: Instant) -> ArenaWalk {
     let in_arena = |a: u64| table.contains(a);
     let mut out = ArenaWalk::default();
     let mut arena = vec![0u8; table.arena_size as usize];
@@ -142,7 +140,7 @@ pub fn walk(mem: &Memory, table: &ArenaTable, types: &mut Types, sizes: &Sizes, 
                         let start = at + offset as usize;
                         let block = &arena[start..start + size as usize];
                         if !count_plain(block, table, types, sizes, &mut out) {
-                            scan.block(&arena, address, start, size as usize, types, sizes, pre_header_flags, heads, in_arena);
+                            scan.block(&arena, address, start..start + size as usize, types, sizes, in_arena);
                         }
                     }
                 }

@@ -70,8 +70,10 @@ struct Link {
 
 /// Tracked objects gathered while the arenas are read, and the links left
 /// to check once every arena has been.
-#[derive(Default)]
 pub struct Scan {
+    heads: Heads,
+    /// The type flags that put a pre-header before the PyGC_Head.
+    pre_header_flags: u64,
     out: ListWalk,
     /// (node, its prev) for pool nodes whose prev is outside their arena.
     facts: Vec<(u64, u64)>,
@@ -82,6 +84,10 @@ pub struct Scan {
 }
 
 impl Scan {
+    pub fn new(heads: Heads, pre_header_flags: u64) -> Self {
+        Self { heads, pre_header_flags, out: ListWalk::default(), facts: Vec::new(), claims: Vec::new(), starts: Vec::new() }
+    }
+
     fn count(&mut self, what: Option<(usize, u64)>) {
         if let Some((t, bytes)) = what {
             let tally = self.out.by_type.entry(t).or_default();
@@ -91,13 +97,13 @@ impl Scan {
         }
     }
 
-    /// The allocated block at `at` (`size` bytes) of `arena`, read from
+    /// The allocated block `block` of `arena`, read from
     /// `base`: a tracked object is counted now if its link checks in the
     /// buffer, else kept for `finish`. A block whose link fails is no node
     /// (a buffer whose bytes look like one, an object freed mid-read) and
     /// counts as nothing.
-    #[allow(clippy::too_many_arguments)]
-    pub fn block(&mut self, arena: &[u8], base: u64, at: usize, size: usize, types: &mut Types, sizes: &Sizes, pre_header_flags: u64, heads: &Heads, in_arena: impl Fn(u64) -> bool + Copy) {
+    pub fn block(&mut self, arena: &[u8], base: u64, block: std::ops::Range<usize>, types: &mut Types, sizes: &Sizes, in_arena: impl Fn(u64) -> bool + Copy) {
+        let (at, size, pre_header_flags) = (block.start, block.len(), self.pre_header_flags);
         // The head at the block, or after a pre-header: the type says which.
         let Some((h, t)) = [0usize, 16].into_iter().filter(|&h| size >= h + 32).find_map(|h| {
             let t = types.check(word(arena, at + h + 24), in_arena)?;
@@ -122,8 +128,8 @@ impl Scan {
             if word(arena, (next - base) as usize + 8) & !FLAG_BITS == node {
                 self.count(what);
             }
-        } else if let Some(i) = heads.index(next) {
-            if heads.prevs[i] == node {
+        } else if let Some(i) = self.heads.index(next) {
+            if self.heads.prevs[i] == node {
                 self.count(what);
             }
         } else if in_arena(next) {
@@ -135,7 +141,8 @@ impl Scan {
 
     /// Follows the chains outside the pools (at most `max_steps` reads),
     /// then matches the claims across arenas.
-    pub fn finish(mut self, mem: &Memory, types: &mut Types, sizes: &Sizes, heads: &Heads, max_steps: u64, deadline: Instant, in_arena: impl Fn(u64) -> bool + Copy) -> ListWalk {
+    pub fn finish(mut self, mem: &Memory, types: &mut Types, sizes: &Sizes, max_steps: u64, deadline: Instant, in_arena: impl Fn(u64) -> bool + Copy) -> ListWalk {
+        let heads = std::mem::replace(&mut self.heads, Heads { addrs: [0; 4], nexts: [0; 4], prevs: [0; 4] });
         let mut pending = std::mem::take(&mut self.starts);
         for i in 0..4 {
             let next = heads.nexts[i];
@@ -260,14 +267,14 @@ mod tests {
         let mut types = Types::new(&mem, layout, heap, None, t);
         let sizes = Sizes::new(layout, heap, 0, 0, 0);
         let in_arena = |x: u64| (A..A + 256).contains(&x) || (B..B + 256).contains(&x);
-        let mut scan = Scan::default();
+        let mut scan = Scan::new(heads, heap.pre_header_flags);
         for (buf, base) in [(&a, A), (&b, B)] {
             for at in (0..256).step_by(64) {
-                scan.block(buf, base, at, 64, &mut types, &sizes, heap.pre_header_flags, &heads, in_arena);
+                scan.block(buf, base, at..at + 64, &mut types, &sizes, in_arena);
             }
         }
         let deadline = Instant::now() + std::time::Duration::from_secs(10);
-        let out = scan.finish(&mem, &mut types, &sizes, &heads, 1000, deadline, in_arena);
+        let out = scan.finish(&mem, &mut types, &sizes, 1000, deadline, in_arena);
         assert_eq!(out.broken, None);
         out.objects
     }

@@ -107,13 +107,17 @@ fn walk(opts: &HeapOptions, python: &Python, heap: &heap::HeapLayout) -> Result<
         bail!("process {pid} exited during the heap walk, after {read} of {all} arenas and {} objects on the collector's lists", lists.objects);
     }
 
+    // Of the types objects were counted under, not of all those checked:
+    // words in the pools' buffers point at types no object here has.
+    let counted: std::collections::HashSet<usize> = lists.by_type.keys().chain(plain.iter().flat_map(|w| w.by_type.keys())).copied().collect();
+    let types_unnamed = counted.iter().filter(|&&t| types.infos[t].unnamed).count() as u64;
     let mut census = Census {
         tracked_objects: lists.objects,
         tracked_refused: lists.refused + frozen.refused,
         list_broken: lists.broken.or(frozen.broken),
         partial: lists.partial || frozen.partial,
         frozen_objects: frozen.objects,
-        types_unnamed: types.unnamed,
+        types_unnamed,
         walk_ns,
         stopped_ns,
         rss_bytes: rss_bytes(pid),

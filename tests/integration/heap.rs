@@ -246,9 +246,10 @@ fn tracer_pid_of(pid: u32) -> Option<u32> {
     status.lines().find_map(|l| l.strip_prefix("TracerPid:")?.trim().parse().ok())
 }
 
-/// A target killed while pytrace walks its heap (a walk of about 1.5 s
-/// without --stop, the kill 0.5 s in): one sentence and a non-zero exit,
-/// never a census of half a heap.
+/// A target killed while pytrace walks its heap: one sentence and a
+/// non-zero exit, never a census of half a heap. The walk of this heap
+/// takes a fraction of a second, so the kill is timed by what the target
+/// shows: with --stop it is traced by pytrace exactly while the walk runs.
 #[test]
 fn a_target_that_exits_mid_walk_is_one_sentence() {
     let _machine = shared();
@@ -257,8 +258,13 @@ fn a_target_that_exits_mid_walk_is_one_sentence() {
     let truth = dir.path().join("truth.json");
     let mut target = big_heap(&python, &truth);
     let pid = target.pid();
-    let tracer = Command::new(PYTRACE).args(["heap", "-p", &pid.to_string()]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    let mut tracer = Command::new(PYTRACE).args(["heap", "--stop", "-p", &pid.to_string()]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while tracer_pid_of(pid) != Some(tracer.id()) {
+        assert!(std::time::Instant::now() < deadline, "pytrace never held the target");
+        assert!(tracer.try_wait().unwrap().is_none(), "pytrace ended before the target was killed: make the heap bigger");
+        std::thread::yield_now();
+    }
     target.0.kill().unwrap();
     let out = tracer.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

@@ -5,8 +5,9 @@
 //! those below `nextoffset` not on the free list; a pool whose count
 //! disagrees changed under the read and is skipped. A block is a plain
 //! object if its first word is a refcount and its second a checked non-GC
-//! type; GC objects (counted from the lists) and raw buffers (list items,
-//! dict tables) are neither and count only as the arenas' bytes.
+//! type; a block that is not goes to tracked.rs, which finds the GC
+//! objects; raw buffers (list items, dict tables) are neither and count
+//! only as the arenas' bytes.
 //! bench/heap/read-rate.py is the prototype this follows.
 
 use std::collections::HashMap;
@@ -16,6 +17,7 @@ use anyhow::{bail, ensure, Context, Result};
 
 use super::gc_lists::Tally;
 use super::sizes::Sizes;
+use super::tracked::Scan;
 use super::types::Types;
 use super::{word, word32};
 use crate::process::proc::Memory;
@@ -107,8 +109,10 @@ pub struct ArenaWalk {
     pub partial: bool,
 }
 
-/// Reads every arena of `table` and counts its plain objects.
-pub fn walk(mem: &Memory, table: &ArenaTable, types: &mut Types, sizes: &Sizes, deadline: Instant) -> ArenaWalk {
+/// Reads every arena of `table` and counts its plain objects; the other
+/// blocks go to `scan`, which finds the GC objects among them.
+pub fn walk(mem: &Memory, table: &ArenaTable, types: &mut Types, sizes: &Sizes, scan: &mut Scan, deadline: Instant) -> ArenaWalk {
+    let in_arena = |a: u64| table.contains(a);
     let mut out = ArenaWalk::default();
     let mut arena = vec![0u8; table.arena_size as usize];
     for &(address, pool_address) in &table.arenas {
@@ -133,8 +137,11 @@ pub fn walk(mem: &Memory, table: &ArenaTable, types: &mut Types, sizes: &Sizes, 
                     out.pools += 1;
                     for offset in blocks {
                         out.block_bytes += size;
-                        let block = &arena[at + offset as usize..at + (offset + size) as usize];
-                        count_plain(block, table, types, sizes, &mut out);
+                        let start = at + offset as usize;
+                        let block = &arena[start..start + size as usize];
+                        if !count_plain(block, table, types, sizes, &mut out) {
+                            scan.block(&arena, address, start..start + size as usize, types, sizes, in_arena);
+                        }
                     }
                 }
                 Err(_) => out.pools_changed += 1,
@@ -145,23 +152,25 @@ pub fn walk(mem: &Memory, table: &ArenaTable, types: &mut Types, sizes: &Sizes, 
     out
 }
 
-/// A block that holds a refcount and then a checked type without GC.
-fn count_plain(block: &[u8], table: &ArenaTable, types: &mut Types, sizes: &Sizes, out: &mut ArenaWalk) {
+/// Whether the block holds a refcount and then a checked type without GC
+/// (counted then).
+fn count_plain(block: &[u8], table: &ArenaTable, types: &mut Types, sizes: &Sizes, out: &mut ArenaWalk) -> bool {
     let refcount = word(block, 0);
     // A refcount (3.14+: with ob_flags in its top 16 bits) is never above
     // 2**32, where a pointer (a buffer's first item, a free block's link) is.
     if refcount as u32 == 0 || (refcount >> 32) & 0xffff != 0 {
-        return;
+        return false;
     }
-    let Some(t) = types.check(word(block, 8), |a| table.contains(a)) else { return };
+    let Some(t) = types.check(word(block, 8), |a| table.contains(a)) else { return false };
     let info = &types.infos[t];
     if info.has_gc() {
-        return;
+        return false;
     }
     let tally = out.by_type.entry(t).or_default();
     tally.count += 1;
     tally.bytes += sizes.bytes(info, block);
     out.plain_objects += 1;
+    true
 }
 
 /// A pool's block size and its allocated blocks' offsets (`pool` is the

@@ -4,8 +4,9 @@
 //! prev is the node before it (so a loop that does not come back to the
 //! head breaks the walk there, and a node freed mid-walk fails) and its
 //! type is a checked GC type; the walk is bounded in steps and by a
-//! deadline. One read per node: batching them is left to do (the design's
-//! allocator walk finds in-pool nodes without following them).
+//! deadline. One read per node: used for the permanent generation (a few
+//! hundred objects, subtracted from what the pools gave); the others'
+//! objects are found in the pools (tracked.rs).
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -22,7 +23,7 @@ use crate::python::layouts::heap::GENERATION_SIZE;
 /// unreachable and 3.14's old-space bits).
 const FLAG_BITS: u64 = 3;
 /// A node's PyGC_Head and the object's first NEEDED bytes.
-const NODE_READ: usize = 16 + NEEDED;
+pub const NODE_READ: usize = 16 + NEEDED;
 
 /// Count and bytes of one type.
 #[derive(Debug, Default, Clone, Copy)]
@@ -127,7 +128,7 @@ pub fn walk(
 
 /// The node's head and object, or as much as is mapped (a small object at
 /// the very end of a mapping): at least its head and type.
-fn read_node(mem: &Memory, node: u64, buf: &mut [u8; NODE_READ]) -> Option<()> {
+pub fn read_node(mem: &Memory, node: u64, buf: &mut [u8; NODE_READ]) -> Option<()> {
     if mem.read(node, buf).is_ok() {
         return Some(());
     }

@@ -1,7 +1,8 @@
 //! Reading a target's heap for `pytrace heap`, without writing anything:
-//! the objects its collector tracks, walked along the generation lists
-//! (`gc_lists.rs`), the small objects it does not track (str, int,
-//! float, bytes...), found in obmalloc's arenas read whole (`arenas.rs`),
+//! obmalloc's arenas read whole (`arenas.rs`), in which the objects the
+//! collector tracks are found with their list links checked (`tracked.rs`;
+//! the lists' heads and the permanent generation: `gc_lists.rs`) and the
+//! small objects it does not track (str, int, float, bytes...),
 //! each object's type checked before it counts (`types.rs`) and its size
 //! as `sys.getsizeof` counts it (`sizes.rs`).
 //!
@@ -14,6 +15,7 @@
 pub mod arenas;
 pub mod gc_lists;
 pub mod sizes;
+pub mod tracked;
 pub mod types;
 
 /// The largest user-space address on x86-64 (47 bits).

@@ -42,6 +42,9 @@ pub struct TypeInfo {
     pub flags: u64,
     pub basicsize: u64,
     pub itemsize: u64,
+    /// A heap type whose `__module__` or `__qualname__` could not be read
+    /// (named by tp_name).
+    pub unnamed: bool,
 }
 
 impl TypeInfo {
@@ -58,26 +61,33 @@ pub struct Types<'a> {
     dicts: Option<Reader<'a>>,
     pytype: u64,
     cache: HashMap<u64, Option<usize>>,
+    /// The last address checked and its answer: a pool's blocks are mostly
+    /// of one type, so most checks end here without a hash.
+    last: (u64, Option<usize>),
     pub infos: Vec<TypeInfo>,
-    /// Heap types whose `__module__` or `__qualname__` could not be read
-    /// (named by tp_name, or as unreadable).
-    pub unnamed: u64,
 }
 
 impl<'a> Types<'a> {
     /// `pytype` is PyType_Type's address in the target; `dicts` reads heap
     /// types' `__module__` (None: they are named by tp_name).
     pub fn new(mem: &'a Memory, layout: &'a Layout, heap: &'a HeapLayout, dicts: Option<Reader<'a>>, pytype: u64) -> Self {
-        Self { mem, layout, heap, dicts, pytype, cache: HashMap::new(), infos: Vec::new(), unnamed: 0 }
+        Self { mem, layout, heap, dicts, pytype, cache: HashMap::new(), last: (0, None), infos: Vec::new() }
     }
 
     /// The index in `infos` of the type at `addr`, if it is one. `in_arena`
     /// refuses, without a read, what lies in an allocator arena.
     pub fn check(&mut self, addr: u64, in_arena: impl Fn(u64) -> bool) -> Option<usize> {
+        if addr == self.last.0 {
+            return self.last.1;
+        }
+        if !plausible(addr) {
+            return None;
+        }
         if let Some(&known) = self.cache.get(&addr) {
+            self.last = (addr, known);
             return known;
         }
-        if !plausible(addr) || in_arena(addr) {
+        if in_arena(addr) {
             // Not cached: most such words are list pointers, never met again.
             return None;
         }
@@ -88,6 +98,7 @@ impl<'a> Types<'a> {
         if self.cache.len() < MAX_TYPES * 4 {
             self.cache.insert(addr, found);
         }
+        self.last = (addr, found);
         found
     }
 
@@ -105,11 +116,12 @@ impl<'a> Types<'a> {
         ensure!(basicsize > 0 && basicsize <= MAX_BASICSIZE && itemsize <= MAX_ITEMSIZE, "sizes out of bounds");
         let flags = word(&head, TP_FLAGS as usize);
         let tp_name = self.c_name(word(&head, TP_NAME as usize)).unwrap_or_else(|| format!("<type {addr:#x}: unreadable name>"));
+        let mut unnamed = false;
         let (module, qualname) = if flags & HEAPTYPE != 0 {
             match self.heap_name(addr) {
                 Ok(names) => names,
                 Err(_) => {
-                    self.unnamed += 1;
+                    unnamed = true;
                     (String::from("?"), tp_name)
                 }
             }
@@ -120,7 +132,7 @@ impl<'a> Types<'a> {
                 None => ("builtins".to_string(), tp_name),
             }
         };
-        Ok(TypeInfo { address: addr, module, qualname, flags, basicsize, itemsize })
+        Ok(TypeInfo { address: addr, module, qualname, flags, basicsize, itemsize, unnamed })
     }
 
     /// A heap type's `__module__` (its dict's str) and `__qualname__`.

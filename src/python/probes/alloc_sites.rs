@@ -44,6 +44,11 @@ pub struct AllocSites {
     /// Calls of malloc@plt left out: no raw allocator's guard before them
     /// (not obmalloc's, or a shape not recognised).
     pub unguarded_mallocs: usize,
+    /// obmalloc's calls of the raw allocator's calloc over 512 bytes
+    /// (`_PyObject_Calloc`'s; `bytes(n)` comes this way), and the branch
+    /// after each.
+    pub calloc_calls: Vec<u64>,
+    pub calloc_returned: Vec<u64>,
     /// Of `pool_opened`, return addresses the kernel single-steps (no
     /// branch after the call that only it reaches).
     pub pool_stepped: usize,
@@ -76,6 +81,8 @@ impl Python {
         };
         let raw_malloc = self.elf.symbol("PyMem_RawMalloc");
         let raw_slots = [self.elf.plt_slot("PyMem_RawMalloc"), self.elf.got_slot("PyMem_RawMalloc")];
+        let raw_calloc = self.elf.symbol("PyMem_RawCalloc");
+        let calloc_slots = [self.elf.plt_slot("PyMem_RawCalloc"), self.elf.got_slot("PyMem_RawCalloc")];
         let mut sites = AllocSites::default();
         for function in ["_PyObject_Malloc", "_PyObject_Calloc"] {
             let (Some(at), Some(code)) = (self.elf.symbol(function), self.elf.function_code(function, FUNCTION_MAX_BYTES)) else { continue };
@@ -91,6 +98,11 @@ impl Python {
                     if let Some(jump) = jump_after(&code[i + 1..]) {
                         sites.raw_calls.push(call.ip());
                         sites.raw_returned.push(jump);
+                    }
+                } else if function == "_PyObject_Calloc" && (Some(target) == raw_calloc || calloc_slots.iter().any(|&slot| self.is_plt_stub_of(target, slot))) {
+                    if let Some(jump) = jump_after(&code[i + 1..]) {
+                        sites.calloc_calls.push(call.ip());
+                        sites.calloc_returned.push(jump);
                     }
                 }
             }

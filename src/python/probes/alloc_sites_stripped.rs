@@ -54,6 +54,10 @@ const OUT_OF_LINE_BUDGET: usize = 400;
 /// `jne; test; mov; mov; cmovne; call`).
 const GUARD_WINDOW: usize = 8;
 
+/// Moves a compiler puts between a guard's `cmp` and its `jne` (sid's
+/// 3.14: a spill, `mov %r11,0x8(%rsp)`).
+const MOVES_BEFORE_JNE: usize = 2;
+
 /// Instructions between a guard's load of the allocator pointer and its
 /// compare.
 const LOAD_WINDOW: usize = 4;
@@ -78,6 +82,10 @@ pub struct Agreed {
     pub object: Guard,
     /// The raw allocator's guard: `_PyMem_RawMalloc`.
     pub raw: Guard,
+    /// Its calloc's: the next slot of the same PyMemAllocatorEx, holding
+    /// `_PyMem_RawCalloc` in the file's initialiser (sid's copies compare
+    /// with that; the exported PyMem_RawCalloc only jumps through it).
+    pub raw_calloc: Option<Guard>,
 }
 
 impl Python {
@@ -87,6 +95,7 @@ impl Python {
         let path = &self.target_path;
         let agreed = self.agreed_allocator()?;
         let malloc_slot = self.elf.plt_slot("malloc").ok_or_else(|| format!("{path} imports no malloc through its PLT, where obmalloc's big allocations would go"))?;
+        let calloc_slot = self.elf.plt_slot("calloc");
         let (text_at, text) = self.elf.section_at(".text").ok_or_else(|| format!("{path} has no .text section to search for obmalloc's inlined copies"))?;
         if text.len() > TEXT_MAX_BYTES {
             return Err(format!("{path}'s .text is {} bytes, more than a CPython's", text.len()));
@@ -97,8 +106,18 @@ impl Python {
             return Err(format!("{path}'s .text does not decode past {end:#x}: its inlined allocator copies cannot all be found"));
         }
         let mut stubs = std::collections::HashMap::new();
-        let is_malloc = |target: u64, stubs: &mut std::collections::HashMap<u64, bool>| *stubs.entry(target).or_insert_with(|| self.is_plt_stub_of(target, Some(malloc_slot)));
-        let sites = sweep(&code, &agreed, |t| is_malloc(t, &mut stubs))?;
+        let mut stub_of = |target: u64| {
+            *stubs.entry(target).or_insert_with(|| {
+                if self.is_plt_stub_of(target, Some(malloc_slot)) {
+                    Libc::Malloc
+                } else if self.is_plt_stub_of(target, calloc_slot) {
+                    Libc::Calloc
+                } else {
+                    Libc::Other
+                }
+            })
+        };
+        let sites = sweep(&code, &agreed, &mut stub_of)?;
         Ok(sites)
     }
 
@@ -135,8 +154,10 @@ impl Python {
         let plt = self.plt_sections();
         let in_copy = own_calls(&malloc, &text, &plt);
         let out_of_line = self.own_calls_from(object.expected, &text, &plt);
+        let calloc_slot = raw.slot + 8;
+        let raw_calloc = self.elf.initial_word(calloc_slot).filter(|f| text.contains(f)).map(|expected| Guard { slot: calloc_slot, expected });
         agreed_new_pool(&in_copy, &out_of_line)
-            .map(|new_pool| Agreed { new_pool, object, raw })
+            .map(|new_pool| Agreed { new_pool, object, raw, raw_calloc })
             .map_err(|why| format!("{path}'s PyObject_Malloc and the _PyObject_Malloc it guards on ({:#x}) {why}", object.expected))
     }
 
@@ -188,14 +209,19 @@ fn guard_sites(code: &[Instruction]) -> Vec<(usize, Guard)> {
     let mut out = Vec::new();
     for (k, cmp) in code.iter().enumerate() {
         let compares = cmp.mnemonic() == Mnemonic::Cmp && cmp.op_count() == 2 && cmp.op0_kind() == OpKind::Register && cmp.op0_register().is_gpr64() && cmp.op1_kind() == OpKind::Immediate32to64;
-        if !compares || code.get(k + 1).is_none_or(|j| j.mnemonic() != Mnemonic::Jne) {
+        if !compares {
+            continue;
+        }
+        // The jne, after at most MOVES_BEFORE_JNE moves (which keep the flags).
+        let Some(jne) = (k + 1..code.len()).take(MOVES_BEFORE_JNE + 1).find(|&j| code[j].mnemonic() != Mnemonic::Mov) else { continue };
+        if code[jne].mnemonic() != Mnemonic::Jne {
             continue;
         }
         let register = cmp.op0_register();
         for load in code[k.saturating_sub(LOAD_WINDOW)..k].iter().rev() {
             let loads = load.mnemonic() == Mnemonic::Mov && load.op_count() == 2 && load.op0_kind() == OpKind::Register && load.op0_register() == register && load.op1_kind() == OpKind::Memory && load.is_ip_rel_memory_operand();
             if loads {
-                out.push((k + 1, Guard { slot: load.ip_rel_memory_address(), expected: cmp.immediate32to64() as u64 }));
+                out.push((jne, Guard { slot: load.ip_rel_memory_address(), expected: cmp.immediate32to64() as u64 }));
                 break;
             }
             if x86::writes_register(load, register) || x86::leaves_straight_line(load) {
@@ -255,7 +281,15 @@ fn guarded_by(code: &[Instruction], k: usize, raw: Guard, joins: &HashSet<u64>) 
 
 /// The sites in the decoded .text: each call of allocate_from_new_pool's
 /// branch after it, each guarded `call malloc@plt` and its branch after.
-fn sweep(code: &[Instruction], agreed: &Agreed, mut is_malloc: impl FnMut(u64) -> bool) -> Result<AllocSites, String> {
+/// What a PLT stub a call enters imports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Libc {
+    Malloc,
+    Calloc,
+    Other,
+}
+
+fn sweep(code: &[Instruction], agreed: &Agreed, mut stub_of: impl FnMut(u64) -> Libc) -> Result<AllocSites, String> {
     let joins = join_points(code);
     let mut sites = AllocSites::default();
     let (mut joined, mut unguarded) = (Vec::new(), 0);
@@ -276,14 +310,19 @@ fn sweep(code: &[Instruction], agreed: &Agreed, mut is_malloc: impl FnMut(u64) -
                 }
                 None => joined.push(call.ip()),
             }
-        } else if is_malloc(target) {
-            if !guarded_by(code, k, agreed.raw, &joins) {
+        } else {
+            let (guard, calls, returned) = match stub_of(target) {
+                Libc::Malloc => (Some(agreed.raw), &mut sites.raw_calls, &mut sites.raw_returned),
+                Libc::Calloc => (agreed.raw_calloc, &mut sites.calloc_calls, &mut sites.calloc_returned),
+                Libc::Other => continue,
+            };
+            if !guard.is_some_and(|g| guarded_by(code, k, g, &joins)) {
                 unguarded += 1;
                 continue;
             }
             if let Some(at) = branch_after(&code[k + 1..], None) {
-                sites.raw_calls.push(call.ip());
-                sites.raw_returned.push(at);
+                calls.push(call.ip());
+                returned.push(at);
             }
         }
     }
@@ -299,7 +338,7 @@ fn sweep(code: &[Instruction], agreed: &Agreed, mut is_malloc: impl FnMut(u64) -
     if sites.pool_opened.is_empty() || sites.raw_calls.is_empty() {
         return Err(format!("no call of allocate_from_new_pool ({:#x}) or no guarded call of malloc found in .text", agreed.new_pool));
     }
-    sites.guards = vec![agreed.object, agreed.raw];
+    sites.guards = [Some(agreed.object), Some(agreed.raw), agreed.raw_calloc].into_iter().flatten().collect();
     sites.unguarded_mallocs = unguarded;
     Ok(sites)
 }
@@ -311,6 +350,76 @@ fn hex_list(addresses: &[u64]) -> String {
     addresses.iter().map(|a| format!("{a:#x}")).collect::<Vec<_>>().join(", ")
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Debian 3.11's PyObject_Malloc from 0x4fb3f6, as objdump shows it:
+    ///   4fb3f6: call 4fb540 <allocate_from_new_pool>; test %rax,%rax; jne 4fb3b0
+    ///   4fb400: mov 0x45ec61(%rip),%rax  # 95a068: _PyMem_Raw.malloc
+    ///           mov 0x45ec52(%rip),%rdi; cmp $0x4f7350,%rax; jne 4fb440
+    ///   4fb416: test %rbx,%rbx; mov $1,%edi; cmovne %rbx,%rdi; call 41f610 <malloc@plt>
+    ///   4fb427: test %rax,%rax; je 4260bf
+    const AT: u64 = 0x4fb3f6;
+    const CODE: [u8; 58] = [
+        0xe8, 0x45, 0x01, 0x00, 0x00, 0x48, 0x85, 0xc0, 0x75, 0xb0, // call; test; jne
+        0x48, 0x8b, 0x05, 0x61, 0xec, 0x45, 0x00, 0x48, 0x8b, 0x3d, 0x52, 0xec, 0x45, 0x00, // mov; mov
+        0x48, 0x3d, 0x50, 0x73, 0x4f, 0x00, 0x75, 0x2a, // cmp; jne
+        0x48, 0x85, 0xdb, 0xbf, 0x01, 0x00, 0x00, 0x00, 0x48, 0x0f, 0x45, 0xfb, 0xe8, 0xe9, 0x41, 0xf2, 0xff, // test; mov; cmovne; call
+        0x48, 0x85, 0xc0, 0x0f, 0x84, 0x8f, 0xac, 0xf2, 0xff, // test; je
+    ];
+    const RAW: Guard = Guard { slot: 0x95a068, expected: 0x4f7350 };
+    const AGREED: Agreed = Agreed { new_pool: 0x4fb540, object: Guard { slot: 0x959f48, expected: 0x4fb450 }, raw: RAW, raw_calloc: None };
+    fn stub(target: u64) -> Libc {
+        if target == 0x41f610 { Libc::Malloc } else { Libc::Other }
+    }
+
+    #[test]
+    fn reads_the_raw_guard_and_the_sites_after_calls() {
+        let code = x86::decode(&CODE, AT);
+        assert_eq!(guards(&code), [RAW]);
+        let sites = sweep(&code, &AGREED, stub).unwrap();
+        assert_eq!(sites.pool_opened, [0x4fb3fe], "the jne after the call");
+        assert_eq!((sites.raw_calls.as_slice(), sites.raw_returned.as_slice()), (&[0x4fb422][..], &[0x4fb42a][..]));
+        assert_eq!((sites.pool_stepped, sites.unguarded_mallocs), (0, 0));
+    }
+
+    /// Other code jumping to the branch after the call (as the fast path
+    /// does in many of sid's copies) moves the probe to the return address;
+    /// jumping to the return address itself leaves no site: refused.
+    #[test]
+    fn a_joined_line_moves_the_site_or_refuses() {
+        let mut code = x86::decode(&CODE, AT);
+        let jump_to = |target: u64| x86::decode(&[0xeb, (target.wrapping_sub(0x4fb3f4) as u8)], 0x4fb3f2)[0];
+        code.insert(0, jump_to(0x4fb3fe));
+        let sites = sweep(&code, &AGREED, stub).unwrap();
+        assert_eq!((sites.pool_opened.as_slice(), sites.pool_stepped), (&[0x4fb3fb][..], 1), "the return address, single-stepped");
+        code[0] = jump_to(0x4fb3fb);
+        let sites = sweep(&code, &AGREED, stub);
+        assert!(sites.unwrap_err().contains("1 of the 1 calls of allocate_from_new_pool (0x4fb540) have no branch after them"));
+    }
+
+    /// A guard on another allocator pointer, or a join between guard and
+    /// call, leaves the malloc call out (not obmalloc's, or not only).
+    #[test]
+    fn a_malloc_call_without_the_raw_guard_is_left_out() {
+        let code = x86::decode(&CODE, AT);
+        let other = Agreed { raw: Guard { slot: 0x95a068, expected: 0x4f7360 }, ..AGREED };
+        assert!(sweep(&code, &other, stub).unwrap_err().contains("no guarded call of malloc"));
+        let mut joined = code.clone();
+        joined.insert(0, x86::decode(&[0xeb, 0x22], 0x4fb3f2)[0]); // jmp 0x4fb416, past the guard
+        assert!(sweep(&joined, &AGREED, stub).unwrap_err().contains("no guarded call of malloc"));
+    }
+
+    #[test]
+    fn the_copy_and_the_out_of_line_allocator_must_call_one_same_function() {
+        assert_eq!(agreed_new_pool(&[0x4fb540], &[0x4fb540]), Ok(0x4fb540));
+        assert!(agreed_new_pool(&[0x4fb540], &[0x4fb550]).unwrap_err().contains("call different functions (0x4fb540 and 0x4fb550)"));
+        assert!(agreed_new_pool(&[0x4fb540, 0x500000], &[0x4fb540]).unwrap_err().contains("do not each call one function of their own"));
+        assert!(agreed_new_pool(&[], &[0x4fb540]).unwrap_err().contains("they call nothing and 0x4fb540"));
+    }
+}
+
 /// The search on the real stripped builds: the sites it finds against the
 /// disassembly (objdump, addresses pasted in the comments) and the counts
 /// of the design's survey (docs/design/memory.md).
@@ -318,6 +427,7 @@ fn hex_list(addresses: &[u64]) -> String {
 mod on_real_builds {
     use std::path::Path;
 
+    use super::Guard;
     use crate::python::Python;
 
     fn sid(version: &str) -> std::path::PathBuf {
@@ -325,15 +435,30 @@ mod on_real_builds {
         root.join(format!("usr/bin/python{version}"))
     }
 
+    /// Every stripped build: two allocator guards, every call of the one
+    /// allocate_from_new_pool probed, and the raw calls found; on Debian's
+    /// 3.11 the addresses objdump shows.
     #[test]
-    fn survey() {
+    fn finds_the_sites_of_debians_and_sids_builds() {
         for path in [Path::new("/usr/bin/python3.11").to_path_buf(), sid("3.13"), sid("3.14"), sid("3.15")] {
             let python = Python::from_executable(&path, None).unwrap().unwrap();
-            let started = std::time::Instant::now();
-            match python.stripped_alloc_sites() {
-                Ok(s) => eprintln!("{}: {} pool sites, {} raw calls, {} unguarded, {} stepped, guards {:x?}, {:?}", path.display(), s.pool_opened.len(), s.raw_calls.len(), s.unguarded_mallocs, s.pool_stepped, s.guards, started.elapsed()),
-                Err(e) => eprintln!("{}: {e}", path.display()),
-            }
+            assert!(python.elf.symbol("allocate_from_new_pool").is_none(), "{} is stripped", path.display());
+            let s = python.alloc_sites().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(s.guards.len() >= 2, "{}", path.display());
+            // The design's survey: 171 to 254 inlined copies, each a call.
+            assert!((170..=260).contains(&s.pool_opened.len()), "{}: {} pool sites", path.display(), s.pool_opened.len());
+            assert!(s.pool_stepped <= 3, "{}: {} single-stepped pool sites", path.display(), s.pool_stepped);
+            assert!(s.raw_calls.len() >= 150 && s.raw_calls.len() == s.raw_returned.len(), "{}: {} raw calls", path.display(), s.raw_calls.len());
         }
+        let python = Python::from_executable(Path::new("/usr/bin/python3.11"), None).unwrap().unwrap();
+        let s = python.alloc_sites().unwrap();
+        // 4fb36b: cmp $0x4fb450,%rax after mov 0x45ebe7(%rip),%rax  # 959f48
+        // 4fb40e: cmp $0x4f7350,%rax after mov 0x45ec61(%rip),%rax  # 95a068
+        assert_eq!(s.guards[..2], [Guard { slot: 0x959f48, expected: 0x4fb450 }, Guard { slot: 0x95a068, expected: 0x4f7350 }]);
+        // 4fb3f6: call 4fb540; 4fb3fb: test %rax,%rax; 4fb3fe: jne 4fb3b0
+        assert!(s.pool_opened.contains(&0x4fb3fe));
+        // 4fb422: call 41f610 <malloc@plt>; 4fb427: test; 4fb42a: je
+        let k = s.raw_calls.iter().position(|&c| c == 0x4fb422).unwrap();
+        assert_eq!(s.raw_returned[k], 0x4fb42a);
     }
 }

@@ -225,3 +225,16 @@ int raw_returned(struct pt_regs *ctx)
 		event(SOURCE_BIG, chunk, bytes, 0);
 	return 0;
 }
+
+/* obmalloc's call of the raw allocator's calloc (over 512 bytes:
+ * `bytes(n)`, zeroed buffers): rdi elements of rsi bytes, each below
+ * PY_SSIZE_T_MAX / rsi (checked by the caller); its return is raw_returned. */
+SEC("uprobe")
+int raw_calloc_call(struct pt_regs *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 size = PT_REGS_PARM1(ctx) * PT_REGS_PARM2(ctx);
+
+	bpf_map_update_elem(&raw_calls, &tid, &size, BPF_ANY);
+	return 0;
+}

@@ -272,6 +272,16 @@ impl ElfFile {
         })
     }
 
+    /// The 8-byte word at link-time address `vaddr` as the loader leaves
+    /// it, less the load bias (a RELATIVE relocation's addend where one
+    /// targets it): a static initialiser's pointer before the process runs.
+    pub fn initial_word(&self, vaddr: u64) -> Option<u64> {
+        if let Some(&addend) = self.relative_relocs.get(&vaddr) {
+            return Some(addend);
+        }
+        Some(u64::from_le_bytes(self.read_static(vaddr, 8).ok()?.try_into().ok()?))
+    }
+
     pub fn has_usdt(&self, provider: &str, name: &str) -> bool {
         self.usdt_probes.iter().any(|p| p.provider == provider && p.name == name)
     }

@@ -21,7 +21,7 @@ pub fn trace_memory(spec: TargetSpec, duration: Option<Duration>, opts: Options)
     // Refused here, before the command runs, if the build has no sites or
     // the process does not allocate through obmalloc: PYTHONMALLOC is read
     // once, at startup, from the environment the process was started with.
-    python.alloc_sites().map_err(anyhow::Error::msg)?;
+    let sites = python.alloc_sites().map_err(anyhow::Error::msg)?;
     if let Some(allocator) = crate::process::elf::environment_variable(target.pid, "PYTHONMALLOC") {
         if !allocator.is_empty() && !allocator.starts_with("pymalloc") {
             anyhow::bail!(
@@ -30,6 +30,7 @@ pub fn trace_memory(spec: TargetSpec, duration: Option<Duration>, opts: Options)
             );
         }
     }
+    crate::python::probes::alloc_sites::check_guards(&python, &sites, target.pid).map_err(anyhow::Error::msg)?;
     let release = |session: &memory::Session, target: &mut Target| {
         target.release()?;
         session.locate_soon()

@@ -113,6 +113,12 @@ impl<'obj, 'a> Session<'obj, 'a> {
         for &at in &sites.raw_calls {
             links.push(attach(&p.raw_call, at, "_PyObject_Malloc's call of PyMem_RawMalloc")?);
         }
+        for &at in &sites.calloc_returned {
+            links.push(attach(&p.raw_returned, at, "the return of obmalloc's call of the raw calloc")?);
+        }
+        for &at in &sites.calloc_calls {
+            links.push(attach(&p.raw_calloc_call, at, "obmalloc's call of the raw calloc")?);
+        }
         for &at in &sites.pool_opened {
             links.push(attach(&p.pool_opened, at, "the return of allocate_from_new_pool")?);
         }

@@ -16,7 +16,8 @@ use crate::common::{self, over_builds};
 over_builds! {
     pyenv_3_12(Interpreter::pyenv("3.12")): live_view_matches_tracemalloc, another_allocator_is_refused_in_one_sentence;
     nodtrace_3_11(Interpreter::host("3.11", nodtrace_311())): live_view_matches_tracemalloc;
-    debian_3_14(Interpreter::debian("3.14")): stripped_build_is_refused_in_one_sentence;
+    debian_3_11(Interpreter::host("3.11", "/usr/bin/python3.11".into())): live_view_matches_tracemalloc, hooked_allocator_is_refused_in_one_sentence;
+    debian_3_14(Interpreter::debian("3.14")): live_view_matches_tracemalloc;
 }
 
 /// pyenv's 3.11 built without probes (scripts/pythons.sh nodtrace-3.11).
@@ -31,24 +32,6 @@ fn nodtrace_311() -> std::path::PathBuf {
     };
     assert!(path.exists(), "{}", path.display());
     path
-}
-
-/// sid's stripped, LTO build has no allocate_from_new_pool symbol, and
-/// this slice does not search its inlined copies yet: one sentence naming
-/// that, exit 1, and the command never runs (its --held file is never
-/// written).
-fn stripped_build_is_refused_in_one_sentence(py: Interpreter) {
-    let (held_inside, held_host) = py.output("memory-held-refused.json");
-    let argv = py.argv("memory_split.py", &["--held", &held_inside, "--hold", "0"]);
-    let mut args = vec!["memory", "-d", "5", "--"];
-    args.extend(argv.iter().map(String::as_str));
-    let out = common::pytrace(&args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    let errors = common::error_lines(&stderr);
-    assert_eq!(errors.len(), 1, "{stderr}");
-    assert!(errors[0].contains("no symbol for obmalloc's allocate_from_new_pool"), "{stderr}");
-    assert!(!held_host.exists(), "the command ran: {stderr}");
 }
 
 const FUNCTIONS: [&str; 5] = ["retain_small", "retain_bytearrays", "retain_buffers", "churn", "leak"];
@@ -204,4 +187,23 @@ fn another_allocator_is_refused_in_one_sentence(py: Interpreter) {
     assert_eq!(errors.len(), 1, "{stderr}");
     assert!(errors[0].contains("runs with PYTHONMALLOC=malloc"), "{stderr}");
     assert!(!held_host.exists(), "the command ran: {stderr}");
+}
+
+/// `-X tracemalloc` puts tracemalloc's hooks in the object allocator's
+/// pointer at startup. On a stripped build the probed copies of obmalloc
+/// run only while that pointer holds `_PyObject_Malloc` (their guard), so
+/// by PID the pointer is read, found hooked, and the run refused in one
+/// sentence, exit 1, with the target left running.
+fn hooked_allocator_is_refused_in_one_sentence(py: Interpreter) {
+    let (held_inside, _) = py.output("memory-held-hooked.json");
+    let argv = py.argv_with(&["-X", "tracemalloc"], "memory_split.py", &["--held", &held_inside, "--hold", "0", "--wait"]);
+    let mut target = common::Proc(std::process::Command::new(&argv[0]).args(&argv[1..]).stdout(std::process::Stdio::piped()).spawn().unwrap());
+    common::wait_for_line(&mut target, "ready");
+    let out = common::pytrace(&["memory", "-d", "5", "-p", &target.pid().to_string()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let errors = common::error_lines(&stderr);
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(errors[0].contains("not obmalloc's") && errors[0].contains("tracemalloc"), "{stderr}");
+    assert!(target.0.try_wait().unwrap().is_none(), "the target was left running");
 }

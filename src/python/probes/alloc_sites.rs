@@ -5,8 +5,9 @@
 //! (`call rel32`) and the first conditional jump after it, which every
 //! return runs and where rax still holds what was returned.
 //!
-//! This first slice needs the static functions' symbols (pyenv's builds
-//! have them); a stripped build is refused in one sentence.
+//! With the static functions' symbols (pyenv's builds) the sites are read
+//! from `_PyObject_Malloc` and `_PyObject_Calloc`; a stripped build with
+//! link-time optimisation is searched in alloc_sites_stripped.rs.
 
 use iced_x86::{FlowControl, Mnemonic, OpKind, Register};
 
@@ -36,6 +37,29 @@ pub struct AllocSites {
     /// `_PyObject_Malloc`'s calls of PyMem_RawMalloc, and the jump after each.
     pub raw_calls: Vec<u64>,
     pub raw_returned: Vec<u64>,
+    /// The allocator pointers the sites stand for (stripped builds): each
+    /// slot must hold its expected function in the target, or its copies
+    /// of obmalloc never run.
+    pub guards: Vec<Guard>,
+    /// Calls of malloc@plt left out: no raw allocator's guard before them
+    /// (not obmalloc's, or a shape not recognised).
+    pub unguarded_mallocs: usize,
+    /// obmalloc's calls of the raw allocator's calloc over 512 bytes
+    /// (`_PyObject_Calloc`'s; `bytes(n)` comes this way), and the branch
+    /// after each.
+    pub calloc_calls: Vec<u64>,
+    pub calloc_returned: Vec<u64>,
+    /// Of `pool_opened`, return addresses the kernel single-steps (no
+    /// branch after the call that only it reaches).
+    pub pool_stepped: usize,
+}
+
+/// `mov slot(%rip),%rax; cmp $expected,%rax; jne`: the code after it runs
+/// only while the allocator pointer at `slot` is `expected`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Guard {
+    pub slot: u64,
+    pub expected: u64,
 }
 
 /// POOL_SIZE: 16 KiB from 3.10 on 64-bit builds (USE_LARGE_POOLS with the
@@ -52,11 +76,13 @@ impl Python {
     /// The memory probes' sites, or the one sentence saying why there are none.
     pub fn alloc_sites(&self) -> Result<AllocSites, String> {
         let path = &self.target_path;
-        let new_pool = self.elf.symbol("allocate_from_new_pool").ok_or_else(|| {
-            format!("{path} has no symbol for obmalloc's allocate_from_new_pool (a stripped build): `pytrace memory` needs it for now")
-        })?;
+        let Some(new_pool) = self.elf.symbol("allocate_from_new_pool") else {
+            return self.stripped_alloc_sites();
+        };
         let raw_malloc = self.elf.symbol("PyMem_RawMalloc");
         let raw_slots = [self.elf.plt_slot("PyMem_RawMalloc"), self.elf.got_slot("PyMem_RawMalloc")];
+        let raw_calloc = self.elf.symbol("PyMem_RawCalloc");
+        let calloc_slots = [self.elf.plt_slot("PyMem_RawCalloc"), self.elf.got_slot("PyMem_RawCalloc")];
         let mut sites = AllocSites::default();
         for function in ["_PyObject_Malloc", "_PyObject_Calloc"] {
             let (Some(at), Some(code)) = (self.elf.symbol(function), self.elf.function_code(function, FUNCTION_MAX_BYTES)) else { continue };
@@ -73,6 +99,11 @@ impl Python {
                         sites.raw_calls.push(call.ip());
                         sites.raw_returned.push(jump);
                     }
+                } else if function == "_PyObject_Calloc" && (Some(target) == raw_calloc || calloc_slots.iter().any(|&slot| self.is_plt_stub_of(target, slot))) {
+                    if let Some(jump) = jump_after(&code[i + 1..]) {
+                        sites.calloc_calls.push(call.ip());
+                        sites.calloc_returned.push(jump);
+                    }
                 }
             }
         }
@@ -87,13 +118,35 @@ impl Python {
 
     /// Whether `target` is a PLT stub jumping through GOT slot `slot`
     /// (`.plt`/`.plt.sec`: a JUMP_SLOT's; `.plt.got`: a GLOB_DAT's).
-    fn is_plt_stub_of(&self, target: u64, slot: Option<u64>) -> bool {
+    pub(super) fn is_plt_stub_of(&self, target: u64, slot: Option<u64>) -> bool {
         let Some(slot) = slot else { return false };
         let Ok(bytes) = self.elf.read_static(target, 16) else { return false };
         x86::decode(bytes, target).iter().take(2).any(|i| {
             i.mnemonic() == Mnemonic::Jmp && i.op0_kind() == OpKind::Memory && i.is_ip_rel_memory_operand() && i.ip_rel_memory_address() == slot
         })
     }
+}
+
+/// Checks in process `pid` that each allocator pointer the sites stand for
+/// holds the function the code guards on (read from the target's memory,
+/// or, before a command pytrace started has run, the file's initialiser):
+/// else the object allocator was replaced (PYTHONMALLOC, debug hooks,
+/// tracemalloc) and obmalloc's copies would not run.
+pub fn check_guards(python: &Python, sites: &AllocSites, pid: u32) -> Result<(), String> {
+    let memory = python.load_bias_in(pid).ok().and_then(|bias| Some((bias, crate::process::proc::Memory::open(pid).ok()?)));
+    for guard in &sites.guards {
+        let (held, expected) = match &memory {
+            Some((bias, memory)) => (memory.read_u64(guard.slot.wrapping_add(*bias)).map_err(|e| format!("{e:#}"))?, guard.expected.wrapping_add(*bias)),
+            None => (python.elf.initial_word(guard.slot).ok_or_else(|| format!("{:#x} is not in {}'s data", guard.slot, python.target_path))?, guard.expected),
+        };
+        if held != expected {
+            return Err(format!(
+                "process {pid}'s allocator pointer at {:#x} holds {held:#x}, not obmalloc's {expected:#x} that its code expects: another allocator or a hook (PYTHONMALLOC, tracemalloc) replaced it, and `pytrace memory` watches obmalloc's own code",
+                guard.slot
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The first conditional jump in `after`, if no instruction before it

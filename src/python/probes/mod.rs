@@ -9,3 +9,4 @@ pub mod inlined_getitem;
 pub mod inlined_init;
 pub mod opcode_table;
 pub mod alloc_sites;
+pub mod alloc_sites_stripped;

@@ -1,0 +1,464 @@
+//! obmalloc's probe sites in a stripped build with link-time optimisation
+//! (Debian's 3.11, sid's 3.13-3.15), which names neither
+//! `allocate_from_new_pool` nor `_PyObject_Malloc` and copies the object
+//! allocator into every caller (docs/design/memory.md, "Finding the sites
+//! on stripped builds"). Each fact is taken only where two independent
+//! sources agree: a uprobe at a wrong address would corrupt the target.
+//!
+//! - The exported `PyObject_Malloc` holds a copy of the allocator guarded
+//!   by `mov slot(%rip),%rax; cmp $X,%rax; jne`: X is the out-of-line
+//!   `_PyObject_Malloc`, the allocator this copy stands for while the
+//!   pointer in `slot` (`_PyRuntime.allocators.standard.obj.malloc`, 3.11's
+//!   static `_PyObject.malloc`) is X. The session checks that pointer in
+//!   the target (`AllocSites::guards`).
+//! - `allocate_from_new_pool` is the one direct call, not into the PLT, of
+//!   that copy, and must be the one of X as well.
+//! - Its call sites are every direct call of it in .text (171 in Debian's
+//!   3.11, 211 in sid's 3.14: one per inlined copy). Each is probed at the
+//!   first branch after the call (a `jcc` or `jmp`, both emulated by the
+//!   kernel: about 1 µs, where the call's own entry `endbr64` is
+//!   single-stepped at 18.8 µs), on the straight line where rax still holds
+//!   the block returned: the pool is that block rounded down to the pool
+//!   size. No other code may join that line (the fast path often shares
+//!   the `test %rax; jne` that follows, millions of times a second), or
+//!   the branch is not used: the return address itself is probed instead
+//!   (single-stepped, 19 µs, but only on pool openings), and a call whose
+//!   return address other code jumps to is refused.
+//! - Allocations over 512 bytes: the copies hand them to libc through
+//!   `call malloc@plt` right after a guard on the raw allocator's pointer
+//!   (`cmp $_PyMem_RawMalloc`), which the exported `PyMem_RawMalloc` and
+//!   `PyObject_Malloc`'s copy must both show. Every such guarded call with
+//!   no other code joining between guard and call is probed (rdi: the
+//!   size) with the first branch after it (rax: the chunk); BPF pairs
+//!   them per thread, so a join there (the hooked path's return) is only
+//!   an unpaired return.
+
+use std::collections::HashSet;
+use std::ops::Range;
+
+use iced_x86::{FlowControl, Instruction, Mnemonic, OpKind, Register};
+
+use super::alloc_sites::{AllocSites, Guard};
+use crate::process::x86;
+use crate::python::Python;
+
+/// Bytes of an exported allocator function read at most (PyObject_Malloc:
+/// 0xf7 to 0x141 bytes in the builds seen).
+const EXPORTED_MAX_BYTES: usize = 1024;
+
+/// Instructions searched on the paths from `_PyObject_Malloc`'s start
+/// for its calls (about 100 in the builds seen).
+const OUT_OF_LINE_BUDGET: usize = 400;
+
+/// Instructions between a guard's `cmp` and the guarded call (3.14:
+/// `jne; test; mov; mov; cmovne; call`).
+const GUARD_WINDOW: usize = 8;
+
+/// Moves a compiler puts between a guard's `cmp` and its `jne` (sid's
+/// 3.14: a spill, `mov %r11,0x8(%rsp)`).
+const MOVES_BEFORE_JNE: usize = 2;
+
+/// Instructions between a guard's load of the allocator pointer and its
+/// compare.
+const LOAD_WINDOW: usize = 4;
+
+/// Instructions between a call and the branch after it (3.14: `mov; mov;
+/// jmp` after allocate_from_new_pool; up to 8 moves restoring spilled
+/// registers before the `jne` in 3.11's copies).
+const RETURN_WINDOW: usize = 12;
+
+/// A .text larger than this (CPython's is 2-4 MB) is not decoded.
+const TEXT_MAX_BYTES: usize = 64 << 20;
+
+/// How many bytes at .text's end may fail to decode (alignment padding).
+const TEXT_TAIL_SLACK: u64 = 64;
+
+/// The facts read from the exported functions, before the sweep of .text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Agreed {
+    /// `allocate_from_new_pool`.
+    pub new_pool: u64,
+    /// The object allocator's guard: X = `_PyObject_Malloc`.
+    pub object: Guard,
+    /// The raw allocator's guard: `_PyMem_RawMalloc`.
+    pub raw: Guard,
+    /// Its calloc's: the next slot of the same PyMemAllocatorEx, holding
+    /// `_PyMem_RawCalloc` in the file's initialiser (sid's copies compare
+    /// with that; the exported PyMem_RawCalloc only jumps through it).
+    pub raw_calloc: Option<Guard>,
+}
+
+impl Python {
+    /// The sites of a stripped LTO build, or the one sentence saying which
+    /// sources are missing or disagree.
+    pub fn stripped_alloc_sites(&self) -> Result<AllocSites, String> {
+        let path = &self.target_path;
+        let agreed = self.agreed_allocator()?;
+        let malloc_slot = self.elf.plt_slot("malloc").ok_or_else(|| format!("{path} imports no malloc through its PLT, where obmalloc's big allocations would go"))?;
+        let calloc_slot = self.elf.plt_slot("calloc");
+        let (text_at, text) = self.elf.section_at(".text").ok_or_else(|| format!("{path} has no .text section to search for obmalloc's inlined copies"))?;
+        if text.len() > TEXT_MAX_BYTES {
+            return Err(format!("{path}'s .text is {} bytes, more than a CPython's", text.len()));
+        }
+        let code = x86::decode(text, text_at);
+        let end = code.last().map_or(text_at, Instruction::next_ip);
+        if end + TEXT_TAIL_SLACK < text_at + text.len() as u64 {
+            return Err(format!("{path}'s .text does not decode past {end:#x}: its inlined allocator copies cannot all be found"));
+        }
+        let mut stubs = std::collections::HashMap::new();
+        let mut stub_of = |target: u64| {
+            *stubs.entry(target).or_insert_with(|| {
+                if self.is_plt_stub_of(target, Some(malloc_slot)) {
+                    Libc::Malloc
+                } else if self.is_plt_stub_of(target, calloc_slot) {
+                    Libc::Calloc
+                } else {
+                    Libc::Other
+                }
+            })
+        };
+        let sites = sweep(&code, &agreed, &mut stub_of)?;
+        Ok(sites)
+    }
+
+    /// `allocate_from_new_pool` and the two guards, where the exported
+    /// `PyObject_Malloc`, the out-of-line `_PyObject_Malloc` it guards on
+    /// and the exported `PyMem_RawMalloc` agree.
+    fn agreed_allocator(&self) -> Result<Agreed, String> {
+        let path = &self.target_path;
+        let exported = |name: &str| -> Result<(u64, Vec<Instruction>), String> {
+            let at = self.elf.symbol(name).ok_or_else(|| format!("{path} exports no {name}"))?;
+            let code = self.elf.function_code(name, EXPORTED_MAX_BYTES).ok_or_else(|| format!("{path}'s {name} is in no loaded segment"))?;
+            Ok((at, x86::decode(code, at)))
+        };
+        let (malloc_at, malloc) = exported("PyObject_Malloc")?;
+        let (_, raw_malloc) = exported("PyMem_RawMalloc")?;
+        let guards = guards(&malloc);
+        let [object, raw, ..] = guards[..] else {
+            return Err(format!(
+                "{path}'s PyObject_Malloc holds no inlined copy of obmalloc guarded on the object and raw allocators (found {} guards): a build pytrace does not know",
+                guards.len()
+            ));
+        };
+        let raw_exported = guards_of(&raw_malloc).ok_or_else(|| format!("{path}'s PyMem_RawMalloc holds no guard on the raw allocator's pointer"))?;
+        if raw_exported != raw {
+            return Err(format!(
+                "{path}'s PyObject_Malloc and PyMem_RawMalloc disagree on the raw allocator: {:#x} in {:#x} against {:#x} in {:#x}",
+                raw.expected, raw.slot, raw_exported.expected, raw_exported.slot
+            ));
+        }
+        let text = self.elf.segment_range(malloc_at).ok_or_else(|| format!("{path}'s PyObject_Malloc is in no loaded segment"))?;
+        if !text.contains(&object.expected) {
+            return Err(format!("{path}'s PyObject_Malloc guards on {:#x}, outside its code", object.expected));
+        }
+        let plt = self.plt_sections();
+        let in_copy = own_calls(&malloc, &text, &plt);
+        let out_of_line = self.own_calls_from(object.expected, &text, &plt);
+        let calloc_slot = raw.slot + 8;
+        let raw_calloc = self.elf.initial_word(calloc_slot).filter(|f| text.contains(f)).map(|expected| Guard { slot: calloc_slot, expected });
+        agreed_new_pool(&in_copy, &out_of_line)
+            .map(|new_pool| Agreed { new_pool, object, raw, raw_calloc })
+            .map_err(|why| format!("{path}'s PyObject_Malloc and the _PyObject_Malloc it guards on ({:#x}) {why}", object.expected))
+    }
+
+    /// The direct calls into `text`, not into the PLT, on the paths from
+    /// `start` (an out-of-line function whose size no symbol gives).
+    fn own_calls_from(&self, start: u64, text: &Range<u64>, plt: &[Range<u64>]) -> Vec<u64> {
+        let read = |at: u64| self.elf.read_static(at, 64.min((text.end - at) as usize)).ok().map(<[u8]>::to_vec);
+        x86::search_paths(read, text.clone(), start, (), OUT_OF_LINE_BUDGET, |_| true, |i, _| own_call(i, text, plt))
+    }
+
+    /// The link-time ranges of the sections holding PLT stubs.
+    fn plt_sections(&self) -> Vec<Range<u64>> {
+        [".plt", ".plt.sec", ".plt.got"].iter().filter_map(|s| self.elf.section_at(s)).map(|(at, bytes)| at..at + bytes.len() as u64).collect()
+    }
+}
+
+/// The one function the inlined copy and the out-of-line allocator both
+/// call (allocate_from_new_pool), or why there is none.
+fn agreed_new_pool(in_copy: &[u64], out_of_line: &[u64]) -> Result<u64, String> {
+    match (in_copy, out_of_line) {
+        ([a], [b]) if a == b => Ok(*a),
+        ([a], [b]) => Err(format!("call different functions ({a:#x} and {b:#x}) where allocate_from_new_pool would be")),
+        _ => Err(format!("do not each call one function of their own (they call {} and {})", hex_list(in_copy), hex_list(out_of_line))),
+    }
+}
+
+/// A direct call into `text` outside the PLT: its target.
+fn own_call(i: &Instruction, text: &Range<u64>, plt: &[Range<u64>]) -> Option<u64> {
+    let target = i.near_branch_target();
+    (i.mnemonic() == Mnemonic::Call && i.op0_kind() == OpKind::NearBranch64 && text.contains(&target) && !plt.iter().any(|p| p.contains(&target))).then_some(target)
+}
+
+fn own_calls(code: &[Instruction], text: &Range<u64>, plt: &[Range<u64>]) -> Vec<u64> {
+    let mut out = Vec::new();
+    for t in code.iter().filter_map(|i| own_call(i, text, plt)) {
+        if !out.contains(&t) {
+            out.push(t);
+        }
+    }
+    out
+}
+
+/// The allocator guards in a straight stretch of code, in order: a load
+/// `mov slot(%rip),%reg`, within LOAD_WINDOW instructions a `cmp
+/// $expected,%reg` with nothing writing reg between, then a `jne` (the
+/// pointer is not the expected function: call it through the pointer).
+/// Returns each guard with the index of its `jne`.
+fn guard_sites(code: &[Instruction]) -> Vec<(usize, Guard)> {
+    let mut out = Vec::new();
+    for (k, cmp) in code.iter().enumerate() {
+        let compares = cmp.mnemonic() == Mnemonic::Cmp && cmp.op_count() == 2 && cmp.op0_kind() == OpKind::Register && cmp.op0_register().is_gpr64() && cmp.op1_kind() == OpKind::Immediate32to64;
+        if !compares {
+            continue;
+        }
+        // The jne, after at most MOVES_BEFORE_JNE moves (which keep the flags).
+        let Some(jne) = (k + 1..code.len()).take(MOVES_BEFORE_JNE + 1).find(|&j| code[j].mnemonic() != Mnemonic::Mov) else { continue };
+        if code[jne].mnemonic() != Mnemonic::Jne {
+            continue;
+        }
+        let register = cmp.op0_register();
+        for load in code[k.saturating_sub(LOAD_WINDOW)..k].iter().rev() {
+            let loads = load.mnemonic() == Mnemonic::Mov && load.op_count() == 2 && load.op0_kind() == OpKind::Register && load.op0_register() == register && load.op1_kind() == OpKind::Memory && load.is_ip_rel_memory_operand();
+            if loads {
+                out.push((jne, Guard { slot: load.ip_rel_memory_address(), expected: cmp.immediate32to64() as u64 }));
+                break;
+            }
+            if x86::writes_register(load, register) || x86::leaves_straight_line(load) {
+                break;
+            }
+        }
+    }
+    out
+}
+
+fn guards(code: &[Instruction]) -> Vec<Guard> {
+    guard_sites(code).into_iter().map(|(_, g)| g).collect()
+}
+
+/// The first guard of a function, if any.
+fn guards_of(code: &[Instruction]) -> Option<Guard> {
+    guards(code).first().copied()
+}
+
+/// Every direct branch target in `code`: where other code joins a line.
+fn join_points(code: &[Instruction]) -> HashSet<u64> {
+    code.iter()
+        .filter(|i| matches!(i.flow_control(), FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch) && i.op0_kind() == OpKind::NearBranch64)
+        .map(Instruction::near_branch_target)
+        .collect()
+}
+
+/// The first branch after a call (`after` starts right after it), on the
+/// straight line within RETURN_WINDOW instructions, with rax unwritten:
+/// emulated by the kernel, and where rax is what the call returned. With
+/// `joins`, None if other code can enter the line between.
+fn branch_after(after: &[Instruction], joins: Option<&HashSet<u64>>) -> Option<u64> {
+    for i in after.iter().take(RETURN_WINDOW) {
+        if joins.is_some_and(|j| j.contains(&i.ip())) {
+            return None;
+        }
+        let emulated = i.op0_kind() == OpKind::NearBranch64 && matches!(i.flow_control(), FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch);
+        if emulated {
+            return Some(i.ip());
+        }
+        if i.flow_control() != FlowControl::Next || x86::writes_register(i, Register::RAX) {
+            return None;
+        }
+    }
+    None
+}
+
+/// Whether the call at `code[k]` runs only past `raw`'s guard: its `jne`
+/// within GUARD_WINDOW instructions before, and nothing joining or leaving
+/// the line between.
+fn guarded_by(code: &[Instruction], k: usize, raw: Guard, joins: &HashSet<u64>) -> bool {
+    let from = k.saturating_sub(GUARD_WINDOW + LOAD_WINDOW + 1);
+    let window = &code[from..k];
+    let Some(&(jne, _)) = guard_sites(window).iter().rev().find(|(_, g)| *g == raw) else { return false };
+    window[jne + 1..].iter().chain(std::iter::once(&code[k])).all(|i| !joins.contains(&i.ip())) && window[jne + 1..].iter().all(|i| !x86::leaves_straight_line(i))
+}
+
+/// The sites in the decoded .text: each call of allocate_from_new_pool's
+/// branch after it, each guarded `call malloc@plt` and its branch after.
+/// What a PLT stub a call enters imports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Libc {
+    Malloc,
+    Calloc,
+    Other,
+}
+
+fn sweep(code: &[Instruction], agreed: &Agreed, mut stub_of: impl FnMut(u64) -> Libc) -> Result<AllocSites, String> {
+    let joins = join_points(code);
+    let mut sites = AllocSites::default();
+    let (mut joined, mut unguarded) = (Vec::new(), 0);
+    for (k, call) in code.iter().enumerate() {
+        if call.mnemonic() != Mnemonic::Call || call.op0_kind() != OpKind::NearBranch64 {
+            continue;
+        }
+        let target = call.near_branch_target();
+        if target == agreed.new_pool {
+            // Else the return address itself, single-stepped (about 19
+            // µs, on pool openings only: 1-2 thousand a second) when
+            // nothing else jumps there.
+            match branch_after(&code[k + 1..], Some(&joins)) {
+                Some(at) => sites.pool_opened.push(at),
+                None if !joins.contains(&call.next_ip()) => {
+                    sites.pool_opened.push(call.next_ip());
+                    sites.pool_stepped += 1;
+                }
+                None => joined.push(call.ip()),
+            }
+        } else {
+            let (guard, calls, returned) = match stub_of(target) {
+                Libc::Malloc => (Some(agreed.raw), &mut sites.raw_calls, &mut sites.raw_returned),
+                Libc::Calloc => (agreed.raw_calloc, &mut sites.calloc_calls, &mut sites.calloc_returned),
+                Libc::Other => continue,
+            };
+            if !guard.is_some_and(|g| guarded_by(code, k, g, &joins)) {
+                unguarded += 1;
+                continue;
+            }
+            if let Some(at) = branch_after(&code[k + 1..], None) {
+                calls.push(call.ip());
+                returned.push(at);
+            }
+        }
+    }
+    if !joined.is_empty() {
+        return Err(format!(
+            "{} of the {} calls of allocate_from_new_pool ({:#x}) have no branch after them that only they reach (at {}): pool openings there could not be told from ordinary allocations",
+            joined.len(),
+            joined.len() + sites.pool_opened.len(),
+            agreed.new_pool,
+            hex_list(&joined)
+        ));
+    }
+    if sites.pool_opened.is_empty() || sites.raw_calls.is_empty() {
+        return Err(format!("no call of allocate_from_new_pool ({:#x}) or no guarded call of malloc found in .text", agreed.new_pool));
+    }
+    sites.guards = [Some(agreed.object), Some(agreed.raw), agreed.raw_calloc].into_iter().flatten().collect();
+    sites.unguarded_mallocs = unguarded;
+    Ok(sites)
+}
+
+fn hex_list(addresses: &[u64]) -> String {
+    if addresses.is_empty() {
+        return "nothing".into();
+    }
+    addresses.iter().map(|a| format!("{a:#x}")).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Debian 3.11's PyObject_Malloc from 0x4fb3f6, as objdump shows it:
+    ///   4fb3f6: call 4fb540 <allocate_from_new_pool>; test %rax,%rax; jne 4fb3b0
+    ///   4fb400: mov 0x45ec61(%rip),%rax  # 95a068: _PyMem_Raw.malloc
+    ///           mov 0x45ec52(%rip),%rdi; cmp $0x4f7350,%rax; jne 4fb440
+    ///   4fb416: test %rbx,%rbx; mov $1,%edi; cmovne %rbx,%rdi; call 41f610 <malloc@plt>
+    ///   4fb427: test %rax,%rax; je 4260bf
+    const AT: u64 = 0x4fb3f6;
+    const CODE: [u8; 58] = [
+        0xe8, 0x45, 0x01, 0x00, 0x00, 0x48, 0x85, 0xc0, 0x75, 0xb0, // call; test; jne
+        0x48, 0x8b, 0x05, 0x61, 0xec, 0x45, 0x00, 0x48, 0x8b, 0x3d, 0x52, 0xec, 0x45, 0x00, // mov; mov
+        0x48, 0x3d, 0x50, 0x73, 0x4f, 0x00, 0x75, 0x2a, // cmp; jne
+        0x48, 0x85, 0xdb, 0xbf, 0x01, 0x00, 0x00, 0x00, 0x48, 0x0f, 0x45, 0xfb, 0xe8, 0xe9, 0x41, 0xf2, 0xff, // test; mov; cmovne; call
+        0x48, 0x85, 0xc0, 0x0f, 0x84, 0x8f, 0xac, 0xf2, 0xff, // test; je
+    ];
+    const RAW: Guard = Guard { slot: 0x95a068, expected: 0x4f7350 };
+    const AGREED: Agreed = Agreed { new_pool: 0x4fb540, object: Guard { slot: 0x959f48, expected: 0x4fb450 }, raw: RAW, raw_calloc: None };
+    fn stub(target: u64) -> Libc {
+        if target == 0x41f610 { Libc::Malloc } else { Libc::Other }
+    }
+
+    #[test]
+    fn reads_the_raw_guard_and_the_sites_after_calls() {
+        let code = x86::decode(&CODE, AT);
+        assert_eq!(guards(&code), [RAW]);
+        let sites = sweep(&code, &AGREED, stub).unwrap();
+        assert_eq!(sites.pool_opened, [0x4fb3fe], "the jne after the call");
+        assert_eq!((sites.raw_calls.as_slice(), sites.raw_returned.as_slice()), (&[0x4fb422][..], &[0x4fb42a][..]));
+        assert_eq!((sites.pool_stepped, sites.unguarded_mallocs), (0, 0));
+    }
+
+    /// Other code jumping to the branch after the call (as the fast path
+    /// does in many of sid's copies) moves the probe to the return address;
+    /// jumping to the return address itself leaves no site: refused.
+    #[test]
+    fn a_joined_line_moves_the_site_or_refuses() {
+        let mut code = x86::decode(&CODE, AT);
+        let jump_to = |target: u64| x86::decode(&[0xeb, (target.wrapping_sub(0x4fb3f4) as u8)], 0x4fb3f2)[0];
+        code.insert(0, jump_to(0x4fb3fe));
+        let sites = sweep(&code, &AGREED, stub).unwrap();
+        assert_eq!((sites.pool_opened.as_slice(), sites.pool_stepped), (&[0x4fb3fb][..], 1), "the return address, single-stepped");
+        code[0] = jump_to(0x4fb3fb);
+        let sites = sweep(&code, &AGREED, stub);
+        assert!(sites.unwrap_err().contains("1 of the 1 calls of allocate_from_new_pool (0x4fb540) have no branch after them"));
+    }
+
+    /// A guard on another allocator pointer, or a join between guard and
+    /// call, leaves the malloc call out (not obmalloc's, or not only).
+    #[test]
+    fn a_malloc_call_without_the_raw_guard_is_left_out() {
+        let code = x86::decode(&CODE, AT);
+        let other = Agreed { raw: Guard { slot: 0x95a068, expected: 0x4f7360 }, ..AGREED };
+        assert!(sweep(&code, &other, stub).unwrap_err().contains("no guarded call of malloc"));
+        let mut joined = code.clone();
+        joined.insert(0, x86::decode(&[0xeb, 0x22], 0x4fb3f2)[0]); // jmp 0x4fb416, past the guard
+        assert!(sweep(&joined, &AGREED, stub).unwrap_err().contains("no guarded call of malloc"));
+    }
+
+    #[test]
+    fn the_copy_and_the_out_of_line_allocator_must_call_one_same_function() {
+        assert_eq!(agreed_new_pool(&[0x4fb540], &[0x4fb540]), Ok(0x4fb540));
+        assert!(agreed_new_pool(&[0x4fb540], &[0x4fb550]).unwrap_err().contains("call different functions (0x4fb540 and 0x4fb550)"));
+        assert!(agreed_new_pool(&[0x4fb540, 0x500000], &[0x4fb540]).unwrap_err().contains("do not each call one function of their own"));
+        assert!(agreed_new_pool(&[], &[0x4fb540]).unwrap_err().contains("they call nothing and 0x4fb540"));
+    }
+}
+
+/// The search on the real stripped builds: the sites it finds against the
+/// disassembly (objdump, addresses pasted in the comments) and the counts
+/// of the design's survey (docs/design/memory.md).
+#[cfg(test)]
+mod on_real_builds {
+    use std::path::Path;
+
+    use super::Guard;
+    use crate::python::Python;
+
+    fn sid(version: &str) -> std::path::PathBuf {
+        let root = std::env::var_os("PYTRACE_ROOT_SID").map(std::path::PathBuf::from).unwrap_or_else(|| "/var/cache/pytrace/root-sid".into());
+        root.join(format!("usr/bin/python{version}"))
+    }
+
+    /// Every stripped build: two allocator guards, every call of the one
+    /// allocate_from_new_pool probed, and the raw calls found; on Debian's
+    /// 3.11 the addresses objdump shows.
+    #[test]
+    fn finds_the_sites_of_debians_and_sids_builds() {
+        for path in [Path::new("/usr/bin/python3.11").to_path_buf(), sid("3.13"), sid("3.14"), sid("3.15")] {
+            let python = Python::from_executable(&path, None).unwrap().unwrap();
+            assert!(python.elf.symbol("allocate_from_new_pool").is_none(), "{} is stripped", path.display());
+            let s = python.alloc_sites().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(s.guards.len() >= 2, "{}", path.display());
+            // The design's survey: 171 to 254 inlined copies, each a call.
+            assert!((170..=260).contains(&s.pool_opened.len()), "{}: {} pool sites", path.display(), s.pool_opened.len());
+            assert!(s.pool_stepped <= 3, "{}: {} single-stepped pool sites", path.display(), s.pool_stepped);
+            assert!(s.raw_calls.len() >= 150 && s.raw_calls.len() == s.raw_returned.len(), "{}: {} raw calls", path.display(), s.raw_calls.len());
+        }
+        let python = Python::from_executable(Path::new("/usr/bin/python3.11"), None).unwrap().unwrap();
+        let s = python.alloc_sites().unwrap();
+        // 4fb36b: cmp $0x4fb450,%rax after mov 0x45ebe7(%rip),%rax  # 959f48
+        // 4fb40e: cmp $0x4f7350,%rax after mov 0x45ec61(%rip),%rax  # 95a068
+        assert_eq!(s.guards[..2], [Guard { slot: 0x959f48, expected: 0x4fb450 }, Guard { slot: 0x95a068, expected: 0x4f7350 }]);
+        // 4fb3f6: call 4fb540; 4fb3fb: test %rax,%rax; 4fb3fe: jne 4fb3b0
+        assert!(s.pool_opened.contains(&0x4fb3fe));
+        // 4fb422: call 41f610 <malloc@plt>; 4fb427: test; 4fb42a: je
+        let k = s.raw_calls.iter().position(|&c| c == 0x4fb422).unwrap();
+        assert_eq!(s.raw_returned[k], 0x4fb42a);
+    }
+}

@@ -88,8 +88,11 @@ fn live_view_matches_tracemalloc(py: Interpreter) {
         let (held_inside, held_host) = py.output(&format!("memory-held-{by_pid}.json"));
         let out = py.output(&format!("memory-{by_pid}.json")).1;
         let folded = py.output(&format!("memory-{by_pid}.folded")).1;
+        let pprof = py.output(&format!("memory-{by_pid}.pb.gz")).1;
+        let speedscope = py.output(&format!("memory-{by_pid}.speedscope.json")).1;
         let args = ["--held", held_inside.as_str(), "--hold", "300"];
         let mut pytrace_args = vec!["memory", "--every", EVERY, "--json", out.to_str().unwrap(), "--folded", folded.to_str().unwrap()];
+        pytrace_args.extend(["--pprof", pprof.to_str().unwrap(), "--speedscope", speedscope.to_str().unwrap()]);
         let (report, _target) = if by_pid {
             let target = py.start_waiting("memory_split.py", &args);
             let pid = target.pid().to_string();
@@ -105,8 +108,60 @@ fn live_view_matches_tracemalloc(py: Interpreter) {
         };
         check(&label, &report, &truth);
         // The folded stacks, weighted by live bytes, hold the same split.
-        check_split(&format!("{label}, folded"), &per_function_folded(&std::fs::read_to_string(&folded).unwrap()), &truth);
+        let folded = per_function_folded(&std::fs::read_to_string(&folded).unwrap());
+        check_split(&format!("{label}, folded"), &folded, &truth);
+        check_pprof(&label, &pprof, &report);
+        // speedscope's weights are the folded stacks' bytes, in bytes.
+        let speedscope = common::read_json(&speedscope);
+        let profile = &speedscope["profiles"][0];
+        assert_eq!(profile["unit"], "bytes", "{label}");
+        let weights: u64 = profile["weights"].as_array().unwrap().iter().map(|w| w.as_u64().unwrap()).sum();
+        let live: f64 = report["stacks"].as_array().unwrap().iter().map(|r| r["live"]["bytes"].as_f64().unwrap()).sum();
+        assert!((weights as f64 - live).abs() <= report["stacks"].as_array().unwrap().len() as f64, "{label}: speedscope weighs {weights} bytes, the JSON {live:.0} live");
     }
+}
+
+/// pprof's heap profile read back by `go tool pprof -top` with each
+/// sample index: per fixture function, inuse_space and alloc_space are the
+/// JSON's live and grown bytes (to half a byte per stack: pprof's
+/// values are whole), so the 60/30/10 split holds in pprof as in the JSON; objects
+/// are checked against what the fixture made: the 9 buffers of 256 KiB
+/// (each kept, p = 1 - e^-256, so counted exactly) and the leak's 128 a
+/// round, 16 rounds (2,048: an estimate, whose ± 10 % is 11 of its
+/// standard errors at MIN_KEPT_LEAK kept).
+fn check_pprof(label: &str, pprof: &Path, report: &serde_json::Value) {
+    let top = |index: &str| {
+        let out = crate::formats::go_pprof(&["-top", "-nodecount=100000", "-nodefraction=0", "-unit=B", &format!("-sample_index={index}")], pprof);
+        assert!(out.contains(&format!("Type: {index}")), "{label}: {out}");
+        // -unit=B writes every value as a number of B.
+        let rows: HashMap<String, f64> = crate::formats::top_rows(&out.replace('B', "")).into_iter().map(|(name, (_, cum))| (name, cum)).collect();
+        FUNCTIONS.iter().map(|f| (*f, rows.get(*f).copied().unwrap_or(0.0))).collect::<HashMap<&str, f64>>()
+    };
+    let json = per_function(report);
+    let grown = per_function_grown(report);
+    let (inuse, alloc) = (top("inuse_space"), top("alloc_space"));
+    for f in FUNCTIONS {
+        // Half a byte per stack, at most a few hundred stacks.
+        let slack = 256.0 + 1e-5 * json[f].0.max(grown[f]);
+        assert!((inuse[f] - json[f].0).abs() <= slack, "{label}: pprof's inuse_space gives {f} {}, the JSON {:.0} live", inuse[f], json[f].0);
+        assert!((alloc[f] - grown[f]).abs() <= slack, "{label}: pprof's alloc_space gives {f} {}, the JSON {:.0} grown", alloc[f], grown[f]);
+    }
+    let (inuse_objects, alloc_objects) = (top("inuse_objects"), top("alloc_objects"));
+    assert_eq!(inuse_objects["retain_buffers"], 9.0, "{label}: the fixture holds 9 buffers of 256 KiB");
+    assert_eq!(alloc_objects["retain_buffers"], 9.0, "{label}: the fixture made 9 buffers of 256 KiB");
+    let leak = inuse_objects["leak"] / 2048.0;
+    assert!((leak - 1.0).abs() <= 0.10, "{label}: pprof's inuse_objects gives the leak {} bytearrays, the fixture made 2,048 (± 10 %)", inuse_objects["leak"]);
+}
+
+/// Grown bytes per fixture function, as `per_function` charges them.
+fn per_function_grown(report: &serde_json::Value) -> HashMap<&'static str, f64> {
+    let mut out: HashMap<&'static str, f64> = FUNCTIONS.iter().map(|f| (*f, 0.0)).collect();
+    for row in report["stacks"].as_array().unwrap() {
+        let frames = row["frames"].as_array().unwrap();
+        let Some(function) = frames.iter().rev().find_map(|f| FUNCTIONS.iter().find(|name| f.as_str().unwrap().starts_with(&format!("{name} (")))) else { continue };
+        *out.get_mut(function).unwrap() += row["grown"]["bytes"].as_f64().unwrap();
+    }
+    out
 }
 
 /// Once the fixture holds its memory, stops pytrace as Ctrl-C would: its

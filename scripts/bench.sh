@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Every benchmark, pytrace against its peers (cProfile, py-spy, CPython
+# Every benchmark, pytrace against its peers (cProfile, py-spy, memray, tracemalloc, CPython
 # 3.15's profiling.sampling, a bare uprobe), side by side in one run:
 # scripts/bench.py does the measuring; this installs what it needs (py-spy
-# in a venv in the cache, the Pythons of scripts/pythons.sh) and turns on
+# in a venv in the cache, memray in one of pyenv's 3.12, the Pythons of scripts/pythons.sh) and turns on
 # kernel.bpf_stats_enabled for the run. Writes bench/results.md. On demand,
 # not in CI: about 35 minutes with 3 repeats on two CPUs.
 #

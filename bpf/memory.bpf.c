@@ -85,6 +85,8 @@ struct stack_key _stack_key = {};
 enum record_kind _record_kind = 0;
 enum sample_counter _sample_counter = 0;
 enum memory_exp _memory_exp = 0;
+enum memory_objects _memory_objects = 0;
+enum memory_alignment _memory_alignment = 0;
 
 #include "sample_walk_base.bpf.h"
 
@@ -121,7 +123,7 @@ static __always_inline __u64 keep_chance(__u64 bytes)
 
 /* Walks the stack of an event kept with chance `p` and adds it to its
  * stack's growth; returns the stack's hash (0: not counted). */
-static __always_inline __u64 count_kept(__u32 pid, __u32 source, __u64 bytes, __u64 p)
+static __always_inline __u64 count_kept(__u32 pid, __u32 source, __u64 bytes, __u64 objects, __u64 p)
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid(), zero = 0;
 	const struct sample_target *t = bpf_map_lookup_elem(&processes, &pid);
@@ -152,6 +154,7 @@ static __always_inline __u64 count_kept(__u32 pid, __u32 source, __u64 bytes, __
 	__sync_fetch_and_add(&g->bytes, bytes);
 	__sync_fetch_and_add(&g->estimate, estimate);
 	__sync_fetch_and_add(&g->variance, estimate * (estimate - bytes));
+	__sync_fetch_and_add(&g->objects, (objects << (32 + OBJECTS_FRACTION_BITS)) / p);
 	return key.hash;
 }
 
@@ -161,7 +164,7 @@ static __always_inline void event(__u32 source, __u64 address, __u64 bytes, __u3
 	__u32 pid = bpf_get_current_pid_tgid() >> 32;
 	struct memory_place place = { .pid = pid, .address = address };
 	struct kept_block block = { .bytes = bytes, .szidx = szidx, .source = source };
-	__u64 p;
+	__u64 p, objects;
 
 	count(MEMORY_EVENTS);
 	if (bytes > MAX_EVENT_BYTES)
@@ -174,7 +177,9 @@ static __always_inline void event(__u32 source, __u64 address, __u64 bytes, __u3
 		count(MEMORY_NOT_KEPT);
 		return;
 	}
-	block.hash = count_kept(pid, source, bytes, p);
+	/* A pool holds pool_size / block size objects (its header aside). */
+	objects = source == SOURCE_POOL ? bytes / (((__u64)szidx + 1) * BLOCK_ALIGNMENT) : 1;
+	block.hash = count_kept(pid, source, bytes, objects, p);
 	if (!block.hash)
 		return;
 	block.p = (__u32)p; /* 2^32 (certain) wraps to 0 */

@@ -26,7 +26,15 @@ struct memory_growth {
 	__u64 bytes;     /* their bytes */
 	__u64 estimate;  /* sum of bytes / p: the Horvitz-Thompson estimate of all events' bytes */
 	__u64 variance;  /* sum of (1 - p) bytes^2 / p^2 = estimate * (estimate - bytes), in bytes^2 */
+	__u64 objects;   /* sum of objects / p in units of 2^-16: a chunk is one object, a pool
+			  * its blocks (pprof's alloc_objects) */
 };
+
+/* The fixed point of memory_growth.objects. */
+enum memory_objects { OBJECTS_FRACTION_BITS = 16 };
+
+/* obmalloc's block sizes are (szidx + 1) times this on 64-bit builds. */
+enum memory_alignment { BLOCK_ALIGNMENT = 16 };
 
 /* A kept pool (key: struct memory_place), read from user space at each
  * --interval: its header says how many blocks are in use. */

@@ -59,6 +59,9 @@ DEBIAN = Python("Debian 3.11.2 (probes)", "/usr/bin/python3.11")
 NO_PROBES = Python("3.11 without probes, shared libpython", NODTRACE)
 # pyenv's 3.12 (scripts/pythons.sh pyenv-3.12, passed on by bench.sh).
 PYENV_312 = os.environ["PYTRACE_BENCH_PYENV_312"]
+# memray installed for pyenv's 3.12 by bench.sh (memray runs the script
+# with its own interpreter).
+MEMRAY = os.environ["PYTRACE_BENCH_MEMRAY"]
 SID_315 = Python("Debian sid 3.15 (chroot)", "/usr/bin/python3.15", SID_ROOT)
 
 
@@ -749,6 +752,46 @@ def dump_table():
 SID_TABLES = {"calls_table", "sample_cost_table", "accuracy_table", "attach_table", "bypassed_table"}
 
 
+# --- memory: its cost beside memray and tracemalloc ---------------------------
+
+MEMORY_ROUNDS = 1000
+MEMORY_REPEATS = max(5, REPEATS)
+
+
+def alloc_heavy_cpu(argv):
+    """bench/memory/alloc_heavy.py's own CPU seconds of its work (user plus
+    system: a uprobe's trap runs on the target's thread), from its line."""
+    out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=True)
+    return float(re.search(r"cpu_s=([0-9.]+)", out.stdout).group(1))
+
+
+def memory_cost_table():
+    """Each mode in turn, MEMORY_REPEATS times interleaved, on pyenv's 3.12
+    (symbols: `pytrace memory`'s sites are found there): the workload's CPU
+    seconds, median and range, and the median's slowdown over the plain
+    runs' median."""
+    python = PYENV_312
+    script = os.path.join(HERE, "..", "bench", "memory", "alloc_heavy.py")
+    memray_out = os.path.join(TMP, "memray.bin")
+    modes = {
+        "untraced": [python, script, MEMORY_ROUNDS],
+        "`pytrace memory` (default, one event per 512 KiB)": [PYTRACE, "memory", "--json", os.path.join(TMP, "memory.json"), "--", python, script, MEMORY_ROUNDS],
+        "tracemalloc (`-X tracemalloc`, 1 frame)": [python, "-X", "tracemalloc", script, MEMORY_ROUNDS],
+        "memray 1.20 (`memray run`, its defaults)": [MEMRAY, "run", "-f", "-q", "-o", memray_out, script, MEMORY_ROUNDS],
+    }
+    runs = {name: [] for name in modes}
+    for i in range(MEMORY_REPEATS):
+        for name, argv in modes.items():
+            progress(f"memory cost {i + 1}/{MEMORY_REPEATS}: {name}")
+            runs[name].append(alloc_heavy_cpu([str(a) for a in argv]))
+    base = median(runs["untraced"])
+    rows = ["| mode | workload CPU s, median | range | slowdown (medians) |", "|---|---|---|---|"]
+    for name, values in runs.items():
+        slowdown = "" if name == "untraced" else f"{(median(values) / base - 1) * 100:+.1f} %"
+        rows.append(f"| {name} | {median(values):.3f} | {min(values):.3f}-{max(values):.3f} | {slowdown} |")
+    return "\n".join(rows)
+
+
 def main():
     only = os.environ.get("PYTRACE_BENCH_SECTIONS")
     uses_sid = not only or bool(SID_TABLES & set(only.split(",")))
@@ -789,6 +832,12 @@ def main():
             ("Memory over long runs", memory_table,
              "pytrace's resident memory (VmRSS) during one run, early and late. The counts are aggregated in the kernel and "
              "user space keeps one entry per distinct stack, so memory follows the number of distinct stacks, not of samples."),
+            ("`memory`: cost to an allocation-heavy workload", memory_cost_table,
+             f"bench/memory/alloc_heavy.py ({MEMORY_ROUNDS} rounds of dict, list and str building and json round trips, "
+             f"a few MiB held) on pyenv's 3.12, {MEMORY_REPEATS} interleaved runs of each mode, every profiler starting "
+             "the workload. Its CPU seconds are its own (time.process_time around the work: user and system, so the "
+             "uprobes' traps count); median, range, and the medians' slowdown over the untraced runs. memray runs in "
+             "its defaults (malloc-level hooks, Python stacks, no --native, --trace-python-allocators off)."),
             ("Scale: many threads, many processes", scale_table,
              "Debian's 3.11 at 99 Hz. pytrace profiles every process with one BPF program (`sample --all`); py-spy needs one "
              "process per target. CPU and peak RSS are summed over the profiler processes."),

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Every benchmark, pytrace against its peers (cProfile, py-spy, CPython
+# Every benchmark, pytrace against its peers (cProfile, py-spy, memray, tracemalloc, CPython
 # 3.15's profiling.sampling, a bare uprobe), side by side in one run:
 # scripts/bench.py does the measuring; this installs what it needs (py-spy
-# in a venv in the cache, the Pythons of scripts/pythons.sh) and turns on
+# in a venv in the cache, memray in one of pyenv's 3.12, the Pythons of scripts/pythons.sh) and turns on
 # kernel.bpf_stats_enabled for the run. Writes bench/results.md. On demand,
 # not in CI: about 35 minutes with 3 repeats on two CPUs.
 #
@@ -31,6 +31,11 @@ venv=${PYTRACE_CACHE:-/var/cache/pytrace}/bench-venv
 sid=$(scripts/pythons.sh root-sid)
 PYTRACE_BENCH_PYENV_312=$(scripts/pythons.sh pyenv-3.12)
 export PYTRACE_BENCH_PYENV_312
+# memray for the memory cost table, in a venv of pyenv's 3.12: memray runs
+# the workload with the interpreter it is installed in.
+venv312=${PYTRACE_CACHE:-/var/cache/pytrace}/bench-venv-312
+[ -x "$venv312/bin/memray" ] || { "$PYTRACE_BENCH_PYENV_312" -m venv "$venv312" && "$venv312/bin/pip" install -q memray==1.20.0; } >&2
+export PYTRACE_BENCH_MEMRAY=$venv312/bin/memray
 stats_before=$(sysctl -n kernel.bpf_stats_enabled)
 sysctl -qw kernel.bpf_stats_enabled=1
 trap 'sysctl -qw kernel.bpf_stats_enabled="$stats_before"; rm -rf "$work"' EXIT

@@ -221,6 +221,16 @@ struct MemoryArgs {
     /// Write folded stacks weighted by live bytes, one `frame;frame;... bytes` a line
     #[arg(long, value_name = "FILE")]
     folded: Option<PathBuf>,
+    /// Write an SVG flamegraph of the live bytes
+    #[arg(long, value_name = "FILE.svg")]
+    flamegraph: Option<PathBuf>,
+    /// Write a speedscope profile of the live bytes (https://www.speedscope.app)
+    #[arg(long, value_name = "FILE.json")]
+    speedscope: Option<PathBuf>,
+    /// Write a gzipped pprof heap profile (alloc_objects, alloc_space,
+    /// inuse_objects, inuse_space: go tool pprof, Pyroscope, Parca)
+    #[arg(long, value_name = "FILE.pb.gz")]
+    pprof: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -577,7 +587,11 @@ impl Cli {
                 anyhow::ensure!(args.every > 0, "--every must be at least 1 byte");
                 anyhow::ensure!(args.interval.is_finite() && args.interval >= 0.1, "--interval must be at least 0.1 seconds");
                 let interval = std::time::Duration::from_secs_f64(args.interval);
-                commands::memory::run(commands::memory::Options { target, duration, memory: crate::tracing::memory::Options { every: args.every, interval }, top: args.top, json: args.json, folded: args.folded })
+                use commands::memory::File;
+                use crate::report::profile::Format;
+                let files = [(File::Stacks(Format::Folded), args.folded), (File::Stacks(Format::Flamegraph), args.flamegraph), (File::Stacks(Format::Speedscope), args.speedscope), (File::Pprof, args.pprof)];
+                let files = files.into_iter().filter_map(|(kind, path)| Some((kind, path?))).collect();
+                commands::memory::run(commands::memory::Options { target, duration, memory: crate::tracing::memory::Options { every: args.every, interval }, top: args.top, json: args.json, files })
             }
             Command::Heap(args) => {
                 if !args.command.is_empty() {

@@ -6,12 +6,21 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::model::samples::Sample;
-use crate::report::memory::MemoryReport;
-use crate::report::profile::{Format, Profile};
+use crate::report::memory::{live_profile, to_pprof, MemoryReport};
+use crate::report::output::{all_written, check_distinct};
+use crate::report::profile::Format;
 use crate::report::{self, Output};
 use crate::session::{self, TargetSpec};
 use crate::tracing::memory::Options as MemoryOptions;
+
+/// A file of the profile's, besides the table and JSON.
+#[derive(Clone, Copy)]
+pub enum File {
+    /// sample's stack formats, weighted by live bytes.
+    Stacks(Format),
+    /// Go's heap profile.
+    Pprof,
+}
 
 pub struct Options {
     pub target: TargetSpec,
@@ -19,21 +28,31 @@ pub struct Options {
     pub memory: MemoryOptions,
     pub top: usize,
     pub json: Option<PathBuf>,
-    /// Folded stacks weighted by live bytes.
-    pub folded: Option<PathBuf>,
+    /// Folded stacks, flamegraph, speedscope, pprof: each to its file.
+    pub files: Vec<(File, PathBuf)>,
 }
 
 pub fn run(opts: Options) -> Result<i32> {
+    // Created before the run, so that a bad path fails at once.
     let mut json = opts.json.as_deref().map(Output::create).transpose()?;
-    let mut folded = opts.folded.as_deref().map(Output::create).transpose()?;
+    let files: Vec<(File, Output)> = opts.files.iter().map(|(kind, path)| Ok((*kind, Output::create(path)?))).collect::<Result<_>>()?;
+    check_distinct(&[], &json.iter().chain(files.iter().map(|(_, out)| out)).collect::<Vec<_>>())?;
     let (run, data) = session::trace_memory(opts.target, opts.duration, opts.memory)?;
-    if let Some(out) = &mut folded {
-        // sample's folded writer, each stack weighted by its live bytes.
-        let samples: Vec<Sample> = data.stacks.iter().map(|s| Sample { pid: run.pid, tid: 0, frames: s.frames.clone(), count: s.live.bytes.round() as u64 }).filter(|s| s.count > 0).collect();
-        let profile = Profile::new(run.pid, run.python_info(), 0, run.elapsed.as_nanos() as u64, data.counters.clone(), &samples, None);
-        out.write_all(&Format::Folded.render(&profile, 0)?)?;
-    }
-    let report = MemoryReport::new(run.pid, run.python_info(), run.elapsed.as_nanos() as u64, data);
+    let duration_ns = run.elapsed.as_nanos() as u64;
+    let profile = live_profile(run.pid, run.python_info(), duration_ns, &data);
+    let subject = format!("PID {}, Python {}", run.pid, run.python_info().version);
+    let written: Vec<Result<()>> = files
+        .into_iter()
+        .map(|(kind, mut out)| {
+            let bytes = match kind {
+                File::Stacks(format) => format.render(&profile, 0)?,
+                File::Pprof => to_pprof(&data, duration_ns, &subject)?,
+            };
+            out.write_all(&bytes)
+        })
+        .collect();
+    all_written(written)?;
+    let report = MemoryReport::new(run.pid, run.python_info(), duration_ns, data);
     report::emit(json.as_mut(), || report.to_json(), || report.to_table(opts.top))?;
     Ok(run.exit_code())
 }

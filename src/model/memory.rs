@@ -19,6 +19,10 @@ pub struct Estimate {
     pub variance: f64,
     /// Kept events (pools, chunks) the estimate rests on.
     pub kept: u64,
+    /// The same estimate in objects, as obmalloc counts them: a chunk is
+    /// one, a pool its blocks (all of them for growth, those in use for
+    /// the live view). pprof's alloc_objects and inuse_objects.
+    pub objects: f64,
 }
 
 impl Estimate {
@@ -26,6 +30,7 @@ impl Estimate {
         self.bytes += other.bytes;
         self.variance += other.variance;
         self.kept += other.kept;
+        self.objects += other.objects;
     }
 
     /// Half the width of the 95 % interval (normal approximation).

@@ -1,13 +1,62 @@
 //! `pytrace memory`'s table and JSON: per stack and allocator path, the
 //! bytes live at the end of the run and the bytes the heap grew by, each
-//! with its 95 % interval and the kept events it rests on.
+//! with its 95 % interval and the kept events it rests on. Its stack
+//! formats are sample's (folded, flamegraph, speedscope), weighted by live
+//! bytes; its pprof is Go's heap profile.
 
 use serde::Serialize;
 
-use super::profile::label;
+use anyhow::Result;
+
+use super::pprof::{encode, unix_ns_ago, PprofInput, StackValues};
+use super::profile::{label, Profile, Weight};
 use super::{counted_line, dropped_line, thousands, PythonInfo};
 use crate::model::counters::Counters;
 use crate::model::memory::{Estimate, MemoryData, Source};
+use crate::model::samples::Sample;
+
+/// sample's profile of `data`, each stack weighted by its live bytes (to
+/// the byte): what folded stacks, the flamegraph and speedscope draw.
+pub fn live_profile(pid: u32, python: PythonInfo, duration_ns: u64, data: &MemoryData) -> Profile {
+    let samples: Vec<Sample> = data
+        .stacks
+        .iter()
+        .map(|s| Sample { pid, tid: 0, frames: s.frames.clone(), count: s.live.bytes.round().max(0.0) as u64 })
+        .filter(|s| s.count > 0)
+        .collect();
+    let mut profile = Profile::new(pid, python, 0, duration_ns, data.counters.clone(), &samples, None);
+    profile.weight = Weight::LiveBytes;
+    profile
+}
+
+/// Go's heap profile (what `go tool pprof`, Pyroscope and Parca read as a
+/// memory profile): per stack alloc_objects and alloc_space (what the
+/// heap grew by through it during the run), inuse_objects and inuse_space
+/// (of that, what is live at the end), the last the default, as Go's own
+/// heap profiles order them. Objects are obmalloc's: a chunk is one, a
+/// pool its blocks. Estimates, rounded to whole bytes and objects.
+pub fn to_pprof(data: &MemoryData, duration_ns: u64, subject: &str) -> Result<Vec<u8>> {
+    let mut comments = vec![
+        format!("pytrace memory: {subject}"),
+        format!("sampled by bytes: one event kept per {} bytes on average; values are estimates", data.every),
+    ];
+    comments.extend(counted_line(&data.counters).lines().map(str::to_string));
+    comments.extend(dropped_line(&data.counters).lines().map(str::to_string));
+    let whole = |x: f64| x.round().max(0.0) as i64;
+    encode(&PprofInput {
+        value_types: vec![("alloc_objects", "count"), ("alloc_space", "bytes"), ("inuse_objects", "count"), ("inuse_space", "bytes")],
+        stacks: data
+            .stacks
+            .iter()
+            .map(|s| StackValues { thread: "", frames: &s.frames, values: vec![whole(s.grown.objects), whole(s.grown.bytes), whole(s.live.objects), whole(s.live.bytes)] })
+            .collect(),
+        // Go's heap profiles say their sampling rate this way.
+        period: Some(("space", "bytes", data.every as i64)),
+        start_unix_ns: unix_ns_ago(duration_ns),
+        duration_ns,
+        comments,
+    })
+}
 
 /// Kept events under which an estimate is marked unreliable: its interval
 /// rests on the normal approximation.

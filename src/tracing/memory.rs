@@ -18,13 +18,16 @@ use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 use super::sample::discovery::{Processes, PythonRef};
 use super::sample::stacks::Stacks;
 use super::{attach_error, ensure_still_running, read_counters, Links, Tracing};
-use crate::bpf::memory::types::{kept_block, memory_counter, memory_growth, memory_key, memory_place, memory_source, sample_counter};
+use crate::bpf::memory::types::{kept_block, memory_alignment, memory_counter, memory_growth, memory_key, memory_objects, memory_place, memory_source, sample_counter};
 use crate::bpf::memory::{MemorySkel, MemorySkelBuilder};
 use crate::model::counters::Kind::{Informational, Lost};
 use crate::model::memory::{Estimate, MemoryData, MemoryStack, Source};
 use crate::python::probes::alloc_sites::{self, POOL_SZIDX_OFFSET};
 use crate::python::reading::pools::{self, Kept};
 use crate::python::Python;
+
+/// obmalloc's block size per size class step (bpf/memory.h).
+const BLOCK_ALIGNMENT: f64 = memory_alignment::BLOCK_ALIGNMENT.0 as f64;
 
 const CHECK_EVERY: Duration = Duration::from_millis(250);
 
@@ -196,8 +199,10 @@ impl<'obj, 'a> Session<'obj, 'a> {
             };
             let p = if block.p == 0 { 1.0 } else { block.p as f64 / 4294967296.0 };
             let x = bytes as f64;
+            // A chunk is one object; a pool's are its blocks in use.
+            let objects = if block.source == memory_source::SOURCE_POOL.0 { x / ((block.szidx as f64 + 1.0) * BLOCK_ALIGNMENT) } else { 1.0 };
             let e = view.by_stack.entry((block.hash, block.source)).or_default();
-            e.add(&Estimate { bytes: x / p, variance: (1.0 - p) * x * x / (p * p), kept: 1 });
+            e.add(&Estimate { bytes: x / p, variance: (1.0 - p) * x * x / (p * p), kept: 1, objects: objects / p });
         }
         view
     }
@@ -226,7 +231,8 @@ impl<'obj, 'a> Session<'obj, 'a> {
                 unnamed += g.kept;
                 continue;
             };
-            let grown = Estimate { bytes: g.estimate as f64, variance: g.variance as f64, kept: g.kept };
+            let objects = g.objects as f64 / (1u64 << memory_objects::OBJECTS_FRACTION_BITS.0) as f64;
+            let grown = Estimate { bytes: g.estimate as f64, variance: g.variance as f64, kept: g.kept, objects };
             let live = live.by_stack.get(&(key.hash, key.source)).copied().unwrap_or_default();
             rows.insert((key.hash, key.source), MemoryStack { frames, source: source_of(key.source), grown, live });
         }

@@ -8,7 +8,7 @@ use std::process::Command;
 use crate::common::*;
 
 /// `go tool pprof ARGS FILE`, which must succeed; its standard output.
-fn go_pprof(args: &[&str], file: &Path) -> String {
+pub(crate) fn go_pprof(args: &[&str], file: &Path) -> String {
     let out = Command::new("go")
         .args(["tool", "pprof"])
         .args(args)
@@ -23,7 +23,7 @@ fn go_pprof(args: &[&str], file: &Path) -> String {
 }
 
 /// `-top` rows by function name: (flat, cum) in the chosen sample index.
-fn top_rows(top: &str) -> HashMap<String, (f64, f64)> {
+pub(crate) fn top_rows(top: &str) -> HashMap<String, (f64, f64)> {
     let mut rows = HashMap::new();
     let mut in_table = false;
     for line in top.lines() {

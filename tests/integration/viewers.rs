@@ -22,7 +22,7 @@ fn viewers_cache() -> PathBuf {
 }
 
 /// `node tests/viewers/browser.cjs ARGS`: what Chromium showed, as JSON.
-fn browser(args: &[&str]) -> serde_json::Value {
+pub(crate) fn browser(args: &[&str]) -> serde_json::Value {
     let out = Command::new("node")
         .arg(format!("{}/tests/viewers/browser.cjs", env!("CARGO_MANIFEST_DIR")))
         .args(args)
@@ -36,7 +36,7 @@ fn browser(args: &[&str]) -> serde_json::Value {
 }
 
 /// "1,159 (57%)" or "Matched: 57.4%": the number before '%'.
-fn percent(text: &str) -> f64 {
+pub(crate) fn percent(text: &str) -> f64 {
     let end = text.rfind('%').unwrap_or_else(|| panic!("no percent in {text:?}"));
     let start = text[..end].rfind(|c: char| !(c.is_ascii_digit() || c == '.')).map_or(0, |i| i + 1);
     text[start..end].parse().unwrap_or_else(|_| panic!("no percent in {text:?}"))

@@ -61,7 +61,10 @@ async function flamegraph(file, functions) {
       if (w > widestWidth) { widest = g; widestWidth = w; }
     }
     if (!widest) return { title, searches, zoom: null };
-    await widest.locator('rect').click();
+    // The frame's group, not its rect: a long label (a full path) covers
+    // the rect's middle, and a user's click there lands on the label, in
+    // the same group, whose handler zooms.
+    await widest.click();
     const zoom = await page.evaluate(() => {
       const shown = [];
       for (const g of document.querySelectorAll('#frames > g')) {

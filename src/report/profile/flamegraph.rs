@@ -15,9 +15,9 @@ impl Profile {
         let mut state_colours = self.state_colours();
         let mut opts = inferno::flamegraph::Options::default();
         opts.palette_map = Some(&mut state_colours);
-        opts.title = format!("pytrace sample: {}, {}", self.subject(), crate::report::counted(self.total, "sample"));
+        opts.title = format!("pytrace {}: {}, {}", self.weight.command(), self.subject(), self.weight.counted(self.total));
         opts.colors = inferno::flamegraph::Palette::Multi(inferno::flamegraph::color::MultiPalette::Java);
-        opts.count_name = "samples".into();
+        opts.count_name = self.weight.count_name().into();
         // A label too long for its frame is cut at its end, so that it keeps
         // the function's name (which comes first) rather than the file's.
         opts.text_truncate_direction = inferno::flamegraph::TextTruncateDirection::Right;

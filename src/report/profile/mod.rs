@@ -67,6 +67,52 @@ pub struct Profile {
     stacks: BTreeMap<(String, Vec<Rc<Frame>>), u64>,
     /// How folded stacks, the flamegraph and speedscope name Python frames.
     pub view: FrameView,
+    /// What each stack's count is: samples, or (`memory`) bytes.
+    pub weight: Weight,
+}
+
+/// What a profile's counts measure, for the formats that name it: the
+/// flamegraph's title and tooltips, speedscope's unit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Weight {
+    #[default]
+    Samples,
+    /// `memory`'s bytes live at the end of the run, per stack.
+    LiveBytes,
+}
+
+impl Weight {
+    /// The command that measured it, for titles.
+    fn command(self) -> &'static str {
+        match self {
+            Weight::Samples => "sample",
+            Weight::LiveBytes => "memory",
+        }
+    }
+
+    /// The total, said in its unit: "1,234 samples", "12,345,678 bytes live".
+    fn counted(self, total: u64) -> String {
+        match self {
+            Weight::Samples => crate::report::counted(total, "sample"),
+            Weight::LiveBytes => format!("{} bytes live", crate::report::thousands(total)),
+        }
+    }
+
+    /// inferno's name for a count ("samples" in each frame's tooltip).
+    fn count_name(self) -> &'static str {
+        match self {
+            Weight::Samples => "samples",
+            Weight::LiveBytes => "bytes",
+        }
+    }
+
+    /// speedscope's unit for the weights.
+    fn speedscope_unit(self) -> &'static str {
+        match self {
+            Weight::Samples => "none",
+            Weight::LiveBytes => "bytes",
+        }
+    }
 }
 
 /// How the stack formats name a Python frame. By default one frame per
@@ -205,7 +251,7 @@ impl Profile {
             *stacks.entry((thread, s.frames.clone())).or_insert(0) += s.count;
         }
         let total = samples.iter().map(|s| s.count).sum();
-        Profile { pid, python, hz, duration_ns, counters, total, bpf_ns_per_sample: None, cpu_ns: None, stacks, view: FrameView::default() }
+        Profile { pid, python, hz, duration_ns, counters, total, bpf_ns_per_sample: None, cpu_ns: None, stacks, view: FrameView::default(), weight: Weight::Samples }
     }
 
     /// Self and total samples per function, most total first.

@@ -44,7 +44,7 @@ impl Profile {
                 json!({
                     "type": "sampled",
                     "name": if thread.is_empty() { format!("PID {}", self.pid) } else { thread.to_string() },
-                    "unit": "none",
+                    "unit": self.weight.speedscope_unit(),
                     "startValue": 0,
                     "endValue": end,
                     "samples": samples,
@@ -56,7 +56,7 @@ impl Profile {
             "$schema": "https://www.speedscope.app/file-format-schema.json",
             "shared": {"frames": frames},
             "profiles": profiles,
-            "name": format!("pytrace sample: PID {}", self.pid),
+            "name": format!("pytrace {}: PID {}", self.weight.command(), self.pid),
             "exporter": "pytrace",
         }))
         .expect("the profile serializes")

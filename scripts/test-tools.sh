@@ -59,17 +59,29 @@ if [ ! -e "$numpy_stamp" ]; then
   "$viewers/numpy/bin/pip" install -q --disable-pip-version-check --only-binary=:all: "${numpy_packages[@]}" >&2
   touch "$numpy_stamp"
 fi
-# pytrace agent's OTLP receiver (tests/receivers/otlp_profiles.py) decodes
-# with the OpenTelemetry project's own Python messages: opentelemetry-proto
-# 1.45.2, whose profiles messages are those of the Rust crate pytrace
-# encodes with (opentelemetry-proto 0.33, OTLP proto v1.10.0).
-receiver_packages=(opentelemetry-proto==1.45.2 protobuf==7.36.2)
-receiver_stamp="$viewers/receivers.${receiver_packages[*]}.done"
+# pytrace agent's OTLP receivers (tests/receivers/otlp_profiles.py over
+# HTTP, grpc_profiles.py over gRPC) decode with the OpenTelemetry project's
+# own Python messages and servicer: opentelemetry-proto 1.45.2, whose
+# profiles messages are those of the Rust crate pytrace encodes with
+# (opentelemetry-proto 0.33, OTLP proto v1.10.0), served by grpcio. The
+# Parca receiver's messages and servicer are compiled by grpcio-tools from
+# Parca's own profilestore.proto (vendored in tests/receivers/proto/),
+# which imports Google's HTTP annotations (googleapis-common-protos ships
+# their .proto). The stamp names the .proto's hash, so a new one recompiles.
+receiver_packages=(opentelemetry-proto==1.45.2 protobuf==7.36.2 grpcio==1.85.1 grpcio-tools==1.85.1 googleapis-common-protos==1.76.0)
+receiver_protos="$(cd "$(dirname "$0")/.." && pwd)/tests/receivers/proto"
+receiver_proto_hash=$(sha256sum <"$receiver_protos/parca/profilestore/v1alpha1/profilestore.proto" | cut -c1-12)
+receiver_stamp="$viewers/receivers.${receiver_packages[*]}.parca-$receiver_proto_hash.done"
 receiver_stamp=${receiver_stamp// /+}
 if [ ! -e "$receiver_stamp" ]; then
   echo "installing the tests' receivers' pip packages: ${receiver_packages[*]}" >&2
   rm -rf "$viewers/receivers"
   python3.11 -m venv "$viewers/receivers"
   "$viewers/receivers/bin/pip" install -q --disable-pip-version-check "${receiver_packages[@]}" >&2
+  site=$("$viewers/receivers/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  mkdir -p "$viewers/receivers/parca-stubs"
+  "$viewers/receivers/bin/python" -m grpc_tools.protoc -I "$receiver_protos" -I "$site" \
+    --python_out="$viewers/receivers/parca-stubs" --grpc_python_out="$viewers/receivers/parca-stubs" \
+    "$receiver_protos/parca/profilestore/v1alpha1/profilestore.proto" >&2
   touch "$receiver_stamp"
 fi

@@ -350,6 +350,13 @@ impl<'obj, 'a> Session<'obj, 'a> {
         self.stacks.borrow().samples_so_far()
     }
 
+    /// What was counted since the last take (all of it read now), and
+    /// counting afresh: the agent cuts its intervals with it.
+    pub fn take_samples(&self) -> Vec<Sample> {
+        let _ = self.drain(false);
+        self.stacks.borrow_mut().take_samples()
+    }
+
     /// Each process sampled now, with its Python's version.
     pub fn python_versions(&self) -> HashMap<u32, String> {
         self.processes.borrow().by_pid.iter().map(|(&pid, p)| (pid, p.version())).collect()

@@ -3,7 +3,10 @@
 //! Pyroscope-style HTTP /ingest (tests/receivers/pyroscope_ingest.py) whose
 //! bodies Go's own pprof reader decodes, an OTLP profiles HTTP receiver
 //! decoding with PyPI's opentelemetry-proto (tests/receivers/otlp_profiles.py),
-//! and the directory destination.
+//! a grpcio server (tests/receivers/grpc_profiles.py) serving OTLP's
+//! ProfilesService with opentelemetry-proto's servicer and Parca's
+//! ProfileStoreService compiled from Parca's own .proto, and the directory
+//! destination.
 //! One run is checked every way, to keep the CPU time low: two services
 //! with a known CPU split (fixtures/cpu_split.py writes its own), one in
 //! its own PID and mount namespace, four full intervals and the partial
@@ -32,6 +35,8 @@ const MIN_SAMPLES: f64 = 1500.0;
 const SHARE_POINTS: f64 = 0.03;
 const FULL_INTERVALS: usize = 4;
 const PYTHON: &str = "/usr/bin/python3.11";
+/// The test's destinations, by name.
+const DESTINATIONS: [&str; 7] = ["directory", "steady", "otlp", "otlp-grpc", "parca", "outage", "small"];
 
 /// A receiver: its process, directory and port.
 struct Receiver {
@@ -47,10 +52,13 @@ impl Receiver {
 
     /// The OTLP receiver, in the venv scripts/test-tools.sh makes.
     fn start_otlp(dir: PathBuf) -> Receiver {
-        let viewers = PathBuf::from(std::env::var("PYTRACE_VIEWERS").unwrap_or_else(|_| "/var/cache/pytrace/viewers".into()));
-        let python = viewers.join("receivers/bin/python");
-        assert!(python.exists(), "{} is missing: run scripts/test-tools.sh", python.display());
-        Receiver::start_script(dir, false, python, "otlp_profiles.py")
+        Receiver::start_script(dir, false, receivers_python(), "otlp_profiles.py")
+    }
+
+    /// The gRPC receiver (OTLP and Parca), in the same venv: Parca's
+    /// profiles in DIR/parca, OTLP's in DIR/otlp.
+    fn start_grpc(dir: PathBuf) -> Receiver {
+        Receiver::start_script(dir, false, receivers_python(), "grpc_profiles.py")
     }
 
     fn start_script(dir: PathBuf, down: bool, python: PathBuf, script: &str) -> Receiver {
@@ -72,16 +80,33 @@ impl Receiver {
 
     /// Every profile taken so far: its query and headers, and its body.
     fn received(&self) -> Vec<(serde_json::Value, Vec<u8>)> {
-        let mut out = Vec::new();
-        for n in 1.. {
-            let meta = self.dir.join(format!("{n}.json"));
-            if !meta.exists() {
-                break;
-            }
-            out.push((read_json(&meta), std::fs::read(self.dir.join(format!("{n}.pb.gz"))).unwrap()));
-        }
-        out
+        received_in(&self.dir)
     }
+}
+
+/// Every profile a receiver saved in `dir` (N.json and N.pb.gz, from 1).
+fn received_in(dir: &Path) -> Vec<(serde_json::Value, Vec<u8>)> {
+    let mut out = Vec::new();
+    for n in 1.. {
+        let meta = dir.join(format!("{n}.json"));
+        if !meta.exists() {
+            break;
+        }
+        out.push((read_json(&meta), std::fs::read(dir.join(format!("{n}.pb.gz"))).unwrap()));
+    }
+    out
+}
+
+fn receivers_python() -> PathBuf {
+    let viewers = PathBuf::from(std::env::var("PYTRACE_VIEWERS").unwrap_or_else(|_| "/var/cache/pytrace/viewers".into()));
+    let python = viewers.join("receivers/bin/python");
+    assert!(python.exists(), "{} is missing: run scripts/test-tools.sh", python.display());
+    python
+}
+
+/// The profiles an OTLP receiver saved in `dir` (N.json, from 1).
+fn otlp_received(dir: &Path) -> Vec<serde_json::Value> {
+    (1..).map(|n| dir.join(format!("{n}.json"))).take_while(|p| p.exists()).map(|p| read_json(&p)).collect()
 }
 
 /// A service's profiles at a receiver, by interval start (`from`).
@@ -231,6 +256,7 @@ fn every_destination_gets_every_interval() {
     let outage = Receiver::start(tmp.path().join("outage"), true);
     let small = Receiver::start(tmp.path().join("small"), true);
     let otlp = Receiver::start_otlp(tmp.path().join("otlp"));
+    let grpc = Receiver::start_grpc(tmp.path().join("grpc"));
     std::fs::write(tmp.path().join("token"), "s3cret-token\n").unwrap();
     let metrics_port = free_port();
     let profiles = tmp.path().join("profiles");
@@ -255,6 +281,19 @@ tenant = "team-a"
 kind = "otlp"
 url = "http://127.0.0.1:{}"
 [[destinations]]
+kind = "otlp"
+name = "otlp-grpc"
+protocol = "grpc"
+url = "http://127.0.0.1:{grpc_port}"
+bearer_token_file = "{token}"
+tenant = "team-a"
+[[destinations]]
+kind = "parca"
+url = "http://127.0.0.1:{grpc_port}"
+basic_auth_user = "agent"
+basic_auth_password_file = "{token}"
+tenant = "team-a"
+[[destinations]]
 kind = "pyroscope"
 name = "outage"
 url = "http://127.0.0.1:{}"
@@ -275,6 +314,7 @@ retry_max = "1s"
         small.port,
         profiles = profiles.display(),
         token = tmp.path().join("token").display(),
+        grpc_port = grpc.port,
     );
     let config_path = tmp.path().join("agent.toml");
     std::fs::write(&config_path, config).unwrap();
@@ -308,17 +348,18 @@ retry_max = "1s"
     let mut scraped = HashMap::new();
     wait_until("every buffer is empty", limit, || {
         scraped = scrape(metrics_port);
-        ["directory", "steady", "otlp", "outage", "small"].iter().all(|d| scraped[&format!("pytrace_agent_buffered_profiles{{destination=\"{d}\"}}")] == 0.0)
+        DESTINATIONS.iter().all(|d| scraped[&format!("pytrace_agent_buffered_profiles{{destination=\"{d}\"}}")] == 0.0)
     });
     let counted = |d: &str| scraped[&format!("pytrace_agent_pushes_total{{destination=\"{d}\"}}")];
     let dropped = |d: &str, cause: &str| scraped[&format!("pytrace_agent_profiles_dropped_total{{destination=\"{d}\",cause=\"{cause}\"}}")];
     let at_scrape = (steady.received().len(), outage.received().len(), small.received().len());
+    let grpc_at_scrape = (otlp_received(&grpc.dir.join("otlp")).len(), received_in(&grpc.dir.join("parca")).len());
     let quiet = Instant::now();
     let mut by_prometheus = Vec::new();
     wait_until("Prometheus scraped the agent since the buffers emptied", Duration::from_secs(5), || {
         std::thread::sleep(Duration::from_millis(300));
         by_prometheus = prometheus_query(prometheus_port, "pytrace_agent_pushes_total");
-        quiet.elapsed() > Duration::from_millis(2500) && by_prometheus.len() == 5
+        quiet.elapsed() > Duration::from_millis(2500) && by_prometheus.len() == DESTINATIONS.len()
     });
     let dropped_by_prometheus = prometheus_query(prometheus_port, "pytrace_agent_profiles_dropped_total");
     let quiet_for = quiet.elapsed();
@@ -364,9 +405,15 @@ retry_max = "1s"
         }
     }
 
-    // OTLP: the same intervals, as PyPI's opentelemetry-proto decodes them.
-    let otlp_got: Vec<serde_json::Value> = (1..).map(|n| otlp.dir.join(format!("{n}.json"))).take_while(|p| p.exists()).map(|p| read_json(&p)).collect();
-    assert_eq!(otlp_got.len(), got.len(), "the OTLP receiver and the steady /ingest one got as many profiles");
+    // OTLP over HTTP and over gRPC: the same intervals, as PyPI's
+    // opentelemetry-proto decodes them.
+    for (protocol, otlp_got) in [("HTTP", otlp_received(&otlp.dir)), ("gRPC", otlp_received(&grpc.dir.join("otlp")))] {
+    assert_eq!(otlp_got.len(), got.len(), "the OTLP {protocol} receiver and the steady /ingest one got as many profiles");
+    if protocol == "gRPC" {
+        for p in &otlp_got {
+            assert_eq!(p["metadata"], serde_json::json!({"authorization": "Bearer s3cret-token", "tenant": "team-a"}), "OTLP gRPC's metadata");
+        }
+    }
     for (label, pid, truth) in [("agent-split-a", pid_a, &truth_a), ("agent-split-b", pid_b, &truth_b)] {
         let mut mine: Vec<&serde_json::Value> = otlp_got.iter().filter(|p| p["attributes"]["service.name"] == label).collect();
         mine.sort_by_key(|p| p["time_unix_nano"].as_u64().unwrap());
@@ -393,9 +440,32 @@ retry_max = "1s"
                 let n: f64 = split.values().sum();
                 for f in ["sixty", "thirty", "ten"] {
                     let share = split.get(f).copied().unwrap_or(0.0) / n.max(1.0);
-                    assert_share(&format!("{label} OTLP interval {i}"), f, share, truth[f].as_f64().unwrap() / total, SHARE_POINTS, n, MIN_SAMPLES);
+                    assert_share(&format!("{label} OTLP {protocol} interval {i}"), f, share, truth[f].as_f64().unwrap() / total, SHARE_POINTS, n, MIN_SAMPLES);
                 }
             }
+        }
+    }
+    }
+
+    // Parca: every interval of each service as WriteRaw series, labelled,
+    // the tenant in the request and the metadata, the very pprof bodies
+    // the steady receiver took (whose shares Go's pprof checked above).
+    let parca_got = received_in(&grpc.dir.join("parca"));
+    let mut parca_bodies: Vec<Vec<u8>> = parca_got.iter().map(|(_, b)| b.clone()).collect();
+    parca_bodies.sort();
+    let mut steady_bodies: Vec<Vec<u8>> = got.iter().map(|(_, b)| b.clone()).collect();
+    steady_bodies.sort();
+    assert!(parca_bodies == steady_bodies, "Parca's receiver has {} profiles, the steady one {}", parca_bodies.len(), steady_bodies.len());
+    for (label, pid) in [("agent-split-a", pid_a), ("agent-split-b", pid_b)] {
+        let mine: Vec<&serde_json::Value> = parca_got.iter().map(|(m, _)| m).filter(|m| m["labels"]["service_name"] == label).collect();
+        assert_eq!(mine.len(), intervals_of(&got, label).len(), "{label}: Parca and /ingest intervals");
+        for meta in mine {
+            let want = serde_json::json!({"__name__": "process_cpu", "service_name": label, "env": "ci", "host": host, "pid": pid.to_string(), "python_version": version});
+            assert_eq!(meta["labels"], want, "{label}: Parca's labels");
+            assert_eq!(meta["tenant"], "team-a");
+            // base64("agent:s3cret-token"), by Python's base64 module.
+            assert_eq!(meta["metadata"], serde_json::json!({"authorization": "Basic YWdlbnQ6czNjcmV0LXRva2Vu", "tenant": "team-a"}));
+            assert!(meta["pprof_bytes"].as_u64().unwrap() > 0);
         }
     }
 
@@ -410,6 +480,7 @@ retry_max = "1s"
     assert_eq!(counted("steady") as usize, at_scrape.0, "{scraped:?}");
     assert_eq!(counted("outage") as usize, at_scrape.1, "{scraped:?}");
     assert_eq!(counted("small") as usize, at_scrape.2, "{scraped:?}");
+    assert_eq!((counted("otlp-grpc") as usize, counted("parca") as usize), grpc_at_scrape, "{scraped:?}");
     assert!(scraped["pytrace_agent_push_failures_total{destination=\"outage\"}"] >= 2.0, "the outage was seen: {scraped:?}");
 
     // Prometheus scraped the same figures, which agree with the receivers.

@@ -5,7 +5,8 @@ project's own Python messages (PyPI's opentelemetry-proto), and each
 profile is saved as DIR/N.json: its resource attributes, start and
 duration, sample type, and its stacks (function names, leaf first) with
 their counts, resolved through the request's dictionary. It answers with
-an ExportProfilesServiceResponse. It prints its port on its first line.
+an ExportProfilesServiceResponse. It prints its port on its first line. grpc_profiles.py decodes its gRPC
+requests with profiles_of from here.
 
     python3 otlp_profiles.py DIR
 """
@@ -16,7 +17,6 @@ import sys
 
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as service
 
-DIR = sys.argv[1]
 COUNT = [0]
 
 
@@ -61,7 +61,7 @@ class Receiver(http.server.BaseHTTPRequestHandler):
         request.ParseFromString(body)
         for profile in profiles_of(request):
             COUNT[0] += 1
-            path = os.path.join(DIR, f"{COUNT[0]}.json")
+            path = os.path.join(sys.argv[1], f"{COUNT[0]}.json")
             with open(path + ".tmp", "w") as f:
                 json.dump(profile, f)
             os.rename(path + ".tmp", path)
@@ -76,6 +76,7 @@ class Receiver(http.server.BaseHTTPRequestHandler):
         pass
 
 
-server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-print(server.server_address[1], flush=True)
-server.serve_forever()
+if __name__ == "__main__":
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    print(server.server_address[1], flush=True)
+    server.serve_forever()

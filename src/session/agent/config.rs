@@ -50,8 +50,19 @@ pub enum DestinationKind {
     Directory { path: PathBuf, max_bytes: u64 },
     /// Grafana Pyroscope's HTTP `/ingest`.
     Pyroscope { url: String, auth: Auth, tenant: Option<String>, timeout: Duration },
-    /// OTLP profiles over HTTP/protobuf (`URL/v1development/profiles`).
-    Otlp { url: String, auth: Auth, tenant: Option<String>, timeout: Duration },
+    /// OTLP profiles over HTTP/protobuf (`URL/v1development/profiles`) or
+    /// gRPC (`ProfilesService/Export`).
+    Otlp { url: String, auth: Auth, tenant: Option<String>, timeout: Duration, protocol: OtlpProtocol },
+    /// Parca's `ProfileStoreService/WriteRaw` (gRPC).
+    Parca { url: String, auth: Auth, tenant: Option<String>, timeout: Duration },
+}
+
+/// How an OTLP destination sends: `protocol = "http"` (the default, port
+/// 4318) or `"grpc"` (port 4317).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum OtlpProtocol {
+    Http,
+    Grpc,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -105,7 +116,7 @@ struct FileMetrics {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileDestination {
-    /// "directory", "pyroscope" or "otlp".
+    /// "directory", "pyroscope", "otlp" or "parca".
     kind: String,
     name: Option<String>,
     path: Option<PathBuf>,
@@ -120,6 +131,8 @@ struct FileDestination {
     buffer_size: Option<String>,
     retry_initial: Option<String>,
     retry_max: Option<String>,
+    /// An OTLP destination's "http" or "grpc".
+    protocol: Option<String>,
 }
 
 impl Config {
@@ -144,7 +157,7 @@ impl Config {
             config.metrics_address = Some(address.clone());
         }
         if config.destinations.is_empty() {
-            bail!("no destination is configured: add a [[destinations]] table (kind = \"directory\", \"pyroscope\" or \"otlp\") to the configuration file");
+            bail!("no destination is configured: add a [[destinations]] table (kind = \"directory\", \"pyroscope\", \"otlp\" or \"parca\") to the configuration file");
         }
         Ok(config)
     }
@@ -206,8 +219,21 @@ fn destination(d: FileDestination) -> Result<Destination> {
             };
             DestinationKind::Directory { path, max_bytes }
         }
-        "pyroscope" | "otlp" => {
-            let url = d.url.with_context(|| format!("a {} destination needs `url` (like \"{}\")", d.kind, if d.kind == "otlp" { "http://collector:4318" } else { "http://pyroscope:4040" }))?;
+        "pyroscope" | "otlp" | "parca" => {
+            let protocol = match (d.kind.as_str(), d.protocol.as_deref()) {
+                ("otlp", None | Some("http")) => OtlpProtocol::Http,
+                ("otlp", Some("grpc")) => OtlpProtocol::Grpc,
+                ("otlp", Some(other)) => bail!("unknown otlp protocol {other:?}: it is \"http\" or \"grpc\""),
+                (_, Some(_)) => bail!("`protocol` is an otlp destination's key (a {} destination has one protocol)", d.kind),
+                (_, None) => OtlpProtocol::Http,
+            };
+            let example = match (d.kind.as_str(), protocol) {
+                ("otlp", OtlpProtocol::Http) => "http://collector:4318",
+                ("otlp", OtlpProtocol::Grpc) => "http://collector:4317",
+                ("parca", _) => "http://parca:7070",
+                _ => "http://pyroscope:4040",
+            };
+            let url = d.url.with_context(|| format!("a {} destination needs `url` (like \"{example}\")", d.kind))?;
             check_url(&url)?;
             let auth = match (&d.bearer_token_file, &d.basic_auth_user, &d.basic_auth_password_file) {
                 (Some(_), Some(_), _) => bail!("give bearer_token_file or basic_auth_user, not both"),
@@ -219,13 +245,13 @@ fn destination(d: FileDestination) -> Result<Destination> {
             };
             let timeout = d.timeout.as_deref().map(|t| duration(t, "timeout")).transpose()?.unwrap_or(Duration::from_secs(10));
             let url = url.trim_end_matches('/').to_string();
-            if d.kind == "otlp" {
-                DestinationKind::Otlp { url, auth, tenant: d.tenant, timeout }
-            } else {
-                DestinationKind::Pyroscope { url, auth, tenant: d.tenant, timeout }
+            match d.kind.as_str() {
+                "otlp" => DestinationKind::Otlp { url, auth, tenant: d.tenant, timeout, protocol },
+                "parca" => DestinationKind::Parca { url, auth, tenant: d.tenant, timeout },
+                _ => DestinationKind::Pyroscope { url, auth, tenant: d.tenant, timeout },
             }
         }
-        other => bail!("unknown destination kind {other:?}: the kinds are \"directory\", \"pyroscope\" and \"otlp\""),
+        other => bail!("unknown destination kind {other:?}: the kinds are \"directory\", \"pyroscope\", \"otlp\" and \"parca\""),
     };
     let name = d.name.unwrap_or_else(|| d.kind.clone());
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
@@ -347,5 +373,10 @@ mod tests {
         assert!(check(parse("[labels]\n\"a b\" = \"x\"").unwrap()).is_err());
         assert!(check(parse("[[destinations]]\nkind = \"pyroscope\"\nurl = \"ftp://x\"").unwrap()).is_err());
         assert!(check(parse("[[destinations]]\nkind = \"kafka\"").unwrap()).is_err());
+        let grpc = check(parse("[[destinations]]\nkind = \"otlp\"\nprotocol = \"grpc\"\nurl = \"http://c:4317\"\n[[destinations]]\nkind = \"parca\"\nurl = \"https://p\"").unwrap()).unwrap();
+        assert!(matches!(grpc.destinations[0].kind, DestinationKind::Otlp { protocol: OtlpProtocol::Grpc, .. }));
+        assert!(matches!(grpc.destinations[1].kind, DestinationKind::Parca { .. }));
+        assert!(check(parse("[[destinations]]\nkind = \"otlp\"\nprotocol = \"udp\"\nurl = \"http://c\"").unwrap()).is_err());
+        assert!(check(parse("[[destinations]]\nkind = \"parca\"\nprotocol = \"grpc\"\nurl = \"http://c\"").unwrap()).is_err());
     }
 }

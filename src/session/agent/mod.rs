@@ -126,7 +126,6 @@ struct Agent {
     flags: Overrides,
     metrics: Arc<Metrics>,
     destinations: Vec<Running>,
-    cutter: intervals::Cutter,
     labels: labels::LabelCache,
     versions: HashMap<u32, String>,
     /// When the current interval began.
@@ -147,7 +146,6 @@ impl Agent {
             flags,
             metrics,
             destinations,
-            cutter: Default::default(),
             labels: labels::LabelCache::new(),
             versions: HashMap::new(),
             since: (Instant::now(), SystemTime::now()),
@@ -174,19 +172,19 @@ impl Agent {
             }
         }
         if self.since.0.elapsed() >= self.config.interval {
-            self.cut(session.samples_so_far());
+            self.cut(session.take_samples());
         }
     }
 
     /// Ends the interval at now: one profile per process with samples in
     /// it, to every destination.
-    fn cut(&mut self, so_far: Vec<Sample>) {
+    fn cut(&mut self, samples: Vec<Sample>) {
         let (end, end_wall) = (Instant::now(), SystemTime::now());
         let duration_ns = end.duration_since(self.since.0).as_nanos() as u64;
         let start_unix_ns = unix_ns(self.since.1);
         self.since = (end, end_wall);
         self.cuts += 1;
-        let by_pid = self.cutter.cut(so_far);
+        let by_pid = intervals::by_process(samples);
         self.metrics.processes.store(by_pid.len() as u64, Ordering::Relaxed);
         let in_cut: Vec<u32> = by_pid.keys().copied().collect();
         for (pid, samples) in by_pid {

@@ -495,9 +495,28 @@ impl Stacks {
             .collect()
     }
 
+    /// The profile counted since the last take, one Sample per stack and
+    /// thread, and a fresh profile in its place (the agent's intervals): a
+    /// profile kept for the life of a long run would hold every stack of
+    /// every process that ever ran, each copied at every cut, and stop
+    /// taking new stacks at PROFILE_BYTES. Stacks are interned again as
+    /// they are counted again.
+    pub fn take_samples(&mut self) -> Vec<Sample> {
+        for raw in self.raw.values_mut() {
+            raw.interned = None;
+        }
+        std::mem::take(&mut self.profile).into_samples()
+    }
+
     /// The profile, one Sample per stack and thread.
     pub fn into_samples(self) -> Vec<Sample> {
-        let Profile { stacks, counts, .. } = self.profile;
+        self.profile.into_samples()
+    }
+}
+
+impl Profile {
+    fn into_samples(self) -> Vec<Sample> {
+        let Profile { stacks, counts, .. } = self;
         counts
             .into_iter()
             .map(|((tid, id), count)| {

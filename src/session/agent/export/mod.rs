@@ -4,7 +4,10 @@
 //! destination never holds up the sampler or another destination.
 
 mod directory;
+mod grpc;
 mod otlp;
+mod otlp_grpc;
+mod parca;
 mod pyroscope;
 
 use std::sync::Arc;
@@ -14,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use super::buffer::Buffer;
-use super::config::{self, DestinationKind, RetryPolicy};
+use super::config::{self, DestinationKind, OtlpProtocol, RetryPolicy};
 use super::metrics::{Cause, DestinationMetrics};
 use super::Exported;
 
@@ -44,7 +47,9 @@ impl Running {
         let destination: Box<dyn Destination> = match &config.kind {
             DestinationKind::Directory { path, max_bytes } => Box::new(directory::Directory::new(path, *max_bytes)?),
             DestinationKind::Pyroscope { url, auth, tenant, timeout } => Box::new(pyroscope::Pyroscope::new(url, auth.clone(), tenant.clone(), *timeout)?),
-            DestinationKind::Otlp { url, auth, tenant, timeout } => Box::new(otlp::Otlp::new(url, auth.clone(), tenant.clone(), *timeout)?),
+            DestinationKind::Otlp { url, auth, tenant, timeout, protocol: OtlpProtocol::Http } => Box::new(otlp::Otlp::new(url, auth.clone(), tenant.clone(), *timeout)?),
+            DestinationKind::Otlp { url, auth, tenant, timeout, protocol: OtlpProtocol::Grpc } => Box::new(otlp_grpc::OtlpGrpc::new(url, auth, tenant.as_deref(), *timeout)?),
+            DestinationKind::Parca { url, auth, tenant, timeout } => Box::new(parca::Parca::new(url, auth, tenant.as_deref(), *timeout)?),
         };
         let metrics = Arc::new(DestinationMetrics::new(&config.name));
         let buffer = Arc::new(Buffer::new(config.buffer, metrics.clone()));

@@ -164,7 +164,7 @@ run() {
 # kernel, compare, --pstats's call edges; gil on pyenv's 3.11 by symbol and
 # on Debian's stripped one through its code search's sites) and on bullseye's 3.9 in a chroot (calls in uprobe and
 # usdt mode, gc, imports, the sampling split, --native's shares, compare),
-# plus what `info` says of the kernel, `sample --async` on sid's 3.15, and memory's live split on pyenv's 3.12 (a small fixture run, by PID). --native runs at the rate an
+# plus what `info` says of the kernel, and `sample --async` on sid's 3.15. --native runs at the rate an
 # emulated machine's user space keeps up with (common's native_rate in
 # tests/integration/common/mod.rs).
 smoke_tests=(
@@ -194,7 +194,6 @@ smoke_tests=(
   "launch::a_shell_that_forks_the_python_is_followed"
   "launch::ctrl_c_mid_run_reaches_the_whole_tree"
   "launch::a_daemon_forked_just_before_pytrace_is_killed_gets_its_hook_back"
-  "memory::pyenv_3_12::live_split_small"
 )
 # Only from 5.18 (bpf_copy_from_user_task); on older kernels
 # sample_idle_needs_5_18_and_says_so checks --idle's refusal instead.

@@ -39,6 +39,7 @@ use std::ops::Range;
 use iced_x86::{FlowControl, Instruction, Mnemonic, OpKind, Register};
 
 use super::alloc_sites::{AllocSites, Guard};
+use super::hex_list;
 use crate::process::x86;
 use crate::python::Python;
 
@@ -341,13 +342,6 @@ fn sweep(code: &[Instruction], agreed: &Agreed, mut stub_of: impl FnMut(u64) -> 
     sites.guards = [Some(agreed.object), Some(agreed.raw), agreed.raw_calloc].into_iter().flatten().collect();
     sites.unguarded_mallocs = unguarded;
     Ok(sites)
-}
-
-fn hex_list(addresses: &[u64]) -> String {
-    if addresses.is_empty() {
-        return "nothing".into();
-    }
-    addresses.iter().map(|a| format!("{a:#x}")).collect::<Vec<_>>().join(", ")
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@
 
 use iced_x86::{FlowControl, Mnemonic, OpKind, Register};
 
+use super::hex_list;
 use crate::python::Python;
 use crate::process::x86;
 
@@ -247,13 +248,6 @@ fn plt_jumps_through(bytes: &[u8], at: u64, slot: u64) -> Vec<u64> {
 /// psABI's stub size, in .plt and .plt.sec alike).
 fn plt_stub_starts(bytes: &[u8], at: u64) -> Vec<u64> {
     (0..bytes.len() as u64).step_by(16).map(|o| at + o).collect()
-}
-
-fn hex_list(addresses: &[u64]) -> String {
-    if addresses.is_empty() {
-        return "nothing".into();
-    }
-    addresses.iter().map(|a| format!("{a:#x}")).collect::<Vec<_>>().join(", ")
 }
 
 #[cfg(test)]

@@ -10,3 +10,11 @@ pub mod inlined_init;
 pub mod opcode_table;
 pub mod alloc_sites;
 pub mod alloc_sites_stripped;
+
+/// Addresses for a refusal's sentence: "0x1a2b, 0x3c4d", or "nothing".
+fn hex_list(addresses: &[u64]) -> String {
+    if addresses.is_empty() {
+        return "nothing".into();
+    }
+    addresses.iter().map(|a| format!("{a:#x}")).collect::<Vec<_>>().join(", ")
+}

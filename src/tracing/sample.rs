@@ -351,10 +351,11 @@ impl<'obj, 'a> Session<'obj, 'a> {
     }
 
     /// What was counted since the last take (all of it read now), and
-    /// counting afresh: the agent cuts its intervals with it.
-    pub fn take_samples(&self) -> Vec<Sample> {
-        let _ = self.drain(false);
-        self.stacks.borrow_mut().take_samples()
+    /// counting afresh: the agent cuts its intervals with it. A failed read
+    /// is the caller's error, not a short interval passed off as whole.
+    pub fn take_samples(&self) -> Result<Vec<Sample>> {
+        self.drain(false)?;
+        Ok(self.stacks.borrow_mut().take_samples())
     }
 
     /// Each process sampled now, with its Python's version.

@@ -100,7 +100,7 @@ pub fn run(path: Option<PathBuf>, flags: Overrides) -> Result<i32> {
         plan,
         |_, target| target.release(),
         |session| {
-            agent.round(session);
+            agent.round(session)?;
             Ok(true)
         },
         |_, _| {},
@@ -155,7 +155,7 @@ impl Agent {
     }
 
     /// Between the sampler's polls: a reload if asked, a cut if due.
-    fn round(&mut self, session: &sample::Session) {
+    fn round(&mut self, session: &sample::Session) -> Result<()> {
         if !self.rounds_began {
             self.rounds_began = true;
             self.since = (Instant::now(), SystemTime::now());
@@ -172,8 +172,9 @@ impl Agent {
             }
         }
         if self.since.0.elapsed() >= self.config.interval {
-            self.cut(session.take_samples());
+            self.cut(session.take_samples()?);
         }
+        Ok(())
     }
 
     /// Ends the interval at now: one profile per process with samples in

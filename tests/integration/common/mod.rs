@@ -216,30 +216,87 @@ pub fn peak_kib(stderr: &str) -> u64 {
     stderr.lines().find_map(|l| l.strip_prefix("maxrss_kb=")).and_then(|kib| kib.trim().parse().ok()).unwrap_or_else(|| panic!("no maxrss_kb line in {stderr:?}"))
 }
 
+/// How long a run may take to say it attached. A `memory` run on a
+/// stripped build places hundreds of uprobes, and each one's cost grows
+/// with the processes mapping the file, which in this suite's parallel
+/// tests can be many; 30 s was once passed under such load.
+const ATTACH_AT_MOST: Duration = Duration::from_secs(90);
+
+/// Starts pytrace and waits, at most ATTACH_AT_MOST, for the line scripts
+/// wait for. Its stderr is read on a thread of its own, so a run that never
+/// says it attached fails the test at the deadline instead of holding it:
+/// it is then stopped (SIGINT, so it puts the target back; SIGKILL if it
+/// is still there 10 s later) and its output shown.
 fn start(mut command: Command) -> Tracer {
     let mut child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start pytrace");
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut head = String::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let mut line = String::new();
-        if stderr.read_line(&mut line).unwrap() == 0 || Instant::now() > deadline {
-            let mut rest = String::new();
-            let _ = child.stdout.take().unwrap().read_to_string(&mut rest);
-            panic!("pytrace ended before attaching: {head}{line}{rest}");
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let (lines, head_lines) = std::sync::mpsc::channel::<String>();
+    // Every line goes to the waiting test until the attach line; the rest
+    // (or all of it, once the test stopped waiting) is kept for `finish`.
+    let stderr_rest = std::thread::spawn(move || {
+        let mut stderr = stderr;
+        let mut rest = String::new();
+        let mut waited_for = true;
+        loop {
+            let mut line = String::new();
+            if !matches!(stderr.read_line(&mut line), Ok(n) if n > 0) {
+                return rest;
+            }
+            let attached = line.contains("attached to PID");
+            if waited_for {
+                if let Err(unsent) = lines.send(line) {
+                    rest.push_str(&unsent.0);
+                    waited_for = false;
+                }
+            } else {
+                rest.push_str(&line);
+            }
+            if attached {
+                waited_for = false;
+            }
         }
-        head.push_str(&line);
-        if line.contains("attached to PID") {
-            break;
+    });
+    let started = Instant::now();
+    let mut head = String::new();
+    loop {
+        let left = ATTACH_AT_MOST.saturating_sub(started.elapsed());
+        match head_lines.recv_timeout(left) {
+            Ok(line) => {
+                let attached = line.contains("attached to PID");
+                head.push_str(&line);
+                if attached {
+                    break;
+                }
+            }
+            Err(waited) => {
+                let timed_out = matches!(waited, std::sync::mpsc::RecvTimeoutError::Timeout);
+                drop(head_lines);
+                stop_within(&mut child, Duration::from_secs(10));
+                let mut out = String::new();
+                let _ = child.stdout.take().unwrap().read_to_string(&mut out);
+                let rest = stderr_rest.join().unwrap_or_default();
+                match timed_out {
+                    true => panic!("pytrace had not attached after {} s, and was stopped: {head}{rest}{out}", ATTACH_AT_MOST.as_secs()),
+                    false => panic!("pytrace ended before attaching: {head}{rest}{out}"),
+                }
+            }
         }
     }
-    // Keep draining stderr so pytrace never blocks on a full pipe.
-    let stderr_rest = std::thread::spawn(move || {
-        let mut rest = String::new();
-        let _ = stderr.read_to_string(&mut rest);
-        rest
-    });
     Tracer { child: Proc(child), stderr_head: head, stderr_rest }
+}
+
+/// SIGINT, then SIGKILL if `child` is still running after `grace`; reaped.
+fn stop_within(child: &mut Child, grace: Duration) {
+    signal(child.id(), libc::SIGINT);
+    let asked = Instant::now();
+    while asked.elapsed() < grace {
+        if !matches!(child.try_wait(), Ok(None)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 impl Tracer {

@@ -4,7 +4,7 @@
 //! so the map never fills with the dead. A process that finds the map full
 //! anyway is counted, not fatal.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -86,9 +86,10 @@ pub struct ProcessCounts {
 pub struct Processes<'a> {
     pub by_pid: HashMap<u32, Process<'a>>,
     all: bool,
-    /// --all: every PID looked at, Python or not, with its start time, so
-    /// that each rescan reads only new processes' files.
-    checked: HashMap<u32, Option<u64>>,
+    /// --all: every PID looked at, Python or not, with the inode number of
+    /// its /proc/PID directory then, so that each rescan reads only new
+    /// processes' files (see `live_pids`).
+    checked: HashMap<u32, u64>,
     last_scan: Instant,
     pub counts: ProcessCounts,
 }
@@ -144,9 +145,9 @@ impl<'a> Processes<'a> {
         let live = live_pids();
         self.prune(map, drain, &live);
         let me = std::process::id();
-        let new: Vec<u32> = live.into_iter().filter(|&pid| pid != me && !self.checked.contains_key(&pid)).collect();
-        for pid in new {
-            self.checked.insert(pid, start_time(pid));
+        let new: Vec<(u32, u64)> = live.into_iter().filter(|&(pid, _)| pid != me && !self.checked.contains_key(&pid)).collect();
+        for (pid, inode) in new {
+            self.checked.insert(pid, inode);
             if let Ok(python) = Python::from_pid(pid) {
                 let _ = self.add(map, pid, PythonRef::Owned(Box::new(python)));
             }
@@ -157,9 +158,12 @@ impl<'a> Processes<'a> {
     /// Takes the processes that exited out of the map, so that it never
     /// fills with the dead: a process is gone when its PID is not `live`,
     /// is a zombie, or belongs to a later process (another start time).
-    fn prune(&mut self, map: &dyn MapCore, drain: u64, live: &HashSet<u32>) {
+    fn prune(&mut self, map: &dyn MapCore, drain: u64, live: &HashMap<u32, u64>) {
         for (&pid, p) in self.by_pid.iter_mut().filter(|(_, p)| p.exited_at.is_none()) {
-            if !live.contains(&pid) || !proc::is_running(pid) || start_time(pid) != p.started {
+            // The few sampled processes are checked exactly: one read of
+            // their stat, for the state and the start time.
+            let running_since = live.contains_key(&pid).then(|| running_start_time(pid)).flatten();
+            if running_since.is_none() || running_since != p.started {
                 let _ = map.delete(&pid.to_ne_bytes());
                 p.exited_at = Some(drain);
                 self.counts.exited += 1;
@@ -167,8 +171,10 @@ impl<'a> Processes<'a> {
                 self.checked.remove(&pid);
             }
         }
-        // Forget the non-Python PIDs that are gone, or were reused.
-        self.checked.retain(|pid, started| live.contains(pid) && *started == start_time(*pid));
+        // Forget the non-Python PIDs that are gone, or were reused: their
+        // directory's inode changed. No file is read for them, which on a
+        // host of hundreds of processes was most of the agent's CPU.
+        self.checked.retain(|pid, inode| live.get(pid) == Some(inode));
     }
 
     /// Drops the processes that exited KEEP_EXITED_DRAINS drains ago (their
@@ -214,9 +220,17 @@ impl<'a> Processes<'a> {
     }
 }
 
-fn live_pids() -> HashSet<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return HashSet::new() };
-    entries.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()).collect()
+/// Every PID in /proc, with the inode number of its directory, which
+/// readdir gives at no extra cost. That number names one process: the
+/// kernel drops a process's /proc dentries when it is reaped
+/// (proc_flush_pid), so a later process with the same PID gets a new inode
+/// and number. A dentry evicted and made again for the same process also
+/// gets a new one: that process is then looked at again, which is only
+/// work, never a process missed.
+fn live_pids() -> HashMap<u32, u64> {
+    use std::os::unix::fs::DirEntryExt;
+    let Ok(entries) = std::fs::read_dir("/proc") else { return HashMap::new() };
+    entries.flatten().filter_map(|e| Some((e.file_name().to_str()?.parse::<u32>().ok()?, e.ino()))).collect()
 }
 
 /// A process's start time (field 22 of /proc/PID/stat, after the command
@@ -225,6 +239,17 @@ fn start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after_name = &stat[stat.rfind(')')? + 1..];
     after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// A process's start time if it is running (not a zombie), from one read
+/// of its stat: the state is the field after the command name.
+fn running_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    if matches!(fields.next()?, "Z" | "X") {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// The BPF map entry for a process: its layout, and where its frames'
@@ -395,5 +420,29 @@ mod tests {
                 assert_eq!((f - read.start) % 8, 0, "{:?}: 8-byte fields stay aligned", l.version);
             }
         }
+    }
+
+    /// The identity a rescan keeps for each PID, without reading its files:
+    /// readdir's inode number is the one a stat of /proc/PID gives; a
+    /// running process's start time is the one read alone, and a zombie
+    /// (exited, not yet reaped) has none.
+    #[test]
+    fn a_pid_is_known_by_its_proc_inode_and_a_zombie_is_not_running() {
+        use std::os::unix::fs::MetadataExt;
+        let (pid, _sleeper) = sleeper();
+        let live = live_pids();
+        assert_eq!(live.get(&pid), Some(&std::fs::metadata(format!("/proc/{pid}")).unwrap().ino()));
+        assert_eq!(running_start_time(pid), start_time(pid));
+        assert!(running_start_time(pid).is_some());
+        let mut zombie = std::process::Command::new("/bin/true").spawn().unwrap();
+        let zpid = zombie.id();
+        let waited = Instant::now();
+        while proc::is_running(zpid) && waited.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(start_time(zpid).is_some(), "the zombie is still in /proc");
+        assert_eq!(running_start_time(zpid), None);
+        zombie.wait().unwrap();
+        assert_eq!(running_start_time(zpid), None);
     }
 }

@@ -688,6 +688,77 @@ def gil_table():
     )
 
 
+# --- uprobes: what the kernel takes per hit, by the instruction probed --------
+
+PROBE_SITE_CALLS = 100000
+PROBE_SITES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "probe_sites")
+
+
+def file_offset(binary, address):
+    """The file offset of link-time `address` in `binary`, from its section
+    headers (what a uprobe wants)."""
+    for line in subprocess.run(["readelf", "-SW", binary], capture_output=True, text=True, check=True).stdout.splitlines():
+        fields = line.replace("[ ", "[").split()
+        if len(fields) > 5 and fields[0].startswith("[") and fields[2] == "PROGBITS":
+            at, off, size = int(fields[3], 16), int(fields[4], 16), int(fields[5], 16)
+            if at <= address < at + size:
+                return address - at + off
+    raise SystemExit(f"{address:#x} is in no section of {binary}")
+
+
+def probe_site_table():
+    """bench/probe_sites: a loop calling a function through the PLT, untraced
+    and with one bare tracefs uprobe (no BPF) on each instruction of the
+    path in turn. The time added per call is the kernel's handling of one
+    hit there: whether it emulates the instruction or single-steps it out of
+    line. This is why pytrace probes past an endbr64 and at the calls of a
+    PLT stub rather than at the stub."""
+    work = os.path.join(TMP, "probe_sites")
+    os.makedirs(work, exist_ok=True)
+    lib, main = os.path.join(work, "libbump.so"), os.path.join(work, "main")
+    subprocess.run(["gcc", "-O2", "-fPIC", "-shared", "-o", lib, os.path.join(PROBE_SITES_DIR, "lib.c")], check=True)
+    subprocess.run(["gcc", "-O2", "-o", main, os.path.join(PROBE_SITES_DIR, "main.c"), "-L", work, "-lbump",
+                    f"-Wl,-rpath,{work}", "-Wl,-z,now"], check=True)
+    dis = subprocess.run(["objdump", "-d", main], capture_output=True, text=True, check=True).stdout
+    stub = next(int(l.split()[0], 16) for l in dis.splitlines() if l.endswith("<bump@plt>:"))
+    call = next(int(l.split(":")[0], 16) for l in dis.splitlines() if "call" in l and l.endswith("<bump@plt>"))
+    bump = next(int(l.split()[0], 16) for l in subprocess.run(["nm", "-D", lib], capture_output=True, text=True, check=True).stdout.splitlines() if l.endswith(" bump"))
+    sites = [
+        ("`call rel32` to the PLT stub (the caller's call)", main, call),
+        ("`jmp *slot(%rip)` (the PLT stub)", main, stub),
+        ("`endbr64` (the function's first instruction)", lib, bump),
+        ("`push %rbx` (right after the endbr64)", lib, bump + 4),
+        ("`addl $1,(%rdi)` (an add to memory)", lib, bump + 5),
+    ]
+    def tracefs_write(name, text):
+        # One write, appending (open(..., "a") seeks, which tracefs refuses).
+        fd = os.open(os.path.join("/sys/kernel/tracing", name), os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+    def per_call():
+        return float(subprocess.run([main, str(PROBE_SITE_CALLS)], capture_output=True, text=True, check=True).stdout)
+
+    base = fastest([per_call() for _ in range(REPEATS)])
+    rows = []
+    for what, binary, address in sites:
+        progress(f"probe sites: {what}")
+        tracefs_write("uprobe_events", f"p:pytrace_bench/site {binary}:{file_offset(binary, address):#x}\n")
+        try:
+            tracefs_write("events/pytrace_bench/site/enable", "1")
+            probed = fastest([per_call() for _ in range(REPEATS)])
+        finally:
+            tracefs_write("events/pytrace_bench/site/enable", "0")
+            tracefs_write("uprobe_events", "-:pytrace_bench/site\n")
+        rows.append(f"| {what} | {base:.1f} | {probed:.1f} | {(probed - base) / 1000:+.2f} |")
+    return (
+        "| instruction probed | ns per call untraced | ns per call probed | µs added per hit |\n"
+        "|---|---|---|---|\n" + "\n".join(rows)
+    )
+
+
 # --- dump: how long a one-off look at a busy target takes -------------------
 
 DUMP_RUNS = 20
@@ -853,6 +924,12 @@ def main():
              "\"switches seen\" is `pytrace gil`'s count of acquisitions after another thread held the GIL: with two "
              "threads the one that lets go mostly takes the GIL back before the other wakes, so few releases are "
              "switches, and a release costs the same either way."),
+            ("uprobes: cost per hit by the instruction probed", probe_site_table,
+             f"bench/probe_sites: a C loop calling a function through the PLT {PROBE_SITE_CALLS} times, untraced and "
+             "with one bare tracefs uprobe (no BPF program) on one instruction of the path; CPU time of the loop per "
+             "call. The kernel emulates some instructions at a probe (a call or jump to a fixed address, push) and "
+             "single-steps the others out of line, which costs several times more; pytrace puts its probes where the "
+             "kernel emulates (past an endbr64, at the calls of a PLT stub)."),
             ("`imports`: cost to a program running Python calls", imports_table,
              f"fixtures/callgraph.py, {CALL_ROUNDS} rounds (no imports while it runs), started by pytrace."),
             ("`dump`: response time on a busy target", dump_table,

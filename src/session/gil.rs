@@ -15,12 +15,13 @@ use crate::tracing::gil::{self, GilData};
 pub fn trace_gil(spec: TargetSpec, duration: Option<Duration>) -> Result<(Run, GilData)> {
     let (target, python) = Target::prepare(spec)?;
     let probes = gil::probe_points(&python)?;
+    let mode = probes.describe();
     let plan = gil::Plan { pid: target.pid, python: &python, probes };
     let release = |session: &gil::Session, target: &mut Target| {
         session.open()?;
         target.release()
     };
     let (mut run, data) = target.trace(&python, "uprobe", duration, plan, release, |_, _| Ok(true))?;
-    run.mode = probes.describe().into();
+    run.mode = mode.into();
     Ok((run, data))
 }

@@ -29,7 +29,7 @@ const TAKE_GIL: &str = "take_gil";
 const DROP_GIL: &str = "drop_gil";
 
 /// Where the probes go (link-time addresses in the interpreter's file).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GilProbes {
     /// A build whose symbol table names both functions: their entries and
     /// returns.
@@ -53,13 +53,13 @@ impl GilProbes {
     pub fn sites(&self) -> String {
         match self {
             GilProbes::Symbols { take_gil, drop_gil } => format!("take_gil at {take_gil:#x}, drop_gil at {drop_gil:#x}, by symbol"),
-            GilProbes::CodeSearch(s) => format!(
-                "take_gil at {:#x}, drop_gil at {:#x}, pthread_cond_signal's PLT stub at {:#x}, pthread_cond_wait's at {:#x}",
-                s.take_gil,
-                s.drop_gil,
-                s.cond_signal,
-                s.cond_wait
-            ),
+            GilProbes::CodeSearch(s) => {
+                let signals = match s.signal_calls.len() {
+                    0 => format!("pthread_cond_signal's PLT stub at {:#x}", s.cond_signal),
+                    n => format!("the {n} calls of pthread_cond_signal's PLT stub at {:#x}", s.cond_signal),
+                };
+                format!("take_gil at {:#x}, drop_gil at {:#x}, {signals}, pthread_cond_wait's stub at {:#x}", s.take_gil, s.drop_gil, s.cond_wait)
+            }
         }
     }
 
@@ -254,13 +254,17 @@ impl<'obj, 'p> Session<'obj, 'p> {
         // Returns first: an entry seen without its return would leave a
         // thread waiting for ever.
         let mut links: Vec<Link> = vec![attach(&p.take_gil_return, true, take_gil, TAKE_GIL)?];
-        if let GilProbes::CodeSearch(sites) = probes {
+        if let GilProbes::CodeSearch(sites) = &probes {
             // The PLT jumps themselves, as found (not past a push: a stub has none).
             let cond_wait = python.elf.file_offset(sites.cond_wait)? as usize;
-            let cond_signal = python.elf.file_offset(sites.cond_signal)? as usize;
             links.push(attach(&p.gil_switch_wait_return, true, cond_wait, "pthread_cond_wait's PLT stub")?);
             links.push(attach(&p.gil_switch_wait, false, cond_wait, "pthread_cond_wait's PLT stub")?);
-            links.push(attach(&p.gil_cond_signal, false, cond_signal, "pthread_cond_signal's PLT stub")?);
+            // The signal's calls, which the kernel emulates, rather than the
+            // stub's indirect jump, which it single-steps (gil_sites.rs).
+            let signals = if sites.signal_calls.is_empty() { std::slice::from_ref(&sites.cond_signal) } else { &sites.signal_calls[..] };
+            for &site in signals {
+                links.push(attach(&p.gil_cond_signal, false, python.elf.file_offset(site)? as usize, "pthread_cond_signal's calls")?);
+            }
         }
         links.push(attach(&p.drop_gil_return, true, drop_gil, DROP_GIL)?);
         links.push(attach(&p.drop_gil_entry, false, drop_gil, DROP_GIL)?);

@@ -68,12 +68,6 @@ const LOAD_WINDOW: usize = 4;
 /// registers before the `jne` in 3.11's copies).
 const RETURN_WINDOW: usize = 12;
 
-/// A .text larger than this (CPython's is 2-4 MB) is not decoded.
-const TEXT_MAX_BYTES: usize = 64 << 20;
-
-/// How many bytes at .text's end may fail to decode (alignment padding).
-const TEXT_TAIL_SLACK: u64 = 64;
-
 /// The facts read from the exported functions, before the sweep of .text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Agreed {
@@ -97,15 +91,7 @@ impl Python {
         let agreed = self.agreed_allocator()?;
         let malloc_slot = self.elf.plt_slot("malloc").ok_or_else(|| format!("{path} imports no malloc through its PLT, where obmalloc's big allocations would go"))?;
         let calloc_slot = self.elf.plt_slot("calloc");
-        let (text_at, text) = self.elf.section_at(".text").ok_or_else(|| format!("{path} has no .text section to search for obmalloc's inlined copies"))?;
-        if text.len() > TEXT_MAX_BYTES {
-            return Err(format!("{path}'s .text is {} bytes, more than a CPython's", text.len()));
-        }
-        let code = x86::decode(text, text_at);
-        let end = code.last().map_or(text_at, Instruction::next_ip);
-        if end + TEXT_TAIL_SLACK < text_at + text.len() as u64 {
-            return Err(format!("{path}'s .text does not decode past {end:#x}: its inlined allocator copies cannot all be found"));
-        }
+        let code = self.decoded_text("obmalloc's inlined allocator copies")?;
         let mut stubs = std::collections::HashMap::new();
         let mut stub_of = |target: u64| {
             *stubs.entry(target).or_insert_with(|| {

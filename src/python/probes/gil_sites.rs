@@ -35,12 +35,19 @@ use crate::python::Python;
 use crate::process::x86;
 
 /// The probe sites of a stripped build (link-time addresses).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GilSites {
     /// `take_gil`'s entry.
     pub take_gil: u64,
     /// The `jmp` of the PLT stub of `pthread_cond_signal`.
     pub cond_signal: u64,
+    /// Every direct call of (or jump to) that stub in .text: where the
+    /// signals are probed, so that the probes see what one on the stub
+    /// would. The stub's `jmp *slot(%rip)` is
+    /// single-stepped by the kernel (about 15 us a hit on this VM), a
+    /// `call rel32` emulated (about 1 us). Empty when the sweep of .text
+    /// could not be trusted: the stub is probed then.
+    pub signal_calls: Vec<u64>,
     /// The `jmp` of the PLT stub of `pthread_cond_wait`.
     pub cond_wait: u64,
     /// The out-of-line `drop_gil`, which the eval loop's hand-over calls:
@@ -64,6 +71,10 @@ const DROP_GIL_BUDGET: usize = 200;
 /// Instructions of a function that only adjusts some state before its
 /// tail jump (3.13's `_PyThreadState_Detach`: 8).
 const TAIL_JUMP_BUDGET: usize = 16;
+
+/// Calls of pthread_cond_signal's stub probed at most (CPython's builds
+/// have 8 to 15); more, and the stub itself is probed.
+const SIGNAL_CALLS_MAX: usize = 64;
 
 /// Tail jumps followed from a function an exported one calls.
 const TAIL_JUMP_CHAIN: usize = 3;
@@ -93,7 +104,40 @@ impl Python {
         if !inlined && !save.contains(&drop_gil) {
             return Err("PyEval_SaveThread neither signals the GIL through the PLT nor calls a drop_gil both PyEval_ReleaseThread and PyEval_ReleaseLock reach".into());
         }
-        Ok(GilSites { take_gil, cond_signal, cond_wait, drop_gil })
+        let signal_calls = self.signal_calls(cond_signal, drop_gil, &save).unwrap_or_default();
+        Ok(GilSites { take_gil, cond_signal, cond_wait, drop_gil, signal_calls })
+    }
+
+    /// The calls of pthread_cond_signal's stub `cond_signal` that the probe
+    /// on the stub would have seen: every direct call
+    /// or jump to it in .text (the 3.11 has 8, sid's 3.13 15). Two sources
+    /// must agree: the linear decode of .text must hold every signalling
+    /// call that the path search from `drop_gil`'s own start finds, and
+    /// PyEval_SaveThread's own call when it has a copy of drop_gil (`save`:
+    /// what it calls). Err (the stub is probed then) if they do not, or if
+    /// the calls are more than a CPython has.
+    fn signal_calls(&self, cond_signal: u64, drop_gil: u64, save: &[u64]) -> Result<Vec<u64>, Missing> {
+        let text = self.decoded_text("the calls of pthread_cond_signal")?;
+        let calls: Vec<u64> = text
+            .iter()
+            .filter(|i| i.op_count() == 1 && i.op0_kind() == OpKind::NearBranch64 && is_stub(i.near_branch_target(), cond_signal))
+            .filter(|i| matches!(i.flow_control(), FlowControl::Call | FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch))
+            .map(|i| i.ip())
+            .collect();
+        if calls.len() > SIGNAL_CALLS_MAX {
+            return Err(format!("{} calls of pthread_cond_signal, more than a CPython makes", calls.len()));
+        }
+        let own = self.signal_calls_from(drop_gil, cond_signal);
+        if own.is_empty() || own.iter().any(|c| !calls.contains(c)) {
+            return Err(format!("the decode of .text and drop_gil's own paths disagree on its signals ({} against {})", hex_list(&calls), hex_list(&own)));
+        }
+        if save.iter().any(|&t| is_stub(t, cond_signal)) {
+            let from_save = self.elf.symbol("PyEval_SaveThread").map(|s| self.signal_calls_from(s, cond_signal)).unwrap_or_default();
+            if from_save.is_empty() || from_save.iter().any(|c| !calls.contains(c)) {
+                return Err("the decode of .text misses PyEval_SaveThread's signal".into());
+            }
+        }
+        Ok(calls)
     }
 
     /// What exported function `name` calls or jumps to (PLT stubs too),
@@ -168,12 +212,19 @@ impl Python {
 
     /// Whether the code from `start` calls the stub `cond_signal`.
     fn signals_gil(&self, start: u64, cond_signal: u64) -> bool {
-        let Some(code) = self.elf.segment_range(start) else { return false };
+        !self.signal_calls_from(start, cond_signal).is_empty()
+    }
+
+    /// The calls of the stub `cond_signal` on the paths from `start`.
+    fn signal_calls_from(&self, start: u64, cond_signal: u64) -> Vec<u64> {
+        let Some(code) = self.elf.segment_range(start) else { return Vec::new() };
         let read = |at: u64| self.elf.read_static(at, 64.min((code.end - at) as usize)).ok().map(<[u8]>::to_vec);
-        let calls = x86::search_paths(read, code.clone(), start, (), DROP_GIL_BUDGET, |_| true, |i, _| {
-            (i.mnemonic() == Mnemonic::Call && i.op0_kind() == OpKind::NearBranch64 && is_stub(i.near_branch_target(), cond_signal)).then_some(())
+        let mut calls = x86::search_paths(read, code.clone(), start, (), DROP_GIL_BUDGET, |_| true, |i, _| {
+            (i.mnemonic() == Mnemonic::Call && i.op0_kind() == OpKind::NearBranch64 && is_stub(i.near_branch_target(), cond_signal)).then_some(i.ip())
         });
-        !calls.is_empty()
+        calls.sort_unstable();
+        calls.dedup();
+        calls
     }
 
     /// The link-time ranges of the sections holding PLT stubs.
@@ -345,5 +396,31 @@ mod on_real_builds {
         // 41f460: jmp *0x526db2(%rip)  # 946218 <pthread_cond_signal@GLIBC_2.3.2>
         assert_eq!(sites.cond_signal, 0x41f460);
         assert_eq!(sites.cond_wait, 0x420700);
+    }
+
+    /// The calls the signal probes go on are every call of (or jump to)
+    /// pthread_cond_signal's stub that objdump, an independent decoder,
+    /// shows in .text, on Debian's 3.11 and sid's 3.13 to 3.15 (8 to 15 of
+    /// them).
+    #[test]
+    fn signal_calls_are_every_call_objdump_shows() {
+        let sid = std::env::var_os("PYTRACE_ROOT_SID").map(PathBuf::from).unwrap_or_else(|| "/var/cache/pytrace/root-sid".into());
+        let mut builds = vec![PathBuf::from("/usr/bin/python3.11")];
+        builds.extend(["3.13", "3.14", "3.15"].map(|v| sid.join(format!("usr/bin/python{v}"))));
+        for build in builds {
+            let python = Python::from_executable(&build, None).unwrap().unwrap();
+            let sites = python.gil_sites().unwrap_or_else(|e| panic!("{}: {e}", build.display()));
+            let out = std::process::Command::new("objdump").args(["-d", "--no-show-raw-insn", "-j", ".text"]).arg(&build).output().unwrap();
+            assert!(out.status.success(), "objdump {}", build.display());
+            let stub = format!("{:x} <pthread_cond_signal@plt>", sites.cond_signal);
+            let shown: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                // "  4f9370:\tcall   41f460 <pthread_cond_signal@plt>", or a jmp or jcc
+                .filter(|l| l.ends_with(&stub) && l.split('\t').nth(1).is_some_and(|op| op.starts_with("call") || op.starts_with('j')))
+                .map(|l| u64::from_str_radix(l.trim().split(':').next().unwrap(), 16).unwrap())
+                .collect();
+            assert!(shown.len() >= 4, "{}: objdump shows {} calls of {stub}", build.display(), shown.len());
+            assert_eq!(sites.signal_calls, shown, "{}", build.display());
+        }
     }
 }

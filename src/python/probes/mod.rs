@@ -18,3 +18,30 @@ fn hex_list(addresses: &[u64]) -> String {
     }
     addresses.iter().map(|a| format!("{a:#x}")).collect::<Vec<_>>().join(", ")
 }
+
+/// A .text larger than this (CPython's is 2-4 MB) is not decoded.
+const TEXT_MAX_BYTES: usize = 64 << 20;
+
+/// How many bytes at .text's end may fail to decode (alignment padding).
+const TEXT_TAIL_SLACK: u64 = 64;
+
+impl crate::python::Python {
+    /// Every instruction of the interpreter's .text, decoded from its start
+    /// (GCC puts no data between functions, and pads them with nops that
+    /// decode), or why not: `for_what` names the search in the sentence. A
+    /// decode that stops short of the end is refused: what lies after it
+    /// could not be searched.
+    pub(crate) fn decoded_text(&self, for_what: &str) -> Result<Vec<iced_x86::Instruction>, String> {
+        let path = &self.target_path;
+        let (text_at, text) = self.elf.section_at(".text").ok_or_else(|| format!("{path} has no .text section to search for {for_what}"))?;
+        if text.len() > TEXT_MAX_BYTES {
+            return Err(format!("{path}'s .text is {} bytes, more than a CPython's", text.len()));
+        }
+        let code = crate::process::x86::decode(text, text_at);
+        let end = code.last().map_or(text_at, iced_x86::Instruction::next_ip);
+        if end + TEXT_TAIL_SLACK < text_at + text.len() as u64 {
+            return Err(format!("{path}'s .text does not decode past {end:#x}: {for_what} cannot all be found"));
+        }
+        Ok(code)
+    }
+}

@@ -31,8 +31,8 @@ pub fn attach(skel: &MemorySkel<'_>, python: &Python, pid: u32, sites: &[Site]) 
     Ok(links)
 }
 
-/// How the sites were reached, for the run's mode line: "6 entry points,
-/// 5 at their sign check, 1 single-stepped".
+/// The sites for the run's mode line: "6 allocator entry points (0
+/// single-stepped)"; the others are at an emulated jump.
 pub fn describe(sites: &[Site]) -> String {
     let stepped = sites.iter().filter(|s| s.stepped).count();
     format!("{} allocator entry points ({} single-stepped)", sites.len(), stepped)

@@ -243,3 +243,59 @@ int raw_calloc_call(struct pt_regs *ctx)
 	bpf_map_update_elem(&raw_calls, &tid, &size, BPF_ANY);
 	return 0;
 }
+
+/* --allocations: every allocation's bytes per stack, freed or not (the
+ * churn view). Uprobes on the object and mem domains' entry points
+ * (PyObject_Malloc/Calloc/Realloc, PyMem_Malloc/Calloc/Realloc), where the
+ * size is an argument, found by src/python/probes/allocation_sites.rs at
+ * the first conditional jump that every call runs (emulated) or else at
+ * the entry (single-stepped). The raw domain (PyMem_RawMalloc...) is not
+ * probed: obmalloc calls it for each allocation over 512 bytes, which the
+ * object entry already counted. A call of `bytes` asked is kept with the
+ * same sampler as the pool and chunk events and summed per stack in
+ * `growth` under SOURCE_ALLOCATED (one object each). */
+static __always_inline void allocation(__u64 bytes)
+{
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	__u64 p;
+
+	count(MEMORY_ALLOC_EVENTS);
+	if (!bytes)
+		return;
+	if (bytes > MAX_EVENT_BYTES)
+		bytes = MAX_EVENT_BYTES;
+	p = keep_chance(bytes);
+	if ((__u64)bpf_get_prandom_u32() >= p) {
+		count(MEMORY_ALLOC_NOT_KEPT);
+		return;
+	}
+	count_kept(pid, SOURCE_ALLOCATED, bytes, 1, p);
+}
+
+/* PyObject_Malloc(size), PyMem_Malloc(size). */
+SEC("uprobe")
+int allocation_malloc(struct pt_regs *ctx)
+{
+	allocation(PT_REGS_PARM1(ctx));
+	return 0;
+}
+
+/* PyObject_Calloc(nelem, elsize): the callee refuses a product over
+ * PY_SSIZE_T_MAX, which then allocates nothing; counted as asked, bounded. */
+SEC("uprobe")
+int allocation_calloc(struct pt_regs *ctx)
+{
+	__u64 n = PT_REGS_PARM1(ctx), size = PT_REGS_PARM2(ctx);
+
+	allocation(size && n > MAX_EVENT_BYTES / size ? MAX_EVENT_BYTES : n * size);
+	return 0;
+}
+
+/* PyObject_Realloc(ptr, size): the new size, as memray and tracemalloc
+ * count a reallocation. */
+SEC("uprobe")
+int allocation_realloc(struct pt_regs *ctx)
+{
+	allocation(PT_REGS_PARM2(ctx));
+	return 0;
+}

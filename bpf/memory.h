@@ -11,6 +11,7 @@
 enum memory_source {
 	SOURCE_POOL = 0, /* obmalloc opened a pool (objects up to 512 bytes) */
 	SOURCE_BIG = 1,  /* obmalloc handed an allocation over 512 bytes to the raw allocator */
+	SOURCE_ALLOCATED = 2, /* --allocations: any object or mem allocation, at its entry point */
 	SOURCE_COUNT,
 };
 
@@ -74,6 +75,8 @@ enum memory_counter {
 	MEMORY_KEPT_FULL,        /* kept blocks not followed: the kept-block map was full */
 	MEMORY_UNPAIRED,         /* a raw allocator return without its call seen (attached between them) */
 	MEMORY_BAD_POOL,         /* a pool header that could not be read when opened */
+	MEMORY_ALLOC_EVENTS,     /* --allocations: allocator entries seen */
+	MEMORY_ALLOC_NOT_KEPT,   /* --allocations: of those, not kept by the byte sampler */
 	MEMORY_COUNTER_COUNT,
 };
 

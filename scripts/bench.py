@@ -849,6 +849,7 @@ def memory_cost_table():
         "`pytrace memory` (default, one event per 512 KiB)": [PYTRACE, "memory", "--json", os.path.join(TMP, "memory.json"), "--", python, script, MEMORY_ROUNDS],
         "tracemalloc (`-X tracemalloc`, 1 frame)": [python, "-X", "tracemalloc", script, MEMORY_ROUNDS],
         "memray 1.20 (`memray run`, its defaults)": [MEMRAY, "run", "-f", "-q", "-o", memray_out, script, MEMORY_ROUNDS],
+        "`pytrace memory --allocations` (a probe on every object allocation)": [PYTRACE, "memory", "--allocations", "--json", os.path.join(TMP, "memory-allocations.json"), "--", python, script, MEMORY_ROUNDS],
     }
     runs = {name: [] for name in modes}
     for i in range(MEMORY_REPEATS):

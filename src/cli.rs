@@ -215,6 +215,10 @@ struct MemoryArgs {
     /// Rows in the terminal table
     #[arg(long, value_name = "N", default_value_t = 20, allow_negative_numbers = true)]
     top: usize,
+    /// Also count every allocation's bytes per stack, freed or not (the
+    /// churn view): a probe on each object allocation, which costs more
+    #[arg(long)]
+    allocations: bool,
     /// Write the report as JSON ("-" for standard output)
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -591,7 +595,7 @@ impl Cli {
                 use crate::report::profile::Format;
                 let files = [(File::Stacks(Format::Folded), args.folded), (File::Stacks(Format::Flamegraph), args.flamegraph), (File::Stacks(Format::Speedscope), args.speedscope), (File::Pprof, args.pprof)];
                 let files = files.into_iter().filter_map(|(kind, path)| Some((kind, path?))).collect();
-                commands::memory::run(commands::memory::Options { target, duration, memory: crate::tracing::memory::Options { every: args.every, interval }, top: args.top, json: args.json, files })
+                commands::memory::run(commands::memory::Options { target, duration, memory: crate::tracing::memory::Options { every: args.every, interval, allocations: args.allocations }, top: args.top, json: args.json, files })
             }
             Command::Heap(args) => {
                 if !args.command.is_empty() {

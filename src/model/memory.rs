@@ -80,4 +80,16 @@ pub struct MemoryData {
     pub blocks_read: u64,
     pub blocks_gone: u64,
     pub counters: Counters,
+    /// --allocations: every allocation's bytes per stack, freed or not.
+    pub allocations: Option<Vec<AllocatedStack>>,
+}
+
+/// What one stack allocated during the run (`--allocations`): every call
+/// of the object and mem allocators counted at the size asked, freed or
+/// not; `objects` are those calls.
+#[derive(Debug, Clone)]
+pub struct AllocatedStack {
+    /// Outermost first.
+    pub frames: Vec<Rc<Frame>>,
+    pub allocated: Estimate,
 }

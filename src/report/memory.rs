@@ -12,7 +12,7 @@ use super::pprof::{encode, unix_ns_ago, PprofInput, StackValues};
 use super::profile::{label, Profile, Weight};
 use super::{counted_line, dropped_line, thousands, PythonInfo};
 use crate::model::counters::Counters;
-use crate::model::memory::{Estimate, MemoryData, Source};
+use crate::model::memory::{AllocatedStack, Estimate, MemoryData, Source};
 use crate::model::samples::Sample;
 
 /// sample's profile of `data`, each stack weighted by its live bytes (to
@@ -34,7 +34,9 @@ pub fn live_profile(pid: u32, python: PythonInfo, duration_ns: u64, data: &Memor
 /// heap grew by through it during the run), inuse_objects and inuse_space
 /// (of that, what is live at the end), the last the default, as Go's own
 /// heap profiles order them. Objects are obmalloc's: a chunk is one, a
-/// pool its blocks. Estimates, rounded to whole bytes and objects.
+/// pool its blocks. With --allocations, alloc_objects and alloc_space are
+/// instead every allocation's (the churn view), each stack's in samples of
+/// their own. Estimates, rounded to whole bytes and objects.
 pub fn to_pprof(data: &MemoryData, duration_ns: u64, subject: &str) -> Result<Vec<u8>> {
     let mut comments = vec![
         format!("pytrace memory: {subject}"),
@@ -43,13 +45,20 @@ pub fn to_pprof(data: &MemoryData, duration_ns: u64, subject: &str) -> Result<Ve
     comments.extend(counted_line(&data.counters).lines().map(str::to_string));
     comments.extend(dropped_line(&data.counters).lines().map(str::to_string));
     let whole = |x: f64| x.round().max(0.0) as i64;
+    let mut stacks: Vec<StackValues> = data
+        .stacks
+        .iter()
+        .map(|s| {
+            let (alloc_objects, alloc_space) = if data.allocations.is_some() { (0, 0) } else { (whole(s.grown.objects), whole(s.grown.bytes)) };
+            StackValues { thread: "", frames: &s.frames, values: vec![alloc_objects, alloc_space, whole(s.live.objects), whole(s.live.bytes)] }
+        })
+        .collect();
+    for s in data.allocations.iter().flatten() {
+        stacks.push(StackValues { thread: "", frames: &s.frames, values: vec![whole(s.allocated.objects), whole(s.allocated.bytes), 0, 0] });
+    }
     encode(&PprofInput {
         value_types: vec![("alloc_objects", "count"), ("alloc_space", "bytes"), ("inuse_objects", "count"), ("inuse_space", "bytes")],
-        stacks: data
-            .stacks
-            .iter()
-            .map(|s| StackValues { thread: "", frames: &s.frames, values: vec![whole(s.grown.objects), whole(s.grown.bytes), whole(s.live.objects), whole(s.live.bytes)] })
-            .collect(),
+        stacks,
         // Go's heap profiles say their sampling rate this way.
         period: Some(("space", "bytes", data.every as i64)),
         start_unix_ns: unix_ns_ago(duration_ns),
@@ -78,6 +87,69 @@ pub struct MemoryReport {
     pub counters: Counters,
     /// By live bytes, largest first.
     pub stacks: Vec<StackRow>,
+    /// --allocations: every allocation's bytes per stack, freed or not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocations: Option<AllocationsReport>,
+}
+
+/// `--allocations`' part of the report: what every allocation of the run
+/// summed to, what it cost (allocator calls seen, each a probe hit), and
+/// each stack's share.
+#[derive(Serialize)]
+pub struct AllocationsReport {
+    pub allocated: Estimate,
+    pub allocated_interval95: f64,
+    /// Allocator calls the probes saw, and per second of the run.
+    pub events: u64,
+    pub events_per_second: f64,
+    /// By allocated bytes, largest first.
+    pub stacks: Vec<AllocatedRow>,
+}
+
+#[derive(Serialize)]
+pub struct AllocatedRow {
+    /// Outermost first, as `name (file:line)`.
+    pub frames: Vec<String>,
+    pub allocated: Estimate,
+    pub allocated_interval95: f64,
+}
+
+impl AllocationsReport {
+    fn new(stacks: Vec<AllocatedStack>, events: u64, duration_ns: u64) -> Self {
+        let mut allocated = Estimate::default();
+        let mut merged: std::collections::BTreeMap<Vec<String>, Estimate> = Default::default();
+        for s in stacks {
+            allocated.add(&s.allocated);
+            merged.entry(s.frames.iter().map(|f| label(f)).collect()).or_default().add(&s.allocated);
+        }
+        let mut stacks: Vec<AllocatedRow> = merged.into_iter().map(|(frames, e)| AllocatedRow { frames, allocated_interval95: e.interval95(), allocated: e }).collect();
+        stacks.sort_by(|a, b| b.allocated.bytes.total_cmp(&a.allocated.bytes));
+        let seconds = duration_ns as f64 / 1e9;
+        AllocationsReport {
+            allocated_interval95: allocated.interval95(),
+            allocated,
+            events,
+            events_per_second: if seconds > 0.0 { events as f64 / seconds } else { 0.0 },
+            stacks,
+        }
+    }
+
+    fn to_table(&self, top: usize) -> String {
+        let mut out = format!(
+            "allocated (--allocations: every allocation, freed or not): {} ± {} (95 %); cost: {} allocator calls probed, {} a second\n",
+            bytes(self.allocated.bytes),
+            bytes(self.allocated_interval95),
+            thousands(self.events),
+            thousands(self.events_per_second.round() as u64)
+        );
+        out += &format!("{:>10} {:>9} {:>6}  stack (innermost first)\n", "allocated", "±95%", "kept");
+        for row in self.stacks.iter().take(top) {
+            let inner: Vec<&str> = row.frames.iter().rev().take(3).map(String::as_str).collect();
+            let mark = if row.allocated.kept < MIN_RELIABLE_KEPT { " (few events)" } else { "" };
+            out += &format!("{:>10} {:>9} {:>6}  {}{}\n", bytes(row.allocated.bytes), bytes(row.allocated_interval95), thousands(row.allocated.kept), inner.join(" < "), mark);
+        }
+        out
+    }
 }
 
 #[derive(Serialize)]
@@ -110,6 +182,8 @@ impl MemoryReport {
             .map(|((frames, source), (live, grown))| StackRow { frames, source, live_interval95: live.interval95(), live, grown_interval95: grown.interval95(), grown })
             .collect();
         stacks.sort_by(|a, b| b.live.bytes.total_cmp(&a.live.bytes).then(b.grown.bytes.total_cmp(&a.grown.bytes)));
+        let events = data.counters.get("allocation_events");
+        let allocations = data.allocations.map(|stacks| AllocationsReport::new(stacks, events, duration_ns));
         MemoryReport {
             kind: "memory",
             pid,
@@ -123,6 +197,7 @@ impl MemoryReport {
             lost_events: data.counters.lost(),
             counters: data.counters,
             stacks,
+            allocations,
         }
     }
 
@@ -164,6 +239,9 @@ impl MemoryReport {
                 inner.join(" < "),
                 mark
             );
+        }
+        if let Some(allocations) = &self.allocations {
+            out += &allocations.to_table(top);
         }
         out += &dropped_line(&self.counters);
         out

@@ -31,6 +31,7 @@ pub fn trace_memory(spec: TargetSpec, duration: Option<Duration>, opts: Options)
         }
     }
     crate::python::probes::alloc_sites::check_guards(&python, &sites, target.pid).map_err(anyhow::Error::msg)?;
+    let allocation_sites = if opts.allocations { Some(python.allocation_sites().map_err(anyhow::Error::msg)?) } else { None };
     let release = |session: &memory::Session, target: &mut Target| {
         target.release()?;
         session.locate_soon()
@@ -38,5 +39,8 @@ pub fn trace_memory(spec: TargetSpec, duration: Option<Duration>, opts: Options)
     let plan = memory::Plan { pid: target.pid, python: &python, opts };
     let (mut run, data) = target.trace(&python, "memory", duration, plan, release, |_, _| Ok(!super::stop_requested()))?;
     run.mode = "uprobes at obmalloc's pool openings and big allocations".into();
+    if let Some(sites) = allocation_sites {
+        run.mode += &format!(" and at its {}", crate::tracing::allocations::describe(&sites));
+    }
     Ok((run, data))
 }

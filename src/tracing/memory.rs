@@ -21,7 +21,7 @@ use super::{attach_error, ensure_still_running, read_counters, Links, Tracing};
 use crate::bpf::memory::types::{kept_block, memory_alignment, memory_counter, memory_growth, memory_key, memory_objects, memory_place, memory_source, sample_counter};
 use crate::bpf::memory::{MemorySkel, MemorySkelBuilder};
 use crate::model::counters::Kind::{Informational, Lost};
-use crate::model::memory::{Estimate, MemoryData, MemoryStack, Source};
+use crate::model::memory::{AllocatedStack, Estimate, MemoryData, MemoryStack, Source};
 use crate::python::probes::alloc_sites::{self, POOL_SZIDX_OFFSET};
 use crate::python::reading::pools::{self, Kept};
 use crate::python::Python;
@@ -46,6 +46,8 @@ pub struct Options {
     /// read stands for the end when the target exits by itself (its
     /// memory is gone by the end).
     pub interval: Duration,
+    /// --allocations: also every allocation's bytes per stack (allocations.rs).
+    pub allocations: bool,
 }
 
 pub struct Session<'obj, 'a> {
@@ -124,6 +126,10 @@ impl<'obj, 'a> Session<'obj, 'a> {
         }
         for &at in &sites.pool_opened {
             links.push(attach(&p.pool_opened, at, "the return of allocate_from_new_pool")?);
+        }
+        if opts.allocations {
+            let sites = python.allocation_sites().map_err(anyhow::Error::msg)?;
+            links.extend(super::allocations::attach(&skel, python, pid, &sites)?);
         }
         let session = Session {
             skel,
@@ -226,6 +232,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
         let mut rows: HashMap<(u64, u32), MemoryStack> = HashMap::new();
         let mut unnamed = 0;
         let source_of = |s: u32| if s == memory_source::SOURCE_POOL.0 { Source::Pool } else { Source::Big };
+        let mut allocated = Vec::new();
         for (key, g) in growth {
             let Some(frames) = stacks.frames_of(key.pid, key.hash, &mut processes) else {
                 unnamed += g.kept;
@@ -233,6 +240,10 @@ impl<'obj, 'a> Session<'obj, 'a> {
             };
             let objects = g.objects as f64 / (1u64 << memory_objects::OBJECTS_FRACTION_BITS.0) as f64;
             let grown = Estimate { bytes: g.estimate as f64, variance: g.variance as f64, kept: g.kept, objects };
+            if key.source == memory_source::SOURCE_ALLOCATED.0 {
+                allocated.push(AllocatedStack { frames, allocated: grown });
+                continue;
+            }
             let live = live.by_stack.get(&(key.hash, key.source)).copied().unwrap_or_default();
             rows.insert((key.hash, key.source), MemoryStack { frames, source: source_of(key.source), grown, live });
         }
@@ -246,10 +257,13 @@ impl<'obj, 'a> Session<'obj, 'a> {
             ("kept_map_full", Lost, "kept blocks not followed for the live view (the kernel's map was full)", memory_counter::MEMORY_KEPT_FULL.0),
             ("unpaired", Informational, "raw allocations whose call was not seen (under way at attach)", memory_counter::MEMORY_UNPAIRED.0),
             ("bad_pool", Lost, "pool openings whose header could not be read", memory_counter::MEMORY_BAD_POOL.0),
+            ("allocation_events", Informational, "allocations seen (--allocations)", memory_counter::MEMORY_ALLOC_EVENTS.0),
+            ("allocation_not_kept", Informational, "of those, not kept by the byte sampler (their bytes are in the estimates)", memory_counter::MEMORY_ALLOC_NOT_KEPT.0),
         ];
         let mut counters = read_counters(&self.skel.maps.counters, &names)?;
         counters.push("unnamed_stacks", Lost, "kept events whose stack's frames never reached pytrace", unnamed);
-        Ok(MemoryData { stacks: rows.into_values().collect(), every: self.opts.every, blocks_read: live.read, blocks_gone: live.gone, counters })
+        let allocations = self.opts.allocations.then_some(allocated);
+        Ok(MemoryData { stacks: rows.into_values().collect(), every: self.opts.every, blocks_read: live.read, blocks_gone: live.gone, counters, allocations })
     }
 }
 

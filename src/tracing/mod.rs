@@ -11,6 +11,7 @@ mod perf_event;
 pub mod sample;
 pub mod watchpoint;
 pub mod memory;
+pub mod allocations;
 
 use std::cell::RefCell;
 use std::mem::MaybeUninit;

@@ -14,9 +14,9 @@ use crate::common::matrix::Interpreter;
 use crate::common::{self, over_builds};
 
 over_builds! {
-    pyenv_3_12(Interpreter::pyenv("3.12")): live_view_matches_tracemalloc, another_allocator_is_refused_in_one_sentence, live_split_small;
-    nodtrace_3_11(Interpreter::host("3.11", nodtrace_311())): live_view_matches_tracemalloc;
-    debian_3_11(Interpreter::host("3.11", "/usr/bin/python3.11".into())): live_view_matches_tracemalloc, hooked_allocator_is_refused_in_one_sentence;
+    pyenv_3_12(Interpreter::pyenv("3.12")): live_view_matches_tracemalloc, another_allocator_is_refused_in_one_sentence, live_split_small, allocations_match_the_fixture;
+    nodtrace_3_11(Interpreter::host("3.11", nodtrace_311())): live_view_matches_tracemalloc, allocations_match_the_fixture;
+    debian_3_11(Interpreter::host("3.11", "/usr/bin/python3.11".into())): live_view_matches_tracemalloc, hooked_allocator_is_refused_in_one_sentence, allocations_are_refused_on_a_stripped_build;
     debian_3_14(Interpreter::debian("3.14")): live_view_matches_tracemalloc;
 }
 
@@ -320,4 +320,94 @@ fn hooked_allocator_is_refused_in_one_sentence(py: Interpreter) {
     assert_eq!(errors.len(), 1, "{stderr}");
     assert!(errors[0].contains("not obmalloc's") && errors[0].contains("tracemalloc"), "{stderr}");
     assert!(target.0.try_wait().unwrap().is_none(), "the target was left running");
+}
+
+/// `--every` for the allocations test: one allocation kept per 4 KiB on
+/// average. churn's 64 KiB bytearrays are each kept (p = 1 − e^-16); its
+/// small objects (28-120 bytes) with p ≈ b / 4096.
+const ALLOCATIONS_EVERY: &str = "4096";
+
+/// Kept allocations under churn the estimate needs. For allocations small
+/// beside T, Horvitz-Thompson's relative standard error is about
+/// 1/sqrt(kept): at 100 kept, 10 % of churn's small-object bytes, which
+/// are about a third of its total (the rest, its bytearrays, counted
+/// exactly), so 3.3 % of it: the ± 10 % bound is 3 standard errors away.
+/// About 350 are expected at this size.
+const MIN_KEPT_CHURN: u64 = 100;
+
+/// `--allocations` counts every allocation, freed or not: churn keeps
+/// nothing, but what it allocated (its truth-run `churn_allocated`,
+/// measured by the fixture itself with tracemalloc's traced total over each
+/// cycle, see ChurnAllocated) must come out within 10 %. A third of the
+/// default size (8 MiB, 4 rounds: churn allocates ~4.7 MB), started by
+/// pytrace; pprof's alloc_space and alloc_objects must be the JSON's
+/// allocated bytes and calls, and the cost (calls probed) is reported.
+fn allocations_match_the_fixture(py: Interpreter) {
+    let size = ["--mib", "8", "--rounds", "4"];
+    let (truth_inside, truth_host) = py.output("memory-allocations-truth.json");
+    let mut truth_args = vec!["--truth", truth_inside.as_str()];
+    truth_args.extend(size);
+    py.run("memory_split.py", &truth_args);
+    let want = common::read_json(&truth_host)["churn_allocated"].as_f64().unwrap();
+
+    let label = format!("{} --allocations", py.version);
+    let (held_inside, held_host) = py.output("memory-allocations-held.json");
+    let out = py.output("memory-allocations.json").1;
+    let pprof = py.output("memory-allocations.pb.gz").1;
+    let mut args = vec!["--held", held_inside.as_str(), "--hold", "300"];
+    args.extend(size);
+    let argv = py.argv("memory_split.py", &args);
+    let mut pytrace_args = vec!["memory", "--allocations", "--every", ALLOCATIONS_EVERY, "--json", out.to_str().unwrap(), "--pprof", pprof.to_str().unwrap(), "--"];
+    pytrace_args.extend(argv.iter().map(String::as_str));
+    let report = stop_when_held(common::start_tracer(&pytrace_args), &held_host, &label, &out);
+    assert_eq!(report["lost_events"].as_u64(), Some(0), "{label}: events lost: {report}");
+
+    let allocations = &report["allocations"];
+    let mut got: HashMap<&str, (f64, u64, f64)> = FUNCTIONS.iter().map(|f| (*f, (0.0, 0, 0.0))).collect();
+    for row in allocations["stacks"].as_array().unwrap() {
+        let frames = row["frames"].as_array().unwrap();
+        let Some(function) = frames.iter().rev().find_map(|f| FUNCTIONS.iter().find(|name| f.as_str().unwrap().starts_with(&format!("{name} (")))) else { continue };
+        let e = got.get_mut(function).unwrap();
+        e.0 += row["allocated"]["bytes"].as_f64().unwrap();
+        e.1 += row["allocated"]["kept"].as_u64().unwrap();
+        e.2 += row["allocated"]["objects"].as_f64().unwrap();
+    }
+    let (bytes, kept, _) = got["churn"];
+    assert!(kept >= MIN_KEPT_CHURN, "{label}: churn's estimate rests on {kept} kept allocations, at least {MIN_KEPT_CHURN} needed");
+    assert!((bytes / want - 1.0).abs() <= 0.10, "{label}: churn allocated {bytes:.0} bytes, the fixture measured {want:.0} (± 10 %)");
+
+    // The cost line: every kept allocation was first seen by a probe.
+    let events = allocations["events"].as_u64().unwrap();
+    let kept_all: u64 = allocations["stacks"].as_array().unwrap().iter().map(|r| r["allocated"]["kept"].as_u64().unwrap()).sum();
+    assert!(events >= kept_all && kept_all > 0, "{label}: {events} allocator calls probed, {kept_all} kept");
+    assert!(allocations["events_per_second"].as_f64().unwrap() > 0.0, "{label}: {allocations}");
+
+    // pprof's alloc_* are the JSON's allocated values, per function (to
+    // half a unit per stack: pprof's values are whole).
+    for (index, field) in [("alloc_space", 0), ("alloc_objects", 2)] {
+        let top = crate::formats::go_pprof(&["-top", "-nodecount=100000", "-nodefraction=0", "-unit=B", &format!("-sample_index={index}")], &pprof);
+        let rows: HashMap<String, f64> = crate::formats::top_rows(&top.replace('B', "")).into_iter().map(|(name, (_, cum))| (name, cum)).collect();
+        for f in FUNCTIONS {
+            let json = if field == 0 { got[f].0 } else { got[f].2 };
+            let shown = rows.get(f).copied().unwrap_or(0.0);
+            assert!((shown - json).abs() <= 256.0 + 1e-5 * json, "{label}: pprof's {index} gives {f} {shown}, the JSON {json:.0}");
+        }
+    }
+}
+
+/// A stripped build with link-time optimisation copies the allocator into
+/// its callers, past the entry points `--allocations` probes: refused in
+/// one sentence, exit 1, before the command runs.
+fn allocations_are_refused_on_a_stripped_build(py: Interpreter) {
+    let (held_inside, held_host) = py.output("memory-held-allocations.json");
+    let argv = py.argv("memory_split.py", &["--held", &held_inside, "--hold", "0"]);
+    let mut args = vec!["memory", "--allocations", "-d", "5", "--"];
+    args.extend(argv.iter().map(String::as_str));
+    let out = common::pytrace(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let errors = common::error_lines(&stderr);
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(errors[0].contains("`--allocations` needs") && errors[0].contains("link-time optimisation"), "{stderr}");
+    assert!(!held_host.exists(), "the command ran: {stderr}");
 }

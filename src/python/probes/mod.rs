@@ -10,6 +10,7 @@ pub mod inlined_init;
 pub mod opcode_table;
 pub mod alloc_sites;
 pub mod alloc_sites_stripped;
+pub mod allocation_sites;
 
 /// Addresses for a refusal's sentence: "0x1a2b, 0x3c4d", or "nothing".
 fn hex_list(addresses: &[u64]) -> String {

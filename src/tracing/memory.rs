@@ -107,6 +107,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
             prog.attach_uprobe(false, pid as i32, path, offset).map_err(|e| attach_error(pid, e)).with_context(|| format!("failed to attach to {what} in {}", python.target_path))
         };
         let p = &skel.progs;
+        let attaching = std::time::Instant::now();
         let mut links = Vec::new();
         // Returns before calls: a call seen without its return would leave
         // its size pending (counted unpaired otherwise).
@@ -125,6 +126,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
         for &at in &sites.pool_opened {
             links.push(attach(&p.pool_opened, at, "the return of allocate_from_new_pool")?);
         }
+        crate::bpf::load::say_attach_stats("memory", links.len(), attaching.elapsed());
         let session = Session {
             skel,
             links: Links::new(links),

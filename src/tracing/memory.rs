@@ -12,7 +12,7 @@ use std::mem::MaybeUninit;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use libbpf_rs::skel::SkelBuilder;
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 
 use super::sample::discovery::{Processes, PythonRef};
@@ -100,39 +100,23 @@ impl<'obj, 'a> Session<'obj, 'a> {
             let x = 2f64.powi(k as i32 - crate::bpf::memory::types::memory_exp::EXP_FRACTION_BITS.0 as i32);
             *slot = ((-x).exp() * 4294967296.0).min(4294967295.0) as u64;
         }
-        // The walking pair this kernel verifies fastest (see uses_bpf_loop).
+        // The walking pair this kernel verifies fastest (see uses_bpf_loop),
+        // and how they all attach (uses_uprobe_multi): chosen before the
+        // load, which fixes each program's attach type.
         let loops = uses_bpf_loop();
+        let multi = uses_uprobe_multi();
         open.progs.pool_opened.set_autoload(!loops);
         open.progs.raw_returned.set_autoload(!loops);
         open.progs.pool_opened_loops.set_autoload(loops);
         open.progs.raw_returned_loops.set_autoload(loops);
+        if multi {
+            for mut prog in open.open_object_mut().progs_mut() {
+                prog.set_attach_type(libbpf_rs::ProgramAttachType::TraceUprobeMulti);
+            }
+        }
         let skel = crate::bpf::load::load("memory", open)?;
-        let path = &python.elf.path;
-        let attach = |prog: &libbpf_rs::ProgramMut<'obj>, at: u64, what: &str| -> Result<Link> {
-            let offset = python.elf.file_offset(at)? as usize;
-            prog.attach_uprobe(false, pid as i32, path, offset).map_err(|e| attach_error(pid, e)).with_context(|| format!("failed to attach to {what} in {}", python.target_path))
-        };
-        let p = &skel.progs;
-        let (pool_opened, raw_returned) = if loops { (&p.pool_opened_loops, &p.raw_returned_loops) } else { (&p.pool_opened, &p.raw_returned) };
         let attaching = std::time::Instant::now();
-        let mut links = Vec::new();
-        // Returns before calls: a call seen without its return would leave
-        // its size pending (counted unpaired otherwise).
-        for &at in &sites.raw_returned {
-            links.push(attach(raw_returned, at, "the return of _PyObject_Malloc's call of PyMem_RawMalloc")?);
-        }
-        for &at in &sites.raw_calls {
-            links.push(attach(&p.raw_call, at, "_PyObject_Malloc's call of PyMem_RawMalloc")?);
-        }
-        for &at in &sites.calloc_returned {
-            links.push(attach(raw_returned, at, "the return of obmalloc's call of the raw calloc")?);
-        }
-        for &at in &sites.calloc_calls {
-            links.push(attach(&p.raw_calloc_call, at, "obmalloc's call of the raw calloc")?);
-        }
-        for &at in &sites.pool_opened {
-            links.push(attach(pool_opened, at, "the return of allocate_from_new_pool")?);
-        }
+        let links = attach(&skel, python, pid, &sites, loops, multi)?;
         crate::bpf::load::say_attach_stats("memory", links.len(), attaching.elapsed());
         let session = Session {
             skel,
@@ -262,6 +246,37 @@ impl<'obj, 'a> Session<'obj, 'a> {
     }
 }
 
+/// Attaches every probe site of `sites` to its program, returns before
+/// calls (a call seen without its return would leave its size pending,
+/// counted unpaired): one uprobe_multi link per program and kind of site
+/// with `multi`, else a perf-event uprobe per site.
+fn attach<'obj>(skel: &MemorySkel<'obj>, python: &Python, pid: u32, sites: &alloc_sites::AllocSites, loops: bool, multi: bool) -> Result<Vec<Link>> {
+    let p = &skel.progs;
+    let (pool_opened, raw_returned) = if loops { (&p.pool_opened_loops, &p.raw_returned_loops) } else { (&p.pool_opened, &p.raw_returned) };
+    let probes = [
+        (raw_returned, &sites.raw_returned, "the return of _PyObject_Malloc's call of PyMem_RawMalloc"),
+        (&p.raw_call, &sites.raw_calls, "_PyObject_Malloc's call of PyMem_RawMalloc"),
+        (raw_returned, &sites.calloc_returned, "the return of obmalloc's call of the raw calloc"),
+        (&p.raw_calloc_call, &sites.calloc_calls, "obmalloc's call of the raw calloc"),
+        (pool_opened, &sites.pool_opened, "the return of allocate_from_new_pool"),
+    ];
+    let path = &python.elf.path;
+    let failed = |what: &str, e: libbpf_rs::Error| attach_error(pid, e).context(format!("failed to attach to {what} in {}", python.target_path));
+    let mut links = Vec::new();
+    for (prog, at, what) in probes {
+        let offsets = at.iter().map(|&at| Ok(python.elf.file_offset(at)? as usize)).collect::<Result<Vec<usize>>>()?;
+        if multi && !offsets.is_empty() {
+            let opts = libbpf_rs::UprobeMultiOpts { offsets, ..Default::default() };
+            links.push(prog.attach_uprobe_multi_with_opts(pid as i32, path, "", opts).map_err(|e| failed(what, e))?);
+            continue;
+        }
+        for offset in offsets {
+            links.push(prog.attach_uprobe(false, pid as i32, path, offset).map_err(|e| failed(what, e))?);
+        }
+    }
+    Ok(links)
+}
+
 /// A skeleton type from a map's bytes (they are that C struct's).
 fn plain<T: Copy + Default>(bytes: &[u8]) -> Option<T> {
     if bytes.len() != std::mem::size_of::<T>() {
@@ -328,4 +343,16 @@ impl Tracing for Session<'_, '_> {
 /// bodies once.
 fn uses_bpf_loop() -> bool {
     crate::kernel::Kernel::get().has(crate::kernel::Feature::BpfLoop)
+}
+
+/// Whether the probes attach as one uprobe_multi link per program (6.10+,
+/// where such a link given a PID fires for every thread of the process):
+/// a stripped build's 500-odd sites otherwise take a perf event each, and
+/// closing each waits for the tracing event mutex and, from 6.12, a grace
+/// period of its own, serialised with every other perf-event uprobe opened
+/// or closed on the host (measured on 6.18: 8-15 s to attach while earlier
+/// runs' closes were under way, 2 minutes and more for those closes).
+fn uses_uprobe_multi() -> bool {
+    let kernel = crate::kernel::Kernel::get();
+    kernel.has(crate::kernel::Feature::UprobeMulti) && kernel.has(crate::kernel::Feature::UprobeMultiByProcess)
 }

@@ -73,12 +73,30 @@ struct {
 	__type(value, __u64);
 } raw_calls SEC(".maps");
 
+/* The event being kept, for the walker the probe tail-calls. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct kept_event);
+} kept_events SEC(".maps");
+
+/* The one walker loaded (walk_kept or walk_kept_loops), put here by user
+ * space. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} walkers SEC(".maps");
+
 DEFINE_COUNTERS(MEMORY_COUNTER_COUNT);
 
 struct memory_key _memory_key = {};
 struct memory_growth _memory_growth = {};
 struct memory_place _memory_place = {};
 struct kept_block _kept_block = {};
+struct kept_event _kept_event = {};
 enum memory_source _memory_source = 0;
 enum memory_counter _memory_counter = 0;
 struct sample_stack _sample_stack = {};
@@ -133,9 +151,9 @@ static __always_inline __u64 keep_chance(__u64 bytes)
 	return e ? e : 1;
 }
 
-/* The programs that walk, once per walker: pool_opened and raw_returned
- * with bounded loops (5.10 to 5.16), pool_opened_loops and
- * raw_returned_loops with bpf_loop (src/tracing/memory.rs loads one pair). */
+/* The walker, once per walker: walk_kept with bounded loops (5.10 to
+ * 5.16), walk_kept_loops with bpf_loop (src/tracing/memory.rs loads one
+ * and puts it in `walkers`). */
 #define WALK(name) CAT(name, _current)
 #define MEMORY_PROGRAM(name) name
 #include "memory_events.bpf.h"
@@ -146,6 +164,78 @@ static __always_inline __u64 keep_chance(__u64 bytes)
 #include "memory_events.bpf.h"
 #undef WALK
 #undef MEMORY_PROGRAM
+
+/* An event of `bytes` at `address`: kept or not, and if kept, handed to
+ * the walker. */
+static __always_inline void event(void *ctx, __u32 source, __u64 address, __u64 bytes, __u32 szidx)
+{
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	struct memory_place place = { .pid = pid, .address = address };
+	__u64 p, objects, block_bytes = bytes;
+	struct kept_event *e;
+	__u32 zero = 0;
+
+	count(MEMORY_EVENTS);
+	if (bytes > MAX_EVENT_BYTES)
+		bytes = MAX_EVENT_BYTES;
+	/* A block opened (or made) again at a kept one's address: the kept
+	 * one was emptied (or freed) since; its sample ends. */
+	bpf_map_delete_elem(&kept_blocks, &place);
+	p = keep_chance(bytes);
+	if ((__u64)bpf_get_prandom_u32() >= p) {
+		count(MEMORY_NOT_KEPT);
+		return;
+	}
+	/* A pool holds pool_size / block size objects (its header aside). */
+	objects = source == SOURCE_POOL ? bytes / (((__u64)szidx + 1) * BLOCK_ALIGNMENT) : 1;
+	e = bpf_map_lookup_elem(&kept_events, &zero);
+	if (!e)
+		return;
+	e->pid = pid;
+	e->source = source;
+	e->szidx = szidx;
+	e->address = address;
+	e->block_bytes = block_bytes;
+	e->bytes = bytes;
+	e->objects = objects;
+	e->p = p;
+	bpf_tail_call(ctx, &walkers, 0);
+	count(MEMORY_NOT_WALKED);
+}
+
+SEC("uprobe")
+int pool_opened(struct pt_regs *ctx)
+{
+	__u64 pool_size = memory_cfg.pool_size, block = PT_REGS_RC(ctx), pool;
+	__u32 szidx = 0;
+
+	if (!block || !pool_size)
+		return 0;
+	pool = block & ~(pool_size - 1);
+	if (bpf_probe_read_user(&szidx, sizeof(szidx), (const void *)(pool + memory_cfg.pool_szidx))) {
+		count(MEMORY_BAD_POOL);
+		return 0;
+	}
+	event(ctx, SOURCE_POOL, pool, pool_size, szidx);
+	return 0;
+}
+
+SEC("uprobe")
+int raw_returned(struct pt_regs *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 chunk = PT_REGS_RC(ctx), *size = bpf_map_lookup_elem(&raw_calls, &tid), bytes;
+
+	if (!size) {
+		count(MEMORY_UNPAIRED);
+		return 0;
+	}
+	bytes = *size;
+	bpf_map_delete_elem(&raw_calls, &tid);
+	if (chunk)
+		event(ctx, SOURCE_BIG, chunk, bytes, 0);
+	return 0;
+}
 
 SEC("uprobe")
 int raw_call(struct pt_regs *ctx)

@@ -100,23 +100,25 @@ impl<'obj, 'a> Session<'obj, 'a> {
             let x = 2f64.powi(k as i32 - crate::bpf::memory::types::memory_exp::EXP_FRACTION_BITS.0 as i32);
             *slot = ((-x).exp() * 4294967296.0).min(4294967295.0) as u64;
         }
-        // The walking pair this kernel verifies fastest (see uses_bpf_loop),
-        // and how they all attach (uses_uprobe_multi): chosen before the
-        // load, which fixes each program's attach type.
+        // The walker this kernel verifies fastest (see uses_bpf_loop), and
+        // how the probes attach (uses_uprobe_multi): chosen before the load,
+        // which fixes each program's attach type (a tail call's target must
+        // have its caller's).
         let loops = uses_bpf_loop();
         let multi = uses_uprobe_multi();
-        open.progs.pool_opened.set_autoload(!loops);
-        open.progs.raw_returned.set_autoload(!loops);
-        open.progs.pool_opened_loops.set_autoload(loops);
-        open.progs.raw_returned_loops.set_autoload(loops);
+        open.progs.walk_kept.set_autoload(!loops);
+        open.progs.walk_kept_loops.set_autoload(loops);
         if multi {
             for mut prog in open.open_object_mut().progs_mut() {
                 prog.set_attach_type(libbpf_rs::ProgramAttachType::TraceUprobeMulti);
             }
         }
         let skel = crate::bpf::load::load("memory", open)?;
+        let walker = if loops { &skel.progs.walk_kept_loops } else { &skel.progs.walk_kept };
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(walker)) as u32;
+        skel.maps.walkers.update(&0u32.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY).context("failed to hand the memory walker to its probes")?;
         let attaching = std::time::Instant::now();
-        let links = attach(&skel, python, pid, &sites, loops, multi)?;
+        let links = attach(&skel, python, pid, &sites, multi)?;
         crate::bpf::load::say_attach_stats("memory", links.len(), attaching.elapsed());
         let session = Session {
             skel,
@@ -239,6 +241,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
             ("kept_map_full", Lost, "kept blocks not followed for the live view (the kernel's map was full)", memory_counter::MEMORY_KEPT_FULL.0),
             ("unpaired", Informational, "raw allocations whose call was not seen (under way at attach)", memory_counter::MEMORY_UNPAIRED.0),
             ("bad_pool", Lost, "pool openings whose header could not be read", memory_counter::MEMORY_BAD_POOL.0),
+            ("not_walked", Lost, "kept events lost (the probe's tail call to the stack walker failed)", memory_counter::MEMORY_NOT_WALKED.0),
         ];
         let mut counters = read_counters(&self.skel.maps.counters, &names)?;
         counters.push("unnamed_stacks", Lost, "kept events whose stack's frames never reached pytrace", unnamed);
@@ -250,15 +253,14 @@ impl<'obj, 'a> Session<'obj, 'a> {
 /// calls (a call seen without its return would leave its size pending,
 /// counted unpaired): one uprobe_multi link per program and kind of site
 /// with `multi`, else a perf-event uprobe per site.
-fn attach<'obj>(skel: &MemorySkel<'obj>, python: &Python, pid: u32, sites: &alloc_sites::AllocSites, loops: bool, multi: bool) -> Result<Vec<Link>> {
+fn attach<'obj>(skel: &MemorySkel<'obj>, python: &Python, pid: u32, sites: &alloc_sites::AllocSites, multi: bool) -> Result<Vec<Link>> {
     let p = &skel.progs;
-    let (pool_opened, raw_returned) = if loops { (&p.pool_opened_loops, &p.raw_returned_loops) } else { (&p.pool_opened, &p.raw_returned) };
     let probes = [
-        (raw_returned, &sites.raw_returned, "the return of _PyObject_Malloc's call of PyMem_RawMalloc"),
+        (&p.raw_returned, &sites.raw_returned, "the return of _PyObject_Malloc's call of PyMem_RawMalloc"),
         (&p.raw_call, &sites.raw_calls, "_PyObject_Malloc's call of PyMem_RawMalloc"),
-        (raw_returned, &sites.calloc_returned, "the return of obmalloc's call of the raw calloc"),
+        (&p.raw_returned, &sites.calloc_returned, "the return of obmalloc's call of the raw calloc"),
         (&p.raw_calloc_call, &sites.calloc_calls, "obmalloc's call of the raw calloc"),
-        (pool_opened, &sites.pool_opened, "the return of allocate_from_new_pool"),
+        (&p.pool_opened, &sites.pool_opened, "the return of allocate_from_new_pool"),
     ];
     let path = &python.elf.path;
     let failed = |what: &str, e: libbpf_rs::Error| attach_error(pid, e).context(format!("failed to attach to {what} in {}", python.target_path));
@@ -336,11 +338,11 @@ impl Tracing for Session<'_, '_> {
     }
 }
 
-/// Whether the programs that walk use bpf_loop (5.17+), as sample's
-/// perf-event sampler does: the same programs as the bounded-loop pair,
-/// which the verifier checks pass by pass (409,000 instructions each, 1.2 s
-/// of CPU for the two at every start on 6.18) where it checks bpf_loop's
-/// bodies once.
+/// Whether the walker uses bpf_loop (5.17+), as sample's perf-event
+/// sampler does: the same program as the bounded-loop one, which the
+/// verifier checks pass by pass (409,000 instructions, 0.6 s of CPU at
+/// every start on 6.18; 700,000 and 12-24 s in the 5.10 VM) where it
+/// checks bpf_loop's bodies once.
 fn uses_bpf_loop() -> bool {
     crate::kernel::Kernel::get().has(crate::kernel::Feature::BpfLoop)
 }

@@ -21,7 +21,8 @@
  * written into the target: the live view reads the kept pools' headers and
  * chunks' headers from user space.
  *
- * Kernels: uprobes, bounded loops, bpf_ringbuf_output (5.8): as sample. */
+ * Kernels: uprobes, bounded loops, bpf_ringbuf_output (5.8): as sample;
+ * from 5.17 the walk's loops are bpf_loop's, as sample's. */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_helpers.h>
@@ -72,12 +73,30 @@ struct {
 	__type(value, __u64);
 } raw_calls SEC(".maps");
 
+/* The event being kept, for the walker the probe tail-calls. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct kept_event);
+} kept_events SEC(".maps");
+
+/* The one walker loaded (walk_kept or walk_kept_loops), put here by user
+ * space. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} walkers SEC(".maps");
+
 DEFINE_COUNTERS(MEMORY_COUNTER_COUNT);
 
 struct memory_key _memory_key = {};
 struct memory_growth _memory_growth = {};
 struct memory_place _memory_place = {};
 struct kept_block _kept_block = {};
+struct kept_event _kept_event = {};
 enum memory_source _memory_source = 0;
 enum memory_counter _memory_counter = 0;
 struct sample_stack _sample_stack = {};
@@ -90,14 +109,25 @@ enum memory_alignment _memory_alignment = 0;
 
 #include "sample_walk_base.bpf.h"
 
+/* sample's walker twice, reading the current thread's memory: with plain
+ * bounded loops, which kernels before 5.17 verify pass by pass, and with
+ * bpf_loop, whose bodies later kernels verify once. */
 #define WALK(name) CAT(name, _current)
 #define WALK_READ(dst, size, src, task) bpf_probe_read_user(dst, size, src)
 #define WALK_OTHER_THREAD 0
+#define WALK_BPF_LOOP 0
+#include "sample_async.bpf.h"
+#include "sample_walk.bpf.h"
+#undef WALK
+#undef WALK_BPF_LOOP
+#define WALK(name) CAT(name, _current_loops)
+#define WALK_BPF_LOOP 1
 #include "sample_async.bpf.h"
 #include "sample_walk.bpf.h"
 #undef WALK
 #undef WALK_READ
 #undef WALK_OTHER_THREAD
+#undef WALK_BPF_LOOP
 
 /* Sizes above this are counted as this (b << 32 must fit 64 bits). */
 #define MAX_EVENT_BYTES (1ULL << 31)
@@ -121,50 +151,29 @@ static __always_inline __u64 keep_chance(__u64 bytes)
 	return e ? e : 1;
 }
 
-/* Walks the stack of an event kept with chance `p` and adds it to its
- * stack's growth; returns the stack's hash (0: not counted). */
-static __always_inline __u64 count_kept(__u32 pid, __u32 source, __u64 bytes, __u64 objects, __u64 p)
-{
-	__u32 tid = (__u32)bpf_get_current_pid_tgid(), zero = 0;
-	const struct sample_target *t = bpf_map_lookup_elem(&processes, &pid);
-	struct memory_key key = { .pid = pid, .source = source };
-	struct stack_key known = { .pid = pid };
-	struct memory_growth *g, first = {};
-	struct task_struct *task;
-	struct walk_scratch *s;
-	__u64 estimate;
+/* The walker, once per walker: walk_kept with bounded loops (5.10 to
+ * 5.16), walk_kept_loops with bpf_loop (src/tracing/memory.rs loads one
+ * and puts it in `walkers`). */
+#define WALK(name) CAT(name, _current)
+#define MEMORY_PROGRAM(name) name
+#include "memory_events.bpf.h"
+#undef WALK
+#undef MEMORY_PROGRAM
+#define WALK(name) CAT(name, _current_loops)
+#define MEMORY_PROGRAM(name) CAT(name, _loops)
+#include "memory_events.bpf.h"
+#undef WALK
+#undef MEMORY_PROGRAM
 
-	if (!t || !(s = bpf_map_lookup_elem(&scratch, &zero)))
-		return 0;
-	task = (struct task_struct *)bpf_get_current_task();
-	key.hash = known.hash = walk_python_current(t, s, tid, task, BPF_CORE_READ(task, thread.fsbase));
-	if (!SEND_IF_NEW(&s->rec, &known, t, task, read_names_current))
-		return 0;
-	estimate = (bytes << 32) / p;
-	g = bpf_map_lookup_elem(&growth, &key);
-	if (!g) {
-		bpf_map_update_elem(&growth, &key, &first, BPF_NOEXIST);
-		g = bpf_map_lookup_elem(&growth, &key);
-		if (!g) {
-			count(MEMORY_GROWTH_FULL);
-			return 0;
-		}
-	}
-	__sync_fetch_and_add(&g->kept, 1);
-	__sync_fetch_and_add(&g->bytes, bytes);
-	__sync_fetch_and_add(&g->estimate, estimate);
-	__sync_fetch_and_add(&g->variance, estimate * (estimate - bytes));
-	__sync_fetch_and_add(&g->objects, (objects << (32 + OBJECTS_FRACTION_BITS)) / p);
-	return key.hash;
-}
-
-/* An event of `bytes` at `address`: kept or not, and if kept, followed. */
-static __always_inline void event(__u32 source, __u64 address, __u64 bytes, __u32 szidx)
+/* An event of `bytes` at `address`: kept or not, and if kept, handed to
+ * the walker. */
+static __always_inline void event(void *ctx, __u32 source, __u64 address, __u64 bytes, __u32 szidx)
 {
 	__u32 pid = bpf_get_current_pid_tgid() >> 32;
 	struct memory_place place = { .pid = pid, .address = address };
-	struct kept_block block = { .bytes = bytes, .szidx = szidx, .source = source };
-	__u64 p, objects;
+	__u64 p, objects, block_bytes = bytes;
+	struct kept_event *e;
+	__u32 zero = 0;
 
 	count(MEMORY_EVENTS);
 	if (bytes > MAX_EVENT_BYTES)
@@ -179,12 +188,19 @@ static __always_inline void event(__u32 source, __u64 address, __u64 bytes, __u3
 	}
 	/* A pool holds pool_size / block size objects (its header aside). */
 	objects = source == SOURCE_POOL ? bytes / (((__u64)szidx + 1) * BLOCK_ALIGNMENT) : 1;
-	block.hash = count_kept(pid, source, bytes, objects, p);
-	if (!block.hash)
+	e = bpf_map_lookup_elem(&kept_events, &zero);
+	if (!e)
 		return;
-	block.p = (__u32)p; /* 2^32 (certain) wraps to 0 */
-	if (bpf_map_update_elem(&kept_blocks, &place, &block, BPF_ANY))
-		count(MEMORY_KEPT_FULL);
+	e->pid = pid;
+	e->source = source;
+	e->szidx = szidx;
+	e->address = address;
+	e->block_bytes = block_bytes;
+	e->bytes = bytes;
+	e->objects = objects;
+	e->p = p;
+	bpf_tail_call(ctx, &walkers, 0);
+	count(MEMORY_NOT_WALKED);
 }
 
 SEC("uprobe")
@@ -200,17 +216,7 @@ int pool_opened(struct pt_regs *ctx)
 		count(MEMORY_BAD_POOL);
 		return 0;
 	}
-	event(SOURCE_POOL, pool, pool_size, szidx);
-	return 0;
-}
-
-SEC("uprobe")
-int raw_call(struct pt_regs *ctx)
-{
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	__u64 size = PT_REGS_PARM1(ctx);
-
-	bpf_map_update_elem(&raw_calls, &tid, &size, BPF_ANY);
+	event(ctx, SOURCE_POOL, pool, pool_size, szidx);
 	return 0;
 }
 
@@ -227,7 +233,17 @@ int raw_returned(struct pt_regs *ctx)
 	bytes = *size;
 	bpf_map_delete_elem(&raw_calls, &tid);
 	if (chunk)
-		event(SOURCE_BIG, chunk, bytes, 0);
+		event(ctx, SOURCE_BIG, chunk, bytes, 0);
+	return 0;
+}
+
+SEC("uprobe")
+int raw_call(struct pt_regs *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u64 size = PT_REGS_PARM1(ctx);
+
+	bpf_map_update_elem(&raw_calls, &tid, &size, BPF_ANY);
 	return 0;
 }
 

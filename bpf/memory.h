@@ -77,7 +77,22 @@ enum memory_counter {
 	MEMORY_BAD_POOL,         /* a pool header that could not be read when opened */
 	MEMORY_ALLOC_EVENTS,     /* --allocations: allocator entries seen */
 	MEMORY_ALLOC_NOT_KEPT,   /* --allocations: of those, not kept by the byte sampler */
+	MEMORY_NOT_WALKED,       /* kept events lost: the tail call to the walker failed */
 	MEMORY_COUNTER_COUNT,
+};
+
+/* A kept event, from the probe that saw it to the walker it tail-calls
+ * (one per CPU: a uprobe's programs run to the end on one CPU). */
+struct kept_event {
+	__u32 pid;
+	__u32 source;
+	__u32 szidx;
+	__u32 pad;
+	__u64 address;
+	__u64 block_bytes; /* as kept_block.bytes: the size asked for, unclamped */
+	__u64 bytes;       /* counted, at most MAX_EVENT_BYTES */
+	__u64 objects;
+	__u64 p;
 };
 
 struct memory_config {

@@ -194,6 +194,11 @@ smoke_tests=(
   "launch::a_shell_that_forks_the_python_is_followed"
   "launch::ctrl_c_mid_run_reaches_the_whole_tree"
   "launch::a_daemon_forked_just_before_pytrace_is_killed_gets_its_hook_back"
+  # memory's live split on pyenv's 3.12 (a small fixture run, by PID): 74 s
+  # on 5.10, 59 s on 6.1, 49 s on 6.12 (uprobe_multi). On 5.10 its bounded-loop walker takes 23.5 s to
+  # verify here and pytrace attaches after 25.5 s, near the 30 s common's
+  # start_tracer waits for that (past it, the test hangs: see git log).
+  "memory::pyenv_3_12::live_split_small"
 )
 # Only from 5.18 (bpf_copy_from_user_task); on older kernels
 # sample_idle_needs_5_18_and_says_so checks --idle's refusal instead.

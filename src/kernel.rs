@@ -3,8 +3,8 @@
 //! the kernel's BTF lists it in `enum bpf_func_id`, an attach type when
 //! `enum bpf_attach_type` does (those uapi enums are compiled into every
 //! kernel's BTF, so they say what this kernel has, backports included).
-//! Only BPF's compare-and-swap, which no enum names, is taken from the
-//! release.
+//! Only BPF's compare-and-swap and uprobe_multi's filter by process (a
+//! fix), which no enum names, are taken from the release.
 
 use std::ffi::OsStr;
 use std::sync::OnceLock;
@@ -48,10 +48,17 @@ pub enum Feature {
     /// (`calls`, `imports --mode uprobe`; before them, a uprobe and a
     /// uretprobe).
     UprobeSession,
+    /// A uprobe_multi link given a PID runs its program for every thread of
+    /// that process (6.6 to 6.9 ran it for the one thread whose id is the
+    /// PID: 46ba0e49b642, "bpf: fix multi-uprobe PID filtering logic"):
+    /// `memory` attaches its 500-odd probe sites of a stripped build as
+    /// one link per program, where it would otherwise open (and close, one
+    /// kernel grace period each) a perf event per site.
+    UprobeMultiByProcess,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 8] = [
+    pub const ALL: [Feature; 9] = [
         Feature::Ringbuf,
         Feature::AtomicCompareExchange,
         Feature::AttachCookie,
@@ -60,6 +67,7 @@ impl Feature {
         Feature::CopyFromUserTask,
         Feature::UprobeMulti,
         Feature::UprobeSession,
+        Feature::UprobeMultiByProcess,
     ];
 
     /// The mainline release that brought it.
@@ -73,6 +81,7 @@ impl Feature {
             Feature::CopyFromUserTask => (5, 18),
             Feature::UprobeMulti => (6, 6),
             Feature::UprobeSession => (6, 13),
+            Feature::UprobeMultiByProcess => (6, 10),
         }
     }
 
@@ -87,6 +96,7 @@ impl Feature {
             Feature::CopyFromUserTask => "bpf_copy_from_user_task",
             Feature::UprobeMulti => "uprobe_multi links",
             Feature::UprobeSession => "uprobe sessions",
+            Feature::UprobeMultiByProcess => "uprobe_multi links filtered by process",
         }
     }
 
@@ -101,6 +111,7 @@ impl Feature {
             Feature::CopyFromUserTask => Some(("bpf_func_id", "BPF_FUNC_copy_from_user_task")),
             Feature::UprobeMulti => Some(("bpf_attach_type", "BPF_TRACE_UPROBE_MULTI")),
             Feature::UprobeSession => Some(("bpf_attach_type", "BPF_TRACE_UPROBE_SESSION")),
+            Feature::UprobeMultiByProcess => None,
         }
     }
 }
@@ -171,6 +182,11 @@ impl Kernel {
         if feature == Feature::TaskPtRegs && std::env::var_os("PYTRACE_NO_TASK_PT_REGS").is_some() {
             return false;
         }
+        // PYTRACE_NO_UPROBE_MULTI=1 likewise takes memory's path of kernels
+        // before 6.10: a perf-event uprobe per site.
+        if feature == Feature::UprobeMultiByProcess && std::env::var_os("PYTRACE_NO_UPROBE_MULTI").is_some() {
+            return false;
+        }
         self.features.iter().any(|&(f, has)| f == feature && has)
     }
 
@@ -197,6 +213,9 @@ impl Kernel {
         }
         if !self.has(Feature::UprobeSession) {
             out.push("calls and imports (uprobe mode) attach a uprobe and a uretprobe to the eval function (one uprobe session needs Linux 6.13)".into());
+        }
+        if !self.has(Feature::UprobeMultiByProcess) {
+            out.push("memory attaches a uprobe per probe site (500-odd on a stripped build: seconds to attach and to detach under load; one uprobe_multi link filtered by process needs Linux 6.10)".into());
         }
         if !self.has(Feature::AtomicCompareExchange) {
             out.push("calls' maximum latency of a function can be understated when two CPUs end calls of it at the same instant (exact from Linux 5.12, whose BPF has compare-and-exchange)".into());

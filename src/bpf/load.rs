@@ -2,7 +2,8 @@
 //! the kernel's verifier refuses is reported as that, in one sentence
 //! quoting the verifier, with its whole log saved to a file the sentence
 //! names. PYTRACE_LIBBPF_LOG=1 prints every libbpf message as it comes
-//! (PYTRACE_LIBBPF_LOG=stats: with what verifying each program cost).
+//! (PYTRACE_LIBBPF_LOG=stats: with what verifying each program cost, and
+//! how long attaching took where a session says it).
 
 use std::io::Write;
 use std::sync::Mutex;
@@ -19,6 +20,18 @@ static MESSAGES: Mutex<String> = Mutex::new(String::new());
 const MESSAGES_CAP: usize = 32 << 20;
 /// libbpf's last warning, which says why an attach failed.
 static LAST_WARNING: Mutex<Option<String>> = Mutex::new(None);
+
+fn stats() -> bool {
+    std::env::var_os("PYTRACE_LIBBPF_LOG").is_some_and(|v| v == "stats")
+}
+
+/// PYTRACE_LIBBPF_LOG=stats: how long attaching `links` probes of
+/// `program` took, beside the verifier's costs (a start's other half).
+pub fn say_attach_stats(program: &str, links: usize, took: std::time::Duration) {
+    if stats() {
+        crate::console::err(&format!("pytrace: attached {links} links of the {program} program in {:.1} ms\n", took.as_secs_f64() * 1e3));
+    }
+}
 
 fn echo() -> bool {
     std::env::var_os("PYTRACE_LIBBPF_LOG").is_some_and(|v| v != "0")
@@ -51,7 +64,7 @@ pub fn take_libbpf_warning() -> Option<String> {
 
 /// Loads an opened skeleton; `program` names it in errors ("calls").
 pub fn load<'obj, S: OpenSkel<'obj>>(program: &str, mut open: S) -> Result<S::Output> {
-    if std::env::var_os("PYTRACE_LIBBPF_LOG").is_some_and(|v| v == "stats") {
+    if stats() {
         // Statistics only (level 4), printed for programs that load too.
         for mut prog in open.open_object_mut().progs_mut() {
             if prog.autoload() {

@@ -12,7 +12,7 @@ use std::mem::MaybeUninit;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use libbpf_rs::skel::SkelBuilder;
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 
 use super::sample::discovery::{Processes, PythonRef};
@@ -102,35 +102,30 @@ impl<'obj, 'a> Session<'obj, 'a> {
             let x = 2f64.powi(k as i32 - crate::bpf::memory::types::memory_exp::EXP_FRACTION_BITS.0 as i32);
             *slot = ((-x).exp() * 4294967296.0).min(4294967295.0) as u64;
         }
-        let skel = crate::bpf::load::load("memory", open)?;
-        let path = &python.elf.path;
-        let attach = |prog: &libbpf_rs::ProgramMut<'obj>, at: u64, what: &str| -> Result<Link> {
-            let offset = python.elf.file_offset(at)? as usize;
-            prog.attach_uprobe(false, pid as i32, path, offset).map_err(|e| attach_error(pid, e)).with_context(|| format!("failed to attach to {what} in {}", python.target_path))
-        };
-        let p = &skel.progs;
-        let mut links = Vec::new();
-        // Returns before calls: a call seen without its return would leave
-        // its size pending (counted unpaired otherwise).
-        for &at in &sites.raw_returned {
-            links.push(attach(&p.raw_returned, at, "the return of _PyObject_Malloc's call of PyMem_RawMalloc")?);
-        }
-        for &at in &sites.raw_calls {
-            links.push(attach(&p.raw_call, at, "_PyObject_Malloc's call of PyMem_RawMalloc")?);
-        }
-        for &at in &sites.calloc_returned {
-            links.push(attach(&p.raw_returned, at, "the return of obmalloc's call of the raw calloc")?);
-        }
-        for &at in &sites.calloc_calls {
-            links.push(attach(&p.raw_calloc_call, at, "obmalloc's call of the raw calloc")?);
-        }
-        for &at in &sites.pool_opened {
-            links.push(attach(&p.pool_opened, at, "the return of allocate_from_new_pool")?);
+        // The walker this kernel verifies fastest (see uses_bpf_loop), and
+        // how the probes attach (uses_uprobe_multi): chosen before the load,
+        // which fixes each program's attach type (a tail call's target must
+        // have its caller's).
+        let loops = uses_bpf_loop();
+        let multi = uses_uprobe_multi();
+        open.progs.walk_kept.set_autoload(!loops);
+        open.progs.walk_kept_loops.set_autoload(loops);
+        if multi {
+            for mut prog in open.open_object_mut().progs_mut() {
+                prog.set_attach_type(libbpf_rs::ProgramAttachType::TraceUprobeMulti);
+            }
         }
         if opts.allocations {
             let sites = python.allocation_sites().map_err(anyhow::Error::msg)?;
             links.extend(super::allocations::attach(&skel, python, pid, &sites)?);
         }
+        let skel = crate::bpf::load::load("memory", open)?;
+        let walker = if loops { &skel.progs.walk_kept_loops } else { &skel.progs.walk_kept };
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(walker)) as u32;
+        skel.maps.walkers.update(&0u32.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY).context("failed to hand the memory walker to its probes")?;
+        let attaching = std::time::Instant::now();
+        let links = attach(&skel, python, pid, &sites, multi)?;
+        crate::bpf::load::say_attach_stats("memory", links.len(), attaching.elapsed());
         let session = Session {
             skel,
             links: Links::new(links),
@@ -259,12 +254,43 @@ impl<'obj, 'a> Session<'obj, 'a> {
             ("bad_pool", Lost, "pool openings whose header could not be read", memory_counter::MEMORY_BAD_POOL.0),
             ("allocation_events", Informational, "allocations seen (--allocations)", memory_counter::MEMORY_ALLOC_EVENTS.0),
             ("allocation_not_kept", Informational, "of those, not kept by the byte sampler (their bytes are in the estimates)", memory_counter::MEMORY_ALLOC_NOT_KEPT.0),
+            ("not_walked", Lost, "kept events lost (the probe's tail call to the stack walker failed)", memory_counter::MEMORY_NOT_WALKED.0),
         ];
         let mut counters = read_counters(&self.skel.maps.counters, &names)?;
         counters.push("unnamed_stacks", Lost, "kept events whose stack's frames never reached pytrace", unnamed);
         let allocations = self.opts.allocations.then_some(allocated);
         Ok(MemoryData { stacks: rows.into_values().collect(), every: self.opts.every, blocks_read: live.read, blocks_gone: live.gone, counters, allocations })
     }
+}
+
+/// Attaches every probe site of `sites` to its program, returns before
+/// calls (a call seen without its return would leave its size pending,
+/// counted unpaired): one uprobe_multi link per program and kind of site
+/// with `multi`, else a perf-event uprobe per site.
+fn attach<'obj>(skel: &MemorySkel<'obj>, python: &Python, pid: u32, sites: &alloc_sites::AllocSites, multi: bool) -> Result<Vec<Link>> {
+    let p = &skel.progs;
+    let probes = [
+        (&p.raw_returned, &sites.raw_returned, "the return of _PyObject_Malloc's call of PyMem_RawMalloc"),
+        (&p.raw_call, &sites.raw_calls, "_PyObject_Malloc's call of PyMem_RawMalloc"),
+        (&p.raw_returned, &sites.calloc_returned, "the return of obmalloc's call of the raw calloc"),
+        (&p.raw_calloc_call, &sites.calloc_calls, "obmalloc's call of the raw calloc"),
+        (&p.pool_opened, &sites.pool_opened, "the return of allocate_from_new_pool"),
+    ];
+    let path = &python.elf.path;
+    let failed = |what: &str, e: libbpf_rs::Error| attach_error(pid, e).context(format!("failed to attach to {what} in {}", python.target_path));
+    let mut links = Vec::new();
+    for (prog, at, what) in probes {
+        let offsets = at.iter().map(|&at| Ok(python.elf.file_offset(at)? as usize)).collect::<Result<Vec<usize>>>()?;
+        if multi && !offsets.is_empty() {
+            let opts = libbpf_rs::UprobeMultiOpts { offsets, ..Default::default() };
+            links.push(prog.attach_uprobe_multi_with_opts(pid as i32, path, "", opts).map_err(|e| failed(what, e))?);
+            continue;
+        }
+        for offset in offsets {
+            links.push(prog.attach_uprobe(false, pid as i32, path, offset).map_err(|e| failed(what, e))?);
+        }
+    }
+    Ok(links)
 }
 
 /// A skeleton type from a map's bytes (they are that C struct's).
@@ -324,4 +350,25 @@ impl Tracing for Session<'_, '_> {
     fn finish(self) -> Result<MemoryData> {
         Session::finish(self)
     }
+}
+
+/// Whether the walker uses bpf_loop (5.17+), as sample's perf-event
+/// sampler does: the same program as the bounded-loop one, which the
+/// verifier checks pass by pass (409,000 instructions, 0.6 s of CPU at
+/// every start on 6.18; 700,000 and 12-24 s in the 5.10 VM) where it
+/// checks bpf_loop's bodies once.
+fn uses_bpf_loop() -> bool {
+    crate::kernel::Kernel::get().has(crate::kernel::Feature::BpfLoop)
+}
+
+/// Whether the probes attach as one uprobe_multi link per program (6.10+,
+/// where such a link given a PID fires for every thread of the process):
+/// a stripped build's 500-odd sites otherwise take a perf event each, and
+/// closing each waits for the tracing event mutex and, from 6.12, a grace
+/// period of its own, serialised with every other perf-event uprobe opened
+/// or closed on the host (measured on 6.18: 8-15 s to attach while earlier
+/// runs' closes were under way, 2 minutes and more for those closes).
+fn uses_uprobe_multi() -> bool {
+    let kernel = crate::kernel::Kernel::get();
+    kernel.has(crate::kernel::Feature::UprobeMulti) && kernel.has(crate::kernel::Feature::UprobeMultiByProcess)
 }

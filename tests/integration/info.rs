@@ -64,7 +64,7 @@ fn table_output_names_the_mode() {
 /// The mainline release each kernel feature pytrace looks for arrived in
 /// (from the kernel's own history, independent of how pytrace detects
 /// them: it reads the kernel's BTF).
-const FEATURES_SINCE: [(&str, (u32, u32)); 8] = [
+const FEATURES_SINCE: [(&str, (u32, u32)); 9] = [
     ("ringbuf", (5, 8)),
     ("atomic_compare_exchange", (5, 12)),
     ("attach_cookie", (5, 15)),
@@ -73,6 +73,8 @@ const FEATURES_SINCE: [(&str, (u32, u32)); 8] = [
     ("copy_from_user_task", (5, 18)),
     ("uprobe_multi", (6, 6)),
     ("uprobe_session", (6, 13)),
+    // A fix (46ba0e49b642), taken from the release: no enum names it.
+    ("uprobe_multi_by_process", (6, 10)),
 ];
 
 /// This kernel's release, as major and minor.

@@ -270,9 +270,11 @@ int raw_calloc_call(struct pt_regs *ctx)
  * object entry already counted. A call of `bytes` asked is kept with the
  * same sampler as the pool and chunk events and summed per stack in
  * `growth` under SOURCE_ALLOCATED (one object each). */
-static __always_inline void allocation(__u64 bytes)
+static __always_inline void allocation(void *ctx, __u64 bytes)
 {
 	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	struct kept_event *e;
+	__u32 zero = 0;
 	__u64 p;
 
 	count(MEMORY_ALLOC_EVENTS);
@@ -285,14 +287,28 @@ static __always_inline void allocation(__u64 bytes)
 		count(MEMORY_ALLOC_NOT_KEPT);
 		return;
 	}
-	count_kept(pid, SOURCE_ALLOCATED, bytes, 1, p);
+	/* Walked and counted by the walker, as a kept pool or chunk is; with
+	 * no block to follow (the walker knows SOURCE_ALLOCATED). */
+	e = bpf_map_lookup_elem(&kept_events, &zero);
+	if (!e)
+		return;
+	e->pid = pid;
+	e->source = SOURCE_ALLOCATED;
+	e->szidx = 0;
+	e->address = 0;
+	e->block_bytes = bytes;
+	e->bytes = bytes;
+	e->objects = 1;
+	e->p = p;
+	bpf_tail_call(ctx, &walkers, 0);
+	count(MEMORY_NOT_WALKED);
 }
 
 /* PyObject_Malloc(size), PyMem_Malloc(size). */
 SEC("uprobe")
 int allocation_malloc(struct pt_regs *ctx)
 {
-	allocation(PT_REGS_PARM1(ctx));
+	allocation(ctx, PT_REGS_PARM1(ctx));
 	return 0;
 }
 
@@ -303,7 +319,7 @@ int allocation_calloc(struct pt_regs *ctx)
 {
 	__u64 n = PT_REGS_PARM1(ctx), size = PT_REGS_PARM2(ctx);
 
-	allocation(size && n > MAX_EVENT_BYTES / size ? MAX_EVENT_BYTES : n * size);
+	allocation(ctx, size && n > MAX_EVENT_BYTES / size ? MAX_EVENT_BYTES : n * size);
 	return 0;
 }
 
@@ -312,6 +328,6 @@ int allocation_calloc(struct pt_regs *ctx)
 SEC("uprobe")
 int allocation_realloc(struct pt_regs *ctx)
 {
-	allocation(PT_REGS_PARM2(ctx));
+	allocation(ctx, PT_REGS_PARM2(ctx));
 	return 0;
 }

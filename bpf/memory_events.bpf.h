@@ -59,7 +59,8 @@ int MEMORY_PROGRAM(walk_kept)(struct pt_regs *ctx)
 	block.szidx = e->szidx;
 	block.source = e->source;
 	block.hash = WALK(count_kept)(e->pid, e->source, e->bytes, e->objects, e->p);
-	if (!block.hash)
+	/* --allocations' events are counted only: no block to follow. */
+	if (!block.hash || e->source == SOURCE_ALLOCATED)
 		return 0;
 	block.p = (__u32)e->p; /* 2^32 (certain) wraps to 0 */
 	if (bpf_map_update_elem(&kept_blocks, &place, &block, BPF_ANY))

@@ -115,16 +115,16 @@ impl<'obj, 'a> Session<'obj, 'a> {
                 prog.set_attach_type(libbpf_rs::ProgramAttachType::TraceUprobeMulti);
             }
         }
-        if opts.allocations {
-            let sites = python.allocation_sites().map_err(anyhow::Error::msg)?;
-            links.extend(super::allocations::attach(&skel, python, pid, &sites)?);
-        }
         let skel = crate::bpf::load::load("memory", open)?;
         let walker = if loops { &skel.progs.walk_kept_loops } else { &skel.progs.walk_kept };
         let fd = std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(walker)) as u32;
         skel.maps.walkers.update(&0u32.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY).context("failed to hand the memory walker to its probes")?;
         let attaching = std::time::Instant::now();
-        let links = attach(&skel, python, pid, &sites, multi)?;
+        let mut links = attach(&skel, python, pid, &sites, multi)?;
+        if opts.allocations {
+            let sites = python.allocation_sites().map_err(anyhow::Error::msg)?;
+            links.extend(super::allocations::attach(&skel, python, pid, &sites, multi)?);
+        }
         crate::bpf::load::say_attach_stats("memory", links.len(), attaching.elapsed());
         let session = Session {
             skel,

@@ -27,7 +27,9 @@ use crate::python::reading::pools::{self, Kept};
 use crate::python::Python;
 
 /// obmalloc's block size per size class step (bpf/memory.h).
-const BLOCK_ALIGNMENT: f64 = memory_alignment::BLOCK_ALIGNMENT.0 as f64;
+const BLOCK_ALIGNMENT: f64 = crate::python::layouts::heap::ALIGNMENT as f64;
+// The BPF side's copy (memory.h) is the same obmalloc ALIGNMENT.
+const _: () = assert!(memory_alignment::BLOCK_ALIGNMENT.0 as u64 == crate::python::layouts::heap::ALIGNMENT);
 
 const CHECK_EVERY: Duration = Duration::from_millis(250);
 

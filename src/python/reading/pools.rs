@@ -6,14 +6,14 @@
 //! (the pool's size class, the chunk's size), else the block was emptied
 //! or freed and reused since, and counts as gone.
 
+// obmalloc's block sizes are multiples of its ALIGNMENT (64-bit builds).
+use crate::python::layouts::heap::ALIGNMENT as BLOCK_ALIGNMENT;
 use crate::python::probes::alloc_sites::{POOL_COUNT_OFFSET, POOL_HEADER_BYTES, POOL_SZIDX_OFFSET};
 
 /// IOV_MAX on Linux.
 const IOV_MAX: usize = 1024;
 
-/// obmalloc's block sizes are multiples of this (ALIGNMENT, 64-bit builds).
-const BLOCK_ALIGNMENT: u64 = 16;
-/// Its largest size class index (512-byte blocks).
+/// obmalloc's largest size class index (512-byte blocks).
 const MAX_SZIDX: u32 = 31;
 
 /// glibc's chunk header flags in the size word.

@@ -19,6 +19,7 @@ mod tracing;
 static ALLOCATOR: out_of_memory::ExitWhenExhausted = out_of_memory::ExitWhenExhausted;
 
 fn main() {
+    out_of_memory::say_failed_thread_stacks();
     let cli = cli::Cli::parse_or_exit();
     bpf::load::capture_libbpf_messages();
     match cli.run() {

@@ -117,13 +117,13 @@ impl Python {
     /// what it calls). Err (the stub is probed then) if they do not, or if
     /// the calls are more than a CPython has.
     fn signal_calls(&self, cond_signal: u64, drop_gil: u64, save: &[u64]) -> Result<Vec<u64>, Missing> {
-        let text = self.decoded_text("the calls of pthread_cond_signal")?;
-        let calls: Vec<u64> = text
-            .iter()
-            .filter(|i| i.op_count() == 1 && i.op0_kind() == OpKind::NearBranch64 && is_stub(i.near_branch_target(), cond_signal))
-            .filter(|i| matches!(i.flow_control(), FlowControl::Call | FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch))
-            .map(|i| i.ip())
-            .collect();
+        let mut calls = Vec::new();
+        self.scan_text("the calls of pthread_cond_signal", |i| {
+            let branch = matches!(i.flow_control(), FlowControl::Call | FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch);
+            if branch && i.op_count() == 1 && i.op0_kind() == OpKind::NearBranch64 && is_stub(i.near_branch_target(), cond_signal) && calls.len() <= SIGNAL_CALLS_MAX {
+                calls.push(i.ip());
+            }
+        })?;
         if calls.len() > SIGNAL_CALLS_MAX {
             return Err(format!("{} calls of pthread_cond_signal, more than a CPython makes", calls.len()));
         }

@@ -180,6 +180,7 @@ impl Rearming {
     /// `weights`: the BPF map of each CPU's sample weight (a duplicate of
     /// its descriptor, shared by the threads).
     pub fn start(events: Vec<(i32, OwnedFd)>, hz: u64, weights: OwnedFd) -> Result<Self> {
+        crate::out_of_memory::ensure_room_for_threads(events.len())?;
         let mut rearming = Rearming { stop: Arc::new(AtomicBool::new(false)), threads: Vec::new() };
         let weights = Arc::new(weights);
         for (cpu, fd) in events {

@@ -55,6 +55,7 @@ impl IdlePacer {
     /// a delete.
     pub fn start(link: BorrowedFd<'_>, ticks: IdleTicks, counts_lock: Arc<Mutex<()>>) -> Result<Self> {
         let link = link.try_clone_to_owned().context("failed to duplicate the thread iterator's descriptor")?;
+        crate::out_of_memory::ensure_room_for_threads(1)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
         let thread = std::thread::Builder::new()

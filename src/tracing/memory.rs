@@ -278,21 +278,26 @@ fn attach<'obj>(skel: &MemorySkel<'obj>, python: &Python, pid: u32, sites: &allo
         (&p.raw_calloc_call, &sites.calloc_calls, "obmalloc's call of the raw calloc"),
         (&p.pool_opened, &sites.pool_opened, "the return of allocate_from_new_pool"),
     ];
-    let path = &python.elf.path;
-    let failed = |what: &str, e: libbpf_rs::Error| attach_error(pid, e).context(format!("failed to attach to {what} in {}", python.target_path));
     let mut links = Vec::new();
     for (prog, at, what) in probes {
-        let offsets = at.iter().map(|&at| Ok(python.elf.file_offset(at)? as usize)).collect::<Result<Vec<usize>>>()?;
-        if multi && !offsets.is_empty() {
-            let opts = libbpf_rs::UprobeMultiOpts { offsets, ..Default::default() };
-            links.push(prog.attach_uprobe_multi_with_opts(pid as i32, path, "", opts).map_err(|e| failed(what, e))?);
-            continue;
-        }
-        for offset in offsets {
-            links.push(prog.attach_uprobe(false, pid as i32, path, offset).map_err(|e| failed(what, e))?);
-        }
+        links.extend(attach_sites(prog, python, pid, at, multi, what)?);
     }
     Ok(links)
+}
+
+/// Attaches `prog` at the interpreter's link-time addresses `at` in
+/// process `pid`: one uprobe_multi link with `multi` (the attach type
+/// every memory program was then loaded with), else a perf-event uprobe
+/// per site. `what` names the sites in the sentence of a failure.
+pub(super) fn attach_sites(prog: &libbpf_rs::ProgramMut<'_>, python: &Python, pid: u32, at: &[u64], multi: bool, what: &str) -> Result<Vec<Link>> {
+    let path = &python.elf.path;
+    let failed = |e: libbpf_rs::Error| attach_error(pid, e).context(format!("failed to attach to {what} in {}", python.target_path));
+    let offsets = at.iter().map(|&at| Ok(python.elf.file_offset(at)? as usize)).collect::<Result<Vec<usize>>>()?;
+    if multi && !offsets.is_empty() {
+        let opts = libbpf_rs::UprobeMultiOpts { offsets, ..Default::default() };
+        return Ok(vec![prog.attach_uprobe_multi_with_opts(pid as i32, path, "", opts).map_err(failed)?]);
+    }
+    offsets.into_iter().map(|offset| prog.attach_uprobe(false, pid as i32, path, offset).map_err(failed)).collect()
 }
 
 /// A skeleton type from a map's bytes (they are that C struct's).

@@ -43,10 +43,22 @@ stage docs-check scripts/docs-check.sh || failed+=(docs-check)
 # Every row of the layout table regenerated from its CPython's own headers
 # (fetched and cached once) and compared: the table says what they say.
 stage layout-check scripts/layout-check.sh || failed+=(layout-check)
-stage cargo-test cargo test --release --locked --no-fail-fast || failed+=(cargo-test)
+# Its output is kept: a failing test's message is printed again at the
+# end, where a reader of the log's tail (past the kernels stage) sees it.
+cargo_test() {
+  mkdir -p target
+  cargo test --release --locked --no-fail-fast 2>&1 | tee target/cargo-test.log
+}
+stage cargo-test cargo_test || failed+=(cargo-test)
 # Debian's 5.10, 6.1 and 6.12 kernels (fetched and cached once), each
 # running the smoke tests in a VM; it prints the time per kernel.
 stage kernels scripts/kernels.sh test || failed+=(kernels)
+if [[ " ${failed[*]} " == *" cargo-test "* ]]; then
+  # Each failed test's captured output (40 lines at most), from the
+  # "---- NAME stdout ----" sections cargo prints after a binary's run.
+  echo "cargo-test's failures, again:" >&2
+  awk '/^---- .* ----$/ { p = 1; n = 0 } /^failures:$/ { p = 0 } p && n++ < 40' target/cargo-test.log >&2
+fi
 if [ ${#failed[@]} -gt 0 ]; then
   echo "scripts/test.sh: failed: ${failed[*]}" >&2
   exit 1

@@ -5,14 +5,16 @@
 # driven by playwright-core, to open --speedscope files in the speedscope app
 # (its npm package) and --flamegraph SVGs; snakeviz and gprof2dot for the
 # --pstats files; Prometheus, to scrape `pytrace agent`'s /metrics (the test
-# starts its own, on a free port, with its own configuration and storage).
+# starts its own, on a free port, with its own configuration and storage);
+# openssl, to make the private CA and server certificate of the agent's TLS
+# test.
 # Debian's packages, then npm and pip packages at pinned
 # versions cached under /var/cache/pytrace/viewers; safe to run again.
 #
 # Prints nothing on standard output; the tests find the cache at
 # $PYTRACE_VIEWERS (default /var/cache/pytrace/viewers).
 set -euo pipefail
-packages=(golang-go graphviz tmux chromium python3.11-venv prometheus)
+packages=(golang-go graphviz tmux chromium python3.11-venv prometheus openssl)
 # A Node.js from elsewhere (nodesource's bundles npm) will do.
 command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()

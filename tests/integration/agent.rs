@@ -47,27 +47,33 @@ struct Receiver {
 
 impl Receiver {
     fn start(dir: PathBuf, down: bool) -> Receiver {
-        Receiver::start_script(dir, down, PYTHON.into(), "pyroscope_ingest.py")
+        Receiver::start_script(dir, down, PYTHON.into(), "pyroscope_ingest.py", None)
     }
 
     /// The OTLP receiver, in the venv scripts/test-tools.sh makes.
     fn start_otlp(dir: PathBuf) -> Receiver {
-        Receiver::start_script(dir, false, receivers_python(), "otlp_profiles.py")
+        Receiver::start_script(dir, false, receivers_python(), "otlp_profiles.py", None)
     }
 
     /// The gRPC receiver (OTLP and Parca), in the same venv: Parca's
     /// profiles in DIR/parca, OTLP's in DIR/otlp.
     fn start_grpc(dir: PathBuf) -> Receiver {
-        Receiver::start_script(dir, false, receivers_python(), "grpc_profiles.py")
+        Receiver::start_script(dir, false, receivers_python(), "grpc_profiles.py", None)
     }
 
-    fn start_script(dir: PathBuf, down: bool, python: PathBuf, script: &str) -> Receiver {
+    /// `tls`: the server's certificate and key, served over TLS.
+    fn start_script(dir: PathBuf, down: bool, python: PathBuf, script: &str, tls: Option<&Certificates>) -> Receiver {
         std::fs::create_dir_all(&dir).unwrap();
         if down {
             std::fs::write(dir.join("down"), "").unwrap();
         }
         let script = format!("{}/tests/receivers/{script}", env!("CARGO_MANIFEST_DIR"));
-        let mut child = Command::new(python).arg(script).arg(&dir).stdout(Stdio::piped()).spawn().expect("start the receiver");
+        let mut command = Command::new(python);
+        command.arg(script).arg(&dir);
+        if let Some(tls) = tls {
+            command.arg(&tls.server).arg(&tls.key);
+        }
+        let mut child = command.stdout(Stdio::piped()).spawn().expect("start the receiver");
         let mut line = String::new();
         BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
         let port = line.trim().parse().unwrap_or_else(|_| panic!("the receiver said {line:?}, not its port"));
@@ -566,6 +572,123 @@ fn sighup_reloads_the_configuration() {
     wait_until("the bad file is reported", limit, || log_text().contains("the configuration was not reloaded"));
     let in_second = files(&second);
     wait_until("the agent going on with the second directory", limit, || files(&second) > in_second);
+    signal(agent.pid(), libc::SIGTERM);
+    assert_eq!(agent.0.wait().unwrap().code(), Some(0), "{}", log_text());
+}
+
+/// A private CA and a server certificate it signed, for 127.0.0.1, made
+/// by openssl as an operator would (the CA's is what `ca_file` names).
+struct Certificates {
+    ca: PathBuf,
+    server: PathBuf,
+    key: PathBuf,
+}
+
+fn make_certificates(dir: &Path) -> Certificates {
+    let at = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).output().expect("run openssl (scripts/test-tools.sh installs it)");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let p256 = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    openssl(&[&["req", "-x509"][..], &p256, &["-keyout", &at("ca.key"), "-out", &at("ca.pem"), "-days", "2", "-subj", "/CN=pytrace test CA"]].concat());
+    openssl(&[&["req"][..], &p256, &["-keyout", &at("server.key"), "-out", &at("server.csr"), "-subj", "/CN=127.0.0.1"]].concat());
+    std::fs::write(dir.join("server.ext"), "subjectAltName = IP:127.0.0.1\nbasicConstraints = CA:FALSE\nextendedKeyUsage = serverAuth\n").unwrap();
+    openssl(&["x509", "-req", "-in", &at("server.csr"), "-CA", &at("ca.pem"), "-CAkey", &at("ca.key"), "-CAcreateserial", "-days", "2", "-extfile", &at("server.ext"), "-out", &at("server.pem")]);
+    Certificates { ca: dir.join("ca.pem"), server: dir.join("server.pem"), key: dir.join("server.key") }
+}
+
+/// Every protocol over TLS to receivers whose certificate a private CA
+/// signed: with `ca_file` naming that CA, each receiver (Python's ssl for
+/// the two HTTP ones, grpcio's TLS for OTLP and Parca over gRPC) decodes
+/// intervals of the service, labelled; a destination without `ca_file`
+/// (its server's certificate then unknown to the webpki roots), over
+/// HTTPS and over gRPC, gets nothing, and its failures are counted on
+/// /metrics and said in a sentence that names the unknown CA and ca_file.
+#[test]
+fn tls_destinations_trust_their_ca_file_and_no_other() {
+    let _machine = common::shared();
+    let tmp = tempfile::tempdir().unwrap();
+    let certificates = make_certificates(tmp.path());
+    let tls = Some(&certificates);
+    let ingest = Receiver::start_script(tmp.path().join("ingest"), false, PYTHON.into(), "pyroscope_ingest.py", tls);
+    let untrusted = Receiver::start_script(tmp.path().join("untrusted"), false, PYTHON.into(), "pyroscope_ingest.py", tls);
+    let otlp = Receiver::start_script(tmp.path().join("otlp"), false, receivers_python(), "otlp_profiles.py", tls);
+    let grpc = Receiver::start_script(tmp.path().join("grpc"), false, receivers_python(), "grpc_profiles.py", tls);
+    let untrusted_grpc = Receiver::start_script(tmp.path().join("untrusted-grpc"), false, receivers_python(), "grpc_profiles.py", tls);
+    let metrics_port = free_port();
+    let ca = certificates.ca.display();
+    let config = format!(
+        r#"
+interval = "1s"
+frequency = 97
+[metrics]
+address = "127.0.0.1:{metrics_port}"
+[[destinations]]
+kind = "pyroscope"
+url = "https://127.0.0.1:{}"
+ca_file = "{ca}"
+[[destinations]]
+kind = "otlp"
+url = "https://127.0.0.1:{}"
+ca_file = "{ca}"
+[[destinations]]
+kind = "otlp"
+name = "otlp-grpc"
+protocol = "grpc"
+url = "https://127.0.0.1:{}"
+ca_file = "{ca}"
+[[destinations]]
+kind = "parca"
+url = "https://127.0.0.1:{}"
+ca_file = "{ca}"
+[[destinations]]
+kind = "pyroscope"
+name = "untrusted"
+url = "https://127.0.0.1:{}"
+retry_initial = "200ms"
+retry_max = "1s"
+[[destinations]]
+kind = "parca"
+name = "untrusted-grpc"
+url = "https://127.0.0.1:{}"
+retry_initial = "200ms"
+retry_max = "1s"
+"#,
+        ingest.port, otlp.port, grpc.port, grpc.port, untrusted.port, untrusted_grpc.port
+    );
+    let config_path = tmp.path().join("agent.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let truth = tmp.path().join("split.json");
+    let (_service, pid) = service("OTEL_SERVICE_NAME", "agent-tls", &truth, false);
+    let log = std::fs::File::create(tmp.path().join("agent.log")).unwrap();
+    let mut agent = Proc(Command::new(PYTRACE).args(["agent", "--config"]).arg(&config_path).stdout(Stdio::null()).stderr(log).spawn().unwrap());
+    let log_text = || std::fs::read_to_string(tmp.path().join("agent.log")).unwrap_or_default();
+
+    let mine_at_ingest = || intervals_of(&ingest.received(), "agent-tls").len();
+    let mine_over_otlp = |dir: &Path| otlp_received(dir).into_iter().filter(|p| p["attributes"]["service.name"] == "agent-tls").collect::<Vec<_>>();
+    let mine_at_parca = || received_in(&grpc.dir.join("parca")).into_iter().filter(|(m, _)| m["labels"]["service_name"] == "agent-tls").count();
+    wait_until("two intervals of the service at each TLS receiver", Duration::from_secs(60), || {
+        mine_at_ingest() >= 2 && mine_over_otlp(&otlp.dir).len() >= 2 && mine_over_otlp(&grpc.dir.join("otlp")).len() >= 2 && mine_at_parca() >= 2
+    });
+    for (protocol, got) in [("HTTP", mine_over_otlp(&otlp.dir)), ("gRPC", mine_over_otlp(&grpc.dir.join("otlp")))] {
+        for p in got {
+            assert_eq!(p["attributes"]["process.pid"].as_u64(), Some(pid as u64), "OTLP over {protocol} with TLS: {p}");
+        }
+    }
+    let scraped = scrape(metrics_port);
+    for name in ["untrusted", "untrusted-grpc"] {
+        let failures = scraped.get(&format!("pytrace_agent_push_failures_total{{destination=\"{name}\"}}")).copied().unwrap_or(0.0);
+        assert!(failures >= 1.0, "{name}'s failures are not counted: {scraped:?}");
+        let said: Vec<String> = log_text().lines().filter(|l| l.contains(&format!("destination {name} "))).map(String::from).collect();
+        assert!(said.iter().any(|l| l.contains("UnknownIssuer") && l.contains("ca_file")), "{name}'s failure does not say the certificate's CA is unknown: {said:?}");
+    }
+    assert!(untrusted.received().is_empty(), "a server whose certificate no trusted CA signed took a profile over HTTPS");
+    assert!(received_in(&untrusted_grpc.dir.join("parca")).is_empty(), "a server whose certificate no trusted CA signed took a profile over gRPC");
+    for name in ["pyroscope", "otlp", "otlp-grpc", "parca"] {
+        let failed = scraped.get(&format!("pytrace_agent_push_failures_total{{destination=\"{name}\"}}")).copied().unwrap_or(0.0);
+        assert_eq!(failed, 0.0, "{name} failed over TLS: {}", log_text());
+    }
     signal(agent.pid(), libc::SIGTERM);
     assert_eq!(agent.0.wait().unwrap().code(), Some(0), "{}", log_text());
 }

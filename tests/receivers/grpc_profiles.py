@@ -12,9 +12,10 @@ server serving both
   saved as DIR/parca/N.pb.gz for Go's pprof reader, and described in
   DIR/parca/N.json: its labels, the request's tenant and normalized flag,
   the metadata, and the pprof's size unzipped.
-It prints its port on its first line.
+It prints its port on its first line. Given a certificate and its key
+(PEM), it serves gRPC over TLS (grpcio's own server credentials).
 
-    python3 grpc_profiles.py DIR
+    python3 grpc_profiles.py DIR [CERT KEY]
 """
 import concurrent.futures
 import gzip
@@ -92,7 +93,12 @@ os.makedirs(os.path.join(DIR, "parca"), exist_ok=True)
 server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
 otlp_grpc.add_ProfilesServiceServicer_to_server(Profiles(), server)
 parca_grpc.add_ProfileStoreServiceServicer_to_server(ProfileStore(), server)
-port = server.add_insecure_port("127.0.0.1:0")
+if len(sys.argv) > 3:
+    with open(sys.argv[2], "rb") as cert, open(sys.argv[3], "rb") as key:
+        credentials = grpc.ssl_server_credentials([(key.read(), cert.read())])
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+else:
+    port = server.add_insecure_port("127.0.0.1:0")
 server.start()
 print(port, flush=True)
 server.wait_for_termination()

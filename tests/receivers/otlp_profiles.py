@@ -5,16 +5,18 @@ project's own Python messages (PyPI's opentelemetry-proto), and each
 profile is saved as DIR/N.json: its resource attributes, start and
 duration, sample type, and its stacks (function names, leaf first) with
 their counts, resolved through the request's dictionary. It answers with
-an ExportProfilesServiceResponse. It prints its port on its first line. grpc_profiles.py decodes its gRPC
-requests with profiles_of from here.
+an ExportProfilesServiceResponse. It prints its port on its first line.
+Given a certificate and its key (PEM), it serves HTTPS (tls_serving.py).
+grpc_profiles.py decodes its gRPC requests with profiles_of from here.
 
-    python3 otlp_profiles.py DIR
+    python3 otlp_profiles.py DIR [CERT KEY]
 """
 import http.server
 import json
 import os
 import sys
 
+from tls_serving import serve_tls_if_asked
 from opentelemetry.proto.collector.profiles.v1development import profiles_service_pb2 as service
 
 COUNT = [0]
@@ -77,6 +79,6 @@ class Receiver(http.server.BaseHTTPRequestHandler):
 
 
 if __name__ == "__main__":
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    server = serve_tls_if_asked(http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver), sys.argv[2:])
     print(server.server_address[1], flush=True)
     server.serve_forever()

@@ -2,15 +2,18 @@
 tests: it saves every body it takes as DIR/N.pb.gz with DIR/N.json beside
 it (the query's name, from, until, format and the auth and tenant headers),
 answers 200, and can be told to be down: while DIR/down exists it answers
-503 and saves nothing. It prints its port on its first line.
+503 and saves nothing. It prints its port on its first line. Given a
+certificate and its key (PEM), it serves HTTPS (tls_serving.py).
 
-    python3 pyroscope_ingest.py DIR
+    python3 pyroscope_ingest.py DIR [CERT KEY]
 """
 import http.server
 import json
 import os
 import sys
 import urllib.parse
+
+from tls_serving import serve_tls_if_asked
 
 DIR = sys.argv[1]
 COUNT = [0]
@@ -45,6 +48,6 @@ class Ingest(http.server.BaseHTTPRequestHandler):
         pass
 
 
-server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ingest)
+server = serve_tls_if_asked(http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ingest), sys.argv[2:])
 print(server.server_address[1], flush=True)
 server.serve_forever()

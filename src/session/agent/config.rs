@@ -15,6 +15,8 @@ use serde::Deserialize;
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// The largest secret file read (a token or a password).
 const MAX_SECRET_BYTES: u64 = 64 << 10;
+/// The largest CA file read (a bundle of a few hundred certificates).
+const MAX_CA_BYTES: u64 = 1 << 20;
 
 /// The agent's settings, checked.
 #[derive(Debug, Clone)]
@@ -49,12 +51,26 @@ pub enum DestinationKind {
     /// Rotating pprof files in a local directory, at most `max_bytes` in all.
     Directory { path: PathBuf, max_bytes: u64 },
     /// Grafana Pyroscope's HTTP `/ingest`.
-    Pyroscope { url: String, auth: Auth, tenant: Option<String>, timeout: Duration },
+    Pyroscope(Remote),
     /// OTLP profiles over HTTP/protobuf (`URL/v1development/profiles`) or
     /// gRPC (`ProfilesService/Export`).
-    Otlp { url: String, auth: Auth, tenant: Option<String>, timeout: Duration, protocol: OtlpProtocol },
+    Otlp(Remote, OtlpProtocol),
     /// Parca's `ProfileStoreService/WriteRaw` (gRPC).
-    Parca { url: String, auth: Auth, tenant: Option<String>, timeout: Duration },
+    Parca(Remote),
+}
+
+/// How a destination across the network is reached, whatever its protocol.
+#[derive(Debug, Clone)]
+pub struct Remote {
+    /// http:// or https://, without a trailing '/'.
+    pub url: String,
+    pub auth: Auth,
+    /// Sent as `X-Scope-OrgID` (HTTP) or `x-scope-orgid` (gRPC metadata).
+    pub tenant: Option<String>,
+    pub timeout: Duration,
+    /// `ca_file`'s certificates (PEM, checked), trusted besides the
+    /// webpki roots: a private CA's server, over https:// only.
+    pub ca_pem: Option<Vec<u8>>,
 }
 
 /// How an OTLP destination sends: `protocol = "http"` (the default, port
@@ -133,6 +149,8 @@ struct FileDestination {
     retry_max: Option<String>,
     /// An OTLP destination's "http" or "grpc".
     protocol: Option<String>,
+    /// PEM certificates of the CA that signed an https:// server's.
+    ca_file: Option<PathBuf>,
 }
 
 impl Config {
@@ -244,11 +262,12 @@ fn destination(d: FileDestination) -> Result<Destination> {
                 (None, None, None) => Auth::None,
             };
             let timeout = d.timeout.as_deref().map(|t| duration(t, "timeout")).transpose()?.unwrap_or(Duration::from_secs(10));
-            let url = url.trim_end_matches('/').to_string();
+            let ca_pem = d.ca_file.as_deref().map(|path| trusted_ca(path, &url)).transpose()?;
+            let remote = Remote { url: url.trim_end_matches('/').to_string(), auth, tenant: d.tenant, timeout, ca_pem };
             match d.kind.as_str() {
-                "otlp" => DestinationKind::Otlp { url, auth, tenant: d.tenant, timeout, protocol },
-                "parca" => DestinationKind::Parca { url, auth, tenant: d.tenant, timeout },
-                _ => DestinationKind::Pyroscope { url, auth, tenant: d.tenant, timeout },
+                "otlp" => DestinationKind::Otlp(remote, protocol),
+                "parca" => DestinationKind::Parca(remote),
+                _ => DestinationKind::Pyroscope(remote),
             }
         }
         other => bail!("unknown destination kind {other:?}: the kinds are \"directory\", \"pyroscope\", \"otlp\" and \"parca\""),
@@ -342,6 +361,20 @@ fn secret(path: &Path) -> Result<String> {
     Ok(text)
 }
 
+/// `ca_file`'s bytes, once they are known to hold at least one PEM
+/// certificate (a file that does not fails the configuration now, not
+/// every push later with a TLS error).
+fn trusted_ca(path: &Path, url: &str) -> Result<Vec<u8>> {
+    if !url.starts_with("https://") {
+        bail!("ca_file is for an https:// url, and {url:?} is not one");
+    }
+    let pem = read_bounded(path, MAX_CA_BYTES, "CA file")?;
+    match reqwest::Certificate::from_pem_bundle(&pem) {
+        Ok(certificates) if !certificates.is_empty() => Ok(pem),
+        _ => bail!("the CA file {} holds no PEM certificate (\"-----BEGIN CERTIFICATE-----\")", path.display()),
+    }
+}
+
 fn read_bounded(path: &Path, max: u64, what: &str) -> Result<Vec<u8>> {
     crate::process::files::read_local_report(path, max).with_context(|| format!("cannot read the {what} {}", path.display()))
 }
@@ -374,9 +407,24 @@ mod tests {
         assert!(check(parse("[[destinations]]\nkind = \"pyroscope\"\nurl = \"ftp://x\"").unwrap()).is_err());
         assert!(check(parse("[[destinations]]\nkind = \"kafka\"").unwrap()).is_err());
         let grpc = check(parse("[[destinations]]\nkind = \"otlp\"\nprotocol = \"grpc\"\nurl = \"http://c:4317\"\n[[destinations]]\nkind = \"parca\"\nurl = \"https://p\"").unwrap()).unwrap();
-        assert!(matches!(grpc.destinations[0].kind, DestinationKind::Otlp { protocol: OtlpProtocol::Grpc, .. }));
-        assert!(matches!(grpc.destinations[1].kind, DestinationKind::Parca { .. }));
+        assert!(matches!(grpc.destinations[0].kind, DestinationKind::Otlp(_, OtlpProtocol::Grpc)));
+        assert!(matches!(grpc.destinations[1].kind, DestinationKind::Parca(_)));
         assert!(check(parse("[[destinations]]\nkind = \"otlp\"\nprotocol = \"udp\"\nurl = \"http://c\"").unwrap()).is_err());
         assert!(check(parse("[[destinations]]\nkind = \"parca\"\nprotocol = \"grpc\"\nurl = \"http://c\"").unwrap()).is_err());
+    }
+
+    /// A `ca_file` is refused, naming why, for a plain http:// url and for
+    /// a file that holds no certificate; tests/integration/agent.rs's TLS
+    /// test takes a real one through every protocol.
+    #[test]
+    fn ca_file_is_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let not_pem = dir.path().join("ca.pem");
+        std::fs::write(&not_pem, "not a certificate\n").unwrap();
+        let with = |url: &str| check(parse(&format!("[[destinations]]\nkind = \"pyroscope\"\nurl = \"{url}\"\nca_file = \"{}\"", not_pem.display())).unwrap());
+        let error = format!("{:#}", with("http://p:4040").unwrap_err());
+        assert!(error.contains("ca_file is for an https:// url"), "{error}");
+        let error = format!("{:#}", with("https://p:4040").unwrap_err());
+        assert!(error.contains("holds no PEM certificate"), "{error}");
     }
 }

@@ -204,7 +204,7 @@ impl Agent {
                     continue;
                 }
             };
-            let otlp = self.config.destinations.iter().any(|d| matches!(d.kind, config::DestinationKind::Otlp { .. })).then(|| profile.to_otlp(start_unix_ns, &resource_attributes(&labels)));
+            let otlp = self.config.destinations.iter().any(|d| matches!(d.kind, config::DestinationKind::Otlp(..))).then(|| profile.to_otlp(start_unix_ns, &resource_attributes(&labels)));
             self.metrics.samples.fetch_add(count, Ordering::Relaxed);
             self.metrics.profiles.fetch_add(1, Ordering::Relaxed);
             let exported = Arc::new(Exported { interval: self.cuts, pid, service: process.service, labels, start_unix_ns, end_unix_ns: unix_ns(end_wall), pprof, otlp });

@@ -6,16 +6,15 @@
 //! a retry.
 
 use std::future::Future;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use base64::Engine;
 use tonic::metadata::{MetadataMap, MetadataValue};
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::Code;
 
 use super::PushError;
-use crate::session::agent::config::Auth;
+use crate::session::agent::config::{Auth, Remote};
 
 pub struct Grpc {
     runtime: tokio::runtime::Runtime,
@@ -27,7 +26,8 @@ impl Grpc {
     /// A channel to `url` (http:// or https://), connected on first use
     /// and again after a failure, so a receiver down at startup is a
     /// retry, not a failure to start.
-    pub fn new(url: &str, auth: &Auth, tenant: Option<&str>, timeout: Duration) -> Result<Self> {
+    pub fn new(remote: &Remote) -> Result<Self> {
+        let (url, timeout) = (remote.url.as_str(), remote.timeout);
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the gRPC client's runtime")?;
         let mut endpoint = Endpoint::from_shared(url.to_string())
             .with_context(|| format!("bad gRPC url {url}"))?
@@ -36,14 +36,18 @@ impl Grpc {
             .user_agent(concat!("pytrace-agent/", env!("CARGO_PKG_VERSION")))
             .context("bad user agent")?;
         if url.starts_with("https://") {
-            endpoint = endpoint.tls_config(ClientTlsConfig::new().with_webpki_roots()).with_context(|| format!("cannot set up TLS for {url}"))?;
+            let mut tls = ClientTlsConfig::new().with_webpki_roots();
+            if let Some(pem) = &remote.ca_pem {
+                tls = tls.ca_certificate(Certificate::from_pem(pem));
+            }
+            endpoint = endpoint.tls_config(tls).with_context(|| format!("cannot set up TLS for {url}"))?;
         }
         // The channel's buffer task is spawned on the runtime it is made in.
         let channel = {
             let _inside = runtime.enter();
             endpoint.connect_lazy()
         };
-        Ok(Grpc { runtime, channel, metadata: metadata(auth, tenant)? })
+        Ok(Grpc { runtime, channel, metadata: metadata(&remote.auth, remote.tenant.as_deref())? })
     }
 
     /// A request carrying the destination's credentials and tenant.

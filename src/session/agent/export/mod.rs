@@ -46,10 +46,10 @@ impl Running {
     pub fn start(config: &config::Destination) -> Result<Running> {
         let destination: Box<dyn Destination> = match &config.kind {
             DestinationKind::Directory { path, max_bytes } => Box::new(directory::Directory::new(path, *max_bytes)?),
-            DestinationKind::Pyroscope { url, auth, tenant, timeout } => Box::new(pyroscope::Pyroscope::new(url, auth.clone(), tenant.clone(), *timeout)?),
-            DestinationKind::Otlp { url, auth, tenant, timeout, protocol: OtlpProtocol::Http } => Box::new(otlp::Otlp::new(url, auth.clone(), tenant.clone(), *timeout)?),
-            DestinationKind::Otlp { url, auth, tenant, timeout, protocol: OtlpProtocol::Grpc } => Box::new(otlp_grpc::OtlpGrpc::new(url, auth, tenant.as_deref(), *timeout)?),
-            DestinationKind::Parca { url, auth, tenant, timeout } => Box::new(parca::Parca::new(url, auth, tenant.as_deref(), *timeout)?),
+            DestinationKind::Pyroscope(remote) => Box::new(pyroscope::Pyroscope::new(remote)?),
+            DestinationKind::Otlp(remote, OtlpProtocol::Http) => Box::new(otlp::Otlp::new(remote)?),
+            DestinationKind::Otlp(remote, OtlpProtocol::Grpc) => Box::new(otlp_grpc::OtlpGrpc::new(remote)?),
+            DestinationKind::Parca(remote) => Box::new(parca::Parca::new(remote)?),
         };
         let metrics = Arc::new(DestinationMetrics::new(&config.name));
         let buffer = Arc::new(Buffer::new(config.buffer, metrics.clone()));
@@ -72,13 +72,16 @@ impl Running {
     }
 }
 
-/// The HTTP client of a destination: its timeout, pytrace's user agent.
-fn http_client(timeout: Duration) -> Result<reqwest::blocking::Client> {
-    reqwest::blocking::Client::builder()
-        .timeout(timeout)
-        .user_agent(concat!("pytrace-agent/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .context("cannot make the HTTP client")
+/// The HTTP client of a destination: its timeout, pytrace's user agent,
+/// and its `ca_file` trusted besides the webpki roots.
+fn http_client(remote: &config::Remote) -> Result<reqwest::blocking::Client> {
+    let mut builder = reqwest::blocking::Client::builder().timeout(remote.timeout).user_agent(concat!("pytrace-agent/", env!("CARGO_PKG_VERSION")));
+    if let Some(pem) = &remote.ca_pem {
+        for certificate in reqwest::Certificate::from_pem_bundle(pem).context("the CA file no longer parses")? {
+            builder = builder.add_root_certificate(certificate);
+        }
+    }
+    builder.build().context("cannot make the HTTP client")
 }
 
 /// A request with the destination's credentials and tenant header.
@@ -91,6 +94,16 @@ fn authorized(request: reqwest::blocking::RequestBuilder, auth: &config::Auth, t
     match tenant {
         Some(tenant) => request.header("X-Scope-OrgID", tenant),
         None => request,
+    }
+}
+
+/// What to do about a failure whose cause is a setting: rustls says
+/// "UnknownIssuer" for a server whose certificate no trusted CA signed.
+fn hint(why: &str) -> &'static str {
+    if why.contains("UnknownIssuer") {
+        " (the server's certificate is not signed by a CA the agent trusts: name its CA in the destination's ca_file)"
+    } else {
+        ""
     }
 }
 
@@ -118,7 +131,7 @@ fn push_loop(mut destination: Box<dyn Destination>, buffer: &Buffer, metrics: &D
             Err(PushError::Retry(why)) => {
                 metrics.failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if !failing {
-                    crate::console::err(&format!("pytrace agent: destination {name} failed, retrying with backoff: {why}\n"));
+                    crate::console::err(&format!("pytrace agent: destination {name} failed, retrying with backoff: {why}{}\n", hint(&why)));
                 }
                 failing = true;
                 if !buffer.back_off(jitter.around(wait)) {

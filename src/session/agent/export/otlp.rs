@@ -4,12 +4,10 @@
 //! receiver takes it. A 2xx is taken, a 429, 502, 503, 504 or no answer
 //! retried (OTLP/HTTP's retryable codes), any other status refused.
 
-use std::time::Duration;
-
 use anyhow::{Context, Result};
 
 use super::{Destination, PushError};
-use crate::session::agent::config::Auth;
+use crate::session::agent::config::{Auth, Remote};
 use crate::session::agent::Exported;
 
 pub struct Otlp {
@@ -20,9 +18,9 @@ pub struct Otlp {
 }
 
 impl Otlp {
-    pub fn new(url: &str, auth: Auth, tenant: Option<String>, timeout: Duration) -> Result<Self> {
-        let url = reqwest::Url::parse(&format!("{url}/v1development/profiles")).with_context(|| format!("bad otlp url {url}"))?;
-        Ok(Otlp { client: super::http_client(timeout)?, url, auth, tenant })
+    pub fn new(remote: &Remote) -> Result<Self> {
+        let url = reqwest::Url::parse(&format!("{}/v1development/profiles", remote.url)).with_context(|| format!("bad otlp url {}", remote.url))?;
+        Ok(Otlp { client: super::http_client(remote)?, url, auth: remote.auth.clone(), tenant: remote.tenant.clone() })
     }
 }
 

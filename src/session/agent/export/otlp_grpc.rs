@@ -5,7 +5,6 @@
 //! destination posts (report/profile/otlp.rs). A partial success that
 //! rejected the profile is a refusal.
 
-use std::time::Duration;
 
 use anyhow::Result;
 use opentelemetry_proto::tonic::collector::profiles::v1development::profiles_service_client::ProfilesServiceClient;
@@ -15,7 +14,7 @@ use tonic::transport::Channel;
 
 use super::grpc::{self, Grpc};
 use super::{Destination, PushError};
-use crate::session::agent::config::Auth;
+use crate::session::agent::config::Remote;
 use crate::session::agent::Exported;
 
 pub struct OtlpGrpc {
@@ -24,8 +23,8 @@ pub struct OtlpGrpc {
 }
 
 impl OtlpGrpc {
-    pub fn new(url: &str, auth: &Auth, tenant: Option<&str>, timeout: Duration) -> Result<Self> {
-        let grpc = Grpc::new(url, auth, tenant, timeout)?;
+    pub fn new(remote: &Remote) -> Result<Self> {
+        let grpc = Grpc::new(remote)?;
         let client = ProfilesServiceClient::new(grpc.channel.clone());
         Ok(OtlpGrpc { grpc, client })
     }

@@ -13,7 +13,6 @@
 //! changed since v1alpha1 was published. The call goes through tonic's
 //! generic unary client.
 
-use std::time::Duration;
 
 use anyhow::Result;
 use tonic::codegen::http::uri::PathAndQuery;
@@ -21,7 +20,7 @@ use tonic::transport::Channel;
 
 use super::grpc::{self, Grpc};
 use super::{Destination, PushError};
-use crate::session::agent::config::Auth;
+use crate::session::agent::config::Remote;
 use crate::session::agent::Exported;
 
 const WRITE_RAW: &str = "/parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw";
@@ -76,10 +75,10 @@ pub struct Parca {
 }
 
 impl Parca {
-    pub fn new(url: &str, auth: &Auth, tenant: Option<&str>, timeout: Duration) -> Result<Self> {
-        let grpc = Grpc::new(url, auth, tenant, timeout)?;
+    pub fn new(remote: &Remote) -> Result<Self> {
+        let grpc = Grpc::new(remote)?;
         let client = tonic::client::Grpc::new(grpc.channel.clone());
-        Ok(Parca { grpc, client, tenant: tenant.unwrap_or_default().to_string() })
+        Ok(Parca { grpc, client, tenant: remote.tenant.clone().unwrap_or_default() })
     }
 }
 

@@ -3,12 +3,10 @@
 //! gzipped pprof profile (Pyroscope's own agents send the same). A 2xx is
 //! taken, a 429 or 5xx or no answer retried, any other 4xx refused.
 
-use std::time::Duration;
-
 use anyhow::{Context, Result};
 
 use super::{Destination, PushError};
-use crate::session::agent::config::Auth;
+use crate::session::agent::config::{Auth, Remote};
 use crate::session::agent::Exported;
 
 pub struct Pyroscope {
@@ -19,9 +17,9 @@ pub struct Pyroscope {
 }
 
 impl Pyroscope {
-    pub fn new(url: &str, auth: Auth, tenant: Option<String>, timeout: Duration) -> Result<Self> {
-        let url = reqwest::Url::parse(&format!("{url}/ingest")).with_context(|| format!("bad pyroscope url {url}"))?;
-        Ok(Pyroscope { client: super::http_client(timeout)?, url, auth, tenant })
+    pub fn new(remote: &Remote) -> Result<Self> {
+        let url = reqwest::Url::parse(&format!("{}/ingest", remote.url)).with_context(|| format!("bad pyroscope url {}", remote.url))?;
+        Ok(Pyroscope { client: super::http_client(remote)?, url, auth: remote.auth.clone(), tenant: remote.tenant.clone() })
     }
 }
 

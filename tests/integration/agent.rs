@@ -692,3 +692,105 @@ retry_max = "1s"
     signal(agent.pid(), libc::SIGTERM);
     assert_eq!(agent.0.wait().unwrap().code(), Some(0), "{}", log_text());
 }
+
+/// `mode = "wall"`: every thread of a Python at each tick, under its
+/// state, as an OTLP receiver decodes it (period type `wall`). The
+/// fixture's two threads, one sleeping in 10 ms naps and one spinning,
+/// each get half the samples (both are sampled at every tick); the
+/// sleeper's are under its nap (`[released: clock_nanosleep]`) or its
+/// wait for the GIL the spinner holds, running hardly ever (its own CPU
+/// time, which the fixture writes, is about 1 % of the run); the
+/// spinner's are never in a system call. At least 300 samples of the two.
+#[test]
+fn wall_mode_samples_every_thread_under_its_state() {
+    let _machine = common::shared();
+    let tmp = tempfile::tempdir().unwrap();
+    let otlp = Receiver::start_otlp(tmp.path().join("otlp"));
+    let config = format!("interval = \"2s\"\nfrequency = 97\nmode = \"wall\"\n[[destinations]]\nkind = \"otlp\"\nurl = \"http://127.0.0.1:{}\"\n", otlp.port);
+    let config_path = tmp.path().join("agent.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let cpu_times = tmp.path().join("cpu.json");
+    let mut fixture = Proc(Command::new(PYTHON).arg(fixture("sleep_and_spin.py")).arg("12").arg(&cpu_times).env("OTEL_SERVICE_NAME", "agent-wall").stdout(Stdio::null()).spawn().unwrap());
+    let log = std::fs::File::create(tmp.path().join("agent.log")).unwrap();
+    let mut agent = Proc(Command::new(PYTRACE).args(["agent", "--config"]).arg(&config_path).stdout(Stdio::null()).stderr(log).spawn().unwrap());
+    let log_text = || std::fs::read_to_string(tmp.path().join("agent.log")).unwrap_or_default();
+    let mine = || otlp_received(&otlp.dir).into_iter().filter(|p| p["attributes"]["service.name"] == "agent-wall").collect::<Vec<_>>();
+    wait_until("three wall intervals of the fixture", Duration::from_secs(60), || mine().len() >= 3);
+    let profiles = mine();
+    signal(agent.pid(), libc::SIGTERM);
+    assert_eq!(agent.0.wait().unwrap().code(), Some(0), "{}", log_text());
+    // Per thread (by its function), samples by root frame (the state).
+    let mut by_state: HashMap<&str, HashMap<String, f64>> = HashMap::new();
+    for p in &profiles {
+        assert_eq!(p["period_type"], serde_json::json!(["wall", "nanoseconds"]), "{p}");
+        for stack in p["stacks"].as_array().unwrap() {
+            let names: Vec<&str> = stack[0].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+            let Some(thread) = ["sleeper", "spinner"].into_iter().find(|t| names.contains(t)) else { continue };
+            *by_state.entry(thread).or_default().entry(names.last().unwrap().to_string()).or_insert(0.0) += stack[1].as_f64().unwrap();
+        }
+    }
+    let total = |thread: &str| by_state.get(thread).map_or(0.0, |s| s.values().sum::<f64>());
+    let share = |thread: &str, state: &dyn Fn(&str) -> bool| by_state.get(thread).map_or(0.0, |s| s.iter().filter(|(k, _)| state(k)).map(|(_, v)| v).sum::<f64>()) / total(thread).max(1.0);
+    let (sleeper, spinner) = (total("sleeper"), total("spinner"));
+    assert!(sleeper + spinner >= 300.0, "only {sleeper} + {spinner} samples: {by_state:?}");
+    assert!((sleeper / (sleeper + spinner) - 0.5).abs() < 0.08, "wall time is not split between the threads: {by_state:?}");
+    let napping = share("sleeper", &|s| s == "[released: clock_nanosleep]");
+    let off_cpu = share("sleeper", &|s| s == "[released: clock_nanosleep]" || s == "[waiting for the GIL]");
+    assert!(napping >= 0.25 && off_cpu >= 0.85, "the sleeper's states: {by_state:?}");
+    assert!(fixture.0.wait().unwrap().success());
+    let cpu_fraction = read_json(&cpu_times)["sleeper"].as_f64().unwrap() / 12.0;
+    let running = share("sleeper", &|s| s.starts_with("[running"));
+    assert!(running <= cpu_fraction + 0.05, "the sleeper ran {cpu_fraction:.3} of the time and is running in {running:.3} of its samples: {by_state:?}");
+    let in_syscall = share("spinner", &|s| s.starts_with("[released: "));
+    assert!(in_syscall <= 0.05, "the spinner's states: {by_state:?}");
+}
+
+/// `async_tasks = true` on Debian's 3.14 (in its own root, as a
+/// container): fixtures/async_tasks.py's two tasks, as an OTLP receiver
+/// decodes them, each spin under its task's name and awaiters (root
+/// first: the task, `Task-1`, `main`, as `sample --async` puts them), and
+/// the tasks' shares of those samples are their shares of the CPU time
+/// the fixture measured (4 binomial standard errors plus 2 points; at
+/// least 300 samples).
+#[test]
+fn async_tasks_put_samples_under_their_tasks() {
+    let _machine = common::shared();
+    let tmp = tempfile::tempdir().unwrap();
+    let otlp = Receiver::start_otlp(tmp.path().join("otlp"));
+    let config = format!("interval = \"2s\"\nfrequency = 499\nasync_tasks = true\n[[destinations]]\nkind = \"otlp\"\nurl = \"http://127.0.0.1:{}\"\n", otlp.port);
+    let config_path = tmp.path().join("agent.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let log = std::fs::File::create(tmp.path().join("agent.log")).unwrap();
+    let mut agent = Proc(Command::new(PYTRACE).args(["agent", "--config"]).arg(&config_path).stdout(Stdio::null()).stderr(log).spawn().unwrap());
+    let log_text = || std::fs::read_to_string(tmp.path().join("agent.log")).unwrap_or_default();
+    wait_until("the agent samples", Duration::from_secs(60), || log_text().contains("sampling every CPython process"));
+    let py = common::matrix::Interpreter::debian("3.14");
+    let (inside, truth_path) = py.output("async-truth.json");
+    let argv = py.argv("async_tasks.py", &[&inside, &common::longer(6.0)]);
+    let mut fixture = Proc(Command::new(&argv[0]).args(&argv[1..]).env("OTEL_SERVICE_NAME", "agent-async").stdout(Stdio::null()).spawn().unwrap());
+    assert!(fixture.0.wait().unwrap().success(), "the fixture failed");
+    let mine = || otlp_received(&otlp.dir).into_iter().filter(|p| p["attributes"]["service.name"] == "agent-async").collect::<Vec<_>>();
+    // The fixture's last interval is cut at the next interval's end.
+    std::thread::sleep(Duration::from_secs(3));
+    signal(agent.pid(), libc::SIGTERM);
+    assert_eq!(agent.0.wait().unwrap().code(), Some(0), "{}", log_text());
+    let mut by_task: HashMap<&str, f64> = HashMap::new();
+    for p in mine() {
+        for stack in p["stacks"].as_array().unwrap() {
+            let root_first: Vec<&str> = stack[0].as_array().unwrap().iter().rev().map(|n| n.as_str().unwrap()).collect();
+            let Some(task) = [("alpha", "alpha_spin"), ("beta", "beta_spin")].into_iter().find(|(_, spin)| root_first.contains(spin)).map(|(t, _)| t) else { continue };
+            let roots: Vec<&str> = root_first.iter().take_while(|n| n.starts_with('[')).copied().collect();
+            assert_eq!(roots, [format!("[task {task}]"), "[awaited by task Task-1]".into(), "[awaited by task main]".into()], "{task}'s spin under other roots: {root_first:?}");
+            *by_task.entry(task).or_insert(0.0) += stack[1].as_f64().unwrap();
+        }
+    }
+    let truth: HashMap<String, f64> = serde_json::from_slice(&std::fs::read(&truth_path).unwrap()).unwrap();
+    let n = by_task.values().sum::<f64>();
+    assert!(n >= 300.0, "{n} samples of the tasks' spins: {by_task:?}");
+    for task in ["alpha", "beta"] {
+        let p = truth[task] / (truth["alpha"] + truth["beta"]);
+        let share = by_task.get(task).copied().unwrap_or(0.0) / n;
+        let bound = 4.0 * (p * (1.0 - p) / n).sqrt() + 0.02;
+        assert!((share - p).abs() <= bound, "{task} has {share:.3} of the samples, {p:.3} of the CPU time (bound {bound:.3}): {by_task:?}");
+    }
+}

@@ -48,6 +48,7 @@ def profiles_of(request):
                     "duration_nano": p.duration_nano,
                     "sample_type": [strings[p.sample_type.type_strindex], strings[p.sample_type.unit_strindex]],
                     "period": p.period,
+                    "period_type": [strings[p.period_type.type_strindex], strings[p.period_type.unit_strindex]],
                     "stacks": stacks,
                 }
 

@@ -115,9 +115,10 @@ impl Dictionary {
 
 impl Profile {
     /// The request an OTLP profiles endpoint takes, encoded: this profile
-    /// (sample counts, the CPU period) over the window that began at
-    /// `start_unix_ns`, under a resource with `resource` attributes.
-    pub fn to_otlp(&self, start_unix_ns: i64, resource: &[(String, Attribute)]) -> Vec<u8> {
+    /// (sample counts, the period in `time`: "cpu", or "wall" for every
+    /// thread's samples) over the window that began at `start_unix_ns`,
+    /// under a resource with `resource` attributes.
+    pub fn to_otlp(&self, time: &str, start_unix_ns: i64, resource: &[(String, Attribute)]) -> Vec<u8> {
         let mut d = Dictionary::new();
         let samples = self
             .stacks
@@ -125,7 +126,7 @@ impl Profile {
             .map(|((_, frames), &n)| otlp::Sample { stack_index: d.stack(frames), values: vec![n as i64], ..Default::default() })
             .collect();
         let sample_type = Some(otlp::ValueType { type_strindex: d.string("samples"), unit_strindex: d.string("count") });
-        let period_type = Some(otlp::ValueType { type_strindex: d.string("cpu"), unit_strindex: d.string("nanoseconds") });
+        let period_type = Some(otlp::ValueType { type_strindex: d.string(time), unit_strindex: d.string("nanoseconds") });
         let profile = otlp::Profile {
             sample_type,
             samples,

@@ -144,7 +144,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn item(interval: u64, bytes: usize) -> Arc<Exported> {
-        Arc::new(Exported { interval, pid: 1, service: "s".into(), labels: BTreeMap::new(), start_unix_ns: 0, end_unix_ns: 0, pprof: vec![0; bytes], otlp: None })
+        Arc::new(Exported { interval, time: "cpu", pid: 1, service: "s".into(), labels: BTreeMap::new(), start_unix_ns: 0, end_unix_ns: 0, pprof: vec![0; bytes], otlp: None })
     }
 
     #[test]

@@ -24,6 +24,12 @@ pub struct Config {
     /// Samples per second per CPU: 19 by default, off the round numbers a
     /// timer-driven target would beat with.
     pub hz: u64,
+    /// What a sample is: a thread on a CPU (the default), or every thread
+    /// at each tick, under its state (`mode = "wall"`).
+    pub clock: Clock,
+    /// Samples of a thread running an asyncio task go under the task and
+    /// those awaiting it, on the Pythons that have them (3.14+).
+    pub async_tasks: bool,
     /// How long each exported profile covers.
     pub interval: Duration,
     /// Labels added to every profile.
@@ -73,6 +79,29 @@ pub struct Remote {
     pub ca_pem: Option<Vec<u8>>,
 }
 
+/// What the agent samples: `mode = "cpu"` or `"wall"`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Clock {
+    /// The threads a CPU runs, at each tick of that CPU's clock.
+    Cpu,
+    /// Every thread of every Python at each tick, running or not, under
+    /// its state (running with or without the GIL, waiting for the GIL,
+    /// released in a named system call): where wall time goes, off-CPU
+    /// and GIL waits included.
+    Wall,
+}
+
+impl Clock {
+    /// The profiles' time type: pprof's and OTLP's period type, and the
+    /// sample type's second value in pprof.
+    pub fn time_type(self) -> &'static str {
+        match self {
+            Clock::Cpu => "cpu",
+            Clock::Wall => "wall",
+        }
+    }
+}
+
 /// How an OTLP destination sends: `protocol = "http"` (the default, port
 /// 4318) or `"grpc"` (port 4317).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -114,6 +143,9 @@ pub struct Overrides {
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     frequency: Option<u64>,
+    /// "cpu" (the default) or "wall".
+    mode: Option<String>,
+    async_tasks: Option<bool>,
     interval: Option<String>,
     flush_timeout: Option<String>,
     #[serde(default)]
@@ -188,6 +220,11 @@ fn parse(text: &str) -> Result<FileConfig> {
 
 fn check(file: FileConfig) -> Result<Config> {
     let hz = check_hz(file.frequency.unwrap_or(19))?;
+    let clock = match file.mode.as_deref() {
+        None | Some("cpu") => Clock::Cpu,
+        Some("wall") => Clock::Wall,
+        Some(other) => bail!("unknown mode {other:?}: it is \"cpu\" (threads on a CPU) or \"wall\" (every thread, with its state)"),
+    };
     let interval = check_interval(match &file.interval {
         Some(text) => duration(text, "interval")?,
         None => Duration::from_secs(15),
@@ -207,7 +244,7 @@ fn check(file: FileConfig) -> Result<Config> {
         }
         destinations.push(destination);
     }
-    Ok(Config { hz, interval, labels: file.labels, metrics_address: file.metrics.map(|m| m.address), flush_timeout, destinations })
+    Ok(Config { hz, clock, async_tasks: file.async_tasks.unwrap_or(false), interval, labels: file.labels, metrics_address: file.metrics.map(|m| m.address), flush_timeout, destinations })
 }
 
 fn destination(d: FileDestination) -> Result<Destination> {
@@ -399,7 +436,10 @@ mod tests {
     #[test]
     fn file_is_checked() {
         let config = check(parse("frequency = 97\ninterval = \"3s\"\n[labels]\nenv = \"prod\"\n[[destinations]]\nkind = \"directory\"\npath = \"/tmp/x\"\n").unwrap()).unwrap();
-        assert_eq!(config.hz, 97);
+        assert_eq!((config.hz, config.clock, config.async_tasks), (97, Clock::Cpu, false));
+        let wall = check(parse("mode = \"wall\"\nasync_tasks = true\n").unwrap()).unwrap();
+        assert_eq!((wall.clock, wall.async_tasks), (Clock::Wall, true));
+        assert!(format!("{:#}", check(parse("mode = \"off-cpu\"").unwrap()).err().unwrap()).contains("unknown mode"));
         assert_eq!(config.interval, Duration::from_secs(3));
         assert_eq!(config.destinations[0].name, "directory");
         assert!(parse("frequncy = 3").is_err(), "an unknown key is refused");

@@ -41,6 +41,8 @@ use metrics::Metrics;
 pub struct Exported {
     /// Which interval (counted from 1): a buffer's cap is in intervals.
     pub interval: u64,
+    /// "cpu" or "wall" (config::Clock::time_type).
+    pub time: &'static str,
     pub pid: u32,
     pub service: String,
     /// Every label: the process's, then the configuration's static ones.
@@ -87,6 +89,9 @@ fn unix_ns(t: SystemTime) -> i64 {
 pub fn run(path: Option<PathBuf>, flags: Overrides) -> Result<i32> {
     let config = Config::load(path.as_deref(), &flags)?;
     preflight()?;
+    if config.clock == config::Clock::Wall {
+        crate::kernel::Kernel::get().require(crate::kernel::Feature::CopyFromUserTask, "agent mode = \"wall\"")?;
+    }
     let metrics = Arc::new(Metrics::default());
     if let Some(address) = &config.metrics_address {
         metrics::serve(address, metrics.clone())?;
@@ -94,7 +99,8 @@ pub fn run(path: Option<PathBuf>, flags: Overrides) -> Result<i32> {
     let mut agent = Agent::start(config, path, flags, metrics)?;
     let live = Live::everywhere(None);
     reload_on_sighup();
-    let opts = Options { hz: agent.config.hz, kernel: false, idle: false, native: false, threads: false, gil: false, states: false, async_tasks: false };
+    let wall = agent.config.clock == config::Clock::Wall;
+    let opts = Options { hz: agent.config.hz, kernel: false, idle: wall, native: false, threads: false, gil: false, states: wall, async_tasks: agent.config.async_tasks };
     let plan = sample::Plan { targets: Targets::All, opts: &opts };
     let data = live.run(
         plan,
@@ -197,17 +203,18 @@ impl Agent {
             }
             let count: u64 = samples.iter().map(|s| s.count).sum();
             let profile = Profile::new(pid, PythonInfo { version, mode: "agent".into() }, self.config.hz, duration_ns, Counters::default(), &samples, None);
-            let pprof = match profile.to_pprof_from("cpu", start_unix_ns) {
+            let time = self.config.clock.time_type();
+            let pprof = match profile.to_pprof_from(time, start_unix_ns) {
                 Ok(p) => p,
                 Err(e) => {
                     crate::console::err(&format!("pytrace agent: could not encode the profile of PID {pid}: {e:#}\n"));
                     continue;
                 }
             };
-            let otlp = self.config.destinations.iter().any(|d| matches!(d.kind, config::DestinationKind::Otlp(..))).then(|| profile.to_otlp(start_unix_ns, &resource_attributes(&labels)));
+            let otlp = self.config.destinations.iter().any(|d| matches!(d.kind, config::DestinationKind::Otlp(..))).then(|| profile.to_otlp(time, start_unix_ns, &resource_attributes(&labels)));
             self.metrics.samples.fetch_add(count, Ordering::Relaxed);
             self.metrics.profiles.fetch_add(1, Ordering::Relaxed);
-            let exported = Arc::new(Exported { interval: self.cuts, pid, service: process.service, labels, start_unix_ns, end_unix_ns: unix_ns(end_wall), pprof, otlp });
+            let exported = Arc::new(Exported { interval: self.cuts, time, pid, service: process.service, labels, start_unix_ns, end_unix_ns: unix_ns(end_wall), pprof, otlp });
             for destination in &self.destinations {
                 destination.buffer.push(exported.clone());
             }
@@ -240,10 +247,13 @@ impl Agent {
         if config.hz != self.config.hz {
             crate::console::err(&format!("pytrace agent: the frequency stays {} Hz until a restart\n", self.config.hz));
         }
+        if (config.clock, config.async_tasks) != (self.config.clock, self.config.async_tasks) {
+            crate::console::err("pytrace agent: mode and async_tasks stay as they were until a restart\n");
+        }
         let old = std::mem::replace(&mut self.destinations, destinations);
         let deadline = Instant::now() + self.config.flush_timeout;
         let _ = std::thread::Builder::new().name("agent-old".into()).spawn(move || finish_all(old, deadline));
-        self.config = Config { hz: self.config.hz, ..config };
+        self.config = Config { hz: self.config.hz, clock: self.config.clock, async_tasks: self.config.async_tasks, ..config };
         crate::console::err("pytrace agent: configuration reloaded\n");
     }
 

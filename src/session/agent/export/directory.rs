@@ -87,7 +87,7 @@ mod tests {
     use super::*;
 
     fn profile(start_ms: i64, bytes: usize) -> Exported {
-        Exported { interval: 1, pid: 7, service: "web".into(), labels: Default::default(), start_unix_ns: start_ms * 1_000_000, end_unix_ns: 0, pprof: vec![1; bytes], otlp: None }
+        Exported { interval: 1, time: "cpu", pid: 7, service: "web".into(), labels: Default::default(), start_unix_ns: start_ms * 1_000_000, end_unix_ns: 0, pprof: vec![1; bytes], otlp: None }
     }
 
     #[test]

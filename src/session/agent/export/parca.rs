@@ -24,8 +24,15 @@ use crate::session::agent::config::Remote;
 use crate::session::agent::Exported;
 
 const WRITE_RAW: &str = "/parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw";
-/// The name Parca gives CPU profiles it scrapes (`process_cpu`).
-const PROFILE_NAME: &str = "process_cpu";
+/// A series' `__name__`: the one Parca gives CPU profiles it scrapes
+/// (`process_cpu`), or, for `mode = "wall"`, `wall` (Go's name for
+/// wall-clock profiles, as Parca shows them).
+fn profile_name(time: &str) -> &'static str {
+    match time {
+        "wall" => "wall",
+        _ => "process_cpu",
+    }
+}
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct WriteRawRequest {
@@ -85,7 +92,7 @@ impl Parca {
 /// The series' labels: `__name__`, then the process's (service_name, host,
 /// pid, ...) and the configuration's, sorted as Parca keeps them.
 fn labels(profile: &Exported) -> LabelSet {
-    let mut labels = vec![Label { name: "__name__".into(), value: PROFILE_NAME.into() }];
+    let mut labels = vec![Label { name: "__name__".into(), value: profile_name(profile.time).into() }];
     if !profile.labels.contains_key("service_name") {
         labels.push(Label { name: "service_name".into(), value: profile.service.clone() });
     }
@@ -118,8 +125,10 @@ mod tests {
 
     #[test]
     fn the_series_is_named_and_labelled() {
-        let profile = Exported { interval: 1, pid: 7, service: "web".into(), labels: BTreeMap::from([("pid".into(), "7".into()), ("env".into(), "ci".into())]), start_unix_ns: 0, end_unix_ns: 0, pprof: vec![], otlp: None };
+        let profile = Exported { interval: 1, time: "cpu", pid: 7, service: "web".into(), labels: BTreeMap::from([("pid".into(), "7".into()), ("env".into(), "ci".into())]), start_unix_ns: 0, end_unix_ns: 0, pprof: vec![], otlp: None };
         let names: Vec<(String, String)> = labels(&profile).labels.into_iter().map(|l| (l.name, l.value)).collect();
         assert_eq!(names, [("__name__", "process_cpu"), ("env", "ci"), ("pid", "7"), ("service_name", "web")].map(|(a, b)| (a.to_string(), b.to_string())));
+        let wall = Exported { time: "wall", ..profile };
+        assert_eq!(labels(&wall).labels[0].value, "wall");
     }
 }

@@ -597,43 +597,18 @@ impl Cli {
                 let files = files.into_iter().filter_map(|(kind, path)| Some((kind, path?))).collect();
                 commands::memory::run(commands::memory::Options { target, duration, memory: crate::tracing::memory::Options { every: args.every, interval, allocations: args.allocations }, top: args.top, json: args.json, files })
             }
-            Command::Heap(args) => {
-                if !args.command.is_empty() {
-                    bail!("pytrace heap reads a process that is already running: start the program, then give its PID with -p (a heap census of a command would have no moment to be taken at)");
-                }
-                let diff = args.diff.map(|mut files| {
-                    let b = files.pop().expect("two files");
-                    (files.pop().expect("two files"), b)
-                });
-                let Some(pid) = args.pid.or(diff.as_ref().map(|_| 0)) else {
-                    bail!("pytrace heap needs the PID of a running Python process: -p PID (or --diff A.json B.json)")
-                };
-                let valid = |s: f64| s.is_finite() && s > 0.0 && s <= 86400.0;
-                if !valid(args.timeout) {
-                    bail!("--timeout must be a number of seconds above 0 and at most a day");
-                }
-                if let Some(i) = args.interval.filter(|&i| !valid(i)) {
-                    bail!("--interval must be a number of seconds above 0 and at most a day, not {i}");
-                }
-                let walks = args.count.unwrap_or(if args.interval.is_some() { 2 } else { 1 });
-                if walks == 0 || walks > 10_000 {
-                    bail!("-n must be between 1 and 10000 walks");
-                }
-                if walks > 1 && args.interval.is_none() {
-                    bail!("-n {walks} needs --interval SECONDS between the walks");
-                }
-                commands::heap::run(commands::heap::Options {
-                    pid,
-                    stop: args.stop,
-                    by_module: args.by_module,
-                    interval: args.interval.map(Duration::from_secs_f64),
-                    walks,
-                    top: args.top,
-                    timeout: Duration::from_secs_f64(args.timeout),
-                    json: args.json,
-                    diff,
-                })
-            }
+            Command::Heap(args) => commands::heap::run(commands::heap::Options::from_flags(commands::heap::Flags {
+                pid: args.pid,
+                command: args.command,
+                stop: args.stop,
+                by_module: args.by_module,
+                interval: args.interval,
+                count: args.count,
+                top: args.top,
+                timeout: args.timeout,
+                json: args.json,
+                diff: args.diff,
+            })?),
             Command::Agent(args) => {
                 let interval = args.interval.map(|s| if s.is_finite() && (1.0..=3600.0).contains(&s) { Ok(Duration::from_secs_f64(s)) } else { Err(anyhow::anyhow!("--interval must be between 1 and 3600 seconds")) }).transpose()?;
                 commands::agent::run(commands::agent::Options { config: args.config, frequency: args.frequency, interval, metrics_address: args.metrics_address })

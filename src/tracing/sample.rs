@@ -458,6 +458,13 @@ impl<'obj, 'a> Session<'obj, 'a> {
         // Per sample received, so the program's runs for other processes (it
         // fires on every CPU and returns at once for them) count too.
         let bpf_ns_per_sample = super::bpf_run_stats(program).map(|(ns, _)| ns / total.max(1));
+        let counters = self.counters()?;
+        Ok(SampleData { samples: self.stacks.into_inner().into_samples(), counters, bpf_ns_per_sample, thread_states: Vec::new() })
+    }
+
+    /// Every counter so far: the kernel's (read from its map) and user
+    /// space's. The agent reads them at each interval, for /metrics.
+    pub fn counters(&self) -> Result<Counters> {
         // Lost: samples taken and not in the profile. The others say what
         // a sample in it lacks, or what a cache had to give up.
         let mut names = vec![
@@ -490,8 +497,8 @@ impl<'obj, 'a> Session<'obj, 'a> {
         if self.pacer_realtime.get() == Some(false) {
             counters.push("idle_not_realtime", Informational, "--idle: the sampling thread could not have real-time priority (no CAP_SYS_NICE): on a busy machine, code that runs is under-sampled", 1);
         }
-        let stacks = self.stacks.into_inner();
-        let processes = self.processes.into_inner();
+        let stacks = self.stacks.borrow();
+        let processes = self.processes.borrow();
         let c = stacks.counts;
         counters.push("unresolved_stacks", Lost, "samples lost (their frames never reached pytrace)", counts::samples_of(c.unresolved));
         counters.push("profile_full", Lost, "samples lost (new stacks past the profile's memory cap)", counts::samples_of(c.profile_full));
@@ -520,7 +527,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
             counters.push("native_scan_us", Informational, "microseconds spent on stack scans, the unwinds that checked them included", c.scan_time.as_micros() as u64);
             counters.push("native_unmatched", Informational, "native and Python frames not paired", c.unmatched);
         }
-        Ok(SampleData { samples: stacks.into_samples(), counters, bpf_ns_per_sample, thread_states: Vec::new() })
+        Ok(counters)
     }
 }
 

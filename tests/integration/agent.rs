@@ -69,7 +69,9 @@ impl Receiver {
         }
         let script = format!("{}/tests/receivers/{script}", env!("CARGO_MANIFEST_DIR"));
         let mut command = Command::new(python);
-        command.arg(script).arg(&dir);
+        // grpcio logs each refused handshake (the TLS test's untrusted
+        // destination) at its info level.
+        command.arg(script).arg(&dir).env("GRPC_VERBOSITY", "ERROR");
         if let Some(tls) = tls {
             command.arg(&tls.server).arg(&tls.key);
         }
@@ -488,6 +490,14 @@ retry_max = "1s"
     assert_eq!(counted("small") as usize, at_scrape.2, "{scraped:?}");
     assert_eq!((counted("otlp-grpc") as usize, counted("parca") as usize), grpc_at_scrape, "{scraped:?}");
     assert!(scraped["pytrace_agent_push_failures_total{destination=\"outage\"}"] >= 2.0, "the outage was seen: {scraped:?}");
+    // The sampler's own losses, by cause: each cause it counts is shown,
+    // and (two services, a few stacks each) they are at most 1 % of the
+    // samples.
+    let mut lost = 0.0;
+    for cause in ["lost", "counts_map_full", "unresolved_stacks", "profile_full"] {
+        lost += scraped.get(&format!("pytrace_agent_samples_lost_total{{cause=\"{cause}\"}}")).copied().unwrap_or_else(|| panic!("no samples_lost_total for {cause}: {scraped:?}"));
+    }
+    assert!(lost <= 0.01 * scraped["pytrace_agent_samples_total"], "{lost} samples lost: {scraped:?}");
 
     // Prometheus scraped the same figures, which agree with the receivers.
     assert!(quiet_for < Duration::from_secs(INTERVAL_SECONDS - 2), "the Prometheus check took {quiet_for:?}, into the next interval");

@@ -61,6 +61,9 @@ pub struct Metrics {
     pub processes: AtomicU64,
     pub samples: AtomicU64,
     pub profiles: AtomicU64,
+    /// The sampler's lost samples by cause (its counters of kind Lost),
+    /// as of the last interval: counts since the agent started.
+    pub samples_lost: Mutex<Vec<(&'static str, u64)>>,
     /// Replaced whole at a reload (the old destinations' counts go with them).
     pub destinations: Mutex<Vec<Arc<DestinationMetrics>>>,
 }
@@ -78,6 +81,8 @@ impl Metrics {
         metric("processes_profiled", "gauge", "Python processes with samples in the last interval.", &[(String::new(), self.processes.load(Relaxed))]);
         metric("samples_total", "counter", "Samples counted in the profiles made.", &[(String::new(), self.samples.load(Relaxed))]);
         metric("profiles_total", "counter", "Profiles made (one per process and interval).", &[(String::new(), self.profiles.load(Relaxed))]);
+        let lost: Vec<(String, u64)> = self.samples_lost.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|(cause, n)| (format!("{{cause=\"{cause}\"}}"), *n)).collect();
+        metric("samples_lost_total", "counter", "Samples taken and in no profile, by cause (the sampler's own counts).", &lost);
         let destinations = self.destinations.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let per = |f: &dyn Fn(&DestinationMetrics) -> u64| destinations.iter().map(|d| (format!("{{destination=\"{}\"}}", d.name), f(d))).collect::<Vec<_>>();
         metric("pushes_total", "counter", "Profiles a destination took.", &per(&|d| d.pushes.load(Relaxed)));

@@ -114,6 +114,7 @@ pub fn run(path: Option<PathBuf>, flags: Overrides) -> Result<i32> {
     // The last, partial interval, then the flush: even if sampling failed.
     let failed = match data {
         Ok(data) => {
+            agent.count_lost(&data.counters);
             agent.cut(data.samples);
             None
         }
@@ -178,9 +179,16 @@ impl Agent {
             }
         }
         if self.since.0.elapsed() >= self.config.interval {
+            self.count_lost(&session.counters()?);
             self.cut(session.take_samples()?);
         }
         Ok(())
+    }
+
+    /// The sampler's lost samples, by cause, for /metrics.
+    fn count_lost(&self, counters: &Counters) {
+        let lost = counters.of_kind(crate::model::counters::Kind::Lost).map(|c| (c.name, c.value)).collect();
+        *self.metrics.samples_lost.lock().unwrap_or_else(|p| p.into_inner()) = lost;
     }
 
     /// Ends the interval at now: one profile per process with samples in

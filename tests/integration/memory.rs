@@ -17,7 +17,9 @@ over_builds! {
     pyenv_3_12(Interpreter::pyenv("3.12")): live_view_matches_tracemalloc, another_allocator_is_refused_in_one_sentence, live_split_small, allocations_match_the_fixture;
     nodtrace_3_11(Interpreter::host("3.11", nodtrace_311())): live_view_matches_tracemalloc, allocations_match_the_fixture;
     debian_3_11(Interpreter::host("3.11", "/usr/bin/python3.11".into())): live_view_matches_tracemalloc, hooked_allocator_is_refused_in_one_sentence, allocations_are_refused_on_a_stripped_build;
+    debian_3_13(Interpreter::debian("3.13")): live_view_matches_tracemalloc;
     debian_3_14(Interpreter::debian("3.14")): live_view_matches_tracemalloc;
+    debian_3_15(Interpreter::debian("3.15")): live_view_matches_tracemalloc;
 }
 
 /// pyenv's 3.11 built without probes (scripts/pythons.sh nodtrace-3.11).

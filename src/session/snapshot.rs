@@ -36,7 +36,7 @@ pub fn snapshot(pid: u32, native: bool, async_tasks: bool) -> Result<Snapshot> {
     let mut os_names = HashMap::new();
     proc::thread_names(pid, &mut os_names);
     let mut names = os_names.clone();
-    let name_source = thread_names::merge(pid, &python, &mut names);
+    let name_source = thread_names::merge_settled(pid, &python, &mut names);
     let states = samples.iter().map(|s| (s.tid, proc::thread_state(pid, s.tid))).collect();
     Ok(Snapshot { pid, version: python.version.to_string(), samples, os_names, names, name_source, states, tasks })
 }

@@ -251,12 +251,22 @@ impl Reader<'_> {
 /// `threading._active` before its OS thread ends, and a read in between, or
 /// one while the interpreter shuts down, must not put the kernel's name back.
 pub fn merge(pid: u32, python: &Python, names: &mut HashMap<u32, String>) -> NameSource {
+    merge_reading(pid, read(pid, python), names)
+}
+
+/// `merge` for a report of one moment (`dump`), which has no later reading
+/// to make up for one caught mid-change: see `read_settled`.
+pub fn merge_settled(pid: u32, python: &Python, names: &mut HashMap<u32, String>) -> NameSource {
+    merge_reading(pid, read_settled(pid, python), names)
+}
+
+fn merge_reading(pid: u32, reading: Result<PythonThreadNames>, names: &mut HashMap<u32, String>) -> NameSource {
     let mut kernel_names = HashMap::new();
     crate::process::proc::thread_names(pid, &mut kernel_names);
     for (tid, comm) in kernel_names {
         names.entry(tid).or_insert(comm);
     }
-    match read(pid, python) {
+    match reading {
         Ok(found) => {
             let mut source = NameSource { from_python: 0, refused: found.refused, failure: None };
             for (tid, name) in found.names {
@@ -271,6 +281,35 @@ pub fn merge(pid: u32, python: &Python, names: &mut HashMap<u32, String>) -> Nam
         }
         Err(e) => NameSource { from_python: 0, refused: 0, failure: Some(format!("{e:#}")) },
     }
+}
+
+/// How many times a reading that refused a thread, or failed, is taken
+/// again, 10 ms apart.
+const READINGS_AGAIN: u32 = 2;
+
+/// `read`, taken again while it refuses a thread or fails, keeping the
+/// reading that named the most threads. The target runs meanwhile, and a
+/// reading caught while the dicts it walks change is refused: CI once saw
+/// all five of a 3.15 fixture's threads refused in one `dump` (never in
+/// the runs here; the likeliest cause is the keys every Thread's inline
+/// attributes share, resized as one Thread gains an attribute). A refusal
+/// that is no race (a `_name` that is no str) is the same at every
+/// reading, and costs two readings more.
+fn read_settled(pid: u32, python: &Python) -> Result<PythonThreadNames> {
+    let mut best = read(pid, python);
+    for _ in 0..READINGS_AGAIN {
+        if matches!(&best, Ok(found) if found.refused == 0) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        let again = read(pid, python);
+        // Most names, then fewest refused; any reading beats a failure.
+        let score = |r: &Result<PythonThreadNames>| r.as_ref().ok().map(|f| (f.names.len(), std::cmp::Reverse(f.refused)));
+        if score(&again) > score(&best) {
+            best = again;
+        }
+    }
+    best
 }
 
 /// Where the names `merge` gave came from, for the report.

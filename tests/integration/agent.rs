@@ -254,6 +254,37 @@ fn python_version() -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
+/// `pytrace agent --config DIR/agent.toml` (the test writes that file
+/// first), its stderr kept in DIR/agent.log for the assertions' messages.
+struct Agent {
+    proc: Proc,
+    dir: PathBuf,
+}
+
+impl Agent {
+    fn start(dir: &Path) -> Agent {
+        let log = std::fs::File::create(dir.join("agent.log")).unwrap();
+        let proc = Proc(Command::new(PYTRACE).args(["agent", "--config"]).arg(dir.join("agent.toml")).stdout(Stdio::null()).stderr(log).spawn().unwrap());
+        Agent { proc, dir: dir.to_path_buf() }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+    }
+
+    fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
+    /// SIGTERM: the partial interval is cut and delivered, then the agent
+    /// must exit with 0.
+    fn stop(mut self) {
+        signal(self.pid(), libc::SIGTERM);
+        let status = self.proc.0.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "the agent ended badly: {}", self.log());
+    }
+}
+
 #[test]
 fn every_destination_gets_every_interval() {
     // Each service needs a good part of a CPU for the samples its share
@@ -332,9 +363,7 @@ retry_max = "1s"
     let (service_b, pid_b) = service("PYROSCOPE_APPLICATION_NAME", "agent-split-b", &truth_b, true);
 
     let (_prometheus, prometheus_port) = start_prometheus(tmp.path(), metrics_port);
-    let log = std::fs::File::create(tmp.path().join("agent.log")).unwrap();
-    let agent = Proc(Command::new(PYTRACE).args(["agent", "--config"]).arg(&config_path).stdout(Stdio::null()).stderr(log).spawn().unwrap());
-    let log_text = || std::fs::read_to_string(tmp.path().join("agent.log")).unwrap_or_default();
+    let agent = Agent::start(tmp.path());
     let limit = Duration::from_secs(INTERVAL_SECONDS * 3 + 30);
 
     // Down for the first two intervals, then back.
@@ -374,10 +403,7 @@ retry_max = "1s"
 
     // SIGTERM: the partial interval is cut and delivered, then it exits.
     let terminated = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
-    signal(agent.pid(), libc::SIGTERM);
-    let mut agent = agent;
-    let status = agent.0.wait().unwrap();
-    assert_eq!(status.code(), Some(0), "the agent ended badly: {}", log_text());
+    agent.stop();
     signal(pid_a, libc::SIGUSR2);
     signal(pid_b, libc::SIGUSR2);
     assert!(service_a.0.wait().unwrap().success());
@@ -563,27 +589,24 @@ fn sighup_reloads_the_configuration() {
     std::fs::write(&config_path, config(&first)).unwrap();
     let truth = tmp.path().join("split.json");
     let (_service, _) = service("OTEL_SERVICE_NAME", "agent-reload", &truth, false);
-    let log = std::fs::File::create(tmp.path().join("agent.log")).unwrap();
-    let mut agent = Proc(Command::new(PYTRACE).args(["agent", "--config"]).arg(&config_path).stdout(Stdio::null()).stderr(log).spawn().unwrap());
-    let log_text = || std::fs::read_to_string(tmp.path().join("agent.log")).unwrap_or_default();
+    let agent = Agent::start(tmp.path());
     let files = |dir: &Path| std::fs::read_dir(dir).map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().contains("agent-reload")).count()).unwrap_or(0);
     let limit = Duration::from_secs(30);
     wait_until("a profile in the first directory", limit, || files(&first) > 0);
     std::fs::write(&config_path, config(&second)).unwrap();
     signal(agent.pid(), libc::SIGHUP);
     wait_until("a profile in the second directory", limit, || files(&second) > 0);
-    assert!(log_text().contains("configuration reloaded"), "{}", log_text());
+    assert!(agent.log().contains("configuration reloaded"), "{}", agent.log());
     // The first directory's destination was flushed and let go.
     let in_first = files(&first);
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(files(&first), in_first, "the old destination still takes profiles");
     std::fs::write(&config_path, "frequncy = 3\n").unwrap();
     signal(agent.pid(), libc::SIGHUP);
-    wait_until("the bad file is reported", limit, || log_text().contains("the configuration was not reloaded"));
+    wait_until("the bad file is reported", limit, || agent.log().contains("the configuration was not reloaded"));
     let in_second = files(&second);
     wait_until("the agent going on with the second directory", limit, || files(&second) > in_second);
-    signal(agent.pid(), libc::SIGTERM);
-    assert_eq!(agent.0.wait().unwrap().code(), Some(0), "{}", log_text());
+    agent.stop();
 }
 
 /// A private CA and a server certificate it signed, for 127.0.0.1, made
@@ -671,9 +694,7 @@ retry_max = "1s"
     std::fs::write(&config_path, config).unwrap();
     let truth = tmp.path().join("split.json");
     let (_service, pid) = service("OTEL_SERVICE_NAME", "agent-tls", &truth, false);
-    let log = std::fs::File::create(tmp.path().join("agent.log")).unwrap();
-    let mut agent = Proc(Command::new(PYTRACE).args(["agent", "--config"]).arg(&config_path).stdout(Stdio::null()).stderr(log).spawn().unwrap());
-    let log_text = || std::fs::read_to_string(tmp.path().join("agent.log")).unwrap_or_default();
+    let agent = Agent::start(tmp.path());
 
     let mine_at_ingest = || intervals_of(&ingest.received(), "agent-tls").len();
     let mine_over_otlp = |dir: &Path| otlp_received(dir).into_iter().filter(|p| p["attributes"]["service.name"] == "agent-tls").collect::<Vec<_>>();
@@ -690,17 +711,16 @@ retry_max = "1s"
     for name in ["untrusted", "untrusted-grpc"] {
         let failures = scraped.get(&format!("pytrace_agent_push_failures_total{{destination=\"{name}\"}}")).copied().unwrap_or(0.0);
         assert!(failures >= 1.0, "{name}'s failures are not counted: {scraped:?}");
-        let said: Vec<String> = log_text().lines().filter(|l| l.contains(&format!("destination {name} "))).map(String::from).collect();
+        let said: Vec<String> = agent.log().lines().filter(|l| l.contains(&format!("destination {name} "))).map(String::from).collect();
         assert!(said.iter().any(|l| l.contains("UnknownIssuer") && l.contains("ca_file")), "{name}'s failure does not say the certificate's CA is unknown: {said:?}");
     }
     assert!(untrusted.received().is_empty(), "a server whose certificate no trusted CA signed took a profile over HTTPS");
     assert!(received_in(&untrusted_grpc.dir.join("parca")).is_empty(), "a server whose certificate no trusted CA signed took a profile over gRPC");
     for name in ["pyroscope", "otlp", "otlp-grpc", "parca"] {
         let failed = scraped.get(&format!("pytrace_agent_push_failures_total{{destination=\"{name}\"}}")).copied().unwrap_or(0.0);
-        assert_eq!(failed, 0.0, "{name} failed over TLS: {}", log_text());
+        assert_eq!(failed, 0.0, "{name} failed over TLS: {}", agent.log());
     }
-    signal(agent.pid(), libc::SIGTERM);
-    assert_eq!(agent.0.wait().unwrap().code(), Some(0), "{}", log_text());
+    agent.stop();
 }
 
 /// `mode = "wall"`: every thread of a Python at each tick, under its
@@ -721,14 +741,11 @@ fn wall_mode_samples_every_thread_under_its_state() {
     std::fs::write(&config_path, config).unwrap();
     let cpu_times = tmp.path().join("cpu.json");
     let mut fixture = Proc(Command::new(PYTHON).arg(fixture("sleep_and_spin.py")).arg("12").arg(&cpu_times).env("OTEL_SERVICE_NAME", "agent-wall").stdout(Stdio::null()).spawn().unwrap());
-    let log = std::fs::File::create(tmp.path().join("agent.log")).unwrap();
-    let mut agent = Proc(Command::new(PYTRACE).args(["agent", "--config"]).arg(&config_path).stdout(Stdio::null()).stderr(log).spawn().unwrap());
-    let log_text = || std::fs::read_to_string(tmp.path().join("agent.log")).unwrap_or_default();
+    let agent = Agent::start(tmp.path());
     let mine = || otlp_received(&otlp.dir).into_iter().filter(|p| p["attributes"]["service.name"] == "agent-wall").collect::<Vec<_>>();
     wait_until("three wall intervals of the fixture", Duration::from_secs(60), || mine().len() >= 3);
     let profiles = mine();
-    signal(agent.pid(), libc::SIGTERM);
-    assert_eq!(agent.0.wait().unwrap().code(), Some(0), "{}", log_text());
+    agent.stop();
     // Per thread (by its function), samples by root frame (the state).
     let mut by_state: HashMap<&str, HashMap<String, f64>> = HashMap::new();
     for p in &profiles {
@@ -770,10 +787,8 @@ fn async_tasks_put_samples_under_their_tasks() {
     let config = format!("interval = \"2s\"\nfrequency = 499\nasync_tasks = true\n[[destinations]]\nkind = \"otlp\"\nurl = \"http://127.0.0.1:{}\"\n", otlp.port);
     let config_path = tmp.path().join("agent.toml");
     std::fs::write(&config_path, config).unwrap();
-    let log = std::fs::File::create(tmp.path().join("agent.log")).unwrap();
-    let mut agent = Proc(Command::new(PYTRACE).args(["agent", "--config"]).arg(&config_path).stdout(Stdio::null()).stderr(log).spawn().unwrap());
-    let log_text = || std::fs::read_to_string(tmp.path().join("agent.log")).unwrap_or_default();
-    wait_until("the agent samples", Duration::from_secs(60), || log_text().contains("sampling every CPython process"));
+    let agent = Agent::start(tmp.path());
+    wait_until("the agent samples", Duration::from_secs(60), || agent.log().contains("sampling every CPython process"));
     let py = common::matrix::Interpreter::debian("3.14");
     let (inside, truth_path) = py.output("async-truth.json");
     let argv = py.argv("async_tasks.py", &[&inside, &common::longer(6.0)]);
@@ -782,8 +797,7 @@ fn async_tasks_put_samples_under_their_tasks() {
     let mine = || otlp_received(&otlp.dir).into_iter().filter(|p| p["attributes"]["service.name"] == "agent-async").collect::<Vec<_>>();
     // The fixture's last interval is cut at the next interval's end.
     std::thread::sleep(Duration::from_secs(3));
-    signal(agent.pid(), libc::SIGTERM);
-    assert_eq!(agent.0.wait().unwrap().code(), Some(0), "{}", log_text());
+    agent.stop();
     let mut by_task: HashMap<&str, f64> = HashMap::new();
     for p in mine() {
         for stack in p["stacks"].as_array().unwrap() {

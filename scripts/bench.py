@@ -442,6 +442,43 @@ def rss_mib(pid):
     return float("nan")
 
 
+def memory_command_rss_row(seconds, python=DEBIAN, extra=()):
+    """`pytrace memory` itself over a long run: bench/memory/alloc_heavy.py
+    (rolling caches, json round trips: pools open and close, big buffers
+    come and go) on `python`, at --every 4096 so that about
+    a hundred times more events are kept than by default, the kept blocks
+    re-read every second. RSS every 30 s, as for `sample --all`. `extra`:
+    more of memory's flags (--allocations)."""
+    mode = " ".join(["memory", "--every", "4096", *extra])
+    progress(f"memory: `pytrace {mode}` for {seconds} s")
+    script = os.path.join(HERE, "..", "bench", "memory", "alloc_heavy.py")
+    # Niced: the workload spins a CPU for the whole run.
+    target = start(["nice", "-n", "10", python.exe, script, str(10**9)])
+    time.sleep(1.5)
+    out = os.path.join(TMP, "mem-memory.json")
+    prof = start([PYTRACE, *mode.split(), "-p", str(target.pid), "-d", str(seconds), "--json", out])
+    began = time.monotonic()
+    trace = []
+    while time.monotonic() - began < seconds - 5:
+        time.sleep(min(30, seconds - 5 - (time.monotonic() - began)))
+        trace.append((time.monotonic() - began, rss_mib(prof.pid)))
+    early = next(((t, r) for t, r in trace if t >= 60), trace[0])
+    late = trace[-1]
+    prof.stderr.read()
+    usage_of(prof)
+    target.kill()
+    target.wait()
+    report = json.load(open(out))
+    counters = report["counters"]
+    kept = sum(row["grown"]["kept"] for row in report["stacks"])
+    progress(f"memory: `pytrace {mode}` RSS every 30 s (MiB): " + " ".join(f"{t:.0f}s={r:.1f}" for t, r in trace))
+    progress(f"memory: `pytrace {mode}` counters: {counters}")
+    probed = f"{report['allocations']['events']:,} allocator calls probed; " if "allocations" in report else ""
+    return (f"| `{mode}`, alloc_heavy.py on {python.label} ({probed}{kept:,} events kept, {len(report['stacks'])} stacks; "
+            f"lost: {report['lost_events']}) | {kept} | {early[0]:.0f} s: {early[1]:.1f} | "
+            f"{late[0]:.0f} s: {late[1]:.1f} | {(late[1] - early[1]) / max(1, late[0] - early[0]) * 1024:.1f} KiB/s |")
+
+
 def memory_table():
     """pytrace's resident memory over long runs: `sample --all -r 99` over
     20 processes for MEMORY_SECONDS (RSS at 1 minute and at the end), and
@@ -474,6 +511,11 @@ def memory_table():
     rows.append(f"| `sample --all -r 99`, 20 processes ({others} other Pythons came and went) | {report['samples']} | {early[0]:.0f} s: {early[1]:.1f} | {late[0]:.0f} s: {late[1]:.1f} | {(late[1] - early[1]) / max(1, late[0] - early[0]) * 1024:.1f} KiB/s |")
     progress("memory: RSS every 30 s (MiB): " + " ".join(f"{t:.0f}s={r:.1f}" for t, r in trace))
 
+    rows.append(memory_command_rss_row(seconds))
+    # --allocations needs a symbol table (a stripped build's allocator is
+    # copied into its callers).
+    rows.append(memory_command_rss_row(seconds, NO_PROBES, ["--allocations"]))
+
     progress("memory: --idle on 200 sleeping threads for 60 s")
     target = start(DEBIAN.argv("many_threads.py", 200, 90, "--sleep"))
     time.sleep(1.5)
@@ -490,7 +532,7 @@ def memory_table():
     samples = json.load(open(out))["samples"]
     rows.append(f"| `sample --idle -r 999`, 200 sleeping threads | {samples} | 10 s: {early:.1f} | 55 s: {late:.1f} | {(late - early) / 45 * 1024:.1f} KiB/s |")
     return (
-        "| run | samples | RSS early (MiB) | RSS late (MiB) | growth |\n"
+        "| run | samples (memory: events kept) | RSS early (MiB) | RSS late (MiB) | growth |\n"
         "|---|---|---|---|---|\n" + "\n".join(rows)
     )
 
@@ -766,6 +808,68 @@ DUMP_THREADS = 4
 DUMP_DEPTH = 60
 
 
+# What a run costs beyond its steady samples or events (issue #27: <= 0.1 s
+# of CPU): each subcommand run for FIXED_SHORT and FIXED_LONG seconds on one
+# target; its CPU is a + b * seconds, so the fixed part a is
+# short - (long - short) * FIXED_SHORT / (FIXED_LONG - FIXED_SHORT).
+FIXED_SHORT, FIXED_LONG = 1, 5
+FIXED_RUNS = [
+    ("sample -r 99", ["sample", "-r", "99"]),
+    ("sample -r 1000", ["sample", "-r", "1000"]),
+    ("sample --native", ["sample", "--native"]),
+    ("sample --idle -r 999", ["sample", "--idle", "-r", "999"]),
+    ("calls", ["calls"]),
+    ("gc", ["gc"]),
+    ("imports", ["imports"]),
+    ("gil", ["gil"]),
+    ("memory", ["memory"]),
+]
+
+
+def child_cpu(argv):
+    """CPU seconds (user + system) of one run of `argv` to its exit."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()[-300:]}")
+    return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
+def fixed_cost_table():
+    """Each subcommand by PID on one CPU-bound target (Debian's 3.11,
+    fixtures/cpu_split.py), FIXED_SHORT and FIXED_LONG seconds in turn,
+    REPEATS times; `dump` once per round. Medians."""
+    target = start(DEBIAN.argv("cpu_split.py", "--seconds", 100000))
+    time.sleep(1.5)
+    pid = str(target.pid)
+    load_before = os.getloadavg()[0]
+    rows = []
+    try:
+        for label, args in FIXED_RUNS:
+            progress(f"fixed cost: {label}")
+            short, long = [], []
+            for _ in range(REPEATS):
+                short.append(child_cpu([PYTRACE, *args, "-p", pid, "-d", str(FIXED_SHORT), "--json", os.path.join(TMP, "fixed.json")]))
+                long.append(child_cpu([PYTRACE, *args, "-p", pid, "-d", str(FIXED_LONG), "--json", os.path.join(TMP, "fixed.json")]))
+            a, b = median(short), median(long)
+            fixed = a - (b - a) * FIXED_SHORT / (FIXED_LONG - FIXED_SHORT)
+            steady = (b - a) / (FIXED_LONG - FIXED_SHORT)
+            rows.append(f"| `{label}` | {a:.3f} | {b:.3f} | {steady * 1000:.1f} | **{fixed:.3f}** |")
+        progress("fixed cost: dump")
+        dumps = [child_cpu([PYTRACE, "dump", "-p", pid]) for _ in range(max(3, REPEATS))]
+        rows.append(f"| `dump` | – | – | – | **{median(dumps):.3f}** |")
+    finally:
+        target.kill()
+        target.wait()
+    load_after = os.getloadavg()[0]
+    return (
+        f"Load average {load_before:.1f} before, {load_after:.1f} after.\n\n"
+        f"| run | CPU s, {FIXED_SHORT} s run | CPU s, {FIXED_LONG} s run | steady CPU ms per second | fixed CPU s |\n"
+        "|---|---|---|---|---|\n" + "\n".join(rows)
+    )
+
+
 def nearest_rank(values, fraction):
     """The value at `fraction` of the sorted values (nearest rank)."""
     ordered = sorted(values)
@@ -933,6 +1037,12 @@ def main():
              "kernel emulates (past an endbr64, at the calls of a PLT stub)."),
             ("`imports`: cost to a program running Python calls", imports_table,
              f"fixtures/callgraph.py, {CALL_ROUNDS} rounds (no imports while it runs), started by pytrace."),
+            ("Fixed cost: what a run costs beyond its steady work", fixed_cost_table,
+             f"Each subcommand attached by PID to fixtures/cpu_split.py on Debian's 3.11 for {FIXED_SHORT} s and for "
+             f"{FIXED_LONG} s ({REPEATS} runs of each, medians): its CPU (user + system, start to exit) is a fixed part plus "
+             "a steady part per second, and the fixed part is what the two durations' difference leaves at zero seconds "
+             "(loading and verifying BPF programs, finding probe sites, attaching, resolving and writing the report). "
+             "`dump` is all fixed."),
             ("`dump`: response time on a busy target", dump_table,
              f"fixtures/busy_deep_threads.py on Debian's 3.11: {DUMP_THREADS} threads and the main thread each "
              f"{DUMP_DEPTH} frames deep, all spinning: first alone (more spinning threads than CPUs), then beside one "

@@ -245,8 +245,13 @@ impl<'obj, 'a> Session<'obj, 'a> {
     fn attach(&self) -> Result<()> {
         let mut links = self.links.borrow_mut();
         if self.opts.idle {
-            let iter = self.skel.progs.sample_all_threads.attach_iter_with_opts(libbpf_rs::IterOpts::None);
-            links.push(iter.map_err(privilege_hint).context("failed to attach the thread iterator")?);
+            let program = &self.skel.progs.sample_all_threads;
+            let only = self.processes.borrow().only().and_then(|pid| threads_of(program, pid));
+            let iter = match only {
+                Some(link) => link,
+                None => program.attach_iter_with_opts(libbpf_rs::IterOpts::None).map_err(privilege_hint).context("failed to attach the thread iterator")?,
+            };
+            links.push(iter);
             return Ok(());
         }
         let mut rearmed = Vec::new();
@@ -550,6 +555,31 @@ const LOCATE_AT_MOST: Duration = Duration::from_secs(2);
 /// One pass over every thread of the target, running or not, as
 /// `pytrace dump` shows it: each thread's stack at this instant. `opts`
 /// must ask for --idle's thread iterator (and --threads).
+/// The thread iterator over process `pid`'s threads alone (the task
+/// iterator's filter, Linux 6.1+), so that a pass visits that process's
+/// threads rather than every task of the machine and runs the program on
+/// each: the machine's tasks cost a one-thread target's `--idle` most of
+/// its CPU (bench/results.md, "Fixed cost"). None where the kernel has no
+/// filter (before 6.1 it refuses the longer link info): then the whole
+/// iterator, whose program skips other processes' threads itself.
+fn threads_of(program: &libbpf_rs::ProgramMut<'_>, pid: u32) -> Option<Link> {
+    use libbpf_rs::libbpf_sys::{bpf_iter_attach_opts, bpf_iter_link_info, bpf_program__attach_iter};
+    use libbpf_rs::AsRawLibbpf;
+    let mut info = bpf_iter_link_info::default();
+    info.task.pid = pid;
+    let opts = bpf_iter_attach_opts {
+        sz: std::mem::size_of::<bpf_iter_attach_opts>() as _,
+        link_info: &mut info,
+        link_info_len: std::mem::size_of::<bpf_iter_link_info>() as _,
+        ..Default::default()
+    };
+    // SAFETY: the program is loaded, and `opts` and `info` outlive the
+    // call, which copies them; libbpf returns NULL (errno set) on failure.
+    let link = unsafe { bpf_program__attach_iter(program.as_libbpf_object().as_ptr(), &opts) };
+    // SAFETY: a non-NULL return is a link libbpf made, now owned here.
+    std::ptr::NonNull::new(link).map(|link| unsafe { Link::from_ptr(link) })
+}
+
 pub fn snapshot(targets: Targets, opts: &Options) -> Result<SampleData> {
     anyhow::ensure!(opts.idle && opts.threads, "a snapshot reads every thread, each apart");
     let pid = pid_of(&targets);

@@ -442,6 +442,21 @@ def rss_mib(pid):
     return float("nan")
 
 
+def rss_trace(prof, seconds):
+    """The RSS of `prof`, a run of `seconds`, every 30 s (a trend rather
+    than two points) until it exits: the trace, its reading at or after
+    60 s (early, past warm-up), and its last (late)."""
+    began = time.monotonic()
+    trace = []
+    while time.monotonic() - began < seconds - 5:
+        time.sleep(min(30, seconds - 5 - (time.monotonic() - began)))
+        trace.append((time.monotonic() - began, rss_mib(prof.pid)))
+    early = next(((t, r) for t, r in trace if t >= 60), trace[0])
+    prof.stderr.read()
+    usage_of(prof)
+    return trace, early, trace[-1]
+
+
 def memory_command_rss_row(seconds, python=DEBIAN, extra=()):
     """`pytrace memory` itself over a long run: bench/memory/alloc_heavy.py
     (rolling caches, json round trips: pools open and close, big buffers
@@ -457,15 +472,7 @@ def memory_command_rss_row(seconds, python=DEBIAN, extra=()):
     time.sleep(1.5)
     out = os.path.join(TMP, "mem-memory.json")
     prof = start([PYTRACE, *mode.split(), "-p", str(target.pid), "-d", str(seconds), "--json", out])
-    began = time.monotonic()
-    trace = []
-    while time.monotonic() - began < seconds - 5:
-        time.sleep(min(30, seconds - 5 - (time.monotonic() - began)))
-        trace.append((time.monotonic() - began, rss_mib(prof.pid)))
-    early = next(((t, r) for t, r in trace if t >= 60), trace[0])
-    late = trace[-1]
-    prof.stderr.read()
-    usage_of(prof)
+    trace, early, late = rss_trace(prof, seconds)
     target.kill()
     target.wait()
     report = json.load(open(out))
@@ -491,16 +498,7 @@ def memory_table():
     time.sleep(1.5)
     out = os.path.join(TMP, "mem-all.json")
     prof = start([PYTRACE, "sample", "--all", "-r", "99", "-d", str(seconds), "--json", out])
-    began = time.monotonic()
-    # RSS every 30 s, to show a trend rather than two points.
-    trace = []
-    while time.monotonic() - began < seconds - 5:
-        time.sleep(min(30, seconds - 5 - (time.monotonic() - began)))
-        trace.append((time.monotonic() - began, rss_mib(prof.pid)))
-    early = next(((t, r) for t, r in trace if t >= 60), trace[0])
-    late = trace[-1]
-    prof.stderr.read()
-    usage_of(prof)
+    trace, early, late = rss_trace(prof, seconds)
     for t in targets:
         t.kill()
         t.wait()

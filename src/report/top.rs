@@ -10,7 +10,7 @@ use std::time::Duration;
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::Line;
-use ratatui::widgets::{Cell, Row, Table};
+use ratatui::widgets::{Cell, Paragraph, Row, Table};
 use ratatui::Frame;
 
 use super::profile::{short_path, FunctionShare, Profile};
@@ -121,30 +121,27 @@ impl TopView {
     }
 
     pub fn draw(&self, frame: &mut Frame) {
-        let [header, table, help] = Layout::vertical([Constraint::Length(2), Constraint::Min(1), Constraint::Length(1)]).areas(frame.area());
-        let header_text = vec![
-            Line::from(self.title.clone()),
-            Line::from(format!(
+        let header = vec![
+            self.title.clone(),
+            format!(
                 "{} Hz, {:.0} s, {} samples ({} in the last interval), {} lost",
                 self.hz,
                 self.elapsed.as_secs_f64(),
                 self.samples_all,
                 self.samples_now,
                 self.lost
-            )),
+            ),
         ];
-        frame.render_widget(ratatui::widgets::Paragraph::new(header_text), header);
         let pct = |n: u64, of: u64| if of == 0 { "0.0%".to_string() } else { format!("{:.1}%", n as f64 * 100.0 / of as f64) };
         let secs = |n: u64| format!("{:.2}s", n as f64 / self.hz.max(1) as f64);
         let marked = |title: &str, by: SortBy| if self.sort == by { format!("[{title}]") } else { title.to_string() };
-        let head = Row::new(vec![
-            Cell::from(marked("%Own", SortBy::OwnNow)),
-            Cell::from(marked("%Total", SortBy::TotalNow)),
-            Cell::from(marked("OwnTime", SortBy::OwnAll)),
-            Cell::from(marked("TotalTime", SortBy::TotalAll)),
-            Cell::from("Function (file:line)"),
-        ])
-        .style(Style::default().add_modifier(Modifier::REVERSED));
+        let titles = vec![
+            marked("%Own", SortBy::OwnNow),
+            marked("%Total", SortBy::TotalNow),
+            marked("OwnTime", SortBy::OwnAll),
+            marked("TotalTime", SortBy::TotalAll),
+            "Function (file:line)".into(),
+        ];
         let rows = self.rows.iter().map(|((name, file, line), c)| {
             let place = if file.is_empty() { String::new() } else { format!(" ({}:{line})", short_path(file, self.cwd.as_deref())) };
             Row::new(vec![
@@ -155,9 +152,8 @@ impl TopView {
                 Cell::from(format!("{name}{place}")),
             ])
         });
-        let widths = [Constraint::Length(7), Constraint::Length(8), Constraint::Length(9), Constraint::Length(11), Constraint::Min(20)];
-        frame.render_widget(Table::new(rows, widths).header(head), table);
-        frame.render_widget(ratatui::widgets::Paragraph::new("1-4 sort by a column, q quit"), help);
+        let widths = vec![Constraint::Length(7), Constraint::Length(8), Constraint::Length(9), Constraint::Length(11), Constraint::Min(20)];
+        Screen { header, titles, widths, rows: rows.collect(), footer: vec![SORT_AND_QUIT.into()] }.draw(frame);
     }
 }
 
@@ -247,33 +243,30 @@ impl CallsTopView {
     }
 
     pub fn draw(&self, frame: &mut Frame) {
-        let [header, table, help] = Layout::vertical([Constraint::Length(2), Constraint::Min(1), Constraint::Length(1)]).areas(frame.area());
         let seconds = self.interval.as_secs_f64();
         let calls: u64 = self.rows.iter().map(|r| r.all.calls).sum();
         let calls_now: u64 = self.rows.iter().map(|r| r.calls_now).sum();
         let rate = |n: u64| if seconds > 0.0 { format!("{:.0}", n as f64 / seconds) } else { "-".into() };
-        let header_text = vec![
-            Line::from(self.title.clone()),
-            Line::from(format!(
+        let header = vec![
+            self.title.clone(),
+            format!(
                 "exact calls, {:.0} s, {} functions, {} calls ({}/s now), {} lost",
                 self.elapsed.as_secs_f64(),
                 self.rows.len(),
                 calls,
                 rate(calls_now),
                 self.lost
-            )),
+            ),
         ];
-        frame.render_widget(ratatui::widgets::Paragraph::new(header_text), header);
         let marked = |title: &str, by: CallsSortBy| if self.sort == by { format!("[{title}]") } else { title.to_string() };
-        let head = Row::new(vec![
-            Cell::from(marked("Calls/s", CallsSortBy::RateNow)),
-            Cell::from(marked("Calls", CallsSortBy::CallsAll)),
-            Cell::from(marked("%Self", CallsSortBy::SelfNow)),
-            Cell::from("p50"),
-            Cell::from(marked("p99", CallsSortBy::P99)),
-            Cell::from("Function (file:line)"),
-        ])
-        .style(Style::default().add_modifier(Modifier::REVERSED));
+        let titles = vec![
+            marked("Calls/s", CallsSortBy::RateNow),
+            marked("Calls", CallsSortBy::CallsAll),
+            marked("%Self", CallsSortBy::SelfNow),
+            "p50".into(),
+            marked("p99", CallsSortBy::P99),
+            "Function (file:line)".into(),
+        ];
         let self_share = |ns: u64| if seconds > 0.0 { format!("{:.1}%", ns as f64 / 1e7 / seconds) } else { "-".into() };
         let rows = self.rows.iter().map(|r| {
             let (name, file, line) = &r.key;
@@ -287,10 +280,56 @@ impl CallsTopView {
                 Cell::from(format!("{name}{place}")),
             ])
         });
-        let widths = [Constraint::Length(9), Constraint::Length(10), Constraint::Length(7), Constraint::Length(8), Constraint::Length(8), Constraint::Min(20)];
-        frame.render_widget(Table::new(rows, widths).header(head), table);
-        frame.render_widget(ratatui::widgets::Paragraph::new("1-4 sort by a column, q quit"), help);
+        let widths = vec![Constraint::Length(9), Constraint::Length(10), Constraint::Length(7), Constraint::Length(8), Constraint::Length(8), Constraint::Min(20)];
+        Screen { header, titles, widths, rows: rows.collect(), footer: vec![SORT_AND_QUIT.into()] }.draw(frame);
     }
+}
+
+/// The keys' line of a view whose keys 1 to 4 each sort by a column.
+const SORT_AND_QUIT: &str = "1-4 sort by a column, q quit";
+
+/// What every live view draws, top to bottom: its header lines, its table
+/// under a reversed row of column titles, and its footer lines (the keys'
+/// line last). Header and footer lines are wrapped to the screen's width,
+/// so that nothing they say (a drop counter) is cut off at its edge.
+pub(super) struct Screen<'a> {
+    pub header: Vec<String>,
+    pub titles: Vec<String>,
+    pub widths: Vec<Constraint>,
+    pub rows: Vec<Row<'a>>,
+    pub footer: Vec<String>,
+}
+
+impl Screen<'_> {
+    pub fn draw(self, frame: &mut Frame) {
+        let width = frame.area().width as usize;
+        let lines = |text: &[String]| -> Vec<Line> { text.iter().flat_map(|t| wrapped(t, width)).map(Line::from).collect() };
+        let (header, footer) = (lines(&self.header), lines(&self.footer));
+        let [top, table, bottom] =
+            Layout::vertical([Constraint::Length(header.len() as u16), Constraint::Min(1), Constraint::Length(footer.len() as u16)]).areas(frame.area());
+        frame.render_widget(Paragraph::new(header), top);
+        let head = Row::new(self.titles.into_iter().map(Cell::from)).style(Style::default().add_modifier(Modifier::REVERSED));
+        frame.render_widget(Table::new(self.rows, self.widths).header(head), table);
+        frame.render_widget(Paragraph::new(footer), bottom);
+    }
+}
+
+/// `text` in lines of at most `width` characters, broken at spaces (a
+/// word longer than a line is left whole, and cut where the screen ends).
+fn wrapped(text: &str, width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split(' ') {
+        let have = line.chars().count();
+        if have > 0 && have + 1 + word.chars().count() > width {
+            lines.push(std::mem::take(&mut line));
+        } else if have > 0 {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    lines.push(line);
+    lines
 }
 
 impl LiveView for TopView {

@@ -357,6 +357,14 @@ struct TopArgs {
     /// share of the samples its code ran in (`[task NAME]`), beside the functions
     #[arg(long = "async", conflicts_with = "calls")]
     async_tasks: bool,
+    /// Per Python stack, the bytes live now and grown since the start, as
+    /// `pytrace memory` measures them, instead of sampling
+    #[arg(long, conflicts_with_all = ["rate", "calls", "async_tasks"])]
+    memory: bool,
+    /// With --memory: keep one event per SIZE bytes on average, as `pytrace
+    /// memory --every` does [default: 524288]
+    #[arg(long, value_name = "BYTES")]
+    every: Option<u64>,
 }
 
 #[derive(Args)]
@@ -579,6 +587,14 @@ impl Cli {
                 // top reads its keys from the terminal: the command does not get it.
                 if let TargetSpec::Command(command) = &mut target {
                     command.give_terminal = false;
+                }
+                // Checked here, not by clap, whose sentence for a missing
+                // --memory runs onto a second line.
+                anyhow::ensure!(args.memory || args.every.is_none(), "--every sets the byte sampling of `top --memory`: add --memory");
+                if args.memory {
+                    let every = args.every.unwrap_or(crate::tracing::memory::DEFAULT_EVERY);
+                    anyhow::ensure!(every > 0, "--every must be at least 1 byte");
+                    return commands::top_memory::run(target, duration, every);
                 }
                 let hz = args.rate.hz()?;
                 commands::top::run(commands::top::Options { target, duration, hz, calls: args.calls, async_tasks: args.async_tasks })

@@ -12,6 +12,7 @@ pub mod restore;
 pub mod schema;
 pub mod top;
 pub mod top_calls;
+pub mod top_memory;
 pub mod memory;
 pub mod heap;
 pub mod agent;

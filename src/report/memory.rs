@@ -12,8 +12,8 @@ use super::pprof::{encode, unix_ns_ago, PprofInput, StackValues};
 use super::profile::{label, Profile, Weight};
 use super::{counted_line, dropped_line, thousands, PythonInfo};
 use crate::model::counters::Counters;
-use crate::model::memory::{AllocatedStack, Estimate, MemoryData, Source};
-use crate::model::samples::Sample;
+use crate::model::memory::{AllocatedStack, Estimate, MemoryData, MemoryStack, Source};
+use crate::model::samples::{Frame, Sample};
 
 /// sample's profile of `data`, each stack weighted by its live bytes (to
 /// the byte): what folded stacks, the flamegraph and speedscope draw.
@@ -163,25 +163,32 @@ pub struct StackRow {
     pub grown_interval95: f64,
 }
 
+/// The rows of `stacks`, each frame named by `name`, by live bytes
+/// (largest first), and the live and grown totals: stacks that differ
+/// only where a frame's instruction is (two call sites on one line) are
+/// one row. The table's and `top --memory`'s.
+pub fn stack_rows(stacks: &[MemoryStack], name: impl Fn(&Frame) -> String) -> (Vec<StackRow>, Estimate, Estimate) {
+    let mut live = Estimate::default();
+    let mut grown = Estimate::default();
+    let mut merged: std::collections::BTreeMap<(Vec<String>, Source), (Estimate, Estimate)> = Default::default();
+    for s in stacks {
+        live.add(&s.live);
+        grown.add(&s.grown);
+        let row = merged.entry((s.frames.iter().map(|f| name(f)).collect(), s.source)).or_default();
+        row.0.add(&s.live);
+        row.1.add(&s.grown);
+    }
+    let mut rows: Vec<StackRow> = merged
+        .into_iter()
+        .map(|((frames, source), (live, grown))| StackRow { frames, source, live_interval95: live.interval95(), live, grown_interval95: grown.interval95(), grown })
+        .collect();
+    rows.sort_by(|a, b| b.live.bytes.total_cmp(&a.live.bytes).then(b.grown.bytes.total_cmp(&a.grown.bytes)));
+    (rows, live, grown)
+}
+
 impl MemoryReport {
     pub fn new(pid: u32, python: PythonInfo, duration_ns: u64, data: MemoryData) -> Self {
-        let mut live = Estimate::default();
-        let mut grown = Estimate::default();
-        // Stacks that differ only where a frame's instruction is (two
-        // call sites on one line) are one row.
-        let mut merged: std::collections::BTreeMap<(Vec<String>, Source), (Estimate, Estimate)> = Default::default();
-        for s in data.stacks {
-            live.add(&s.live);
-            grown.add(&s.grown);
-            let row = merged.entry((s.frames.iter().map(|f| label(f)).collect(), s.source)).or_default();
-            row.0.add(&s.live);
-            row.1.add(&s.grown);
-        }
-        let mut stacks: Vec<StackRow> = merged
-            .into_iter()
-            .map(|((frames, source), (live, grown))| StackRow { frames, source, live_interval95: live.interval95(), live, grown_interval95: grown.interval95(), grown })
-            .collect();
-        stacks.sort_by(|a, b| b.live.bytes.total_cmp(&a.live.bytes).then(b.grown.bytes.total_cmp(&a.grown.bytes)));
+        let (stacks, live, grown) = stack_rows(&data.stacks, label);
         let events = data.counters.get("allocation_events");
         let allocations = data.allocations.map(|stacks| AllocationsReport::new(stacks, events, duration_ns));
         MemoryReport {
@@ -249,7 +256,7 @@ impl MemoryReport {
 }
 
 /// Bytes in the binary unit that keeps three or four significant digits.
-fn bytes(b: f64) -> String {
+pub(super) fn bytes(b: f64) -> String {
     if b < 1024.0 {
         format!("{b:.0} B")
     } else if b < 1024.0 * 1024.0 {

@@ -15,6 +15,7 @@ pub mod pstats;
 pub mod schema;
 pub mod terminal;
 pub mod top;
+pub mod top_memory;
 pub mod memory;
 pub mod heap;
 

@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use ratatui::Frame;
 
 /// How often the view takes a new reading.
-const REDRAW_EVERY: Duration = Duration::from_secs(1);
+pub const REDRAW_EVERY: Duration = Duration::from_secs(1);
 
 /// A view the terminal shows live: keys 1 to 4 sort it by a column.
 pub trait LiveView {

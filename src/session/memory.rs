@@ -2,7 +2,8 @@
 //! allocator's probe sites found (a build pytrace cannot measure never
 //! runs), the memory program attached, and the live view read at the end
 //! of the traced window while the target still runs (the session's
-//! `before_detach`).
+//! `before_detach`); for `top --memory`, also read once a second while it
+//! runs (`MemoryTarget::watch`).
 
 use std::time::Duration;
 
@@ -10,37 +11,81 @@ use anyhow::Result;
 
 use super::{Run, Target, TargetSpec};
 use crate::model::memory::MemoryData;
+use crate::python::Python;
 use crate::tracing::memory::{self, Options};
 
-/// A stop signal (Ctrl-C) ends the traced window here, before the driver
-/// would pass it on to a command pytrace started: the live view is read
-/// while the command still holds its memory, and the command is stopped
-/// after (`Target::end_command`), not while it is read.
 pub fn trace_memory(spec: TargetSpec, duration: Option<Duration>, opts: Options) -> Result<(Run, MemoryData)> {
-    let (target, python) = Target::prepare(spec)?;
-    // Refused here, before the command runs, if the build has no sites or
-    // the process does not allocate through obmalloc: PYTHONMALLOC is read
-    // once, at startup, from the environment the process was started with.
-    let sites = python.alloc_sites().map_err(anyhow::Error::msg)?;
-    if let Some(allocator) = crate::process::elf::environment_variable(target.pid, "PYTHONMALLOC") {
-        if !allocator.is_empty() && !allocator.starts_with("pymalloc") {
-            anyhow::bail!(
-                "process {} runs with PYTHONMALLOC={allocator}: its objects do not come from obmalloc's pools, which `pytrace memory` watches",
-                target.pid
-            );
+    let (target, python) = MemoryTarget::prepare(spec, &opts)?;
+    target.trace(&python, duration, opts, |_, _| Ok(true))
+}
+
+/// A target made ready for a memory run: found or started (and held),
+/// and found measurable: its build has the probe sites, and its objects
+/// come from obmalloc.
+pub struct MemoryTarget {
+    target: Target,
+    /// With --allocations, its probe sites as the run's mode names them.
+    allocation_sites: Option<String>,
+}
+
+impl MemoryTarget {
+    /// Refuses here, before a command runs, a build with no sites or a
+    /// process that does not allocate through obmalloc: PYTHONMALLOC is
+    /// read once, at startup, from the environment the process was started
+    /// with.
+    pub fn prepare(spec: TargetSpec, opts: &Options) -> Result<(Self, Python)> {
+        let (target, python) = Target::prepare(spec)?;
+        let sites = python.alloc_sites().map_err(anyhow::Error::msg)?;
+        if let Some(allocator) = crate::process::elf::environment_variable(target.pid, "PYTHONMALLOC") {
+            if !allocator.is_empty() && !allocator.starts_with("pymalloc") {
+                anyhow::bail!(
+                    "process {} runs with PYTHONMALLOC={allocator}: its objects do not come from obmalloc's pools, which `pytrace memory` watches",
+                    target.pid
+                );
+            }
         }
+        crate::python::probes::alloc_sites::check_guards(&python, &sites, target.pid).map_err(anyhow::Error::msg)?;
+        let allocation_sites = match opts.allocations {
+            true => Some(crate::tracing::allocations::describe(&python.allocation_sites().map_err(anyhow::Error::msg)?)),
+            false => None,
+        };
+        Ok((MemoryTarget { target, allocation_sites }, python))
     }
-    crate::python::probes::alloc_sites::check_guards(&python, &sites, target.pid).map_err(anyhow::Error::msg)?;
-    let allocation_sites = if opts.allocations { Some(python.allocation_sites().map_err(anyhow::Error::msg)?) } else { None };
-    let release = |session: &memory::Session, target: &mut Target| {
-        target.release()?;
-        session.locate_soon()
-    };
-    let plan = memory::Plan { pid: target.pid, python: &python, opts };
-    let (mut run, data) = target.trace(&python, "memory", duration, plan, release, |_, _| Ok(!super::stop_requested()))?;
-    run.mode = "uprobes at obmalloc's pool openings and big allocations".into();
-    if let Some(sites) = allocation_sites {
-        run.mode += &format!(" and at its {}", crate::tracing::allocations::describe(&sites));
+
+    pub fn pid(&self) -> u32 {
+        self.target.pid
     }
-    Ok((run, data))
+
+    pub fn cwd(&self) -> Option<String> {
+        self.target.cwd()
+    }
+
+    /// `pytrace top --memory`: the run, with `each` given between polls a
+    /// read of the rows so far (`read_rows`: the live view read then, the
+    /// growth so far) and the time run so far; it ends the run by
+    /// returning false. What the run gathered at its end is not kept: the
+    /// view showed it.
+    pub fn watch(self, python: &Python, duration: Option<Duration>, opts: Options, mut each: impl FnMut(&dyn Fn() -> Result<MemoryData>, Duration) -> Result<bool>) -> Result<Run> {
+        let (run, _) = self.trace(python, duration, opts, |session, elapsed| each(&|| session.so_far(), elapsed))?;
+        Ok(run)
+    }
+
+    /// A stop signal (Ctrl-C) ends the traced window here, before the
+    /// driver would pass it on to a command pytrace started: the live view
+    /// is read while the command still holds its memory, and the command is
+    /// stopped after (`Target::end_command`), not while it is read.
+    fn trace(self, python: &Python, duration: Option<Duration>, opts: Options, mut each: impl FnMut(&memory::Session<'_, '_>, Duration) -> Result<bool>) -> Result<(Run, MemoryData)> {
+        let release = |session: &memory::Session, target: &mut Target| {
+            target.release()?;
+            session.locate_soon()
+        };
+        let plan = memory::Plan { pid: self.target.pid, python, opts };
+        let each = |session: &memory::Session, elapsed| Ok(each(session, elapsed)? && !super::stop_requested());
+        let (mut run, data) = self.target.trace(python, "memory", duration, plan, release, each)?;
+        run.mode = "uprobes at obmalloc's pool openings and big allocations".into();
+        if let Some(sites) = &self.allocation_sites {
+            run.mode += &format!(" and at its {sites}");
+        }
+        Ok((run, data))
+    }
 }

@@ -48,7 +48,7 @@ pub use imports::trace_imports;
 pub use run::Run;
 pub use sampling::{sample, sample_target};
 pub use snapshot::snapshot;
-pub use memory::trace_memory;
+pub use memory::{trace_memory, MemoryTarget};
 pub use heap::{heap_census, HeapOptions};
 
 pub use launch::Command as LaunchCommand;

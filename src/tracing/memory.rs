@@ -223,9 +223,25 @@ impl<'obj, 'a> Session<'obj, 'a> {
     pub fn finish(self) -> Result<MemoryData> {
         self.links.clear();
         let live = self.live.borrow_mut().take().unwrap_or_else(|| self.read_live());
+        self.rows(&live)
+    }
+
+    /// The rows so far, while the probes still count (`pytrace top
+    /// --memory`, once a second): the live view read now, unless the target
+    /// has exited (the last read then stands), beside the growth so far.
+    pub fn so_far(&self) -> Result<MemoryData> {
+        self.read_live_if_running();
+        match &*self.live.borrow() {
+            Some(live) => self.rows(live),
+            None => self.rows(&self.read_live()),
+        }
+    }
+
+    /// Every stack's growth and live bytes, named, with the counters now.
+    fn rows(&self, live: &LiveView) -> Result<MemoryData> {
         let growth = self.growth();
-        let mut stacks = self.stacks.into_inner();
-        let mut processes = self.processes.into_inner();
+        let mut stacks = self.stacks.borrow_mut();
+        let mut processes = self.processes.borrow_mut();
         let mut rows: HashMap<(u64, u32), MemoryStack> = HashMap::new();
         let mut unnamed = 0;
         let source_of = |s: u32| if s == memory_source::SOURCE_POOL.0 { Source::Pool } else { Source::Big };

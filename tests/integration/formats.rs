@@ -298,8 +298,13 @@ impl Terminal {
 
     /// An 80-column terminal of `rows` rows.
     fn start_with_rows(name: &str, command: &str, rows: u32) -> Self {
+        Self::start_sized(name, command, 80, rows)
+    }
+
+    /// A terminal of `columns` × `rows`.
+    fn start_sized(name: &str, command: &str, columns: u32, rows: u32) -> Self {
         let terminal = Terminal(format!("{name}-{}", std::process::id()));
-        terminal.tmux(&["new-session", "-d", "-s", &terminal.0, "-x", "80", "-y", &rows.to_string(), command]);
+        terminal.tmux(&["new-session", "-d", "-s", &terminal.0, "-x", &columns.to_string(), "-y", &rows.to_string(), command]);
         terminal
     }
 
@@ -670,4 +675,138 @@ fn top_calls_shows_cprofiles_counts_live_and_quits_on_q() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     assert_eq!(eval_frame_now(target.pid()), "not set", "{label}: the eval-frame hook is put back");
+}
+
+/// `top --memory -p PID` on fixtures/memory_split.py (three functions
+/// hold 60/30/10 of 24 MiB, a fifth leaks 2000-byte bytearrays) at
+/// `--every 1024`, in a 200×80 terminal: wide and tall enough that every
+/// row of the three shows whole (on 3.11 a list comprehension's frame
+/// comes first in two of their stacks). Once the fixture holds its memory,
+/// the screen's rows, each charged to the innermost of the fixture's
+/// functions in its stack, give the three the split of the bytes
+/// tracemalloc finds each holding in a run of the same work (`--truth`),
+/// within 3 points; the leak has its rows, within 10 % of what it made;
+/// nothing is dropped. `q` quits with status 0 and the target runs on.
+///
+/// The bound, from the kept events (the `kept` column): a function's
+/// estimate from k kept events of one size, each kept with chance p, has
+/// a relative standard error of sqrt((1 - p) / k). retain_small's pools
+/// (16 KiB, p = 1 - e^-16) and the buffers (256 KiB) are all but
+/// certainly kept: their error is nil. The bytearrays' 4 KiB (p = 0.98)
+/// carry it: 3 points of their 30 % (10 %) at two standard errors needs
+/// k >= (1 - 0.98) / 0.05² = 8 (~1,800 are kept); the leak's 2000 bytes
+/// (p = 0.86), 10 % at two, k >= 56 (MIN_KEPT_* in memory.rs). The
+/// screen rounds a row to a tenth of its unit: 0.05 MiB of the buffers'
+/// 2.2 MiB row is 0.2 points of the split, within the bound.
+#[test]
+fn top_memory_shows_the_held_split_live_and_quits_on_q() {
+    use crate::memory::{FUNCTIONS, MIN_KEPT_BYTEARRAYS, MIN_KEPT_LEAK};
+    let _machine = shared();
+    let (label, python) = pythons().remove(0);
+    let py = crate::common::matrix::Interpreter::host("3.11", python);
+    let (truth_inside, truth_host) = py.output("top-memory-truth.json");
+    py.run("memory_split.py", &["--truth", &truth_inside]);
+    let truth = crate::common::read_json(&truth_host);
+    let (held_inside, held_host) = py.output("top-memory-held.json");
+    let mut target = py.start_waiting("memory_split.py", &["--held", &held_inside, "--hold", "300"]);
+    let command = format!("{PYTRACE} top --memory --every 1024 -p {}; echo top exited with $?; sleep 60", target.pid());
+    let terminal = Terminal::start_sized("pytrace-top-memory", &command, 200, 80);
+    // The view is up once pytrace has attached: only then may the work run.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !terminal.screen().contains("kept blocks read") {
+        assert!(std::time::Instant::now() < deadline, "{label}: no view:\n{}", terminal.screen());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    signal(target.pid(), libc::SIGUSR1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !held_host.exists() {
+        assert!(std::time::Instant::now() < deadline, "{label}: the fixture did not finish its work");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // Two readings after the work is done (the view reads once a second).
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let screen = terminal.screen();
+    assert!(screen.contains(&format!("pytrace top --memory: PID {}", target.pid())), "{label}:\n{screen}");
+    assert!(screen.contains("dropped: nothing"), "{label}: events dropped:\n{screen}");
+    let rows = top_memory_rows(&screen);
+    let mut held: HashMap<&str, (f64, u64)> = FUNCTIONS.iter().map(|f| (*f, (0.0, 0))).collect();
+    for (live, kept, stack) in &rows {
+        let Some(function) = stack.split(" < ").find_map(|frame| FUNCTIONS.iter().find(|f| frame.starts_with(&format!("{f} (")))) else { continue };
+        let e = held.get_mut(function).unwrap();
+        e.0 += live;
+        e.1 += kept;
+    }
+    let (kept_bytearrays, kept_leak) = (held["retain_bytearrays"].1, held["leak"].1);
+    assert!(kept_bytearrays >= MIN_KEPT_BYTEARRAYS, "{label}: the bytearrays rest on {kept_bytearrays} kept events, at least {MIN_KEPT_BYTEARRAYS} needed:\n{screen}");
+    assert!(kept_leak >= MIN_KEPT_LEAK, "{label}: the leak rests on {kept_leak} kept events, at least {MIN_KEPT_LEAK} needed:\n{screen}");
+    let retained = ["retain_small", "retain_bytearrays", "retain_buffers"];
+    let sum: f64 = retained.iter().map(|f| held[f].0).sum();
+    let truth_sum: f64 = retained.iter().map(|f| truth[f].as_f64().unwrap()).sum();
+    for f in retained {
+        let (share, want) = (held[f].0 / sum, truth[f].as_f64().unwrap() / truth_sum);
+        assert!((share - want).abs() <= 0.03, "{label}: {f} holds {share:.3} of the three's live bytes on screen, tracemalloc {want:.3} (± 0.03):\n{screen}");
+    }
+    let leak = held["leak"].0 / truth["leak"].as_f64().unwrap();
+    assert!((leak - 1.0).abs() <= 0.10, "{label}: the leak shows {:.0} bytes live, tracemalloc {} (± 10 %):\n{screen}", held["leak"].0, truth["leak"]);
+    terminal.press("q");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let screen = terminal.screen();
+        if screen.contains("top exited with 0") {
+            assert!(!screen.contains("kept blocks read"), "{label}: the view stayed on screen:\n{screen}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{label}: q did not quit:\n{screen}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(target.0.try_wait().unwrap().is_none(), "{label}: the target did not run on");
+}
+
+/// `top --memory`'s rows on a screen: (live bytes, kept events, stack),
+/// from lines of `LIVE ±95% GROWN ±95% KEPT FROM STACK…`, each byte
+/// count a number and its unit.
+fn top_memory_rows(screen: &str) -> Vec<(f64, u64, String)> {
+    let bytes = |number: &str, unit: &str| -> Option<f64> {
+        let scale = match unit {
+            "B" => 1.0,
+            "KiB" => 1024.0,
+            "MiB" => 1048576.0,
+            "GiB" => 1073741824.0,
+            _ => return None,
+        };
+        Some(number.parse::<f64>().ok()? * scale)
+    };
+    screen
+        .lines()
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.len() < 11 || !["pool", "malloc"].contains(&cols[9]) {
+                return None;
+            }
+            let live = bytes(cols[0], cols[1])?;
+            let kept = cols[8].replace(',', "").parse().ok()?;
+            Some((live, kept, cols[10..].join(" ")))
+        })
+        .collect()
+}
+
+/// `--memory` with another view (`--calls`, `--async`, the sampler's
+/// `--rate`), `--every` without `--memory`, or an `--every` of 0: one
+/// sentence and a non-zero exit (clap's 2 for a conflict, 1 for the
+/// others), before any process is looked at.
+#[test]
+fn top_memory_refuses_what_it_cannot_do_in_one_sentence() {
+    let _machine = shared();
+    for (args, code, said) in [
+        (&["top", "--memory", "--calls", "-p", "1"][..], 2, "pytrace: the argument '--memory' cannot be used with '--calls'"),
+        (&["top", "--memory", "--async", "-p", "1"][..], 2, "pytrace: the argument '--memory' cannot be used with '--async'"),
+        (&["top", "--memory", "-r", "999", "-p", "1"][..], 2, "pytrace: the argument '--memory' cannot be used with '--rate <HZ>'"),
+        (&["top", "--every", "1024", "-p", "1"][..], 1, "pytrace: --every sets the byte sampling of `top --memory`: add --memory"),
+        (&["top", "--memory", "--every", "0", "-p", "1"][..], 1, "pytrace: --every must be at least 1 byte"),
+    ] {
+        let out = pytrace(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
+        assert_eq!(error_lines(&stderr), vec![said], "{args:?}");
+    }
 }

@@ -36,7 +36,7 @@ fn nodtrace_311() -> std::path::PathBuf {
     path
 }
 
-const FUNCTIONS: [&str; 5] = ["retain_small", "retain_bytearrays", "retain_buffers", "churn", "leak"];
+pub(crate) const FUNCTIONS: [&str; 5] = ["retain_small", "retain_bytearrays", "retain_buffers", "churn", "leak"];
 
 /// T for the test: one event kept per KiB on average, so a 2000-byte
 /// bytearray is kept with p = 0.86, a 4 KiB one with p = 0.98, a pool
@@ -56,8 +56,8 @@ const EVERY: &str = "1024";
 /// standard errors, k ≥ (1 - 0.86) / 0.05² = 56 (~1,760 expected); for
 /// the bytearrays' 3 points of a 30 % share (10 %) at two,
 /// k ≥ (1 - 0.98) / 0.05² = 8 (~1,890 expected).
-const MIN_KEPT_LEAK: u64 = 56;
-const MIN_KEPT_BYTEARRAYS: u64 = 8;
+pub(crate) const MIN_KEPT_LEAK: u64 = 56;
+pub(crate) const MIN_KEPT_BYTEARRAYS: u64 = 8;
 
 /// How long the fixture's work may take on a loaded machine.
 const WORK_AT_MOST: Duration = Duration::from_secs(120);

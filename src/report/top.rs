@@ -136,11 +136,11 @@ impl TopView {
         let secs = |n: u64| format!("{:.2}s", n as f64 / self.hz.max(1) as f64);
         let marked = |title: &str, by: SortBy| if self.sort == by { format!("[{title}]") } else { title.to_string() };
         let titles = vec![
-            marked("%Own", SortBy::OwnNow),
-            marked("%Total", SortBy::TotalNow),
-            marked("OwnTime", SortBy::OwnAll),
-            marked("TotalTime", SortBy::TotalAll),
-            "Function (file:line)".into(),
+            Cell::from(marked("%Own", SortBy::OwnNow)),
+            Cell::from(marked("%Total", SortBy::TotalNow)),
+            Cell::from(marked("OwnTime", SortBy::OwnAll)),
+            Cell::from(marked("TotalTime", SortBy::TotalAll)),
+            Cell::from("Function (file:line)"),
         ];
         let rows = self.rows.iter().map(|((name, file, line), c)| {
             let place = if file.is_empty() { String::new() } else { format!(" ({}:{line})", short_path(file, self.cwd.as_deref())) };
@@ -260,12 +260,12 @@ impl CallsTopView {
         ];
         let marked = |title: &str, by: CallsSortBy| if self.sort == by { format!("[{title}]") } else { title.to_string() };
         let titles = vec![
-            marked("Calls/s", CallsSortBy::RateNow),
-            marked("Calls", CallsSortBy::CallsAll),
-            marked("%Self", CallsSortBy::SelfNow),
-            "p50".into(),
-            marked("p99", CallsSortBy::P99),
-            "Function (file:line)".into(),
+            Cell::from(marked("Calls/s", CallsSortBy::RateNow)),
+            Cell::from(marked("Calls", CallsSortBy::CallsAll)),
+            Cell::from(marked("%Self", CallsSortBy::SelfNow)),
+            Cell::from("p50"),
+            Cell::from(marked("p99", CallsSortBy::P99)),
+            Cell::from("Function (file:line)"),
         ];
         let self_share = |ns: u64| if seconds > 0.0 { format!("{:.1}%", ns as f64 / 1e7 / seconds) } else { "-".into() };
         let rows = self.rows.iter().map(|r| {
@@ -294,7 +294,7 @@ const SORT_AND_QUIT: &str = "1-4 sort by a column, q quit";
 /// so that nothing they say (a drop counter) is cut off at its edge.
 pub(super) struct Screen<'a> {
     pub header: Vec<String>,
-    pub titles: Vec<String>,
+    pub titles: Vec<Cell<'a>>,
     pub widths: Vec<Constraint>,
     pub rows: Vec<Row<'a>>,
     pub footer: Vec<String>,
@@ -308,7 +308,7 @@ impl Screen<'_> {
         let [top, table, bottom] =
             Layout::vertical([Constraint::Length(header.len() as u16), Constraint::Min(1), Constraint::Length(footer.len() as u16)]).areas(frame.area());
         frame.render_widget(Paragraph::new(header), top);
-        let head = Row::new(self.titles.into_iter().map(Cell::from)).style(Style::default().add_modifier(Modifier::REVERSED));
+        let head = Row::new(self.titles).style(Style::default().add_modifier(Modifier::REVERSED));
         frame.render_widget(Table::new(self.rows, self.widths).header(head), table);
         frame.render_widget(Paragraph::new(footer), bottom);
     }

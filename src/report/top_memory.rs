@@ -114,22 +114,22 @@ impl MemoryTopView {
                 thousands(self.blocks_gone)
             ),
         ];
-        let marked = |title: &str, by: MemorySortBy| if self.sort == by { format!("[{title}]") } else { title.to_string() };
+        // Numbers to the right, as in memory's table: digits of one unit
+        // line up, under their column's title.
+        let number = |text: String| Cell::from(Line::from(text).alignment(Alignment::Right));
+        let marked = |title: &str, by: MemorySortBy| number(if self.sort == by { format!("[{title}]") } else { title.to_string() });
         let titles = vec![
             marked("live", MemorySortBy::Live),
-            "±95%".into(),
+            number("±95%".into()),
             marked("grown", MemorySortBy::Grown),
-            "±95%".into(),
+            number("±95%".into()),
             marked("kept", MemorySortBy::Kept),
-            "from".into(),
-            "stack (innermost first)".into(),
+            Cell::from("from"),
+            Cell::from("stack (innermost first)"),
         ];
         let rows = self.rows.iter().map(|row| {
             let inner: Vec<&str> = row.frames.iter().rev().map(String::as_str).collect();
             let mark = if row.grown.kept < MIN_RELIABLE_KEPT { " (few events)" } else { "" };
-            // Numbers to the right, as in memory's table: digits of one
-            // unit line up.
-            let number = |text: String| Cell::from(Line::from(text).alignment(Alignment::Right));
             Row::new(vec![
                 number(bytes(row.live.bytes)),
                 number(bytes(row.live_interval95)),

@@ -15,8 +15,8 @@ use crate::common::*;
 use serde_json::Value;
 
 /// Instances of each of the fixture's two classes, and str/int/float built.
-const INSTANCES: u64 = 20_000;
-const VALUES: u64 = 50_000;
+pub(crate) const INSTANCES: u64 = 20_000;
+pub(crate) const VALUES: u64 = 50_000;
 
 /// `pytrace heap ARGS -p PID --json -`, which must succeed.
 fn heap_json(pid: u32, args: &[&str]) -> Value {
@@ -61,13 +61,20 @@ fn check_census(py: Interpreter, has_arenas: bool) {
     let argv = py.argv("heap_known.py", &[&inside, "--instances", &instances, "--values", &values]);
     let mut target = Proc(Command::new(&argv[0]).args(&argv[1..]).stdout(Stdio::piped()).spawn().unwrap());
     let pid = target.pid();
+    check_census_of(&label, &mut target, pid, &host, has_arenas);
+}
 
+/// heap_known.py (started with `--instances INSTANCES --values VALUES`,
+/// its stdout read from `target`, `pid` as pytrace sees it, writing its
+/// census to `truth`, a path on this host) checked every way against its
+/// own census. Also run in a container (containers.rs).
+pub(crate) fn check_census_of(label: &str, target: &mut Proc, pid: u32, truth: &std::path::Path, has_arenas: bool) {
     // The interpreter's own objects, before the fixture builds anything.
-    wait_for_line(&mut target, "base");
+    wait_for_line(target, "base");
     let base = rows(&heap_json(pid, &[]));
     signal(pid, libc::SIGUSR1);
-    wait_for_line(&mut target, "ready");
-    let truth = read_json(&host);
+    wait_for_line(target, "ready");
+    let truth = read_json(truth);
 
     // --stop: every type's count equals gc.get_objects()'s.
     let stopped = heap_json(pid, &["--stop"]);
@@ -135,7 +142,7 @@ fn check_census(py: Interpreter, has_arenas: bool) {
 
     // The target runs on after the --stop walks: it answers a signal.
     signal(pid, libc::SIGUSR1);
-    wait_for_line(&mut target, "alive");
+    wait_for_line(target, "alive");
 }
 
 over_builds! {

@@ -53,6 +53,10 @@ pub struct Census {
     pub pools_changed: u64,
     /// Heap types whose `__module__` or `__qualname__` could not be read.
     pub types_unnamed: u64,
+    /// Dicts, sets and frozensets whose table could not be read or was out
+    /// of bounds: sized without it, a lower bound.
+    #[serde(default)]
+    pub tables_unread: u64,
     /// The deadline or a step bound ended the walk before its end.
     pub partial: bool,
     /// How long the walk took, and how long the target was stopped (--stop).

@@ -208,6 +208,9 @@ fn footer(c: &Census) -> String {
     if c.types_unnamed > 0 {
         skipped.push(format!("the module of {} classes (named by tp_name)", thousands(c.types_unnamed)));
     }
+    if c.tables_unread > 0 {
+        skipped.push(format!("the table of {} dicts and sets (sized without it)", thousands(c.tables_unread)));
+    }
     if c.partial {
         skipped.push("the rest of the heap: the walk reached its deadline (--timeout)".into());
     }

@@ -15,7 +15,7 @@ use crate::process::proc::{self, Memory};
 use crate::python::layouts::heap;
 use crate::python::reading::heap::arenas::{self, ArenaTable};
 use crate::python::reading::heap::gc_lists::{self, Tally};
-use crate::python::reading::heap::sizes::Sizes;
+use crate::python::reading::heap::sizes::{Sizes, Tables};
 use crate::python::reading::heap::tracked::{Heads, Scan};
 use crate::python::reading::heap::types::Types;
 use crate::python::reading::thread_names;
@@ -62,7 +62,8 @@ fn walk(opts: &HeapOptions, python: &Python, heap: &heap::HeapLayout) -> Result<
     let at = |name: &str| python.symbol(name).map(|a| a.wrapping_add(bias));
     let runtime = at(RUNTIME_SYMBOL)?;
     let layout = &python.layout;
-    let sizes = Sizes::new(layout, heap, at("PyUnicode_Type")?, at("PyLong_Type")?, at("PyList_Type")?);
+    let tables = Tables { mem: &mem, dict_type: at("PyDict_Type")?, set_type: at("PySet_Type")?, frozenset_type: at("PyFrozenSet_Type")? };
+    let sizes = Sizes::new(layout, heap, at("PyUnicode_Type")?, at("PyLong_Type")?, at("PyList_Type")?).with_tables(tables);
     let pytype = at("PyType_Type")?;
     // A list walk is at most one node per 32 bytes of the process's memory.
     let max_steps = rss_bytes(pid).max(1 << 20) / 32;
@@ -118,6 +119,7 @@ fn walk(opts: &HeapOptions, python: &Python, heap: &heap::HeapLayout) -> Result<
         partial: lists.partial || frozen.partial,
         frozen_objects: frozen.objects,
         types_unnamed,
+        tables_unread: sizes.tables_unread.get(),
         walk_ns,
         stopped_ns,
         rss_bytes: rss_bytes(pid),

@@ -105,6 +105,14 @@ pub(crate) fn check_census_of(label: &str, target: &mut Proc, pid: u32, truth: &
         // what sys.getsizeof says, summed.
         assert_eq!(got[&(class.to_string(), true)].1, truth["gc_bytes"][class].as_u64().unwrap(), "{label}: bytes of {class}");
     }
+    // dict, set and frozenset by their own __sizeof__ (their tables, owned
+    // keys, split values), summed: exactly sys.getsizeof's sum over the
+    // fixture's dicts of every shape, sets and frozensets of every size.
+    for kind in ["builtins.dict", "builtins.set", "builtins.frozenset"] {
+        let want = truth["gc_bytes"][kind].as_u64().unwrap_or_else(|| panic!("{label}: the census has no {kind}"));
+        assert_eq!(got[&(kind.to_string(), true)].1, want, "{label}: bytes of {kind}");
+    }
+    assert_eq!(walk["tables_unread"], 0, "{label}");
 
     // The built untracked objects, above the baseline: counts within 1 %
     // (the interpreter makes a few of its own between the two walks: 8 ints

@@ -45,6 +45,23 @@ pub struct HeapLayout {
     /// An int's digit count is its size word shifted right by this (3.12+'s
     /// lv_tag); None: the size word is the signed digit count.
     pub int_tag_shift: Option<u32>,
+    /// How a dict's keys object says its size (dict.__sizeof__ counts it).
+    pub dict_keys: DictKeys,
+}
+
+/// PyDictKeysObject's header, as dict.__sizeof__ reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DictKeys {
+    /// 3.9, 3.10: dk_refcnt, dk_size (slots), dk_lookup, dk_usable,
+    /// dk_nentries (40 bytes); indices 1 to 8 bytes each by dk_size, and
+    /// 24-byte entries, (2 × size) / 3 of them. A split dict's values
+    /// array is as long as that.
+    SizeWord,
+    /// 3.11+: dk_refcnt, then u8s dk_log2_size, dk_log2_index_bytes and
+    /// dk_kind, dk_version, dk_usable at 16, dk_nentries at 24 (32 bytes);
+    /// entries of 24 bytes (general keys) or 16 (str keys). A split dict's
+    /// values array is dk_nentries + dk_usable long.
+    Log2,
 }
 
 /// struct gc_generation: its list head (16 bytes), threshold and count.
@@ -65,18 +82,27 @@ pub const POOL_OVERHEAD: u64 = 48;
 /// obmalloc's ALIGNMENT on x86-64: block sizes are multiples of it.
 pub const ALIGNMENT: u64 = 16;
 
+/// PyDictObject's ma_keys and ma_values; PySetObject's mask, table and
+/// smalltable (3.9 to 3.15); a setentry's size.
+pub const DICT_MA_KEYS: usize = 32;
+pub const DICT_MA_VALUES: usize = 40;
+pub const SET_MASK: usize = 32;
+pub const SET_TABLE: usize = 40;
+pub const SET_SMALLTABLE: u64 = 64;
+pub const SET_ENTRY_SIZE: u64 = 16;
+
 const MANAGED_DICT: u64 = 1 << 4;
 const MANAGED_WEAKREF: u64 = 1 << 3;
 
 pub static HEAP_LAYOUTS: &[HeapLayout] = &[
-    HeapLayout { version: (3, 9), generations: &[(24, 104)], obmalloc: Obmalloc::Symbols, arena_bits: 18, pool_bits: 12, pre_header_flags: 0, ht_qualname: 856, int_tag_shift: None },
-    HeapLayout { version: (3, 10), generations: &[(24, 104)], obmalloc: Obmalloc::Symbols, arena_bits: 20, pool_bits: 14, pre_header_flags: 0, ht_qualname: 864, int_tag_shift: None },
-    HeapLayout { version: (3, 11), generations: &[(24, 104)], obmalloc: Obmalloc::Symbols, arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT, ht_qualname: 864, int_tag_shift: None },
-    HeapLayout { version: (3, 12), generations: &[(24, 104)], obmalloc: Obmalloc::Inline(3960), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3) },
+    HeapLayout { version: (3, 9), generations: &[(24, 104)], obmalloc: Obmalloc::Symbols, arena_bits: 18, pool_bits: 12, pre_header_flags: 0, ht_qualname: 856, int_tag_shift: None, dict_keys: DictKeys::SizeWord },
+    HeapLayout { version: (3, 10), generations: &[(24, 104)], obmalloc: Obmalloc::Symbols, arena_bits: 20, pool_bits: 14, pre_header_flags: 0, ht_qualname: 864, int_tag_shift: None, dict_keys: DictKeys::SizeWord },
+    HeapLayout { version: (3, 11), generations: &[(24, 104)], obmalloc: Obmalloc::Symbols, arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT, ht_qualname: 864, int_tag_shift: None, dict_keys: DictKeys::Log2 },
+    HeapLayout { version: (3, 12), generations: &[(24, 104)], obmalloc: Obmalloc::Inline(3960), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3), dict_keys: DictKeys::Log2 },
     // 3.13.0 at 24; 3.13.18 at 20 (PyGC_Head became 4-byte aligned).
-    HeapLayout { version: (3, 13), generations: &[(24, 104), (20, 104)], obmalloc: Obmalloc::Pointer(10800), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3) },
-    HeapLayout { version: (3, 14), generations: &[(24, 96)], obmalloc: Obmalloc::Pointer(10904), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3) },
-    HeapLayout { version: (3, 15), generations: &[(8, 80)], obmalloc: Obmalloc::Pointer(10880), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 880, int_tag_shift: Some(3) },
+    HeapLayout { version: (3, 13), generations: &[(24, 104), (20, 104)], obmalloc: Obmalloc::Pointer(10800), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3), dict_keys: DictKeys::Log2 },
+    HeapLayout { version: (3, 14), generations: &[(24, 96)], obmalloc: Obmalloc::Pointer(10904), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3), dict_keys: DictKeys::Log2 },
+    HeapLayout { version: (3, 15), generations: &[(8, 80)], obmalloc: Obmalloc::Pointer(10880), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 880, int_tag_shift: Some(3), dict_keys: DictKeys::Log2 },
 ];
 
 /// The row of `version`, if `heap` knows it.

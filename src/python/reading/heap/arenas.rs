@@ -139,7 +139,7 @@ pub fn walk(mem: &Memory, table: &ArenaTable, types: &mut Types, sizes: &Sizes, 
                         out.block_bytes += size;
                         let start = at + offset as usize;
                         let block = &arena[start..start + size as usize];
-                        if !count_plain(block, table, types, sizes, &mut out) {
+                        if !count_plain(block, address + start as u64, table, types, sizes, &mut out) {
                             scan.block(&arena, address, start..start + size as usize, types, sizes, in_arena);
                         }
                     }
@@ -154,7 +154,7 @@ pub fn walk(mem: &Memory, table: &ArenaTable, types: &mut Types, sizes: &Sizes, 
 
 /// Whether the block holds a refcount and then a checked type without GC
 /// (counted then).
-fn count_plain(block: &[u8], table: &ArenaTable, types: &mut Types, sizes: &Sizes, out: &mut ArenaWalk) -> bool {
+fn count_plain(block: &[u8], block_address: u64, table: &ArenaTable, types: &mut Types, sizes: &Sizes, out: &mut ArenaWalk) -> bool {
     let refcount = word(block, 0);
     // A refcount (3.14+: with ob_flags in its top 16 bits) is never above
     // 2**32, where a pointer (a buffer's first item, a free block's link) is.
@@ -168,7 +168,7 @@ fn count_plain(block: &[u8], table: &ArenaTable, types: &mut Types, sizes: &Size
     }
     let tally = out.by_type.entry(t).or_default();
     tally.count += 1;
-    tally.bytes += sizes.bytes(info, block);
+    tally.bytes += sizes.bytes(info, block_address, block);
     out.plain_objects += 1;
     true
 }

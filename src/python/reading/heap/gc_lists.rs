@@ -113,7 +113,7 @@ pub fn walk(
                 Some(t) if types.infos[t].has_gc() => {
                     let tally = out.by_type.entry(t).or_default();
                     tally.count += 1;
-                    tally.bytes += sizes.bytes(&types.infos[t], object);
+                    tally.bytes += sizes.bytes(&types.infos[t], node + 16, object);
                     out.objects += 1;
                 }
                 _ => out.refused += 1,

@@ -119,7 +119,7 @@ impl Scan {
         let prev = word(arena, h + 8) & !FLAG_BITS;
         let node = base + h as u64;
         let object = &arena[h + 16..(h + 16 + NEEDED).min(arena.len())];
-        let what = Some((t, sizes.bytes(&types.infos[t], object)));
+        let what = Some((t, sizes.bytes(&types.infos[t], node + 16, object)));
         let end = base + arena.len() as u64;
         if !(base..end).contains(&prev) {
             self.facts.push((node, prev));
@@ -185,7 +185,7 @@ impl Scan {
             self.count(link.what);
             let object = &node_bytes[16..];
             let what = match types.check(word(object, 8), in_arena) {
-                Some(t) if types.infos[t].has_gc() => Some((t, sizes.bytes(&types.infos[t], object))),
+                Some(t) if types.infos[t].has_gc() => Some((t, sizes.bytes(&types.infos[t], node + 16, object))),
                 _ => {
                     self.out.refused += 1;
                     None

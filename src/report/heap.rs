@@ -215,6 +215,11 @@ fn footer(c: &Census) -> String {
         skipped.push("the rest of the heap: the walk reached its deadline (--timeout)".into());
     }
     out += &format!("skipped: {}\n", if skipped.is_empty() { "nothing".to_string() } else { skipped.join("; ") });
+    match c.young_change {
+        Some(change) if change >= 0 => out += &format!("changed during the walk: {change:+} objects the collector tracks (allocated less freed: its young count)\n"),
+        Some(change) => out += &format!("changed during the walk: a collection ran (the collector's young count fell by {})\n", -change),
+        None => out += "changed during the walk: unknown (the collector's young count was unreadable)\n",
+    }
     out += &match c.stopped_ns {
         Some(ns) => format!("walk: {}; the target was stopped for {} (--stop)\n", super::human_ns(c.walk_ns), super::human_ns(ns)),
         None => format!("walk: {}; the target ran during it (--stop for an exact snapshot)\n", super::human_ns(c.walk_ns)),

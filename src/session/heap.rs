@@ -77,6 +77,9 @@ fn walk(opts: &HeapOptions, python: &Python, heap: &heap::HeapLayout) -> Result<
     let in_arena = |a: u64| table.as_ref().is_ok_and(|t| t.contains(a));
     let (generations, permanent) = gc_lists::heads(&mem, interp + layout.interp_gc as u64, heap.generations)?;
     let heads = Heads::read(&mem, [generations[0], generations[1], generations[2], permanent])?;
+    // How far the heap changed during the walk: the young generation's
+    // count before and after it (read_young_count).
+    let young_before = read_young_count(&mem, generations[0]);
     let mut types = Types::new(&mem, layout, heap, thread_names::dict_reader(pid, python).ok(), pytype);
     // The tracked objects come from the pools with the plain ones (and,
     // without arenas, from the lists followed by pointer): tracked.rs.
@@ -95,6 +98,7 @@ fn walk(opts: &HeapOptions, python: &Python, heap: &heap::HeapLayout) -> Result<
     }
     lists.by_type.retain(|_, tally| tally.count > 0);
     lists.objects = lists.objects.saturating_sub(frozen.objects);
+    let young_after = read_young_count(&mem, generations[0]);
     let walk_ns = started.elapsed().as_nanos() as u64;
     let stopped_ns = paused.map(|p| p.resume());
     // A target that ended under the walk leaves a census of half a heap:
@@ -120,6 +124,7 @@ fn walk(opts: &HeapOptions, python: &Python, heap: &heap::HeapLayout) -> Result<
         frozen_objects: frozen.objects,
         types_unnamed,
         tables_unread: sizes.tables_unread.get(),
+        young_change: young_before.zip(young_after).map(|(before, after)| after as i64 - before as i64),
         walk_ns,
         stopped_ns,
         rss_bytes: rss_bytes(pid),
@@ -163,6 +168,19 @@ fn rows(infos: &[crate::python::reading::heap::types::TypeInfo], tracked: &HashM
     let mut rows: Vec<TypeRow> = by_name.into_values().collect();
     rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)).then_with(|| a.name().cmp(&b.name())));
     rows
+}
+
+/// The collector's young-generation count (`gc_generation.count`, after its
+/// list head and threshold, 3.9 to 3.15): objects it tracks allocated less
+/// those freed since it last ran. Read just before and just after a walk,
+/// the difference is how many tracked objects the heap gained (lost, if
+/// negative) during it, or a collection ran (it resets the count to 0).
+/// Free-threaded builds are refused before this. None: unreadable or no
+/// count (negative).
+fn read_young_count(mem: &Memory, young_head: u64) -> Option<i32> {
+    let mut count = [0u8; 4];
+    mem.read(young_head + 20, &mut count).ok()?;
+    Some(i32::from_le_bytes(count)).filter(|&c| c >= 0)
 }
 
 fn rss_bytes(pid: u32) -> u64 {

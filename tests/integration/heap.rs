@@ -363,3 +363,42 @@ fn diff_of_two_saved_reports_names_the_leak() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && error_lines(&err).len() == 1 && err.contains("not a heap report"), "{err}");
 }
+
+/// How far the heap changed during a walk (the collector's young count
+/// just after less just before): on fixtures/heap_growing.py, which makes
+/// PER_TICK tracked `Leaked` every TICK seconds on its own schedule (its
+/// per-tick garbage dict is freed at once: net 0), a walk without --stop
+/// reports PER_TICK × the ticks that fell inside it. With d the walk's
+/// duration that is within rate × d ± (2 ticks at its two ends + LAG of
+/// scheduling delay, which the fixture catches up on either side) per
+/// walk; a tick's work is about 1 ms, so on a loaded 2-CPU machine it lags
+/// only when descheduled, and 0.25 s covers that. A --stop walk reports 0.
+#[test]
+fn a_walk_says_how_far_the_heap_changed_during_it() {
+    const PER_TICK: u64 = 500;
+    const TICK: f64 = 0.01;
+    const LAG: f64 = 0.25;
+    let _machine = shared();
+    let python = pyenv_python(12);
+    let (per_tick, tick) = (PER_TICK.to_string(), TICK.to_string());
+    let mut target = Proc(Command::new(&python).arg(fixture("heap_growing.py")).args(["--per-tick", &per_tick, "--tick", &tick]).stdout(Stdio::piped()).spawn().unwrap());
+    wait_for_line(&mut target, "ready");
+    // A heap of some 100,000 objects first: walks of a tenth of a second or more.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let rate = PER_TICK as f64 / TICK;
+    let (mut changed, mut expected) = (0.0, 0.0);
+    for _ in 0..4 {
+        let walk = heap_json(target.pid(), &[]);
+        let snapshot = &walk["snapshots"][0];
+        let change = snapshot["young_change"].as_i64().unwrap_or_else(|| panic!("no young_change: {snapshot}")) as f64;
+        let seconds = snapshot["walk_ns"].as_u64().unwrap() as f64 / 1e9;
+        let slack = 2.0 * PER_TICK as f64 + rate * LAG;
+        assert!((change - rate * seconds).abs() <= slack, "{change} objects during a walk of {seconds:.3} s at {rate}/s (± {slack})");
+        changed += change;
+        expected += rate * seconds;
+        let stopped = heap_json(target.pid(), &["--stop"]);
+        assert_eq!(stopped["snapshots"][0]["young_change"], 0, "a --stop walk: {}", stopped["snapshots"][0]);
+    }
+    // Over the four walks the fixture's lag evens out: within a quarter.
+    assert!(changed > 0.0 && (changed - expected).abs() <= expected * 0.25 + 4.0 * PER_TICK as f64, "{changed} objects during the walks, {expected} at the fixture's rate");
+}

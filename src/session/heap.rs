@@ -35,6 +35,22 @@ pub struct HeapRun {
     pub census: Census,
 }
 
+/// Whether `pid` is gone, or goes within a moment: a process being
+/// killed loses its memory (so a read fails) before /proc shows it dead,
+/// and a walk that failed then must say the process exited, not blame
+/// the layout. Only on a failure's path, so the wait costs a report
+/// nothing.
+fn exited_soon(pid: u32) -> bool {
+    let deadline = Instant::now() + Duration::from_millis(500);
+    while proc::is_running(pid) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
 /// One census of `opts.pid`.
 pub fn heap_census(opts: &HeapOptions) -> Result<HeapRun> {
     let python = Python::from_pid(opts.pid)?;
@@ -46,7 +62,7 @@ pub fn heap_census(opts: &HeapOptions) -> Result<HeapRun> {
         bail!("pytrace heap does not know Python {}'s heap layout yet", python.version);
     };
     let census = walk(opts, &python, layout).map_err(|e| {
-        if !proc::is_running(opts.pid) && !e.to_string().contains("exited during the heap walk") {
+        if exited_soon(opts.pid) && !e.to_string().contains("exited during the heap walk") {
             anyhow::anyhow!("process {} exited during the heap walk", opts.pid)
         } else {
             e

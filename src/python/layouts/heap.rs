@@ -109,3 +109,25 @@ pub static HEAP_LAYOUTS: &[HeapLayout] = &[
 pub fn for_version(version: (u32, u32)) -> Option<&'static HeapLayout> {
     HEAP_LAYOUTS.iter().find(|l| l.version == version)
 }
+
+/// The free-threaded build's mimalloc structures (3.13.5t; `offsetof` from
+/// its headers by bench/heap/offsets.c with -I…/internal/mimalloc, the
+/// numbers bench/heap/read-ft.py uses). Not read by `heap` yet: only its
+/// page census (src/python/reading/heap/mimalloc.rs) is built.
+#[cfg_attr(not(test), allow(dead_code))]
+pub mod mimalloc {
+    /// mi_page_t: capacity (u16), free, used (u32), xblock_size (u32),
+    /// local_free, xthread_free (its 2 low bits are the delayed-free state).
+    pub const PAGE_CAPACITY: usize = 10;
+    pub const PAGE_FREE: usize = 16;
+    pub const PAGE_USED: usize = 24;
+    pub const PAGE_XBLOCK_SIZE: usize = 28;
+    pub const PAGE_LOCAL_FREE: usize = 32;
+    pub const PAGE_XTHREAD_FREE: usize = 40;
+    /// The bytes of mi_page_t a census reads (through xthread_free).
+    pub const PAGE_HEADER_LEN: usize = 48;
+    /// The free-threaded PyObject header's ob_gc_bits; bit 0 is
+    /// _PyGC_BITS_TRACKED.
+    pub const OB_GC_BITS: usize = 11;
+    pub const GC_BITS_TRACKED: u8 = 1;
+}

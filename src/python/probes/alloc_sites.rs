@@ -52,6 +52,13 @@ pub struct AllocSites {
     /// Of `pool_opened`, return addresses the kernel single-steps (no
     /// branch after the call that only it reaches).
     pub pool_stepped: usize,
+    /// Inlined copies of the object allocator (past its guard) whose size
+    /// check `lea -0x1(%size),%rax; cmp $0x1ff,%rax; ja` was read: the
+    /// `ja` and the register holding the size asked. Not probed yet.
+    pub object_sized: Vec<(u64, iced_x86::Register)>,
+    /// Copies past the object allocator's guard with no such check (a
+    /// constant size folded in, calloc's or realloc's shapes).
+    pub object_unsized: usize,
 }
 
 /// `mov slot(%rip),%rax; cmp $expected,%rax; jne`: the code after it runs

@@ -219,6 +219,34 @@ fn guard_sites(code: &[Instruction]) -> Vec<(usize, Guard)> {
     out
 }
 
+/// Instructions from a copy's guard to its size check's `lea` (Debian's
+/// 3.11: none; its exported PyObject_Malloc puts a `sub` before the `cmp`).
+const SIZE_CHECK_WINDOW: usize = 4;
+
+/// An inlined copy's size check, on the straight line after its guard's
+/// `jne` (`after` starts there): `lea -0x1(%size),%rax`, then, past
+/// instructions that leave rax alone, `cmp $0x1ff,%rax; ja`. Returns the
+/// `ja` (emulated by the kernel; every call through the copy reaches it,
+/// rax + 1 the size asked) and the size's register.
+fn size_check(after: &[Instruction]) -> Option<(u64, Register)> {
+    let at = after.iter().take(SIZE_CHECK_WINDOW).position(|i| i.mnemonic() == Mnemonic::Lea)?;
+    let lea = &after[at];
+    let minus_one = lea.op0_register() == Register::RAX && lea.memory_index() == Register::None && lea.memory_displacement64() == u64::MAX && lea.memory_base().is_gpr64();
+    if !minus_one || after[..at].iter().any(|i| i.flow_control() != FlowControl::Next) {
+        return None;
+    }
+    for (k, i) in after.iter().enumerate().skip(at + 1).take(SIZE_CHECK_WINDOW) {
+        if i.mnemonic() == Mnemonic::Cmp && i.op0_register() == Register::RAX && i.op1_kind() == OpKind::Immediate32to64 && i.immediate32to64() == 0x1ff {
+            let ja = after.get(k + 1).filter(|j| j.mnemonic() == Mnemonic::Ja)?;
+            return Some((ja.ip(), lea.memory_base()));
+        }
+        if i.flow_control() != FlowControl::Next || x86::writes_register(i, Register::RAX) {
+            return None;
+        }
+    }
+    None
+}
+
 fn guards(code: &[Instruction]) -> Vec<Guard> {
     guard_sites(code).into_iter().map(|(_, g)| g).collect()
 }
@@ -325,6 +353,15 @@ fn sweep(code: &[Instruction], agreed: &Agreed, mut stub_of: impl FnMut(u64) -> 
     if sites.pool_opened.is_empty() || sites.raw_calls.is_empty() {
         return Err(format!("no call of allocate_from_new_pool ({:#x}) or no guarded call of malloc found in .text", agreed.new_pool));
     }
+    for (jne, guard) in guard_sites(code) {
+        if guard != agreed.object {
+            continue;
+        }
+        match size_check(&code[jne + 1..]) {
+            Some(site) => sites.object_sized.push(site),
+            None => sites.object_unsized += 1,
+        }
+    }
     sites.guards = [Some(agreed.object), Some(agreed.raw), agreed.raw_calloc].into_iter().flatten().collect();
     sites.unguarded_mallocs = unguarded;
     Ok(sites)
@@ -362,6 +399,22 @@ mod tests {
         assert_eq!(sites.pool_opened, [0x4fb3fe], "the jne after the call");
         assert_eq!((sites.raw_calls.as_slice(), sites.raw_returned.as_slice()), (&[0x4fb422][..], &[0x4fb42a][..]));
         assert_eq!((sites.pool_stepped, sites.unguarded_mallocs), (0, 0));
+    }
+
+    /// A copy's size check after its guard, Debian 3.11's at 0x5000d5:
+    ///   5000cf: jne 50078e
+    ///   5000d5: lea -0x1(%rsi),%rax; cmp $0x1ff,%rax; ja 50042f
+    /// and the exported PyObject_Malloc's, with a `sub` between:
+    ///   4fb450: lea -0x1(%rsi),%rax; sub $0x18,%rsp; cmp $0x1ff,%rax; ja 4fb52e
+    #[test]
+    fn reads_a_copys_size_check() {
+        let copy = x86::decode(&[0x48, 0x8d, 0x46, 0xff, 0x48, 0x3d, 0xff, 0x01, 0x00, 0x00, 0x0f, 0x87, 0x4a, 0x03, 0x00, 0x00], 0x5000d5);
+        assert_eq!(size_check(&copy), Some((0x5000df, Register::RSI)));
+        let exported = x86::decode(&[0x48, 0x8d, 0x46, 0xff, 0x48, 0x83, 0xec, 0x18, 0x48, 0x3d, 0xff, 0x01, 0x00, 0x00, 0x0f, 0x87, 0xca, 0x00, 0x00, 0x00], 0x4fb450);
+        assert_eq!(size_check(&exported), Some((0x4fb45e, Register::RSI)));
+        // A write to rax between (here `lea -0x2(%rsi),%rax`) is not the check.
+        let other = x86::decode(&[0x48, 0x8d, 0x46, 0xff, 0x48, 0x8d, 0x46, 0xfe, 0x48, 0x3d, 0xff, 0x01, 0x00, 0x00, 0x0f, 0x87, 0xca, 0x00, 0x00, 0x00], 0x4fb450);
+        assert_eq!(size_check(&other), None);
     }
 
     /// Other code jumping to the branch after the call (as the fast path

@@ -79,8 +79,12 @@ impl Python {
         // `_PyObject_Malloc` is static: named only where the symbol table
         // was kept, which is where the wrappers are calls, not copies.
         if self.elf.symbol("_PyObject_Malloc").is_none() {
+            // What a probe per inlined copy would have to cover (not done yet).
+            let copies = self.stripped_alloc_sites().map_or(String::new(), |s| {
+                format!(" ({} inlined copies of the object allocator found, {} with a size check a probe could read, {} without)", s.object_sized.len() + s.object_unsized, s.object_sized.len(), s.object_unsized)
+            });
             return Err(format!(
-                "`--allocations` needs {path}'s symbol table, which it lacks: a stripped build whose allocator link-time optimisation copied into its callers, past PyObject_Malloc's and PyMem_Malloc's entries, where the probes would miss most allocations"
+                "`--allocations` needs {path}'s symbol table, which it lacks: a stripped build whose allocator link-time optimisation copied into its callers, past PyObject_Malloc's and PyMem_Malloc's entries, where the probes would miss most allocations{copies}"
             ));
         }
         let mut sites = Vec::new();

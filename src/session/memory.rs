@@ -11,6 +11,8 @@ use anyhow::Result;
 
 use super::{Run, Target, TargetSpec};
 use crate::model::memory::MemoryData;
+use crate::python::probes::alloc_sites::AllocSites;
+use crate::python::probes::allocation_sites::Site;
 use crate::python::Python;
 use crate::tracing::memory::{self, Options};
 
@@ -24,8 +26,10 @@ pub fn trace_memory(spec: TargetSpec, duration: Option<Duration>, opts: Options)
 /// come from obmalloc.
 pub struct MemoryTarget {
     target: Target,
-    /// With --allocations, its probe sites as the run's mode names them.
-    allocation_sites: Option<String>,
+    /// The probe sites, found once here and attached by the run.
+    sites: AllocSites,
+    /// With --allocations, the allocator entry points.
+    allocation_sites: Option<Vec<Site>>,
 }
 
 impl MemoryTarget {
@@ -46,10 +50,10 @@ impl MemoryTarget {
         }
         crate::python::probes::alloc_sites::check_guards(&python, &sites, target.pid).map_err(anyhow::Error::msg)?;
         let allocation_sites = match opts.allocations {
-            true => Some(crate::tracing::allocations::describe(&python.allocation_sites().map_err(anyhow::Error::msg)?)),
+            true => Some(python.allocation_sites(&sites).map_err(anyhow::Error::msg)?),
             false => None,
         };
-        Ok((MemoryTarget { target, allocation_sites }, python))
+        Ok((MemoryTarget { target, sites, allocation_sites }, python))
     }
 
     pub fn pid(&self) -> u32 {
@@ -79,12 +83,12 @@ impl MemoryTarget {
             target.release()?;
             session.locate_soon()
         };
-        let plan = memory::Plan { pid: self.target.pid, python, opts };
+        let plan = memory::Plan { pid: self.target.pid, python, opts, sites: &self.sites, allocation_sites: self.allocation_sites.as_deref() };
         let each = |session: &memory::Session, elapsed| Ok(each(session, elapsed)? && !super::stop_requested());
         let (mut run, data) = self.target.trace(python, "memory", duration, plan, release, each)?;
         run.mode = "uprobes at obmalloc's pool openings and big allocations".into();
         if let Some(sites) = &self.allocation_sites {
-            run.mode += &format!(" and at its {sites}");
+            run.mode += &format!(" and at its {}", crate::tracing::allocations::describe(sites));
         }
         Ok((run, data))
     }

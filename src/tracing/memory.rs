@@ -22,7 +22,8 @@ use crate::bpf::memory::types::{kept_block, memory_alignment, memory_counter, me
 use crate::bpf::memory::{MemorySkel, MemorySkelBuilder};
 use crate::model::counters::Kind::{Informational, Lost};
 use crate::model::memory::{AllocatedStack, Estimate, MemoryData, MemoryStack, Source};
-use crate::python::probes::alloc_sites::{self, POOL_SZIDX_OFFSET};
+use crate::python::probes::alloc_sites::{self, AllocSites, POOL_SZIDX_OFFSET};
+use crate::python::probes::allocation_sites::Site;
 use crate::python::reading::pools::{self, Kept};
 use crate::python::Python;
 
@@ -70,6 +71,11 @@ pub struct Plan<'a> {
     pub pid: u32,
     pub python: &'a Python,
     pub opts: Options,
+    /// The probe sites, found once before the run (a stripped build's
+    /// search reads and decodes its whole .text).
+    pub sites: &'a AllocSites,
+    /// With --allocations, the allocator entry points.
+    pub allocation_sites: Option<&'a [Site]>,
 }
 
 impl<'a> super::Start for Plan<'a> {
@@ -78,7 +84,7 @@ impl<'a> super::Start for Plan<'a> {
     type Session<'obj> = Session<'obj, 'a>;
 
     fn start<'obj>(self, object: &'obj mut MaybeUninit<OpenObject>) -> Result<Session<'obj, 'a>> {
-        Session::start(object, self.pid, self.python, self.opts)
+        Session::start(object, &self)
     }
 }
 
@@ -90,8 +96,8 @@ struct LiveView {
 }
 
 impl<'obj, 'a> Session<'obj, 'a> {
-    pub fn start(object: &'obj mut MaybeUninit<OpenObject>, pid: u32, python: &'a Python, opts: Options) -> Result<Self> {
-        let sites = python.alloc_sites().map_err(anyhow::Error::msg)?;
+    pub fn start(object: &'obj mut MaybeUninit<OpenObject>, plan: &Plan<'a>) -> Result<Self> {
+        let Plan { pid, python, opts, sites, allocation_sites } = *plan;
         let pool_size = alloc_sites::pool_size(python);
         let mut open = MemorySkelBuilder::default().open(object).context("failed to open the memory BPF program")?;
         let rodata = open.maps.rodata_data.as_deref_mut().context("the memory BPF program has no rodata")?;
@@ -122,10 +128,9 @@ impl<'obj, 'a> Session<'obj, 'a> {
         let fd = std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(walker)) as u32;
         skel.maps.walkers.update(&0u32.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY).context("failed to hand the memory walker to its probes")?;
         let attaching = std::time::Instant::now();
-        let mut links = attach(&skel, python, pid, &sites, multi)?;
-        if opts.allocations {
-            let sites = python.allocation_sites().map_err(anyhow::Error::msg)?;
-            links.extend(super::allocations::attach(&skel, python, pid, &sites, multi)?);
+        let mut links = attach(&skel, python, pid, sites, multi)?;
+        if let Some(sites) = allocation_sites {
+            links.extend(super::allocations::attach(&skel, python, pid, sites, multi)?);
         }
         crate::bpf::load::say_attach_stats("memory", links.len(), attaching.elapsed());
         let session = Session {

@@ -73,16 +73,21 @@ const WRAPPERS: [(&str, Kind); 6] = [
 
 impl Python {
     /// The `--allocations` probes' sites, or the one sentence saying why
-    /// there are none.
-    pub fn allocation_sites(&self) -> Result<Vec<Site>, String> {
+    /// there are none. `found`: the memory run's own sites (on a stripped
+    /// build, what its search found of the inlined copies, named in the
+    /// refusal).
+    pub fn allocation_sites(&self, found: &super::alloc_sites::AllocSites) -> Result<Vec<Site>, String> {
         let path = &self.target_path;
         // `_PyObject_Malloc` is static: named only where the symbol table
         // was kept, which is where the wrappers are calls, not copies.
         if self.elf.symbol("_PyObject_Malloc").is_none() {
-            // What a probe per inlined copy would have to cover (not done yet).
-            let copies = self.stripped_alloc_sites().map_or(String::new(), |s| {
-                format!(" ({} inlined copies of the object allocator found, {} with a size check a probe could read, {} without)", s.object_sized.len() + s.object_unsized, s.object_sized.len(), s.object_unsized)
-            });
+            // What a probe per inlined copy would have to cover (the
+            // search of a stripped build found them; not done yet).
+            let (sized, without) = (found.object_sized.len(), found.object_unsized);
+            let copies = match sized + without {
+                0 => String::new(),
+                all => format!(" ({all} inlined copies of the object allocator found, {sized} with a size check a probe could read, {without} without)"),
+            };
             return Err(format!(
                 "`--allocations` needs {path}'s symbol table, which it lacks: a stripped build whose allocator link-time optimisation copied into its callers, past PyObject_Malloc's and PyMem_Malloc's entries, where the probes would miss most allocations{copies}"
             ));

@@ -17,25 +17,39 @@ enum gil_holding {
 };
 #endif
 
-/* The GIL of the thread whose state is `tstate`, or 0. */
-static __always_inline __u64 WALK(gil_of)(const struct sample_target *t, __u64 tstate, struct task_struct *task)
+/* The GIL of the thread whose state is `tstate` into *gil, and
+ * GIL_UNREADABLE if it cannot be read. *gil is 0, and no thread holds a
+ * GIL, while an interpreter of 3.12+ has none: its pointer is NULL from
+ * the first thread state's creation to init_interp_create_gil, and again
+ * from _PyEval_FiniGIL to the process's end, while thread states still
+ * lead to the interpreter. */
+static __always_inline int WALK(gil_of)(const struct sample_target *t, __u64 tstate, struct task_struct *task, __u64 *gil)
 {
-	__u64 interp;
+	__u64 interp = 0;
 
+	*gil = 0;
 	if (!t->gil_size)
-		return 0;
-	if (t->gil_address || t->interp_gil == PY_NO_FIELD)
-		return t->gil_address;
-	interp = WALK(read_ptr)(tstate, t->layout.tstate_interp, task);
-	return interp ? WALK(read_ptr)(interp, t->interp_gil, task) : 0;
+		return GIL_UNREADABLE;
+	if (t->gil_address || t->interp_gil == PY_NO_FIELD) {
+		*gil = t->gil_address;
+		return *gil ? GIL_NOT_HOLDING : GIL_UNREADABLE;
+	}
+	if (WALK_READ(&interp, sizeof(interp), (const void *)(tstate + t->layout.tstate_interp), task) || !interp ||
+	    WALK_READ(gil, sizeof(*gil), (const void *)(interp + t->interp_gil), task))
+		return GIL_UNREADABLE;
+	return GIL_NOT_HOLDING;
 }
 
+/* Whether the thread whose state is `tstate` holds the GIL at `gil`
+ * (0: none exists), or GIL_UNREADABLE. */
 static __always_inline int WALK(holds_gil)(const struct sample_target *t, __u64 tstate, __u64 gil, struct task_struct *task)
 {
 	__u64 holder = 0;
 	__s32 locked = 0;
 
-	if (!gil || WALK_READ(&locked, sizeof(locked), (const void *)(gil + t->gil_locked), task) ||
+	if (!gil)
+		return GIL_NOT_HOLDING;
+	if (WALK_READ(&locked, sizeof(locked), (const void *)(gil + t->gil_locked), task) ||
 	    WALK_READ(&holder, sizeof(holder), (const void *)(gil + t->gil_last_holder), task))
 		return GIL_UNREADABLE;
 	/* locked is -1 before the interpreter creates its GIL and after it
@@ -54,7 +68,7 @@ static __always_inline bool WALK(leave_out_for_gil)(const struct sample_target *
 						    __u32 tid, struct task_struct *task,
 						    __u64 thread_pointer)
 {
-	__u64 tstate;
+	__u64 tstate, gil;
 	int holding;
 
 	if (!cfg.gil_only)
@@ -64,7 +78,9 @@ static __always_inline bool WALK(leave_out_for_gil)(const struct sample_target *
 		count(SAMPLE_GIL_NOT_HELD);
 		return true;
 	}
-	holding = WALK(holds_gil)(t, tstate, WALK(gil_of)(t, tstate, task), task);
+	holding = WALK(gil_of)(t, tstate, task, &gil);
+	if (holding != GIL_UNREADABLE)
+		holding = WALK(holds_gil)(t, tstate, gil, task);
 	if (holding == GIL_HOLDING)
 		return false;
 	count(holding == GIL_UNREADABLE ? SAMPLE_GIL_UNREADABLE : SAMPLE_GIL_NOT_HELD);
@@ -88,11 +104,9 @@ static __always_inline __u8 WALK(thread_state_of)(const struct sample_target *t,
 	long nr;
 
 	*syscall = -1;
-	if (tstate) {
-		gil = WALK(gil_of)(t, tstate, task);
-		if (WALK(holds_gil)(t, tstate, gil, task) == GIL_HOLDING)
-			return THREAD_RUNNING;
-	}
+	if (tstate && WALK(gil_of)(t, tstate, task, &gil) != GIL_UNREADABLE &&
+	    WALK(holds_gil)(t, tstate, gil, task) == GIL_HOLDING)
+		return THREAD_RUNNING;
 	if (task->on_cpu)
 		return THREAD_RUNNING_NO_GIL;
 	regs = (struct pt_regs *)bpf_task_pt_regs(task);

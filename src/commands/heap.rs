@@ -105,9 +105,9 @@ pub fn run(opts: Options) -> Result<i32> {
         if let Some(interval) = opts.interval.filter(|_| i > 0) {
             std::thread::sleep((started + interval * i).saturating_duration_since(Instant::now()));
         }
-        let at_s = started.elapsed().as_secs_f64();
-        let unix_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
         let run = session::heap_census(&walk)?;
+        let unix_s = run.started_at.duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        let at_s = snapshots.first().map_or(0.0, |first: &Snapshot| unix_s - first.unix_s);
         version = run.version;
         snapshots.push(Snapshot { at_s, unix_s, census: run.census });
     }

@@ -6,7 +6,7 @@
 //! tracees, so the target always runs on.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 
@@ -33,6 +33,8 @@ pub struct HeapOptions {
 pub struct HeapRun {
     pub version: String,
     pub census: Census,
+    /// When the walk started: its young-generation count was read then.
+    pub started_at: SystemTime,
 }
 
 /// Whether `pid` is gone, or goes within a moment: a process being
@@ -61,17 +63,17 @@ pub fn heap_census(opts: &HeapOptions) -> Result<HeapRun> {
     let Some(layout) = heap::for_version(version) else {
         bail!("pytrace heap does not know Python {}'s heap layout yet", python.version);
     };
-    let census = walk(opts, &python, layout).map_err(|e| {
+    let (census, started_at) = walk(opts, &python, layout).map_err(|e| {
         if exited_soon(opts.pid) && !e.to_string().contains("exited during the heap walk") {
             anyhow::anyhow!("process {} exited during the heap walk", opts.pid)
         } else {
             e
         }
     })?;
-    Ok(HeapRun { version: python.version.to_string(), census })
+    Ok(HeapRun { version: python.version.to_string(), census, started_at })
 }
 
-fn walk(opts: &HeapOptions, python: &Python, heap: &heap::HeapLayout) -> Result<Census> {
+fn walk(opts: &HeapOptions, python: &Python, heap: &heap::HeapLayout) -> Result<(Census, SystemTime)> {
     let pid = opts.pid;
     let mem = Memory::open(pid)?;
     let bias = python.load_bias_in(pid)?;
@@ -85,17 +87,19 @@ fn walk(opts: &HeapOptions, python: &Python, heap: &heap::HeapLayout) -> Result<
     let max_steps = rss_bytes(pid).max(1 << 20) / 32;
 
     let paused = if opts.stop { Some(Paused::stop(pid)?) } else { None };
-    let started = Instant::now();
-    let deadline = started + opts.timeout;
     let interp = mem.read_u64_non_null(runtime + layout.runtime_interpreters_main as u64).context("no main interpreter")?;
     anyhow::ensure!(interp != 0, "the interpreter has not started");
+    let (generations, permanent) = gc_lists::heads(&mem, interp + layout.interp_gc as u64, heap.generations)?;
+    // How far the heap changed during the walk: the young generation's
+    // count before and after it (read_young_count). The walk's start and
+    // length are those of the span between the two reads, so a change can
+    // be checked against what the target did in that span.
+    let (started, started_at) = (Instant::now(), SystemTime::now());
+    let young_before = read_young_count(&mem, generations[0]);
+    let deadline = started + opts.timeout;
+    let heads = Heads::read(&mem, [generations[0], generations[1], generations[2], permanent])?;
     let table = ArenaTable::read(&mem, python, heap, interp, bias);
     let in_arena = |a: u64| table.as_ref().is_ok_and(|t| t.contains(a));
-    let (generations, permanent) = gc_lists::heads(&mem, interp + layout.interp_gc as u64, heap.generations)?;
-    let heads = Heads::read(&mem, [generations[0], generations[1], generations[2], permanent])?;
-    // How far the heap changed during the walk: the young generation's
-    // count before and after it (read_young_count).
-    let young_before = read_young_count(&mem, generations[0]);
     let mut types = Types::new(&mem, layout, heap, thread_names::dict_reader(pid, python).ok(), pytype);
     // The tracked objects come from the pools with the plain ones (and,
     // without arenas, from the lists followed by pointer): tracked.rs.
@@ -161,7 +165,7 @@ fn walk(opts: &HeapOptions, python: &Python, heap: &heap::HeapLayout) -> Result<
         _ => {}
     }
     census.rows = rows(&types.infos, &lists.by_type, plain.as_ref().map(|w| &w.by_type));
-    Ok(census)
+    Ok((census, started_at))
 }
 
 /// One row per type name: two type objects of one name (a class defined

@@ -365,40 +365,68 @@ fn diff_of_two_saved_reports_names_the_leak() {
 }
 
 /// How far the heap changed during a walk (the collector's young count
-/// just after less just before): on fixtures/heap_growing.py, which makes
-/// PER_TICK tracked `Leaked` every TICK seconds on its own schedule (its
-/// per-tick garbage dict is freed at once: net 0), a walk without --stop
-/// reports PER_TICK × the ticks that fell inside it. With d the walk's
-/// duration that is within rate × d ± (2 ticks at its two ends + LAG of
-/// scheduling delay, which the fixture catches up on either side) per
-/// walk; a tick's work is about 1 ms, so on a loaded 2-CPU machine it lags
-/// only when descheduled, and 0.25 s covers that. A --stop walk reports 0.
+/// just after less just before) against what the target did meanwhile:
+/// fixtures/heap_growing.py logs the wall-clock span of each tick, in
+/// which it makes PER_TICK tracked `Leaked` (and a generator and a dict
+/// it frees within the tick; outside ticks the count does not move). The
+/// report says when the walk started and how long it took, the span of
+/// its two reads of the count, so a walk without --stop reports at least
+/// PER_TICK × the ticks wholly inside it (less 2 for a tick's transient
+/// objects) and at most PER_TICK × the ticks that touch it (plus 2). No
+/// bound depends on how the target or pytrace were scheduled, except that
+/// the lower one allows SLACK between a reading of the clock and the read
+/// of the count beside it (and the log's clock is the same one). A
+/// --stop walk reports 0.
 #[test]
 fn a_walk_says_how_far_the_heap_changed_during_it() {
-    const PER_TICK: u64 = 500;
-    const TICK: f64 = 0.01;
-    const LAG: f64 = 0.25;
+    const PER_TICK: i64 = 500;
+    const SLACK_NS: i64 = 50_000_000;
+    // unix_s is an f64 of seconds: a few hundred nanoseconds of rounding.
+    const ROUNDING_NS: i64 = 1_000_000;
     let _machine = shared();
     let python = pyenv_python(12);
-    let (per_tick, tick) = (PER_TICK.to_string(), TICK.to_string());
-    let mut target = Proc(Command::new(&python).arg(fixture("heap_growing.py")).args(["--per-tick", &per_tick, "--tick", &tick]).stdout(Stdio::piped()).spawn().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("ticks.log");
+    let per_tick = PER_TICK.to_string();
+    // 700,000 tuples beside the growth: walks of about 0.2 s, some 20 ticks.
+    let args = ["--per-tick", &per_tick, "--tick", "0.01", "--base", "700000", "--log", log.to_str().unwrap()];
+    let mut target = Proc(Command::new(&python).arg(fixture("heap_growing.py")).args(args).stdout(Stdio::piped()).spawn().unwrap());
     wait_for_line(&mut target, "ready");
-    // A heap of some 100,000 objects first: walks of a tenth of a second or more.
-    std::thread::sleep(std::time::Duration::from_secs(2));
-    let rate = PER_TICK as f64 / TICK;
-    let (mut changed, mut expected) = (0.0, 0.0);
+    let ticks_until = |end: i64| -> Vec<(i64, i64)> {
+        // The tick under way at the walk's end may not be logged yet.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let ticks: Vec<(i64, i64)> = std::fs::read_to_string(&log)
+                .unwrap()
+                .lines()
+                .filter_map(|l| l.split_once(' ').map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap())))
+                .collect();
+            if ticks.last().is_some_and(|&(t0, _)| t0 > end) {
+                return ticks;
+            }
+            assert!(std::time::Instant::now() < deadline, "the fixture logged no tick after the walk's end in 30 s");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let mut inside_total = 0;
     for _ in 0..4 {
         let walk = heap_json(target.pid(), &[]);
         let snapshot = &walk["snapshots"][0];
-        let change = snapshot["young_change"].as_i64().unwrap_or_else(|| panic!("no young_change: {snapshot}")) as f64;
-        let seconds = snapshot["walk_ns"].as_u64().unwrap() as f64 / 1e9;
-        let slack = 2.0 * PER_TICK as f64 + rate * LAG;
-        assert!((change - rate * seconds).abs() <= slack, "{change} objects during a walk of {seconds:.3} s at {rate}/s (± {slack})");
-        changed += change;
-        expected += rate * seconds;
+        let change = snapshot["young_change"].as_i64().unwrap_or_else(|| panic!("no young_change: {snapshot}"));
+        let start = (snapshot["unix_s"].as_f64().unwrap() * 1e9) as i64;
+        let end = start + snapshot["walk_ns"].as_i64().unwrap();
+        let ticks = ticks_until(end + ROUNDING_NS);
+        let inside = ticks.iter().filter(|&&(t0, t1)| t0 >= start + SLACK_NS && t1 <= end - SLACK_NS).count() as i64;
+        let touching = ticks.iter().filter(|&&(t0, t1)| t1 >= start - ROUNDING_NS && t0 <= end + ROUNDING_NS).count() as i64;
+        assert!(
+            change >= inside * PER_TICK - 2 && change <= touching * PER_TICK + 2,
+            "{change} objects during a walk of {} ms: {inside} ticks of {PER_TICK} inside it, {touching} touching it",
+            (end - start) / 1_000_000
+        );
+        inside_total += inside;
         let stopped = heap_json(target.pid(), &["--stop"]);
         assert_eq!(stopped["snapshots"][0]["young_change"], 0, "a --stop walk: {}", stopped["snapshots"][0]);
     }
-    // Over the four walks the fixture's lag evens out: within a quarter.
-    assert!(changed > 0.0 && (changed - expected).abs() <= expected * 0.25 + 4.0 * PER_TICK as f64, "{changed} objects during the walks, {expected} at the fixture's rate");
+    // Else the lower bound was never put to the test.
+    assert!(inside_total > 0, "no tick of the fixture fell wholly inside any of the four walks");
 }

@@ -70,4 +70,21 @@ pub struct Census {
     pub stopped_ns: Option<u64>,
     /// The process's resident memory (VmRSS) when the walk ended.
     pub rss_bytes: u64,
+    /// A free-threaded build's walk, of mimalloc's pages (no arenas nor
+    /// collector lists); None for a default build.
+    #[serde(default)]
+    pub pages_read: Option<PagesRead>,
+}
+
+/// What a walk of a free-threaded build's mimalloc pages read.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct PagesRead {
+    /// Thread states whose object heaps were read.
+    pub threads: u64,
+    /// Pages read, and those skipped: their header or free lists did not
+    /// check (changed during the read, or garbage).
+    pub pages: u64,
+    pub pages_skipped: u64,
+    /// Segments of exited threads, on the interpreter's abandoned pool.
+    pub abandoned_segments: u64,
 }

@@ -172,12 +172,24 @@ fn growth(snapshots: &[Snapshot]) -> Vec<Growth> {
 /// long it (and a stop) took.
 fn footer(c: &Census) -> String {
     let mut out = String::from("\n");
-    out += &format!("covered: {} objects on the collector's lists", thousands(c.tracked_objects));
+    let tracked_in = if c.pages_read.is_some() { "tracked by the collector in its mimalloc heaps" } else { "on the collector's lists" };
+    out += &format!("covered: {} objects {tracked_in}", thousands(c.tracked_objects));
     if c.frozen_objects > 0 {
         out += &format!(" (and {} frozen by gc.freeze(), not in the rows, as gc.get_objects() leaves them out)", thousands(c.frozen_objects));
     }
-    match &c.arenas_not_read {
-        None => {
+    match (&c.pages_read, &c.arenas_not_read) {
+        (Some(pages), _) => {
+            out += &format!(
+                "; {} untracked objects in {} pages of {} threads' heaps and {} abandoned segments ({} in allocated blocks)\n",
+                thousands(c.untracked_objects),
+                thousands(pages.pages),
+                thousands(pages.threads),
+                thousands(pages.abandoned_segments),
+                mib(c.block_bytes)
+            );
+            out += &format!("not seen: objects on free lists, memory C code allocates itself; the process's RSS is {}\n", mib(c.rss_bytes));
+        }
+        (None, None) => {
             out += &format!(
                 "; {} small untracked objects in {} arenas ({} read, {} in allocated blocks)\n",
                 thousands(c.untracked_objects),
@@ -186,12 +198,14 @@ fn footer(c: &Census) -> String {
                 mib(c.block_bytes)
             )
         }
-        Some(why) => out += &format!("; small untracked objects were not counted: {why}\n"),
+        (None, Some(why)) => out += &format!("; small untracked objects were not counted: {why}\n"),
     }
-    out += &format!(
-        "not seen: untracked objects over 512 bytes (long str and bytes), objects on free lists, memory C code allocates itself; the process's RSS is {}\n",
-        mib(c.rss_bytes)
-    );
+    if c.pages_read.is_none() {
+        out += &format!(
+            "not seen: untracked objects over 512 bytes (long str and bytes), objects on free lists, memory C code allocates itself; the process's RSS is {}\n",
+            mib(c.rss_bytes)
+        );
+    }
     let mut skipped = Vec::new();
     if c.pools_changed > 0 {
         skipped.push(format!("{} pools that changed during the read", thousands(c.pools_changed)));
@@ -199,7 +213,12 @@ fn footer(c: &Census) -> String {
     if c.arenas_unreadable > 0 {
         skipped.push(format!("{} arenas freed during the walk", thousands(c.arenas_unreadable)));
     }
-    if c.tracked_refused > 0 {
+    if let Some(pages) = c.pages_read.as_ref().filter(|p| p.pages_skipped > 0) {
+        skipped.push(format!("{} pages that changed during the read", thousands(pages.pages_skipped)));
+    }
+    if c.tracked_refused > 0 && c.pages_read.is_some() {
+        skipped.push(format!("{} blocks of the collector's heaps whose type was no GC type", thousands(c.tracked_refused)));
+    } else if c.tracked_refused > 0 {
         skipped.push(format!("{} list nodes whose type was no GC type", thousands(c.tracked_refused)));
     }
     if let Some(broken) = &c.list_broken {
@@ -218,6 +237,8 @@ fn footer(c: &Census) -> String {
     match c.young_change {
         Some(change) if change >= 0 => out += &format!("changed during the walk: {change:+} objects the collector tracks (allocated less freed: its young count)\n"),
         Some(change) => out += &format!("changed during the walk: a collection ran (the collector's young count fell by {})\n", -change),
+        None if c.pages_read.is_some() && c.stopped_ns.is_some() => out += "changed during the walk: nothing (--stop)\n",
+        None if c.pages_read.is_some() => out += "changed during the walk: unknown (a free-threaded build keeps no young count pytrace reads)\n",
         None => out += "changed during the walk: unknown (the collector's young count was unreadable)\n",
     }
     out += &match c.stopped_ns {

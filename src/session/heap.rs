@@ -10,11 +10,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 
-use crate::model::heap::{Census, TypeRow};
+use crate::model::heap::{Census, PagesRead, TypeRow};
 use crate::process::proc::{self, Memory};
-use crate::python::layouts::heap;
+use crate::python::layouts::heap::{self, Obmalloc};
 use crate::python::reading::heap::arenas::{self, ArenaTable};
 use crate::python::reading::heap::gc_lists::{self, Tally};
+use crate::python::reading::heap::mimalloc;
 use crate::python::reading::heap::sizes::{Sizes, Tables};
 use crate::python::reading::heap::tracked::{Heads, Scan};
 use crate::python::reading::heap::types::Types;
@@ -56,12 +57,11 @@ fn exited_soon(pid: u32) -> bool {
 /// One census of `opts.pid`.
 pub fn heap_census(opts: &HeapOptions) -> Result<HeapRun> {
     let python = Python::from_pid(opts.pid)?;
-    if python.free_threaded {
-        bail!("pytrace heap does not read free-threaded builds yet (process {} runs Python {} without the GIL)", opts.pid, python.version);
-    }
     let version = (python.version.major, python.version.minor);
-    let Some(layout) = heap::for_version(version) else {
-        bail!("pytrace heap does not know Python {}'s heap layout yet", python.version);
+    let layout = if python.free_threaded { heap::for_free_threaded(version) } else { heap::for_version(version) };
+    let Some(layout) = layout else {
+        let build = if python.free_threaded { "free-threaded " } else { "" };
+        bail!("pytrace heap does not know the heap layout of Python {}'s {build}build yet", python.version);
     };
     let (census, started_at) = walk(opts, &python, layout).map_err(|e| {
         if exited_soon(opts.pid) && !e.to_string().contains("exited during the heap walk") {
@@ -89,6 +89,10 @@ fn walk(opts: &HeapOptions, python: &Python, heap: &heap::HeapLayout) -> Result<
     let paused = if opts.stop { Some(Paused::stop(pid)?) } else { None };
     let interp = mem.read_u64_non_null(runtime + layout.runtime_interpreters_main as u64).context("no main interpreter")?;
     anyhow::ensure!(interp != 0, "the interpreter has not started");
+    if heap.obmalloc == Obmalloc::Mimalloc {
+        let types = Types::new(&mem, layout, heap, thread_names::dict_reader(pid, python).ok(), pytype);
+        return walk_pages(pid, &mem, heap, layout, interp, runtime, types, &sizes, paused, opts.timeout);
+    }
     let (generations, permanent) = gc_lists::heads(&mem, interp + layout.interp_gc as u64, heap.generations)?;
     // How far the heap changed during the walk: the young generation's
     // count before and after it (read_young_count). The walk's start and
@@ -165,6 +169,40 @@ fn walk(opts: &HeapOptions, python: &Python, heap: &heap::HeapLayout) -> Result<
         _ => {}
     }
     census.rows = rows(&types.infos, &lists.by_type, plain.as_ref().map(|w| &w.by_type));
+    Ok((census, started_at))
+}
+
+/// The census of a free-threaded build, from its mimalloc pages (no
+/// collector lists nor young count: mimalloc.rs).
+#[allow(clippy::too_many_arguments)]
+fn walk_pages<'a>(pid: u32, mem: &Memory, heap: &heap::HeapLayout, layout: &crate::python::Layout, interp: u64, runtime: u64, mut types: Types<'a>, sizes: &Sizes<'a>, paused: Option<Paused>, timeout: Duration) -> Result<(Census, SystemTime)> {
+    // A page is at least one 64 KiB slice of the process's memory.
+    let max_pages = rss_bytes(pid).max(1 << 30) / (1 << 16);
+    let (started, started_at) = (Instant::now(), SystemTime::now());
+    let pages = mimalloc::walk(mem, layout, heap, interp, &mut types, sizes, max_pages, started + timeout);
+    let walk_ns = started.elapsed().as_nanos() as u64;
+    let stopped_ns = paused.map(|p| p.resume());
+    if !proc::is_running(pid) || mem.read_u64(runtime).is_err() {
+        bail!("process {pid} exited during the heap walk, after {} pages", pages.pages);
+    }
+    let counted: std::collections::HashSet<usize> = pages.tracked.keys().chain(pages.plain.keys()).copied().collect();
+    let census = Census {
+        rows: rows(&types.infos, &pages.tracked, Some(&pages.plain)),
+        tracked_objects: pages.tracked_objects,
+        tracked_refused: pages.refused,
+        list_broken: pages.broken,
+        partial: pages.partial,
+        frozen_objects: pages.frozen_objects,
+        types_unnamed: counted.iter().filter(|&&t| types.infos[t].unnamed).count() as u64,
+        tables_unread: sizes.tables_unread.get(),
+        untracked_objects: pages.plain_objects,
+        block_bytes: pages.block_bytes,
+        pages_read: Some(PagesRead { threads: pages.threads, pages: pages.pages, pages_skipped: pages.pages_skipped, abandoned_segments: pages.abandoned_segments }),
+        walk_ns,
+        stopped_ns,
+        rss_bytes: rss_bytes(pid),
+        ..Census::default()
+    };
     Ok((census, started_at))
 }
 

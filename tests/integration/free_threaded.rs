@@ -209,3 +209,33 @@ fn compare_sees_the_split_on_both_sides() {
     ]));
     assert_compare_split("3.13t", &cmp, wall.path(), 3.0);
 }
+
+/// heap, read from mimalloc's pages as gc.get_objects() visits them, against
+/// heap_known.py's own census every way the default builds are checked
+/// (heap::check_census_of: exact counts and sizes with --stop, within 1 %
+/// running, the built str/int/float/bytes above the baseline). With
+/// --threads a waiting thread's heaps hold the fixture's dicts and lists
+/// and an exited thread's abandoned pages its instances, so the walk must
+/// read both the thread list and the abandoned pool.
+#[test]
+fn heap_census_equals_gc_get_objects_across_threads() {
+    use crate::heap::{check_census_of, INSTANCES, VALUES};
+    use std::process::Stdio;
+
+    let _machine = shared();
+    let python = free_threaded();
+    let dir = tempfile::tempdir().unwrap();
+    let truth = dir.path().join("heap-truth.json");
+    let (instances, values) = (INSTANCES.to_string(), VALUES.to_string());
+    let args = [&fixture("heap_known.py"), truth.to_str().unwrap(), "--instances", &instances, "--values", &values, "--threads"];
+    let mut target = Proc(Command::new(&python).args(args).stdout(Stdio::piped()).spawn().unwrap());
+    let pid = target.pid();
+    check_census_of("heap 3.13t", &mut target, pid, &truth, true);
+    let out = pytrace(&["heap", "-p", &pid.to_string(), "--stop", "--json", "-"]);
+    let walk = &json_of(&out)["snapshots"][0];
+    let pages = &walk["pages_read"];
+    assert!(pages["threads"].as_u64().unwrap() >= 2, "{walk}");
+    assert!(pages["abandoned_segments"].as_u64().unwrap() >= 1, "the exited thread's pages: {walk}");
+    assert_eq!(pages["pages_skipped"], 0, "{walk}");
+    assert_eq!(walk["tracked_refused"], 0, "{walk}");
+}

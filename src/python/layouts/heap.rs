@@ -23,6 +23,9 @@ pub enum Obmalloc {
     Inline(u32),
     /// `interp->obmalloc` a pointer at this offset (3.13+).
     Pointer(u32),
+    /// No obmalloc: a free-threaded build allocates every object from
+    /// mimalloc's per-thread heaps (the `mimalloc` module below).
+    Mimalloc,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -47,6 +50,15 @@ pub struct HeapLayout {
     pub int_tag_shift: Option<u32>,
     /// How a dict's keys object says its size (dict.__sizeof__ counts it).
     pub dict_keys: DictKeys,
+    /// How much larger the object header is than the default build's 16
+    /// bytes (ob_refcnt, ob_type): 16 in a free-threaded build (ob_tid, its
+    /// flags, two refcounts, ob_type), which moves every field after it,
+    /// a type's included. The constants below are the default build's.
+    pub object_shift: u64,
+    /// The collector's header before a GC object, which sys.getsizeof
+    /// counts: a PyGC_Head (16), or none in a free-threaded build, whose GC
+    /// bits are in the object's own header.
+    pub gc_header: u64,
 }
 
 /// PyDictKeysObject's header, as dict.__sizeof__ reads it.
@@ -95,39 +107,88 @@ const MANAGED_DICT: u64 = 1 << 4;
 const MANAGED_WEAKREF: u64 = 1 << 3;
 
 pub static HEAP_LAYOUTS: &[HeapLayout] = &[
-    HeapLayout { version: (3, 9), generations: &[(24, 104)], obmalloc: Obmalloc::Symbols, arena_bits: 18, pool_bits: 12, pre_header_flags: 0, ht_qualname: 856, int_tag_shift: None, dict_keys: DictKeys::SizeWord },
-    HeapLayout { version: (3, 10), generations: &[(24, 104)], obmalloc: Obmalloc::Symbols, arena_bits: 20, pool_bits: 14, pre_header_flags: 0, ht_qualname: 864, int_tag_shift: None, dict_keys: DictKeys::SizeWord },
-    HeapLayout { version: (3, 11), generations: &[(24, 104)], obmalloc: Obmalloc::Symbols, arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT, ht_qualname: 864, int_tag_shift: None, dict_keys: DictKeys::Log2 },
-    HeapLayout { version: (3, 12), generations: &[(24, 104)], obmalloc: Obmalloc::Inline(3960), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3), dict_keys: DictKeys::Log2 },
+    HeapLayout { version: (3, 9), generations: &[(24, 104)], obmalloc: Obmalloc::Symbols, arena_bits: 18, pool_bits: 12, pre_header_flags: 0, ht_qualname: 856, int_tag_shift: None, dict_keys: DictKeys::SizeWord, object_shift: 0, gc_header: 16 },
+    HeapLayout { version: (3, 10), generations: &[(24, 104)], obmalloc: Obmalloc::Symbols, arena_bits: 20, pool_bits: 14, pre_header_flags: 0, ht_qualname: 864, int_tag_shift: None, dict_keys: DictKeys::SizeWord, object_shift: 0, gc_header: 16 },
+    HeapLayout { version: (3, 11), generations: &[(24, 104)], obmalloc: Obmalloc::Symbols, arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT, ht_qualname: 864, int_tag_shift: None, dict_keys: DictKeys::Log2, object_shift: 0, gc_header: 16 },
+    HeapLayout { version: (3, 12), generations: &[(24, 104)], obmalloc: Obmalloc::Inline(3960), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3), dict_keys: DictKeys::Log2, object_shift: 0, gc_header: 16 },
     // 3.13.0 at 24; 3.13.18 at 20 (PyGC_Head became 4-byte aligned).
-    HeapLayout { version: (3, 13), generations: &[(24, 104), (20, 104)], obmalloc: Obmalloc::Pointer(10800), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3), dict_keys: DictKeys::Log2 },
-    HeapLayout { version: (3, 14), generations: &[(24, 96)], obmalloc: Obmalloc::Pointer(10904), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3), dict_keys: DictKeys::Log2 },
-    HeapLayout { version: (3, 15), generations: &[(8, 80)], obmalloc: Obmalloc::Pointer(10880), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 880, int_tag_shift: Some(3), dict_keys: DictKeys::Log2 },
+    HeapLayout { version: (3, 13), generations: &[(24, 104), (20, 104)], obmalloc: Obmalloc::Pointer(10800), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3), dict_keys: DictKeys::Log2, object_shift: 0, gc_header: 16 },
+    HeapLayout { version: (3, 14), generations: &[(24, 96)], obmalloc: Obmalloc::Pointer(10904), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 872, int_tag_shift: Some(3), dict_keys: DictKeys::Log2, object_shift: 0, gc_header: 16 },
+    HeapLayout { version: (3, 15), generations: &[(8, 80)], obmalloc: Obmalloc::Pointer(10880), arena_bits: 20, pool_bits: 14, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 880, int_tag_shift: Some(3), dict_keys: DictKeys::Log2, object_shift: 0, gc_header: 16 },
 ];
 
-/// The row of `version`, if `heap` knows it.
+/// Free-threaded builds: 3.13t (3.13.5t's headers). Its PyTypeObject and
+/// the dict, set, list and int fields are the default build's moved by
+/// the larger header (`object_shift`).
+pub static FREE_THREADED_HEAP_LAYOUTS: &[HeapLayout] = &[
+    HeapLayout { version: (3, 13), generations: &[], obmalloc: Obmalloc::Mimalloc, arena_bits: 0, pool_bits: 0, pre_header_flags: MANAGED_DICT | MANAGED_WEAKREF, ht_qualname: 888, int_tag_shift: Some(3), dict_keys: DictKeys::Log2, object_shift: 16, gc_header: 0 },
+];
+
+/// The row of `version`'s default build, if `heap` knows it.
 pub fn for_version(version: (u32, u32)) -> Option<&'static HeapLayout> {
     HEAP_LAYOUTS.iter().find(|l| l.version == version)
 }
 
-/// The free-threaded build's mimalloc structures (3.13.5t; `offsetof` from
-/// its headers by bench/heap/offsets.c with -I…/internal/mimalloc, the
-/// numbers bench/heap/read-ft.py uses). Not read by `heap` yet: only its
-/// page census (src/python/reading/heap/mimalloc.rs) is built.
-#[cfg_attr(not(test), allow(dead_code))]
+/// The row of `version`'s free-threaded build, if `heap` knows it.
+pub fn for_free_threaded(version: (u32, u32)) -> Option<&'static HeapLayout> {
+    FREE_THREADED_HEAP_LAYOUTS.iter().find(|l| l.version == version)
+}
+
+/// The free-threaded build's mimalloc structures, 3.13.5t's: `offsetof`
+/// and `sizeof` from its headers (bench/heap/offsets.c with
+/// -I…/internal/mimalloc), the numbers bench/heap/read-ft.py uses.
+/// src/python/reading/heap/mimalloc.rs reads them.
 pub mod mimalloc {
-    /// mi_page_t: capacity (u16), free, used (u32), xblock_size (u32),
-    /// local_free, xthread_free (its 2 low bits are the delayed-free state).
+    /// PyInterpreterState.mimalloc.abandoned_pool, and in that
+    /// mi_abandoned_pool_t its two segment lists: `abandoned_visited` (a
+    /// plain pointer) and `abandoned` (tagged: its low bits, those of
+    /// MI_SEGMENT_MASK, count pops).
+    pub const INTERP_ABANDONED_POOL: u64 = 10816;
+    pub const POOL_ABANDONED_VISITED: u64 = 0;
+    pub const POOL_ABANDONED: u64 = 64;
+    /// _PyThreadStateImpl.mimalloc.heaps: one mi_heap_t per tag.
+    pub const TSTATE_HEAPS: u64 = 344 + 8;
+    pub const HEAP_SIZE: u64 = 3064;
+    /// mi_heap_t.pages: MI_BIN_FULL + 1 page queues (the last holds full
+    /// pages), each a first page, a last and a block size.
+    pub const HEAP_PAGES: u64 = 1040;
+    pub const PAGE_QUEUE_SIZE: usize = 24;
+    pub const BIN_FULL: usize = 74;
+    /// The heap tags (_Py_MIMALLOC_HEAP_*): objects without GC, GC objects,
+    /// GC objects with a 16-byte pre-header (a managed dict and weakref).
+    pub const TAG_OBJECT: u8 = 1;
+    pub const TAG_GC: u8 = 2;
+    pub const TAG_GC_PRE: u8 = 3;
+    /// mi_page_t: slice_count, slice_offset (u32s); the byte whose bits 3
+    /// to 6 are the owning heap's tag; capacity (u16), free, used (u32),
+    /// xblock_size (u32), local_free, xthread_free (its 2 low bits are the
+    /// delayed-free state), next.
+    pub const PAGE_SLICE_COUNT: usize = 0;
+    pub const PAGE_SLICE_OFFSET: usize = 4;
+    pub const PAGE_TAG_BYTE: usize = 8;
     pub const PAGE_CAPACITY: usize = 10;
     pub const PAGE_FREE: usize = 16;
     pub const PAGE_USED: usize = 24;
     pub const PAGE_XBLOCK_SIZE: usize = 28;
     pub const PAGE_LOCAL_FREE: usize = 32;
     pub const PAGE_XTHREAD_FREE: usize = 40;
-    /// The bytes of mi_page_t a census reads (through xthread_free).
-    pub const PAGE_HEADER_LEN: usize = 48;
-    /// The free-threaded PyObject header's ob_gc_bits; bit 0 is
-    /// _PyGC_BITS_TRACKED.
+    pub const PAGE_NEXT: usize = 56;
+    /// The bytes of mi_page_t a census reads (through `next`).
+    pub const PAGE_HEADER_LEN: usize = 64;
+    /// mi_segment_t: abandoned_next, slice_entries, and its slices (each a
+    /// mi_page_t); a segment is SEGMENT_SIZE-aligned, in SLICE_SIZE slices.
+    pub const SEGMENT_ABANDONED_NEXT: u64 = 176;
+    pub const SEGMENT_SLICE_ENTRIES: usize = 248;
+    pub const SEGMENT_SLICES: u64 = 264;
+    pub const SLICE_STRUCT_SIZE: u64 = 96;
+    pub const SLICES_PER_SEGMENT: u64 = 512;
+    pub const SEGMENT_SIZE: u64 = 1 << 25;
+    pub const SLICE_SIZE: u64 = 1 << 16;
+    /// The free-threaded PyObject header's ob_gc_bits: _PyGC_BITS_TRACKED
+    /// and _PyGC_BITS_FROZEN (gc.freeze()).
     pub const OB_GC_BITS: usize = 11;
     pub const GC_BITS_TRACKED: u8 = 1;
+    pub const GC_BITS_FROZEN: u8 = 8;
+    /// The pre-header of TAG_GC_PRE's blocks.
+    pub const PRE_HEADER: u64 = 16;
 }

@@ -43,17 +43,19 @@ pub struct PythonThreadNames {
 /// The threads' Python names in process `pid`, or why they could not be
 /// read (then every thread keeps the kernel's name).
 pub fn read(pid: u32, python: &Python) -> Result<PythonThreadNames> {
+    // Without the GIL, threading's dicts change under a reader with no
+    // lock held, as threads come and go: not read.
+    ensure!(!python.layout.free_threaded, "a free-threaded build's dicts are not read without their locks");
     let reader = dict_reader(pid, python)?;
     let runtime = python.symbol(RUNTIME_SYMBOL)?.wrapping_add(python.load_bias_in(pid)?);
     reader.names(runtime)
 }
 
 /// A reader of the target's dicts and strs, with every check above, for
-/// another reader (the heap census names heap types by their `__module__`).
+/// another reader (the heap census names heap types by their `__module__`:
+/// a class's dict, which rarely changes, even in a free-threaded build).
 pub(crate) fn dict_reader(pid: u32, python: &Python) -> Result<Reader<'_>> {
     let layout = &python.layout;
-    // Without the GIL, dicts change under a reader with no lock held: not read.
-    ensure!(!layout.free_threaded, "a free-threaded build's dicts are not read without their locks");
     let bias = python.load_bias_in(pid)?;
     let type_at = |name: &str| python.symbol(name).map(|t| t.wrapping_add(bias));
     Ok(Reader {

@@ -57,6 +57,7 @@ impl ArenaTable {
                 mem.read(maxarenas.wrapping_add(bias), &mut count)?;
                 (mem.read_u64(arenas.wrapping_add(bias))?, u32::from_le_bytes(count) as u64)
             }
+            Obmalloc::Mimalloc => bail!("a free-threaded build has no obmalloc arenas"),
             Obmalloc::Inline(offset) | Obmalloc::Pointer(offset) => {
                 let state = if matches!(heap.obmalloc, Obmalloc::Pointer(_)) { mem.read_u64_non_null(interp + offset as u64)? } else { interp + offset as u64 };
                 let mut count = [0u8; 4];

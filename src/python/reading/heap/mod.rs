@@ -1,4 +1,5 @@
 //! Reading a target's heap for `pytrace heap`, without writing anything:
+//! a free-threaded build's mimalloc pages (`mimalloc.rs`), or else
 //! obmalloc's arenas read whole (`arenas.rs`), in which the objects the
 //! collector tracks are found with their list links checked (`tracked.rs`;
 //! the lists' heads and the permanent generation: `gc_lists.rs`) and the
@@ -14,8 +15,6 @@
 
 pub mod arenas;
 pub mod gc_lists;
-// Not called until the page finder is built (3.13t is still refused).
-#[cfg_attr(not(test), allow(dead_code))]
 pub mod mimalloc;
 pub mod sizes;
 pub mod tracked;

@@ -1,6 +1,7 @@
 //! An object's size as `sys.getsizeof` gives it, from the object's first
 //! bytes and its checked type: `__sizeof__` plus the collector's header
-//! (16 bytes, and 16 more for a managed dict or weakref slot, 3.11+).
+//! (16 bytes, none in a free-threaded build; and 16 more for a managed
+//! dict or weakref slot, 3.11+).
 //! The default `__sizeof__` is `tp_basicsize + |ob_size| × tp_itemsize`;
 //! str, int, list, dict, set and frozenset override it and get their own
 //! rule here. A dict's rule reads its keys object (one bounded read, cached
@@ -37,7 +38,8 @@ pub struct Tables<'a> {
 type KeysSizes = Option<(bool, u64, u64)>;
 
 /// The bytes of an object header this module reads: a str's data start
-/// (48 before 3.12) and a list's `allocated` (32) are inside.
+/// (48 before 3.12) and a list's `allocated` (32) are inside; 16 more in
+/// a free-threaded build (`object_shift`).
 pub const NEEDED: usize = 48;
 
 pub struct Sizes<'a> {
@@ -67,17 +69,19 @@ impl<'a> Sizes<'a> {
     /// `address` in the target (less only where the block ends: then the
     /// default rule).
     pub fn bytes(&self, info: &TypeInfo, address: u64, object: &[u8]) -> u64 {
-        let header = if info.has_gc() { 16 + if info.flags & self.heap.pre_header_flags != 0 { 16 } else { 0 } } else { 0 };
-        let size_word = || (object.len() >= 24).then(|| word(object, 16));
+        let header = if info.has_gc() { self.heap.gc_header + if info.flags & self.heap.pre_header_flags != 0 { 16 } else { 0 } } else { 0 };
+        // Fields after the object header, moved in a free-threaded build.
+        let shift = self.heap.object_shift as usize;
+        let size_word = || (object.len() >= 24 + shift).then(|| word(object, 16 + shift));
         let own = if info.address == self.str_type && object.len() >= NEEDED {
             self.str_bytes(info, object)
         } else if info.address == self.int_type && self.heap.int_tag_shift.is_some() {
             // 3.12+: the digit count is lv_tag's high bits; zero keeps one digit.
             let digits = size_word().map_or(1, |tag| (tag >> self.heap.int_tag_shift.unwrap_or(0)).max(1));
             info.basicsize + digits.min(1 << 20) * info.itemsize
-        } else if info.address == self.list_type && object.len() >= 40 {
+        } else if info.address == self.list_type && object.len() >= 40 + shift {
             // list.__sizeof__: the item array as allocated.
-            info.basicsize + word(object, 32).min(1 << 32) * 8
+            info.basicsize + word(object, 32 + shift).min(1 << 32) * 8
         } else if let Some(own) = self.table_bytes(info, address, object) {
             own
         } else if info.itemsize > 0 {
@@ -96,13 +100,14 @@ impl<'a> Sizes<'a> {
     /// bounds is counted (`tables_unread`) and sized by the default rule.
     fn table_bytes(&self, info: &TypeInfo, address: u64, object: &[u8]) -> Option<u64> {
         let tables = self.tables.as_ref()?;
+        let shift = self.heap.object_shift as usize;
         let own = if info.address == tables.dict_type {
-            (object.len() >= DICT_MA_VALUES + 8).then(|| self.dict_extra(tables.mem, word(object, DICT_MA_KEYS), word(object, DICT_MA_VALUES) != 0)).flatten()
+            (object.len() >= DICT_MA_VALUES + 8 + shift).then(|| self.dict_extra(tables.mem, word(object, DICT_MA_KEYS + shift), word(object, DICT_MA_VALUES + shift) != 0)).flatten()
         } else if info.address == tables.set_type || info.address == tables.frozenset_type {
             // Counted only when the table is not the inline smalltable.
-            (object.len() >= SET_TABLE + 8).then(|| {
-                let (mask, table) = (word(object, SET_MASK), word(object, SET_TABLE));
-                let at_small = table == address.wrapping_add(SET_SMALLTABLE);
+            (object.len() >= SET_TABLE + 8 + shift).then(|| {
+                let (mask, table) = (word(object, SET_MASK + shift), word(object, SET_TABLE + shift));
+                let at_small = table == address.wrapping_add(SET_SMALLTABLE + shift as u64);
                 let slots = mask.wrapping_add(1);
                 (slots.is_power_of_two() && slots <= MAX_SLOTS).then_some(if at_small { 0 } else { slots * SET_ENTRY_SIZE })
             }).flatten()

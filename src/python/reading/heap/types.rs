@@ -103,19 +103,23 @@ impl<'a> Types<'a> {
     }
 
     fn read(&mut self, addr: u64) -> Result<TypeInfo> {
-        let mut head = [0u8; TP_FLAGS as usize + 8];
-        self.mem.read(addr, &mut head)?;
-        let mut meta = word(&head, self.layout.object_type as usize);
+        // A free-threaded header moves every field after it (object_shift).
+        let shift = self.heap.object_shift as usize;
+        let mut head = [0u8; TP_FLAGS as usize + 8 + 16];
+        let head = &mut head[..TP_FLAGS as usize + 8 + shift];
+        self.mem.read(addr, head)?;
+        let head = &*head;
+        let mut meta = word(head, self.layout.object_type as usize);
         let mut steps = 0;
         while meta != self.pytype {
             ensure!(plausible(meta) && steps < MAX_META_STEPS, "not a type");
             meta = self.mem.read_u64(meta + self.layout.object_type as u64)?;
             steps += 1;
         }
-        let (basicsize, itemsize) = (word(&head, TP_BASICSIZE as usize), word(&head, TP_ITEMSIZE as usize));
+        let (basicsize, itemsize) = (word(head, TP_BASICSIZE as usize + shift), word(head, TP_ITEMSIZE as usize + shift));
         ensure!(basicsize > 0 && basicsize <= MAX_BASICSIZE && itemsize <= MAX_ITEMSIZE, "sizes out of bounds");
-        let flags = word(&head, TP_FLAGS as usize);
-        let tp_name = self.c_name(word(&head, TP_NAME as usize)).unwrap_or_else(|| format!("<type {addr:#x}: unreadable name>"));
+        let flags = word(head, TP_FLAGS as usize + shift);
+        let tp_name = self.c_name(word(head, TP_NAME as usize + shift)).unwrap_or_else(|| format!("<type {addr:#x}: unreadable name>"));
         let mut unnamed = false;
         let (module, qualname) = if flags & HEAPTYPE != 0 {
             match self.heap_name(addr) {
@@ -139,7 +143,7 @@ impl<'a> Types<'a> {
     fn heap_name(&self, addr: u64) -> Result<(String, String)> {
         let qualname = read_str(self.mem, self.layout, self.mem.read_u64_non_null(addr + self.heap.ht_qualname as u64)?)?;
         let dicts = self.dicts.as_ref().ok_or_else(|| anyhow::anyhow!("no dict reader"))?;
-        let dict = self.mem.read_u64_non_null(addr + TP_DICT)?;
+        let dict = self.mem.read_u64_non_null(addr + TP_DICT + self.heap.object_shift)?;
         let module = dicts.dict_get(dict, "__module__")?.ok_or_else(|| anyhow::anyhow!("no __module__"))?;
         ensure!(dicts.type_of(module)? == dicts.str_type, "__module__ is not a str");
         Ok((dicts.str(module)?, qualname))

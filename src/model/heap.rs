@@ -59,8 +59,8 @@ pub struct Census {
     pub tables_unread: u64,
     /// The collector's young-generation count just after the walk less
     /// just before it: tracked objects allocated less those freed while
-    /// the walk ran (0 with --stop). Negative: a collection ran during
-    /// it. None: the count could not be read.
+    /// the walk ran (0 with --stop). Negative: more were freed, or a
+    /// collection ran during it. None: the count could not be read.
     #[serde(default)]
     pub young_change: Option<i64>,
     /// The deadline or a step bound ended the walk before its end.

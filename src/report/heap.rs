@@ -236,9 +236,7 @@ fn footer(c: &Census) -> String {
     out += &format!("skipped: {}\n", if skipped.is_empty() { "nothing".to_string() } else { skipped.join("; ") });
     match c.young_change {
         Some(change) if change >= 0 => out += &format!("changed during the walk: {change:+} objects the collector tracks (allocated less freed: its young count)\n"),
-        Some(change) => out += &format!("changed during the walk: a collection ran (the collector's young count fell by {})\n", -change),
-        None if c.pages_read.is_some() && c.stopped_ns.is_some() => out += "changed during the walk: nothing (--stop)\n",
-        None if c.pages_read.is_some() => out += "changed during the walk: unknown (a free-threaded build keeps no young count pytrace reads)\n",
+        Some(change) => out += &format!("changed during the walk: {change} objects the collector tracks (freed more than allocated, or a collection ran: its young count)\n"),
         None => out += "changed during the walk: unknown (the collector's young count was unreadable)\n",
     }
     out += &match c.stopped_ns {

@@ -173,13 +173,15 @@ fn walk(opts: &HeapOptions, python: &Python, heap: &heap::HeapLayout) -> Result<
 }
 
 /// The census of a free-threaded build, from its mimalloc pages (no
-/// collector lists nor young count: mimalloc.rs).
+/// collector lists: mimalloc.rs).
 #[allow(clippy::too_many_arguments)]
 fn walk_pages<'a>(pid: u32, mem: &Memory, heap: &heap::HeapLayout, layout: &crate::python::Layout, interp: u64, runtime: u64, mut types: Types<'a>, sizes: &Sizes<'a>, paused: Option<Paused>, timeout: Duration) -> Result<(Census, SystemTime)> {
     // A page is at least one 64 KiB slice of the process's memory.
     let max_pages = rss_bytes(pid).max(1 << 30) / (1 << 16);
     let (started, started_at) = (Instant::now(), SystemTime::now());
+    let young_before = mimalloc::young_count(mem, layout, interp);
     let pages = mimalloc::walk(mem, layout, heap, interp, &mut types, sizes, max_pages, started + timeout);
+    let young_after = mimalloc::young_count(mem, layout, interp);
     let walk_ns = started.elapsed().as_nanos() as u64;
     let stopped_ns = paused.map(|p| p.resume());
     if !proc::is_running(pid) || mem.read_u64(runtime).is_err() {
@@ -195,6 +197,7 @@ fn walk_pages<'a>(pid: u32, mem: &Memory, heap: &heap::HeapLayout, layout: &crat
         frozen_objects: pages.frozen_objects,
         types_unnamed: counted.iter().filter(|&&t| types.infos[t].unnamed).count() as u64,
         tables_unread: sizes.tables_unread.get(),
+        young_change: young_before.zip(young_after).map(|(before, after)| after - before),
         untracked_objects: pages.plain_objects,
         block_bytes: pages.block_bytes,
         pages_read: Some(PagesRead { threads: pages.threads, pages: pages.pages, pages_skipped: pages.pages_skipped, abandoned_segments: pages.abandoned_segments }),

@@ -13,7 +13,7 @@ use std::process::Command;
 use crate::common::*;
 
 /// The free-threaded build; scripts/test.sh provides it. Missing fails.
-fn free_threaded() -> PathBuf {
+pub(crate) fn free_threaded() -> PathBuf {
     std::env::var_os("PYTRACE_FREETHREADED_PYTHON")
         .map(PathBuf::from)
         .or_else(|| {

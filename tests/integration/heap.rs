@@ -379,18 +379,27 @@ fn diff_of_two_saved_reports_names_the_leak() {
 /// --stop walk reports 0.
 #[test]
 fn a_walk_says_how_far_the_heap_changed_during_it() {
+    walk_change_is_the_targets(&pyenv_python(12));
+}
+
+/// The same on a free-threaded build, whose count is buffered per thread.
+#[test]
+fn a_walk_says_how_far_a_free_threaded_heap_changed_during_it() {
+    walk_change_is_the_targets(&crate::free_threaded::free_threaded());
+}
+
+fn walk_change_is_the_targets(python: &std::path::Path) {
     const PER_TICK: i64 = 500;
     const SLACK_NS: i64 = 50_000_000;
     // unix_s is an f64 of seconds: a few hundred nanoseconds of rounding.
     const ROUNDING_NS: i64 = 1_000_000;
     let _machine = shared();
-    let python = pyenv_python(12);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("ticks.log");
     let per_tick = PER_TICK.to_string();
     // 700,000 tuples beside the growth: walks of about 0.2 s, some 20 ticks.
     let args = ["--per-tick", &per_tick, "--tick", "0.01", "--base", "700000", "--log", log.to_str().unwrap()];
-    let mut target = Proc(Command::new(&python).arg(fixture("heap_growing.py")).args(args).stdout(Stdio::piped()).spawn().unwrap());
+    let mut target = Proc(Command::new(python).arg(fixture("heap_growing.py")).args(args).stdout(Stdio::piped()).spawn().unwrap());
     wait_for_line(&mut target, "ready");
     let ticks_until = |end: i64| -> Vec<(i64, i64)> {
         // The tick under way at the walk's end may not be logged yet.

@@ -146,6 +146,12 @@ pub mod mimalloc {
     pub const INTERP_ABANDONED_POOL: u64 = 10816;
     pub const POOL_ABANDONED_VISITED: u64 = 0;
     pub const POOL_ABANDONED: u64 = 64;
+    /// The collector's young count (interp->gc.generations[0].count, an
+    /// i32) and each thread's share not yet added to it
+    /// (_PyThreadStateImpl.gc.alloc_count, an isize): record_allocation
+    /// buffers the count per thread.
+    pub const INTERP_YOUNG_COUNT: u64 = 7400 + 24 + 20;
+    pub const TSTATE_ALLOC_COUNT: u64 = 336;
     /// _PyThreadStateImpl.mimalloc.heaps: one mi_heap_t per tag.
     pub const TSTATE_HEAPS: u64 = 344 + 8;
     pub const HEAP_SIZE: u64 = 3064;

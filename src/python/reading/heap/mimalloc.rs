@@ -67,6 +67,25 @@ pub fn walk<'a>(mem: &Memory, layout: &Layout, heap: &HeapLayout, interp: u64, t
     walker.out
 }
 
+/// The collector's young count: tracked objects allocated less freed since
+/// it last ran, the global count plus every thread's buffered share.
+/// None if a read fails or the thread list is garbage.
+pub fn young_count(mem: &Memory, layout: &Layout, interp: u64) -> Option<i64> {
+    let mut global = [0u8; 4];
+    mem.read(interp + INTERP_YOUNG_COUNT, &mut global).ok()?;
+    let mut count = i64::from(i32::from_le_bytes(global));
+    let mut tstate = mem.read_u64(interp + u64::from(layout.interp_threads_head)).ok()?;
+    let mut threads = HashSet::new();
+    while tstate != 0 {
+        if !plausible(tstate) || !threads.insert(tstate) || threads.len() as u64 > MAX_THREADS {
+            return None;
+        }
+        count = count.wrapping_add(mem.read_u64(tstate + TSTATE_ALLOC_COUNT).ok()? as i64);
+        tstate = mem.read_u64(tstate + u64::from(layout.tstate_next)).ok()?;
+    }
+    Some(count)
+}
+
 struct Walker<'w, 'a> {
     mem: &'w Memory,
     layout: &'w Layout,

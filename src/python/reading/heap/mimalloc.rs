@@ -74,16 +74,35 @@ pub fn young_count(mem: &Memory, layout: &Layout, interp: u64) -> Option<i64> {
     let mut global = [0u8; 4];
     mem.read(interp + INTERP_YOUNG_COUNT, &mut global).ok()?;
     let mut count = i64::from(i32::from_le_bytes(global));
-    let mut tstate = mem.read_u64(interp + u64::from(layout.interp_threads_head)).ok()?;
-    let mut threads = HashSet::new();
-    while tstate != 0 {
-        if !plausible(tstate) || !threads.insert(tstate) || threads.len() as u64 > MAX_THREADS {
-            return None;
-        }
+    let (states, broken) = thread_states(mem, layout, interp);
+    if broken.is_some() {
+        return None;
+    }
+    for tstate in states {
         count = count.wrapping_add(mem.read_u64(tstate + TSTATE_ALLOC_COUNT).ok()? as i64);
-        tstate = mem.read_u64(tstate + u64::from(layout.tstate_next)).ok()?;
     }
     Some(count)
+}
+
+/// The interpreter's thread states, in list order, as far as the list
+/// reads, and where it broke or looped if it did.
+fn thread_states(mem: &Memory, layout: &Layout, interp: u64) -> (Vec<u64>, Option<String>) {
+    let mut states = Vec::new();
+    let Ok(mut tstate) = mem.read_u64(interp + u64::from(layout.interp_threads_head)) else {
+        return (states, Some("the interpreter's thread list is unreadable".into()));
+    };
+    let mut seen = HashSet::new();
+    while tstate != 0 {
+        if !plausible(tstate) || !seen.insert(tstate) || seen.len() as u64 > MAX_THREADS {
+            return (states, Some(format!("the thread list breaks or loops at {tstate:#x}")));
+        }
+        states.push(tstate);
+        match mem.read_u64(tstate + u64::from(layout.tstate_next)) {
+            Ok(next) => tstate = next,
+            Err(_) => return (states, Some(format!("thread state {tstate:#x} is unreadable"))),
+        }
+    }
+    (states, None)
 }
 
 struct Walker<'w, 'a> {
@@ -113,14 +132,12 @@ impl Walker<'_, '_> {
 
     /// Each thread state's three object heaps, queue by queue.
     fn threads(&mut self, interp: u64) {
-        let Ok(mut tstate) = self.mem.read_u64(interp + u64::from(self.layout.interp_threads_head)) else {
-            self.broken("the interpreter's thread list is unreadable".into());
-            return;
-        };
-        let mut threads = HashSet::new();
-        while tstate != 0 && !self.out_of_time() {
-            if !plausible(tstate) || !threads.insert(tstate) || threads.len() as u64 > MAX_THREADS {
-                self.broken(format!("the thread list breaks or loops at {tstate:#x}"));
+        let (states, broken) = thread_states(self.mem, self.layout, interp);
+        if let Some(why) = broken {
+            self.broken(why);
+        }
+        for tstate in states {
+            if self.out_of_time() {
                 return;
             }
             self.out.threads += 1;
@@ -152,13 +169,6 @@ impl Walker<'_, '_> {
                     }
                 }
             }
-            tstate = match self.mem.read_u64(tstate + u64::from(self.layout.tstate_next)) {
-                Ok(next) => next,
-                Err(_) => {
-                    self.broken(format!("thread state {tstate:#x} is unreadable"));
-                    return;
-                }
-            };
         }
     }
 

@@ -83,6 +83,14 @@ static __always_inline bool WALK(leave_out_for_gil)(const struct sample_target *
 		holding = WALK(holds_gil)(t, tstate, gil, task);
 	if (holding == GIL_HOLDING)
 		return false;
+	/* A thread past the end of its Python work keeps its thread id, so the
+	 * cached thread state still matches it after _PyThreadState_DeleteCurrent
+	 * freed it; a large freed chunk's allocator links overwrite its interp.
+	 * A state that no longer leads to the interpreter is no live thread's:
+	 * it holds no GIL. */
+	if (holding == GIL_UNREADABLE && t->interpreters_head &&
+	    WALK(read_ptr)(tstate, t->layout.tstate_interp, task) != WALK(read_ptr)(t->interpreters_head, 0, task))
+		holding = GIL_NOT_HOLDING;
 	count(holding == GIL_UNREADABLE ? SAMPLE_GIL_UNREADABLE : SAMPLE_GIL_NOT_HELD);
 	return true;
 }

@@ -136,10 +136,7 @@ fn walk(opts: &HeapOptions, python: &Python, heap: &heap::HeapLayout) -> Result<
         bail!("process {pid} exited during the heap walk, after {read} of {all} arenas and {} objects on the collector's lists", lists.objects);
     }
 
-    // Of the types objects were counted under, not of all those checked:
-    // words in the pools' buffers point at types no object here has.
-    let counted: std::collections::HashSet<usize> = lists.by_type.keys().chain(plain.iter().flat_map(|w| w.by_type.keys())).copied().collect();
-    let types_unnamed = counted.iter().filter(|&&t| types.infos[t].unnamed).count() as u64;
+    let types_unnamed = unnamed_types(&types.infos, lists.by_type.keys().chain(plain.iter().flat_map(|w| w.by_type.keys())));
     let mut census = Census {
         tracked_objects: lists.objects,
         tracked_refused: lists.refused + frozen.refused,
@@ -187,7 +184,6 @@ fn walk_pages<'a>(pid: u32, mem: &Memory, heap: &heap::HeapLayout, layout: &crat
     if !proc::is_running(pid) || mem.read_u64(runtime).is_err() {
         bail!("process {pid} exited during the heap walk, after {} pages", pages.pages);
     }
-    let counted: std::collections::HashSet<usize> = pages.tracked.keys().chain(pages.plain.keys()).copied().collect();
     let census = Census {
         rows: rows(&types.infos, &pages.tracked, Some(&pages.plain)),
         tracked_objects: pages.tracked_objects,
@@ -195,7 +191,7 @@ fn walk_pages<'a>(pid: u32, mem: &Memory, heap: &heap::HeapLayout, layout: &crat
         list_broken: pages.broken,
         partial: pages.partial,
         frozen_objects: pages.frozen_objects,
-        types_unnamed: counted.iter().filter(|&&t| types.infos[t].unnamed).count() as u64,
+        types_unnamed: unnamed_types(&types.infos, pages.tracked.keys().chain(pages.plain.keys())),
         tables_unread: sizes.tables_unread.get(),
         young_change: young_before.zip(young_after).map(|(before, after)| after - before),
         untracked_objects: pages.plain_objects,
@@ -207,6 +203,14 @@ fn walk_pages<'a>(pid: u32, mem: &Memory, heap: &heap::HeapLayout, layout: &crat
         ..Census::default()
     };
     Ok((census, started_at))
+}
+
+/// The heap types named by tp_name alone, of those objects were counted
+/// under (not of all those checked: words in the pools' buffers point at
+/// types no object here has).
+fn unnamed_types<'t>(infos: &[crate::python::reading::heap::types::TypeInfo], counted: impl Iterator<Item = &'t usize>) -> u64 {
+    let counted: std::collections::HashSet<usize> = counted.copied().collect();
+    counted.iter().filter(|&&t| infos[t].unnamed).count() as u64
 }
 
 /// One row per type name: two type objects of one name (a class defined

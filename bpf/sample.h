@@ -17,7 +17,8 @@
 
 /* --native: the user stack copied per sample, in whole pages from the one
  * holding the stack pointer up (a page that cannot be read ends the copy).
- * 32 KiB holds the C frames of a few dozen nested eval calls. */
+ * 64 KiB holds the C frames of a few dozen nested eval calls, and what
+ * the stack scan past code without unwind information reads above them. */
 #define NATIVE_PAGE 4096
 #define NATIVE_STACK_PAGES 16
 #define NATIVE_STACK_BYTES (NATIVE_STACK_PAGES * NATIVE_PAGE)

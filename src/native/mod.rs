@@ -67,6 +67,14 @@ impl Default for NativeStacks {
 }
 
 impl NativeStacks {
+    /// Reads the unwind tables and symbols of every file `pid` maps now,
+    /// before its first sample: otherwise the first --native record waits
+    /// for them while the ring buffer fills behind it (seconds for a large
+    /// interpreter under emulation, long enough to lose samples).
+    pub fn prepare(&mut self, pid: u32) {
+        self.processes.entry(pid).or_insert_with(|| ProcessUnwinder::new(pid)).prepare(&mut self.files);
+    }
+
     /// A sample's frames, innermost first: its Python frames merged with
     /// its native stack, or, without one (`user` None), the Python frames
     /// under a `[native stack unavailable]` marker; and whether the native

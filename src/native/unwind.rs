@@ -161,11 +161,16 @@ impl ProcessUnwinder {
         self.modules.sort_by_key(|m| m.range.start);
     }
 
-    /// The stack's frames, innermost first, as far as they can be unwound.
-    pub fn unwind(&mut self, stack: &UserStack, files: &mut ModuleFiles) -> Unwound {
+    /// Reads the process's mappings, if not yet read.
+    pub fn prepare(&mut self, files: &mut ModuleFiles) {
         if self.last_scan.is_none() {
             self.rescan(files);
         }
+    }
+
+    /// The stack's frames, innermost first, as far as they can be unwound.
+    pub fn unwind(&mut self, stack: &UserStack, files: &mut ModuleFiles) -> Unwound {
+        self.prepare(files);
         let unwound = self.unwind_once(stack);
         let Some(RawFrame { module: None, address }) = unwound.frames.last() else { return unwound };
         let page = address >> 12;

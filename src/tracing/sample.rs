@@ -56,9 +56,10 @@ const IDLE_DRAIN_EVERY: Duration = Duration::from_millis(250);
 /// Ctrl-C (a signal cuts the wait short).
 const CHECK_EVERY: Duration = Duration::from_millis(250);
 
-/// The ring buffer with --native, where each record carries 32 KiB of
-/// stack: about 900 records, a second at 999 Hz on 2 CPUs even if user
-/// space stalls.
+/// The ring buffer with --native, where each record carries 64 KiB of
+/// stack: about 500 records, half a second at 999 Hz on 2 CPUs even if user
+/// space stalls (the unwind tables are read before the first tick, so the
+/// first records do not wait for them).
 const NATIVE_RING_BYTES: u32 = 32 << 20;
 
 #[derive(Clone, Copy)]
@@ -219,12 +220,14 @@ impl<'obj, 'a> Session<'obj, 'a> {
         };
         match targets {
             Targets::One(pid, python) => session.processes.borrow_mut().add(&session.skel.maps.processes, pid, PythonRef::Borrowed(python))?,
-            Targets::All => {
-                session.processes.borrow_mut().add_every_python(&session.skel.maps.processes);
-                // Located now, not at the first poll: a process found at
-                // start is walked from the run's first tick.
-                session.processes.borrow_mut().locate(&session.skel.maps.processes)?;
-            }
+            Targets::All => session.processes.borrow_mut().add_every_python(&session.skel.maps.processes),
+        }
+        // Located now, not at the first poll: a process found at start is
+        // walked from the run's first tick, not counted without a thread
+        // state until then (a second or more under emulation).
+        session.processes.borrow_mut().locate(&session.skel.maps.processes)?;
+        if let (Some(pid), Some(native)) = (session.processes.borrow().only(), session.stacks.borrow_mut().native.as_mut()) {
+            native.prepare(pid);
         }
         session.attach()?;
         if let Some(pid) = session.processes.borrow().only() {

@@ -62,6 +62,10 @@ fn poll<T: Tracing>(session: &T, ring: Option<&RingBuffer>, what: &str, keep_goi
             }
         }
         let mut timeout = POLL_AT_MOST;
+        // Woken for the next check, not up to POLL_AT_MOST after it.
+        if let Some(checked) = last_check.filter(|_| !session.check_every().is_zero()) {
+            timeout = timeout.min(session.check_every().saturating_sub(checked.elapsed()));
+        }
         if let Some(due) = session.next_due() {
             if Instant::now() >= due {
                 session.run_due()?;

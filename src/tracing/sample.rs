@@ -652,7 +652,11 @@ impl Tracing for Session<'_, '_> {
     }
 
     fn check_every(&self) -> Duration {
-        CHECK_EVERY
+        if self.processes.borrow().locating() {
+            discovery::LOCATE_EVERY
+        } else {
+            CHECK_EVERY
+        }
     }
 
     fn between_polls(&self) -> Result<()> {

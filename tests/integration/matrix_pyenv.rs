@@ -15,9 +15,9 @@ use crate::common::over_builds;
 // One module per version, one test per body, each on a fresh
 // `Interpreter::pyenv(version)`.
 over_builds! {
-    pyenv_3_9(&Interpreter::pyenv("3.9")): stacks_read_while_running_are_ones_it_can_have;
-    pyenv_3_10(&Interpreter::pyenv("3.10")): calls_equal_cprofile, calls_threads_and_reused_code_objects, gc_equals_gc_callbacks, sample_split_threads_and_depth, compare_sees_the_split_on_both_sides, info_names_each_mode, thread_names_in_dump_and_sample, stacks_read_while_running_are_ones_it_can_have;
+    pyenv_3_9(&Interpreter::pyenv("3.9")): sample_starts_at_the_commands_first_line, stacks_read_while_running_are_ones_it_can_have;
+    pyenv_3_10(&Interpreter::pyenv("3.10")): sample_starts_at_the_commands_first_line, calls_equal_cprofile, calls_threads_and_reused_code_objects, gc_equals_gc_callbacks, sample_split_threads_and_depth, compare_sees_the_split_on_both_sides, info_names_each_mode, thread_names_in_dump_and_sample, stacks_read_while_running_are_ones_it_can_have;
     pyenv_3_11(&Interpreter::pyenv("3.11")): stacks_read_while_running_are_ones_it_can_have;
-    pyenv_3_12(&Interpreter::pyenv("3.12")): calls_equal_cprofile, calls_threads_and_reused_code_objects, gc_equals_gc_callbacks, sample_split_threads_and_depth, compare_sees_the_split_on_both_sides, info_names_each_mode, thread_names_in_dump_and_sample, stacks_read_while_running_are_ones_it_can_have;
+    pyenv_3_12(&Interpreter::pyenv("3.12")): sample_starts_at_the_commands_first_line, calls_equal_cprofile, calls_threads_and_reused_code_objects, gc_equals_gc_callbacks, sample_split_threads_and_depth, compare_sees_the_split_on_both_sides, info_names_each_mode, thread_names_in_dump_and_sample, stacks_read_while_running_are_ones_it_can_have;
     pyenv_3_13(&Interpreter::pyenv("3.13")): thread_names_in_dump_and_sample;
 }

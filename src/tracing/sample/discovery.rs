@@ -22,6 +22,14 @@ use crate::process::proc::{self, Memory};
 /// --all looks for new Pythons, and for exited ones, this often.
 const RESCAN_EVERY: Duration = Duration::from_secs(1);
 
+/// A process not located yet is looked for this often, for its first
+/// LOCATE_FAST_FOR: a command pytrace started is held at its exec, before
+/// the dynamic loader maps a shared libpython, and every sample until it
+/// is located has no thread state (at CHECK_EVERY, the first quarter
+/// second of a script's samples were lost).
+pub const LOCATE_EVERY: Duration = Duration::from_millis(2);
+const LOCATE_FAST_FOR: Duration = Duration::from_secs(2);
+
 /// An exited process is forgotten this many drains after its exit was
 /// seen, so that the samples it left in the counts map and the ring
 /// buffer are still named with its caches.
@@ -50,6 +58,8 @@ pub struct Process<'a> {
     pub label: Rc<Frame>,
     /// Whether its interpreter's addresses are known and in the map.
     located: bool,
+    /// When it was added to the run.
+    added: Instant,
     /// When it started (/proc/PID/stat), to tell it from a later process
     /// given the same PID.
     started: Option<u64>,
@@ -113,7 +123,7 @@ impl<'a> Processes<'a> {
         let label = Rc::new(Frame::Process(format!("{} ({pid})", proc::command_name(pid))));
         let resolver = CodeResolver::new(pid, python.layout.clone());
         let started = start_time(pid);
-        self.by_pid.insert(pid, Process { python, resolver, label, located: false, started, exited_at: None, tasks: TaskNames::default() });
+        self.by_pid.insert(pid, Process { python, resolver, label, located: false, added: Instant::now(), started, exited_at: None, tasks: TaskNames::default() });
         Ok(())
     }
 
@@ -210,6 +220,12 @@ impl<'a> Processes<'a> {
 
     /// Whether every process added has its interpreter located (BPF can
     /// walk its threads).
+    /// Whether a process added lately is still to be located (see
+    /// LOCATE_EVERY).
+    pub fn locating(&self) -> bool {
+        self.by_pid.values().any(|p| !p.located && p.exited_at.is_none() && p.added.elapsed() < LOCATE_FAST_FOR)
+    }
+
     pub fn all_located(&self) -> bool {
         self.by_pid.values().all(|p| p.located)
     }

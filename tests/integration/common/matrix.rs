@@ -386,6 +386,25 @@ pub fn sample_split_threads_and_depth(py: &Interpreter) {
     }
 }
 
+/// A command pytrace starts is sampled from its first Python line: the
+/// fixture spins from there, and spin()'s samples must be its CPU time
+/// (read inside it) at the rate the whole run had (samples per CPU-second
+/// of the process), within 15 %. With a shared libpython, mapped only after
+/// the exec pytrace holds the command at, the first quarter second was
+/// once lost (every sample without a thread state until the next check):
+/// 0.55-0.75 of the truth. At least 200 samples.
+pub fn sample_starts_at_the_commands_first_line(py: &Interpreter) {
+    let version = py.version;
+    let (truth, truth_host) = py.output("spin-truth.json");
+    let report = py.json(&["sample", "-r", "499"], "spin_from_start.py", &[&truth, &longer(0.6)]);
+    let spin_cpu = read_json(&truth_host)["spin_cpu_s"].as_f64().unwrap();
+    let spin = report["functions"].as_array().unwrap().iter().find(|f| f["name"] == "spin").map_or(0.0, |f| f["total_samples"].as_f64().unwrap());
+    let hz = report["samples"].as_f64().unwrap() / (report["cpu_ns"].as_f64().unwrap() / 1e9);
+    let want = spin_cpu * hz;
+    assert!(want >= 200.0, "{version}: only {want:.0} samples expected: {report}");
+    assert!((spin / want - 1.0).abs() <= 0.15, "{version}: spin has {spin} samples, {want:.0} expected ({spin_cpu:.3} CPU-s at {hz:.0} per CPU-second); counters {}", report["counters"]);
+}
+
 /// Periodic work sampled at rates commensurate with its period: 100 Hz
 /// (its period, started by pytrace) and 50 Hz (twice it, by PID), where a
 /// strictly periodic clock gives one function every sample. The bound is

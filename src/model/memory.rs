@@ -13,7 +13,7 @@ use super::samples::Frame;
 
 /// An estimate of a sum of bytes over every event from the kept ones:
 /// Σ b/p, and its variance Σ (1 − p) b² / p².
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, schemars::JsonSchema)]
 pub struct Estimate {
     pub bytes: f64,
     pub variance: f64,
@@ -40,7 +40,7 @@ impl Estimate {
 }
 
 /// Which allocator path the bytes came through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Source {
     /// obmalloc's pools (objects of up to 512 bytes): a pool opened.

@@ -10,7 +10,7 @@ use anyhow::Result;
 
 use super::pprof::{encode, unix_ns_ago, PprofInput, StackValues};
 use super::profile::{label, Profile, Weight};
-use super::{counted_line, dropped_line, thousands, PythonInfo};
+use super::{counted_line, dropped_line, thousands, PythonInfo, ReportKind};
 use crate::model::counters::Counters;
 use crate::model::memory::{AllocatedStack, Estimate, MemoryData, MemoryStack, Source};
 use crate::model::samples::{Frame, Sample};
@@ -71,18 +71,26 @@ pub fn to_pprof(data: &MemoryData, duration_ns: u64, subject: &str) -> Result<Ve
 /// rests on the normal approximation.
 pub const MIN_RELIABLE_KEPT: u64 = 30;
 
-#[derive(Serialize)]
+/// `pytrace memory --json`.
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct MemoryReport {
-    pub kind: &'static str,
+    pub kind: ReportKind,
     pub pid: u32,
     pub python: PythonInfo,
+    /// The traced window's length.
     pub duration_ns: u64,
-    /// T, bytes.
+    /// The byte sampler's mean interval T (`--every`): an event of b bytes
+    /// is kept with chance 1 - e^(-b/T).
     pub every: u64,
+    /// What the kept events still held at the last read, estimated.
     pub live: Estimate,
+    /// What the heap grew by over the run, estimated.
     pub grown: Estimate,
+    /// Kept blocks read back from the target at the last read, and of
+    /// those, the ones found freed or reused.
     pub blocks_read: u64,
     pub blocks_gone: u64,
+    /// Events dropped (the counters marked lost, summed).
     pub lost_events: u64,
     pub counters: Counters,
     /// By live bytes, largest first.
@@ -95,7 +103,7 @@ pub struct MemoryReport {
 /// `--allocations`' part of the report: what every allocation of the run
 /// summed to, what it cost (allocator calls seen, each a probe hit), and
 /// each stack's share.
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct AllocationsReport {
     pub allocated: Estimate,
     pub allocated_interval95: f64,
@@ -106,7 +114,7 @@ pub struct AllocationsReport {
     pub stacks: Vec<AllocatedRow>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct AllocatedRow {
     /// Outermost first, as `name (file:line)`.
     pub frames: Vec<String>,
@@ -152,14 +160,17 @@ impl AllocationsReport {
     }
 }
 
-#[derive(Serialize)]
+/// One stack and allocator path.
+#[derive(Serialize, schemars::JsonSchema)]
 pub struct StackRow {
     /// Outermost first, as `name (file:line)`.
     pub frames: Vec<String>,
     pub source: Source,
     pub live: Estimate,
+    /// Half the width of `live`'s 95 % interval, in bytes.
     pub live_interval95: f64,
     pub grown: Estimate,
+    /// Half the width of `grown`'s 95 % interval, in bytes.
     pub grown_interval95: f64,
 }
 
@@ -192,7 +203,7 @@ impl MemoryReport {
         let events = data.counters.get("allocation_events");
         let allocations = data.allocations.map(|stacks| AllocationsReport::new(stacks, events, duration_ns));
         MemoryReport {
-            kind: "memory",
+            kind: ReportKind::Memory,
             pid,
             python,
             duration_ns,
@@ -209,7 +220,7 @@ impl MemoryReport {
     }
 
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("a memory report serializes") + "\n"
+        super::to_json_text(self)
     }
 
     pub fn to_table(&self, top: usize) -> String {

@@ -57,6 +57,7 @@ pub enum ReportKind {
     Dump,
     Info,
     Heap,
+    Memory,
 }
 
 impl ReportKind {
@@ -72,6 +73,7 @@ impl ReportKind {
             ReportKind::Dump => "`pytrace dump --json`",
             ReportKind::Info => "`pytrace info --json`",
             ReportKind::Heap => "`pytrace heap --json`",
+            ReportKind::Memory => "`pytrace memory --json`",
         }
     }
 }

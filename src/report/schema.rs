@@ -14,10 +14,11 @@ use super::imports::ImportsReport;
 use super::info::{Findings, KernelOnly};
 use super::profile::SampleReport;
 use super::heap::HeapReport;
+use super::memory::MemoryReport;
 
 /// Every report kind with a JSON form, as `pytrace schema` and
 /// docs/schema/KIND.json name it.
-pub const KINDS: [&str; 9] = ["calls", "compare", "dump", "gc", "gil", "imports", "info", "sample", "heap"];
+pub const KINDS: [&str; 10] = ["calls", "compare", "dump", "gc", "gil", "imports", "info", "sample", "heap", "memory"];
 
 // A report as `to_json_text` writes it: `schema_version` first, then the
 // report's own fields. Only its schema is used.
@@ -59,6 +60,7 @@ pub fn schema(kind: &str) -> Option<Schema> {
         "info" => written::<Versioned<InfoReport>>(),
         "sample" => written::<Versioned<SampleReport<'static>>>(),
         "heap" => written::<Versioned<HeapReport>>(),
+        "memory" => written::<Versioned<MemoryReport>>(),
         _ => return None,
     };
     schema.insert("title".into(), format!("pytrace {kind} --json").into());

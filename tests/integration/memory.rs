@@ -222,7 +222,7 @@ fn stop_when_held(tracer: common::Tracer, held: &Path, label: &str, out: &Path) 
     let (code, _, stderr) = tracer.finish();
     assert_eq!(code, 0, "{label}: {stderr}");
     assert!(common::error_lines(&stderr).is_empty(), "{label}: {stderr}");
-    common::read_json(out)
+    common::read_report(out)
 }
 
 /// Live bytes and kept events per fixture function: each stack is charged

@@ -30,12 +30,7 @@ def main(seconds, out_path):
         while time.monotonic() < end:
             cpu, started = time.process_time(), time.monotonic()
             for _ in range(BLOCK):
-                records = alloc_heavy.build_records(n)
-                lines = alloc_heavy.text_work(records)
-                decoded = alloc_heavy.round_trip(records)
-                kept.append((lines, {r["id"]: r for r in decoded}))
-                if len(kept) > alloc_heavy.KEEP:
-                    kept.pop(0)
+                alloc_heavy.one_round(n, kept)
                 n += 1
             out.write("%.4f %.4f %.6f\n" % (started, time.monotonic(), time.process_time() - cpu))
             out.flush()

@@ -51,18 +51,23 @@ def perf_control(command):
             a.readline()
 
 
+def one_round(n, kept):
+    """Round n's work; its results join `kept`, the last KEEP rounds'."""
+    records = build_records(n)
+    lines = text_work(records)
+    decoded = round_trip(records)
+    index = {r["id"]: r for r in decoded}
+    kept.append((lines, index))
+    if len(kept) > KEEP:
+        kept.pop(0)
+
+
 def main():
     kept = []
     perf_control("enable")
     start = time.process_time()
     for n in range(ROUNDS):
-        records = build_records(n)
-        lines = text_work(records)
-        decoded = round_trip(records)
-        index = {r["id"]: r for r in decoded}
-        kept.append((lines, index))
-        if len(kept) > KEEP:
-            kept.pop(0)
+        one_round(n, kept)
     cpu = time.process_time() - start
     perf_control("disable")
     print("cpu_s=%.4f rounds=%d" % (cpu, ROUNDS))

@@ -1027,6 +1027,45 @@ def memory_cost_paired():
     ])
 
 
+MEMORY_EVENT_ROUNDS = 1000000
+
+
+def memory_event_cost():
+    """bench/memory/raw_churn.py (MEMORY_EVENT_ROUNDS bytearrays of 1000
+    bytes made and dropped: one allocation over obmalloc's 512-byte limit
+    each, the event nearly all of alloc_heavy.py's are) on pyenv's 3.12,
+    every mode MEMORY_REPEATS times interleaved: the workload's CPU
+    seconds, and the cost of one such allocation, (median - untraced
+    median) / rounds. pytrace runs both ways it pairs a raw allocation's
+    call with its return: in the thread's task storage (5.11+, the
+    default here) and in a hash by thread id (5.10's way,
+    PYTRACE_NO_TASK_STORAGE=1)."""
+    python = PYENV_312
+    script = os.path.join(HERE, "..", "bench", "memory", "raw_churn.py")
+    rounds = MEMORY_EVENT_ROUNDS
+    memray_out = os.path.join(TMP, "memray-churn.bin")
+    hash_env = dict(os.environ, PYTRACE_NO_TASK_STORAGE="1")
+    modes = {
+        "untraced": ([python, script, rounds], None),
+        "`pytrace memory`, the call's size in the thread's task storage (5.11+)": ([PYTRACE, "memory", "--json", os.path.join(TMP, "memory-churn.json"), "--", python, script, rounds], None),
+        "`pytrace memory`, the call's size in a hash by thread id (5.10)": ([PYTRACE, "memory", "--json", os.path.join(TMP, "memory-churn-hash.json"), "--", python, script, rounds], hash_env),
+        "memray 1.20 (`memray run`, its defaults)": ([MEMRAY, "run", "-f", "-q", "-o", memray_out, script, rounds], None),
+        "tracemalloc (`-X tracemalloc`, 1 frame)": ([python, "-X", "tracemalloc", script, rounds], None),
+    }
+    runs = {name: [] for name in modes}
+    for i in range(MEMORY_REPEATS):
+        for name, (argv, env) in modes.items():
+            progress(f"memory event cost {i + 1}/{MEMORY_REPEATS}: {name}")
+            out = subprocess.run([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=True, env=env)
+            runs[name].append(float(re.search(r"cpu_s=([0-9.]+)", out.stdout).group(1)))
+    base = median(runs["untraced"])
+    rows = ["| mode | workload CPU s, median | range | per allocation over 512 B |", "|---|---|---|---|"]
+    for name, values in runs.items():
+        cost = "" if name == "untraced" else f"{(median(values) - base) / rounds * 1e6:+.2f} µs"
+        rows.append(f"| {name} | {median(values):.3f} | {min(values):.3f}-{max(values):.3f} | {cost} |")
+    return "\n".join(rows)
+
+
 def main():
     only = os.environ.get("PYTRACE_BENCH_SECTIONS")
     uses_sid = not only or bool(SID_TABLES & set(only.split(",")))
@@ -1080,6 +1119,13 @@ def main():
              "windows (past the attach) against those wholly outside them (past the detach): the whole-run table above "
              "cannot resolve a few percent, since whole runs of the same work spread by ±25 % here; blocks of one process, "
              "interleaved, share its heap layout and the machine's state. The interval is a bootstrap of the blocks."),
+            ("`memory`: what one big allocation costs", memory_event_cost,
+             f"bench/memory/raw_churn.py ({MEMORY_EVENT_ROUNDS:,} bytearrays of 1000 bytes made and dropped, each an "
+             f"allocation over obmalloc's 512-byte limit: the event nearly all of alloc_heavy.py's are) on pyenv's 3.12, "
+             f"{MEMORY_REPEATS} interleaved runs of each mode, each profiler starting the workload. Its CPU seconds are its "
+             "own (time.process_time around the loop); the cost per allocation is the median's excess over the untraced "
+             "median, divided by the allocations. A per-event cost is resolved where a whole workload's few percent are "
+             "not (the tables above): the workload's share follows from its event rate."),
             ("Scale: many threads, many processes", scale_table,
              "Debian's 3.11 at 99 Hz. pytrace profiles every process with one BPF program (`sample --all`); py-spy needs one "
              "process per target. CPU and peak RSS are summed over the profiler processes."),

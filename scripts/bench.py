@@ -931,11 +931,30 @@ MEMORY_ROUNDS = 1000
 MEMORY_REPEATS = max(5, REPEATS)
 
 
-def alloc_heavy_cpu(argv):
-    """bench/memory/alloc_heavy.py's own CPU seconds of its work (user plus
-    system: a uprobe's trap runs on the target's thread), from its line."""
-    out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=True)
+def alloc_heavy_cpu(argv, env=None):
+    """bench/memory/alloc_heavy.py's (or raw_churn.py's) own CPU seconds of
+    its work (user plus system: a uprobe's trap runs on the target's
+    thread), from its line."""
+    out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=True, env=env)
     return float(re.search(r"cpu_s=([0-9.]+)", out.stdout).group(1))
+
+
+def workload_cpu_table(modes, what, last_column, cell):
+    """Each mode (name: argv, or (argv, env)) run MEMORY_REPEATS times,
+    interleaved, its workload's CPU seconds read from its cpu_s= line; a
+    row per mode with the median, the range and `cell(median, untraced
+    median)` under `last_column` (empty for the untraced row)."""
+    runs = {name: [] for name in modes}
+    for i in range(MEMORY_REPEATS):
+        for name, mode in modes.items():
+            argv, env = mode if isinstance(mode, tuple) else (mode, None)
+            progress(f"{what} {i + 1}/{MEMORY_REPEATS}: {name}")
+            runs[name].append(alloc_heavy_cpu([str(a) for a in argv], env))
+    base = median(runs["untraced"])
+    rows = [f"| mode | workload CPU s, median | range | {last_column} |", "|---|---|---|---|"]
+    for name, values in runs.items():
+        rows.append(f"| {name} | {median(values):.3f} | {min(values):.3f}-{max(values):.3f} | {'' if name == 'untraced' else cell(median(values), base)} |")
+    return "\n".join(rows)
 
 
 def memory_cost_table():
@@ -953,17 +972,7 @@ def memory_cost_table():
         "memray 1.20 (`memray run`, its defaults)": [MEMRAY, "run", "-f", "-q", "-o", memray_out, script, MEMORY_ROUNDS],
         "`pytrace memory --allocations` (a probe on every object allocation)": [PYTRACE, "memory", "--allocations", "--json", os.path.join(TMP, "memory-allocations.json"), "--", python, script, MEMORY_ROUNDS],
     }
-    runs = {name: [] for name in modes}
-    for i in range(MEMORY_REPEATS):
-        for name, argv in modes.items():
-            progress(f"memory cost {i + 1}/{MEMORY_REPEATS}: {name}")
-            runs[name].append(alloc_heavy_cpu([str(a) for a in argv]))
-    base = median(runs["untraced"])
-    rows = ["| mode | workload CPU s, median | range | slowdown (medians) |", "|---|---|---|---|"]
-    for name, values in runs.items():
-        slowdown = "" if name == "untraced" else f"{(median(values) / base - 1) * 100:+.1f} %"
-        rows.append(f"| {name} | {median(values):.3f} | {min(values):.3f}-{max(values):.3f} | {slowdown} |")
-    return "\n".join(rows)
+    return workload_cpu_table(modes, "memory cost", "slowdown (medians)", lambda m, base: f"{(m / base - 1) * 100:+.1f} %")
 
 
 MEMORY_PAIRED_CYCLES = 8
@@ -1046,24 +1055,13 @@ def memory_event_cost():
     memray_out = os.path.join(TMP, "memray-churn.bin")
     hash_env = dict(os.environ, PYTRACE_NO_TASK_STORAGE="1")
     modes = {
-        "untraced": ([python, script, rounds], None),
-        "`pytrace memory`, the call's size in the thread's task storage (5.11+)": ([PYTRACE, "memory", "--json", os.path.join(TMP, "memory-churn.json"), "--", python, script, rounds], None),
+        "untraced": [python, script, rounds],
+        "`pytrace memory`, the call's size in the thread's task storage (5.11+)": [PYTRACE, "memory", "--json", os.path.join(TMP, "memory-churn.json"), "--", python, script, rounds],
         "`pytrace memory`, the call's size in a hash by thread id (5.10)": ([PYTRACE, "memory", "--json", os.path.join(TMP, "memory-churn-hash.json"), "--", python, script, rounds], hash_env),
-        "memray 1.20 (`memray run`, its defaults)": ([MEMRAY, "run", "-f", "-q", "-o", memray_out, script, rounds], None),
-        "tracemalloc (`-X tracemalloc`, 1 frame)": ([python, "-X", "tracemalloc", script, rounds], None),
+        "memray 1.20 (`memray run`, its defaults)": [MEMRAY, "run", "-f", "-q", "-o", memray_out, script, rounds],
+        "tracemalloc (`-X tracemalloc`, 1 frame)": [python, "-X", "tracemalloc", script, rounds],
     }
-    runs = {name: [] for name in modes}
-    for i in range(MEMORY_REPEATS):
-        for name, (argv, env) in modes.items():
-            progress(f"memory event cost {i + 1}/{MEMORY_REPEATS}: {name}")
-            out = subprocess.run([str(a) for a in argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=True, env=env)
-            runs[name].append(float(re.search(r"cpu_s=([0-9.]+)", out.stdout).group(1)))
-    base = median(runs["untraced"])
-    rows = ["| mode | workload CPU s, median | range | per allocation over 512 B |", "|---|---|---|---|"]
-    for name, values in runs.items():
-        cost = "" if name == "untraced" else f"{(median(values) - base) / rounds * 1e6:+.2f} µs"
-        rows.append(f"| {name} | {median(values):.3f} | {min(values):.3f}-{max(values):.3f} | {cost} |")
-    return "\n".join(rows)
+    return workload_cpu_table(modes, "memory event cost", "per allocation over 512 B", lambda m, base: f"{(m - base) / rounds * 1e6:+.2f} µs")
 
 
 def main():

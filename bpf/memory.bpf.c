@@ -67,7 +67,7 @@ struct {
 /* The size a thread's call of the raw allocator asked for, until the call
  * returns (0: none pending), in one of two places:
  * - from Linux 5.11, the thread's own task storage (the *_in_task
- *   programs): a lookup in the task, about 0.7 µs less per big allocation
+ *   programs): a lookup in the task, about 0.6 µs less per big allocation
  *   than the hash's update, lookup and delete (bench/results.md);
  * - before it, a hash by thread id (src/tracing/memory.rs loads one pair).
  * Plain hash, not LRU: each entry is deleted at its return, so it holds at

@@ -28,7 +28,7 @@ pub enum Feature {
     /// Task storage, and bpf_get_current_task_btf, in tracing programs:
     /// `memory` keeps the size a thread's raw allocation asked for in the
     /// thread's own storage until the call returns (before it, in a hash
-    /// by thread id, which costs about 0.7 µs more per allocation).
+    /// by thread id, which costs about 0.6 µs more per allocation).
     TaskStorage,
     /// BPF_CMPXCHG: `calls` keeps each function's maximum latency exact
     /// when several CPUs finish calls of it at once.
@@ -232,7 +232,7 @@ impl Kernel {
             out.push("memory attaches a uprobe per probe site (500-odd on a stripped build: seconds to attach and to detach under load; one uprobe_multi link filtered by process needs Linux 6.10)".into());
         }
         if !self.has(Feature::TaskStorage) {
-            out.push("memory pairs each allocation over 512 bytes with its return in a hash by thread id, about 0.7 µs more per allocation than in the thread's own storage (BPF task storage needs Linux 5.11)".into());
+            out.push("memory pairs each allocation over 512 bytes with its return in a hash by thread id, about 0.6 µs more per allocation than in the thread's own storage (BPF task storage needs Linux 5.11)".into());
         }
         if !self.has(Feature::AtomicCompareExchange) {
             out.push("calls' maximum latency of a function can be understated when two CPUs end calls of it at the same instant (exact from Linux 5.12, whose BPF has compare-and-exchange)".into());

@@ -169,3 +169,87 @@ impl<'a> Types<'a> {
         (!name.is_empty() && !name.chars().any(char::is_control)).then(|| name.to_string())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::python::layouts::{for_build, heap::for_version};
+
+    /// A crafted static type in this process's own memory, read through
+    /// /proc/self/mem as a target's would be: its type is `meta` (itself
+    /// when None, standing for PyType_Type), its tp_name `name`.
+    struct Crafted {
+        ty: Vec<u64>,
+        other: Vec<u64>,
+    }
+
+    impl Crafted {
+        fn new(name: u64) -> Self {
+            let mut c = Crafted { ty: vec![0; 40], other: vec![0; 40] };
+            c.ty[1] = c.addr();
+            c.ty[3] = name;
+            c.ty[4] = 32;
+            c.ty[21] = HAVE_GC;
+            c
+        }
+        fn addr(&self) -> u64 {
+            self.ty.as_ptr() as u64
+        }
+        /// The type checked, with PyType_Type at `pytype`.
+        fn check_with(&self, pytype: u64) -> Option<TypeInfo> {
+            let layout = for_build(3, 12, false).unwrap();
+            let heap = for_version((3, 12)).unwrap();
+            let mem = Memory::open(std::process::id()).unwrap();
+            let mut types = Types::new(&mem, layout, heap, None, pytype);
+            types.check(self.addr(), |_| false).map(|i| types.infos[i].clone())
+        }
+        fn check(&self) -> Option<TypeInfo> {
+            self.check_with(self.addr())
+        }
+    }
+
+    #[test]
+    fn a_readable_name_splits_at_its_last_dot() {
+        let name = b"collections.OrderedDict\0".to_vec();
+        let info = Crafted::new(name.as_ptr() as u64).check().unwrap();
+        assert_eq!((info.module.as_str(), info.qualname.as_str(), info.basicsize), ("collections", "OrderedDict", 32));
+    }
+
+    /// A crafted target's type names: not UTF-8, control characters, no
+    /// end within MAX_NAME bytes, NULL, unmapped. Each type still counts,
+    /// under a name that says its own was unreadable, and none is read past
+    /// MAX_NAME.
+    #[test]
+    fn a_type_whose_name_is_garbage_counts_under_a_name_that_says_so() {
+        let not_utf8 = b"\xff\xfe\x80abc\0".to_vec();
+        let control = b"ab\x07c\0".to_vec();
+        let endless = vec![b'a'; MAX_NAME * 2];
+        for (what, name) in [
+            ("not UTF-8", not_utf8.as_ptr() as u64),
+            ("control characters", control.as_ptr() as u64),
+            ("no end within MAX_NAME", endless.as_ptr() as u64),
+            ("NULL", 0),
+            ("unmapped", 0xdead_0000_0000),
+        ] {
+            let c = Crafted::new(name);
+            let info = c.check().unwrap_or_else(|| panic!("{what}: the type was refused"));
+            assert_eq!(info.qualname, format!("<type {:#x}: unreadable name>", c.addr()), "{what}");
+            assert_eq!(info.module, "builtins", "{what}");
+        }
+    }
+
+    /// A type whose type chain loops without reaching PyType_Type, and one
+    /// with sizes out of bounds, are refused (nothing counts under them).
+    #[test]
+    fn a_looping_metatype_chain_or_a_size_out_of_bounds_is_refused() {
+        let name = b"Fake\0".to_vec();
+        let mut c = Crafted::new(name.as_ptr() as u64);
+        let pytype = c.other.as_ptr() as u64 + 8 * 20; // never reached
+        c.ty[1] = c.other.as_ptr() as u64;
+        c.other[1] = c.addr();
+        assert!(c.check_with(pytype).is_none());
+        let mut c = Crafted::new(name.as_ptr() as u64);
+        c.ty[4] = MAX_BASICSIZE + 1;
+        assert!(c.check().is_none());
+    }
+}

@@ -931,10 +931,10 @@ MEMORY_ROUNDS = 1000
 MEMORY_REPEATS = max(5, REPEATS)
 
 
-def alloc_heavy_cpu(argv, env=None):
-    """bench/memory/alloc_heavy.py's (or raw_churn.py's) own CPU seconds of
-    its work (user plus system: a uprobe's trap runs on the target's
-    thread), from its line."""
+def workload_cpu(argv, env=None):
+    """A bench/memory workload's own CPU seconds of its work (user plus
+    system: a uprobe's trap runs on the target's thread), from its cpu_s=
+    line."""
     out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=True, env=env)
     return float(re.search(r"cpu_s=([0-9.]+)", out.stdout).group(1))
 
@@ -949,7 +949,7 @@ def workload_cpu_table(modes, what, last_column, cell):
         for name, mode in modes.items():
             argv, env = mode if isinstance(mode, tuple) else (mode, None)
             progress(f"{what} {i + 1}/{MEMORY_REPEATS}: {name}")
-            runs[name].append(alloc_heavy_cpu([str(a) for a in argv], env))
+            runs[name].append(workload_cpu([str(a) for a in argv], env))
     base = median(runs["untraced"])
     rows = [f"| mode | workload CPU s, median | range | {last_column} |", "|---|---|---|---|"]
     for name, values in runs.items():

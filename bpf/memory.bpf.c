@@ -8,12 +8,15 @@
  *   allocate_from_new_pool, which every call runs, where rax holds the
  *   pool's first block (the pool is that address rounded down to
  *   POOL_SIZE) and the pool's header its size class;
- * - an allocation over 512 bytes: obmalloc's call of the raw allocator
- *   (`call PyMem_RawMalloc`, a call rel32, where rdi is the size asked
- *   for) and the conditional jump after it (rax: the chunk). Chosen over
- *   a uprobe at PyMem_RawMalloc's entry, which is single-stepped (16.2 µs
- *   × 6.6k calls a second on alloc_heavy.py: 10.7 %) and sees every raw
- *   allocation, obmalloc's or not.
+ * - an allocation over 512 bytes: the conditional jump after obmalloc's
+ *   call of the raw allocator (rax: the chunk), its size read from the
+ *   chunk's own header (glibc's size word, 8 bytes before it): one trap a
+ *   big allocation. Chosen over a uprobe at PyMem_RawMalloc's entry,
+ *   which is single-stepped (16.2 µs × 6.6k calls a second on
+ *   alloc_heavy.py: 10.7 %) and sees every raw allocation, obmalloc's or
+ *   not; and over a second probe at the call for the size asked (rdi),
+ *   paired with the return per thread: 2.8-2.9 µs per big allocation on
+ *   6.18, against 1.8 µs with the header, in one run (bench/results.md).
  * Found by src/python/probes/alloc_sites.rs. An event of b bytes is kept
  * with probability p = 1 - e^(-b/T) (T = --every) and stands for b/p bytes
  * (Horvitz-Thompson, unbiased); a kept event walks the Python stack with
@@ -63,28 +66,6 @@ struct {
 	__type(key, struct memory_place);
 	__type(value, struct kept_block);
 } kept_blocks SEC(".maps");
-
-/* The size a thread's call of the raw allocator asked for, until the call
- * returns (0: none pending), in one of two places:
- * - from Linux 5.11, the thread's own task storage (the *_in_task
- *   programs): a lookup in the task, about 0.6 µs less per big allocation
- *   than the hash's update, lookup and delete (bench/results.md);
- * - before it, a hash by thread id (src/tracing/memory.rs loads one pair).
- * Plain hash, not LRU: each entry is deleted at its return, so it holds at
- * most one per thread, and an LRU update costs twice a plain one. */
-struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, __u64);
-} raw_call_sizes SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u32);
-	__type(value, __u64);
-} raw_calls SEC(".maps");
 
 /* The event being kept, for the walker the probe tail-calls. */
 struct {
@@ -236,92 +217,40 @@ int pool_opened(struct pt_regs *ctx)
 	return 0;
 }
 
-/* A raw allocation returned `chunk` for the size its call left: an event. */
-static __always_inline void raw_returned_with(void *ctx, __u64 chunk, __u64 bytes)
-{
-	if (!bytes) {
-		count(MEMORY_UNPAIRED);
-		return;
-	}
-	if (chunk)
-		event(ctx, SOURCE_BIG, chunk, bytes, 0);
-}
+/* glibc's chunk header: the size word just before the memory, its low
+ * three bits flags; an mmapped chunk keeps a second word of overhead. */
+#define CHUNK_SIZE_WORD 8
+#define CHUNK_FLAGS 7ULL
+#define CHUNK_IS_MMAPPED 2ULL
+#define CHUNK_ALIGNMENT 16ULL
+#define CHUNK_MIN_BYTES 32ULL
+#define CHUNK_MAX_BYTES (1ULL << 40)
 
 /* The return of obmalloc's call of the raw malloc or calloc (rax: the
- * chunk), after raw_call or raw_calloc_call. */
+ * chunk): an event of the chunk's usable bytes (malloc_usable_size: the
+ * size asked, rounded up to glibc's 16 bytes, or an mmapped chunk's
+ * page). obmalloc calls it for sizes over 512 bytes, and for 0 (made 1:
+ * the smallest chunk, 24 usable bytes). A header that cannot be a glibc
+ * chunk's (another malloc preloaded, a debug hook's offset pointer) is
+ * counted, not used. */
 SEC("uprobe")
 int raw_returned(struct pt_regs *ctx)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	__u64 *size = bpf_map_lookup_elem(&raw_calls, &tid), bytes = 0;
+	__u64 chunk = PT_REGS_RC(ctx), word = 0, size, overhead;
 
-	if (size) {
-		bytes = *size;
-		bpf_map_delete_elem(&raw_calls, &tid);
+	if (!chunk)
+		return 0;
+	if (bpf_probe_read_user(&word, sizeof(word), (const void *)(chunk - CHUNK_SIZE_WORD))) {
+		count(MEMORY_BAD_CHUNK);
+		return 0;
 	}
-	raw_returned_with(ctx, PT_REGS_RC(ctx), bytes);
-	return 0;
-}
-
-SEC("uprobe")
-int raw_returned_in_task(struct pt_regs *ctx)
-{
-	__u64 *size = bpf_task_storage_get(&raw_call_sizes, bpf_get_current_task_btf(), 0, 0), bytes = 0;
-
-	if (size) {
-		bytes = *size;
-		*size = 0;
+	size = word & ~CHUNK_FLAGS;
+	overhead = word & CHUNK_IS_MMAPPED ? 2 * CHUNK_SIZE_WORD : CHUNK_SIZE_WORD;
+	if ((chunk | size) & (CHUNK_ALIGNMENT - 1) || size > CHUNK_MAX_BYTES || size < CHUNK_MIN_BYTES) {
+		count(MEMORY_BAD_CHUNK);
+		return 0;
 	}
-	raw_returned_with(ctx, PT_REGS_RC(ctx), bytes);
-	return 0;
-}
-
-static __always_inline void remember_by_tid(__u64 size)
-{
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-
-	bpf_map_update_elem(&raw_calls, &tid, &size, BPF_ANY);
-}
-
-/* A failed creation leaves nothing: the return counts itself unpaired. */
-static __always_inline void remember_in_task(__u64 size)
-{
-	__u64 *slot = bpf_task_storage_get(&raw_call_sizes, bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-
-	if (slot)
-		*slot = size;
-}
-
-/* obmalloc's call of the raw allocator's malloc: rdi is the size asked
- * for (over 512 bytes, never 0). */
-SEC("uprobe")
-int raw_call(struct pt_regs *ctx)
-{
-	remember_by_tid(PT_REGS_PARM1(ctx));
-	return 0;
-}
-
-SEC("uprobe")
-int raw_call_in_task(struct pt_regs *ctx)
-{
-	remember_in_task(PT_REGS_PARM1(ctx));
-	return 0;
-}
-
-/* obmalloc's call of the raw allocator's calloc (over 512 bytes:
- * `bytes(n)`, zeroed buffers): rdi elements of rsi bytes, each below
- * PY_SSIZE_T_MAX / rsi (checked by the caller); its return is raw_returned. */
-SEC("uprobe")
-int raw_calloc_call(struct pt_regs *ctx)
-{
-	remember_by_tid(PT_REGS_PARM1(ctx) * PT_REGS_PARM2(ctx));
-	return 0;
-}
-
-SEC("uprobe")
-int raw_calloc_call_in_task(struct pt_regs *ctx)
-{
-	remember_in_task(PT_REGS_PARM1(ctx) * PT_REGS_PARM2(ctx));
+	event(ctx, SOURCE_BIG, chunk, size - overhead, 0);
 	return 0;
 }
 

@@ -73,7 +73,7 @@ enum memory_counter {
 	MEMORY_EVENTS,           /* events seen */
 	MEMORY_GROWTH_FULL,      /* kept events lost: the growth map was full */
 	MEMORY_KEPT_FULL,        /* kept blocks not followed: the kept-block map was full */
-	MEMORY_UNPAIRED,         /* a raw allocator return without its call seen (attached between them) */
+	MEMORY_BAD_CHUNK,        /* a raw allocation whose header cannot be a glibc chunk's */
 	MEMORY_BAD_POOL,         /* a pool header that could not be read when opened */
 	MEMORY_ALLOC_EVENTS,     /* --allocations: allocator entries seen */
 	MEMORY_ALLOC_NOT_KEPT,   /* --allocations: of those, not kept by the byte sampler */
@@ -89,7 +89,7 @@ struct kept_event {
 	__u32 szidx;
 	__u32 pad;
 	__u64 address;
-	__u64 block_bytes; /* as kept_block.bytes: the size asked for, unclamped */
+	__u64 block_bytes; /* as kept_block.bytes: the usable bytes, unclamped */
 	__u64 bytes;       /* counted, at most MAX_EVENT_BYTES */
 	__u64 objects;
 	__u64 p;

@@ -118,18 +118,6 @@ impl<'obj, 'a> Session<'obj, 'a> {
         let multi = uses_uprobe_multi();
         open.progs.walk_kept.set_autoload(!loops);
         open.progs.walk_kept_loops.set_autoload(loops);
-        // Where a raw allocation's size waits for its return: the thread's
-        // own storage (5.11+), else the hash by thread id. A kernel without
-        // task storage refuses to create its map, so it is not created.
-        let in_task = keeps_sizes_in_task();
-        open.maps.raw_call_sizes.set_autocreate(in_task).context("failed to choose where memory keeps a call's size")?;
-        open.maps.raw_calls.set_autocreate(!in_task).context("failed to choose where memory keeps a call's size")?;
-        for prog in [&mut open.progs.raw_call, &mut open.progs.raw_calloc_call, &mut open.progs.raw_returned] {
-            prog.set_autoload(!in_task);
-        }
-        for prog in [&mut open.progs.raw_call_in_task, &mut open.progs.raw_calloc_call_in_task, &mut open.progs.raw_returned_in_task] {
-            prog.set_autoload(in_task);
-        }
         if multi {
             for mut prog in open.open_object_mut().progs_mut() {
                 prog.set_attach_type(libbpf_rs::ProgramAttachType::TraceUprobeMulti);
@@ -140,7 +128,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
         let fd = std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(walker)) as u32;
         skel.maps.walkers.update(&0u32.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY).context("failed to hand the memory walker to its probes")?;
         let attaching = std::time::Instant::now();
-        let mut links = attach(&skel, python, pid, sites, multi, in_task)?;
+        let mut links = attach(&skel, python, pid, sites, multi)?;
         if let Some(sites) = allocation_sites {
             links.extend(super::allocations::attach(&skel, python, pid, sites, multi)?);
         }
@@ -285,7 +273,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
             ("not_kept", Informational, "of those, not kept by the byte sampler (their bytes are in the estimates)", memory_counter::MEMORY_NOT_KEPT.0),
             ("growth_map_full", Lost, "kept events lost (the kernel's map of stacks was full)", memory_counter::MEMORY_GROWTH_FULL.0),
             ("kept_map_full", Lost, "kept blocks not followed for the live view (the kernel's map was full)", memory_counter::MEMORY_KEPT_FULL.0),
-            ("unpaired", Informational, "raw allocations whose call was not seen (under way at attach)", memory_counter::MEMORY_UNPAIRED.0),
+            ("bad_chunks", Lost, "raw allocations whose header was not a glibc chunk's (another malloc preloaded, or a debug hook)", memory_counter::MEMORY_BAD_CHUNK.0),
             ("bad_pool", Lost, "pool openings whose header could not be read", memory_counter::MEMORY_BAD_POOL.0),
             ("allocation_events", Informational, "allocations seen (--allocations)", memory_counter::MEMORY_ALLOC_EVENTS.0),
             ("allocation_not_kept", Informational, "of those, not kept by the byte sampler (their bytes are in the estimates)", memory_counter::MEMORY_ALLOC_NOT_KEPT.0),
@@ -298,20 +286,14 @@ impl<'obj, 'a> Session<'obj, 'a> {
     }
 }
 
-/// Attaches every probe site of `sites` to its program, returns before
-/// calls (a call seen without its return would leave its size pending,
-/// counted unpaired): one uprobe_multi link per program and kind of site
-/// with `multi`, else a perf-event uprobe per site. `in_task`: the pair of
-/// programs that keeps a call's size in its thread's storage was loaded.
-fn attach<'obj>(skel: &MemorySkel<'obj>, python: &Python, pid: u32, sites: &alloc_sites::AllocSites, multi: bool, in_task: bool) -> Result<Vec<Link>> {
+/// Attaches every probe site of `sites` to its program: one uprobe_multi
+/// link per program and kind of site with `multi`, else a perf-event
+/// uprobe per site.
+fn attach<'obj>(skel: &MemorySkel<'obj>, python: &Python, pid: u32, sites: &alloc_sites::AllocSites, multi: bool) -> Result<Vec<Link>> {
     let p = &skel.progs;
-    let (returned, call, calloc_call) =
-        if in_task { (&p.raw_returned_in_task, &p.raw_call_in_task, &p.raw_calloc_call_in_task) } else { (&p.raw_returned, &p.raw_call, &p.raw_calloc_call) };
     let probes = [
-        (returned, &sites.raw_returned, "the return of _PyObject_Malloc's call of PyMem_RawMalloc"),
-        (call, &sites.raw_calls, "_PyObject_Malloc's call of PyMem_RawMalloc"),
-        (returned, &sites.calloc_returned, "the return of obmalloc's call of the raw calloc"),
-        (calloc_call, &sites.calloc_calls, "obmalloc's call of the raw calloc"),
+        (&p.raw_returned, &sites.raw_returned, "the return of _PyObject_Malloc's call of PyMem_RawMalloc"),
+        (&p.raw_returned, &sites.calloc_returned, "the return of obmalloc's call of the raw calloc"),
         (&p.pool_opened, &sites.pool_opened, "the return of allocate_from_new_pool"),
     ];
     let mut links = Vec::new();
@@ -402,12 +384,6 @@ impl Tracing for Session<'_, '_> {
 /// checks bpf_loop's bodies once.
 fn uses_bpf_loop() -> bool {
     crate::kernel::Kernel::get().has(crate::kernel::Feature::BpfLoop)
-}
-
-/// Whether a raw allocation's size waits for its return in the thread's
-/// own task storage (5.11+; PYTRACE_NO_TASK_STORAGE=1 takes the hash).
-fn keeps_sizes_in_task() -> bool {
-    crate::kernel::Kernel::get().has(crate::kernel::Feature::TaskStorage)
 }
 
 /// Whether the probes attach as one uprobe_multi link per program (6.10+,

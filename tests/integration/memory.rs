@@ -14,7 +14,7 @@ use crate::common::matrix::Interpreter;
 use crate::common::{self, over_builds};
 
 over_builds! {
-    pyenv_3_12(Interpreter::pyenv("3.12")): live_view_matches_tracemalloc, another_allocator_is_refused_in_one_sentence, live_split_small, allocations_match_the_fixture;
+    pyenv_3_12(Interpreter::pyenv("3.12")): live_view_matches_tracemalloc, another_allocator_is_refused_in_one_sentence, live_split_small, allocations_match_the_fixture, debug_hooks_big_allocations_are_counted_not_guessed;
     nodtrace_3_11(Interpreter::host("3.11", nodtrace_311())): live_view_matches_tracemalloc, allocations_match_the_fixture;
     debian_3_11(Interpreter::host("3.11", "/usr/bin/python3.11".into())): live_view_matches_tracemalloc, hooked_allocator_is_refused_in_one_sentence, allocations_are_refused_on_a_stripped_build;
     debian_3_13(Interpreter::debian("3.13")): live_view_matches_tracemalloc;
@@ -336,6 +336,29 @@ fn another_allocator_is_refused_in_one_sentence(py: Interpreter) {
     assert_eq!(errors.len(), 1, "{stderr}");
     assert!(errors[0].contains("runs with PYTHONMALLOC=malloc"), "{stderr}");
     assert!(!held_host.exists(), "the command ran: {stderr}");
+}
+
+/// PYTHONMALLOC=pymalloc_debug keeps obmalloc but wraps the raw allocator
+/// in debug hooks, whose pointers sit 16 bytes into their chunk: the word
+/// before one is the hooks' pad, not glibc's size word. Every big
+/// allocation is then counted in `bad_chunks` and none is charged to a
+/// stack, while the pools (small objects) are still seen: memory_split.py
+/// at 8 MiB makes 2.4 MiB of 4 KiB bytearrays (614) and leaks 128 more.
+fn debug_hooks_big_allocations_are_counted_not_guessed(py: Interpreter) {
+    let (held_inside, _) = py.output("memory-held-debug.json");
+    let out = py.output("memory-debug.json").1;
+    let argv = py.argv("memory_split.py", &["--held", &held_inside, "--hold", "0", "--mib", "8", "--rounds", "1"]);
+    let run = std::process::Command::new(common::PYTRACE).args(["memory", "--every", EVERY, "--json", out.to_str().unwrap(), "--"]).args(&argv).env("PYTHONMALLOC", "pymalloc_debug").output().unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{stderr}");
+    let report = common::read_json(&out);
+    let bad = report["counters"]["bad_chunks"].as_u64().unwrap();
+    assert!(bad >= 614 + 128, "{bad} bad chunks, at least 742 bytearrays made: {stderr}");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(stdout.contains("raw allocations whose header was not a glibc chunk's"), "the footer does not say it: {stdout}");
+    let big: f64 = report["stacks"].as_array().unwrap().iter().filter(|s| s["source"] == "big").map(|s| s["grown"]["bytes"].as_f64().unwrap()).sum();
+    assert_eq!(big, 0.0, "big allocations charged through debug hooks: {report}");
+    assert!(per_function_grown(&report)["retain_small"] > 0.0, "the pools went unseen: {report}");
 }
 
 /// `-X tracemalloc` puts tracemalloc's hooks in the object allocator's

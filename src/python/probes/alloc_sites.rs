@@ -11,6 +11,9 @@
 
 use iced_x86::{FlowControl, Mnemonic, OpKind, Register};
 
+use std::collections::HashMap;
+
+use super::alloc_sites_stripped::{branch_after, join_points};
 use crate::process::x86;
 use crate::python::Python;
 
@@ -34,9 +37,14 @@ pub const POOL_HEADER_BYTES: u64 = 48;
 pub struct AllocSites {
     /// The conditional jumps after each call of allocate_from_new_pool.
     pub pool_opened: Vec<u64>,
-    /// `_PyObject_Malloc`'s calls of PyMem_RawMalloc, and the jump after each.
-    pub raw_calls: Vec<u64>,
+    /// The branch after each of obmalloc's calls of the raw allocator's
+    /// malloc (`_PyObject_Malloc`'s of PyMem_RawMalloc; a stripped build's
+    /// guarded `call malloc@plt`), reached by no other code but the hooked
+    /// path's return.
     pub raw_returned: Vec<u64>,
+    /// Calls of the raw malloc or calloc left out: other code joins the
+    /// line between the call and the branch after it.
+    pub raw_joined: usize,
     /// The allocator pointers the sites stand for (stripped builds): each
     /// slot must hold its expected function in the target, or its copies
     /// of obmalloc never run.
@@ -44,10 +52,9 @@ pub struct AllocSites {
     /// Calls of malloc@plt left out: no raw allocator's guard before them
     /// (not obmalloc's, or a shape not recognised).
     pub unguarded_mallocs: usize,
-    /// obmalloc's calls of the raw allocator's calloc over 512 bytes
-    /// (`_PyObject_Calloc`'s; `bytes(n)` comes this way), and the branch
-    /// after each.
-    pub calloc_calls: Vec<u64>,
+    /// The branch after each of obmalloc's calls of the raw allocator's
+    /// calloc over 512 bytes (`_PyObject_Calloc`'s; `bytes(n)` comes this
+    /// way).
     pub calloc_returned: Vec<u64>,
     /// Of `pool_opened`, return addresses the kernel single-steps (no
     /// branch after the call that only it reaches).
@@ -59,6 +66,20 @@ pub struct AllocSites {
     /// Copies past the object allocator's guard with no such check (a
     /// constant size folded in, calloc's or realloc's shapes).
     pub object_unsized: usize,
+}
+
+impl AllocSites {
+    /// The branch after a call of the raw malloc (or `calloc`), `after`
+    /// starting past the call: probed if only that call reaches it (BPF
+    /// reads the chunk it returned there, with no probe on the call), else
+    /// counted in raw_joined.
+    fn raw_site(&mut self, after: &[iced_x86::Instruction], joins: &HashMap<u64, usize>, calloc: bool) {
+        match branch_after(after, Some(joins), None) {
+            Some(jump) if calloc => self.calloc_returned.push(jump),
+            Some(jump) => self.raw_returned.push(jump),
+            None => self.raw_joined += 1,
+        }
+    }
 }
 
 /// `mov slot(%rip),%rax; cmp $expected,%rax; jne`: the code after it runs
@@ -94,6 +115,7 @@ impl Python {
         for function in ["_PyObject_Malloc", "_PyObject_Calloc"] {
             let (Some(at), Some(code)) = (self.elf.symbol(function), self.elf.function_code(function, FUNCTION_MAX_BYTES)) else { continue };
             let code = x86::decode(code, at);
+            let joins = join_points(&code);
             for (i, call) in code.iter().enumerate() {
                 if call.mnemonic() != Mnemonic::Call || call.op0_kind() != OpKind::NearBranch64 {
                     continue;
@@ -102,23 +124,17 @@ impl Python {
                 if target == new_pool {
                     sites.pool_opened.extend(jump_after(&code[i + 1..]));
                 } else if function == "_PyObject_Malloc" && (Some(target) == raw_malloc || raw_slots.iter().any(|&slot| self.is_plt_stub_of(target, slot))) {
-                    if let Some(jump) = jump_after(&code[i + 1..]) {
-                        sites.raw_calls.push(call.ip());
-                        sites.raw_returned.push(jump);
-                    }
+                    sites.raw_site(&code[i + 1..], &joins, false);
                 } else if function == "_PyObject_Calloc" && (Some(target) == raw_calloc || calloc_slots.iter().any(|&slot| self.is_plt_stub_of(target, slot))) {
-                    if let Some(jump) = jump_after(&code[i + 1..]) {
-                        sites.calloc_calls.push(call.ip());
-                        sites.calloc_returned.push(jump);
-                    }
+                    sites.raw_site(&code[i + 1..], &joins, true);
                 }
             }
         }
         if sites.pool_opened.is_empty() {
             return Err(format!("no call of allocate_from_new_pool followed by a test of what it returned in {path}'s _PyObject_Malloc or _PyObject_Calloc"));
         }
-        if sites.raw_calls.is_empty() {
-            return Err(format!("no call of PyMem_RawMalloc followed by a test of what it returned in {path}'s _PyObject_Malloc"));
+        if sites.raw_returned.is_empty() {
+            return Err(format!("no call of PyMem_RawMalloc followed by a branch only it reaches in {path}'s _PyObject_Malloc"));
         }
         Ok(sites)
     }

@@ -22,20 +22,14 @@ const IS_MMAPPED: u64 = 2;
 const SIZE_FLAGS: u64 = 7;
 /// A chunk's size word precedes its user memory by 8 bytes.
 const SIZE_SZ: u64 = 8;
-/// glibc's chunks are multiples of 16 bytes, at least 32.
-const MALLOC_ALIGNMENT: u64 = 16;
-const MIN_CHUNK: u64 = 32;
-/// A chunk may be handed out up to this much larger than asked (a split
-/// remainder too small to be a chunk stays with it).
-const CHUNK_SLACK: u64 = MIN_CHUNK;
-const PAGE: u64 = 4096;
 
 /// A block kept by BPF, as it was then.
 #[derive(Debug, Clone, Copy)]
 pub enum Kept {
     /// A pool at `address` opened for size class `szidx`.
     Pool { address: u64, szidx: u32, pool_size: u64 },
-    /// A chunk at `address` (what malloc returned) for `size` bytes asked.
+    /// A chunk at `address` (what malloc returned) of `size` usable bytes,
+    /// as BPF read them from its header when it was made.
     Chunk { address: u64, size: u64 },
 }
 
@@ -73,13 +67,13 @@ pub fn live_bytes(pid: u32, kept: &[Kept]) -> Vec<Option<u64>> {
             Kept::Chunk { address, size } => {
                 let word = u64_at(head, 0);
                 let chunk = word & !SIZE_FLAGS;
-                let wanted = chunk_size(size);
+                if usable_size(word) != Some(size) {
+                    continue;
+                }
                 if word & IS_MMAPPED != 0 {
                     // Its own mapping: live until unmapped (then unreadable).
-                    if chunk >= wanted && chunk <= wanted + PAGE + MALLOC_ALIGNMENT {
-                        out[i] = Some(size);
-                    }
-                } else if chunk >= wanted && chunk < wanted + CHUNK_SLACK {
+                    out[i] = Some(size);
+                } else {
                     next.push((i, address - 2 * SIZE_SZ + chunk + SIZE_SZ, size));
                 }
             }
@@ -94,9 +88,12 @@ pub fn live_bytes(pid: u32, kept: &[Kept]) -> Vec<Option<u64>> {
     out
 }
 
-/// glibc's request2size: the chunk a malloc of `size` bytes takes.
-fn chunk_size(size: u64) -> u64 {
-    ((size + SIZE_SZ + MALLOC_ALIGNMENT - 1) & !(MALLOC_ALIGNMENT - 1)).max(MIN_CHUNK)
+/// glibc's malloc_usable_size from a chunk's size word (bpf/memory.bpf.c's
+/// raw_returned reads the same): its size less the header, one word, or
+/// two for an mmapped chunk.
+fn usable_size(word: u64) -> Option<u64> {
+    let overhead = if word & IS_MMAPPED != 0 { 2 * SIZE_SZ } else { SIZE_SZ };
+    (word & !SIZE_FLAGS).checked_sub(overhead)
 }
 
 fn u32_at(bytes: &[u8], at: usize) -> u32 {
@@ -154,11 +151,19 @@ mod tests {
         assert_eq!(live_bytes(std::process::id(), &kept), vec![Some(3 * 32), None, None]);
     }
 
-    /// A malloc'd chunk of this process is live; its size word says so.
+    /// A malloc'd chunk of this process, in the heap and mmapped, is live
+    /// at the usable size glibc reports; kept at another size, it is not
+    /// (freed and made again since).
     #[test]
     fn reads_a_live_chunk() {
-        let buffer: Vec<u8> = vec![7u8; 4000];
-        let kept = [Kept::Chunk { address: buffer.as_ptr() as u64, size: 4000 }];
-        assert_eq!(live_bytes(std::process::id(), &kept), vec![Some(4000)]);
+        for len in [4000, 1 << 20] {
+            let buffer: Vec<u8> = vec![7u8; len];
+            // SAFETY: the pointer is malloc's (Rust's global allocator is
+            // the system's) and live for the call.
+            let usable = unsafe { libc::malloc_usable_size(buffer.as_ptr() as *mut libc::c_void) } as u64;
+            assert!(usable >= len as u64 && usable < len as u64 + 4096, "{len}: usable {usable}");
+            let kept = [Kept::Chunk { address: buffer.as_ptr() as u64, size: usable }, Kept::Chunk { address: buffer.as_ptr() as u64, size: usable + 16 }];
+            assert_eq!(live_bytes(std::process::id(), &kept), vec![Some(usable), None], "{len}");
+        }
     }
 }

@@ -25,11 +25,6 @@ pub fn btf_path() -> String {
 pub enum Feature {
     /// BPF ring buffers, which every program sends its records through.
     Ringbuf,
-    /// Task storage, and bpf_get_current_task_btf, in tracing programs:
-    /// `memory` keeps the size a thread's raw allocation asked for in the
-    /// thread's own storage until the call returns (before it, in a hash
-    /// by thread id, which costs about 0.6 µs more per allocation).
-    TaskStorage,
     /// BPF_CMPXCHG: `calls` keeps each function's maximum latency exact
     /// when several CPUs finish calls of it at once.
     AtomicCompareExchange,
@@ -63,9 +58,8 @@ pub enum Feature {
 }
 
 impl Feature {
-    pub const ALL: [Feature; 10] = [
+    pub const ALL: [Feature; 9] = [
         Feature::Ringbuf,
-        Feature::TaskStorage,
         Feature::AtomicCompareExchange,
         Feature::AttachCookie,
         Feature::TaskPtRegs,
@@ -80,7 +74,6 @@ impl Feature {
     pub fn since(self) -> (u32, u32) {
         match self {
             Feature::Ringbuf => (5, 8),
-            Feature::TaskStorage => (5, 11),
             Feature::AtomicCompareExchange => (5, 12),
             Feature::AttachCookie => (5, 15),
             Feature::TaskPtRegs => (5, 15),
@@ -96,7 +89,6 @@ impl Feature {
     pub fn kernel_name(self) -> &'static str {
         match self {
             Feature::Ringbuf => "BPF ring buffer",
-            Feature::TaskStorage => "BPF task storage",
             Feature::AtomicCompareExchange => "BPF_CMPXCHG",
             Feature::AttachCookie => "bpf_get_attach_cookie",
             Feature::TaskPtRegs => "bpf_task_pt_regs",
@@ -112,7 +104,6 @@ impl Feature {
     fn btf_enum(self) -> Option<(&'static str, &'static str)> {
         match self {
             Feature::Ringbuf => Some(("bpf_map_type", "BPF_MAP_TYPE_RINGBUF")),
-            Feature::TaskStorage => Some(("bpf_map_type", "BPF_MAP_TYPE_TASK_STORAGE")),
             Feature::AtomicCompareExchange => None,
             Feature::AttachCookie => Some(("bpf_func_id", "BPF_FUNC_get_attach_cookie")),
             Feature::TaskPtRegs => Some(("bpf_func_id", "BPF_FUNC_task_pt_regs")),
@@ -191,11 +182,6 @@ impl Kernel {
         if feature == Feature::TaskPtRegs && std::env::var_os("PYTRACE_NO_TASK_PT_REGS").is_some() {
             return false;
         }
-        // PYTRACE_NO_TASK_STORAGE=1 likewise takes memory's path of kernels
-        // before 5.11: the hash by thread id.
-        if feature == Feature::TaskStorage && std::env::var_os("PYTRACE_NO_TASK_STORAGE").is_some() {
-            return false;
-        }
         // PYTRACE_NO_UPROBE_MULTI=1 likewise takes memory's path of kernels
         // before 6.10: a perf-event uprobe per site.
         if feature == Feature::UprobeMultiByProcess && std::env::var_os("PYTRACE_NO_UPROBE_MULTI").is_some() {
@@ -230,9 +216,6 @@ impl Kernel {
         }
         if !self.has(Feature::UprobeMultiByProcess) {
             out.push("memory attaches a uprobe per probe site (500-odd on a stripped build: seconds to attach and to detach under load; one uprobe_multi link filtered by process needs Linux 6.10)".into());
-        }
-        if !self.has(Feature::TaskStorage) {
-            out.push("memory pairs each allocation over 512 bytes with its return in a hash by thread id, about 0.6 µs more per allocation than in the thread's own storage (BPF task storage needs Linux 5.11)".into());
         }
         if !self.has(Feature::AtomicCompareExchange) {
             out.push("calls' maximum latency of a function can be understated when two CPUs end calls of it at the same instant (exact from Linux 5.12, whose BPF has compare-and-exchange)".into());

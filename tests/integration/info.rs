@@ -64,9 +64,8 @@ fn table_output_names_the_mode() {
 /// The mainline release each kernel feature pytrace looks for arrived in
 /// (from the kernel's own history, independent of how pytrace detects
 /// them: it reads the kernel's BTF).
-const FEATURES_SINCE: [(&str, (u32, u32)); 10] = [
+const FEATURES_SINCE: [(&str, (u32, u32)); 9] = [
     ("ringbuf", (5, 8)),
-    ("task_storage", (5, 11)),
     ("atomic_compare_exchange", (5, 12)),
     ("attach_cookie", (5, 15)),
     ("task_pt_regs", (5, 15)),

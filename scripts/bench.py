@@ -1045,22 +1045,22 @@ def memory_event_cost():
     each, the event nearly all of alloc_heavy.py's are) on pyenv's 3.12,
     every mode MEMORY_REPEATS times interleaved: the workload's CPU
     seconds, and the cost of one such allocation, (median - untraced
-    median) / rounds. pytrace runs both ways it pairs a raw allocation's
-    call with its return: in the thread's task storage (5.11+, the
-    default here) and in a hash by thread id (5.10's way,
-    PYTRACE_NO_TASK_STORAGE=1)."""
+    median) / rounds. With PYTRACE_BENCH_BEFORE set to another build of
+    pytrace (an earlier commit's), it runs beside this one, for a change's
+    effect measured in one run."""
     python = PYENV_312
     script = os.path.join(HERE, "..", "bench", "memory", "raw_churn.py")
     rounds = MEMORY_EVENT_ROUNDS
     memray_out = os.path.join(TMP, "memray-churn.bin")
-    hash_env = dict(os.environ, PYTRACE_NO_TASK_STORAGE="1")
     modes = {
         "untraced": [python, script, rounds],
-        "`pytrace memory`, the call's size in the thread's task storage (5.11+)": [PYTRACE, "memory", "--json", os.path.join(TMP, "memory-churn.json"), "--", python, script, rounds],
-        "`pytrace memory`, the call's size in a hash by thread id (5.10)": ([PYTRACE, "memory", "--json", os.path.join(TMP, "memory-churn-hash.json"), "--", python, script, rounds], hash_env),
+        "`pytrace memory` (its default mode)": [PYTRACE, "memory", "--json", os.path.join(TMP, "memory-churn.json"), "--", python, script, rounds],
         "memray 1.20 (`memray run`, its defaults)": [MEMRAY, "run", "-f", "-q", "-o", memray_out, script, rounds],
         "tracemalloc (`-X tracemalloc`, 1 frame)": [python, "-X", "tracemalloc", script, rounds],
     }
+    before = os.environ.get("PYTRACE_BENCH_BEFORE")
+    if before:
+        modes[f"`pytrace memory`, built from {os.environ.get('PYTRACE_BENCH_BEFORE_NAME', before)}"] = [before, "memory", "--json", os.path.join(TMP, "memory-churn-before.json"), "--", python, script, rounds]
     return workload_cpu_table(modes, "memory event cost", "per allocation over 512 B", lambda m, base: f"{(m - base) / rounds * 1e6:+.2f} µs")
 
 

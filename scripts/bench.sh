@@ -14,7 +14,9 @@
 #
 # PYTRACE_BENCH_SECTIONS=aliasing_table,steady_cost_table (bench.py's
 # function names) runs only those and prints them, leaving
-# bench/results.md alone.
+# bench/results.md alone. PYTRACE_BENCH_BEFORE=path/to/an/older/pytrace
+# (and PYTRACE_BENCH_BEFORE_NAME=its commit) adds it beside this build in
+# memory_event_cost: a change's effect, measured in one run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=${1:-3}

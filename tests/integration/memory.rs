@@ -330,12 +330,18 @@ fn another_allocator_is_refused_in_one_sentence(py: Interpreter) {
     let (held_inside, held_host) = py.output("memory-held-malloc.json");
     let argv = py.argv("memory_split.py", &["--held", &held_inside, "--hold", "0"]);
     let out = std::process::Command::new(common::PYTRACE).args(["memory", "-d", "5", "--"]).args(&argv).env("PYTHONMALLOC", "malloc").output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (error, stderr) = refusal(&out);
+    assert!(error.contains("runs with PYTHONMALLOC=malloc"), "{stderr}");
+    assert!(!held_host.exists(), "the command ran: {stderr}");
+}
+
+/// The one error line of a run refused (exit 1), and its whole stderr.
+fn refusal(out: &std::process::Output) -> (String, String) {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     let errors = common::error_lines(&stderr);
     assert_eq!(errors.len(), 1, "{stderr}");
-    assert!(errors[0].contains("runs with PYTHONMALLOC=malloc"), "{stderr}");
-    assert!(!held_host.exists(), "the command ran: {stderr}");
+    (errors[0].to_string(), stderr.clone())
 }
 
 /// PYTHONMALLOC=pymalloc_debug keeps obmalloc but wraps the raw allocator
@@ -375,22 +381,16 @@ fn preloaded_malloc_is_refused_in_one_sentence(py: Interpreter) {
     let (held_inside, held_host) = py.output("memory-held-jemalloc.json");
     let argv = py.argv("memory_split.py", &["--held", &held_inside, "--hold", "0"]);
     let out = std::process::Command::new(common::PYTRACE).args(["memory", "-d", "5", "--"]).args(&argv).env("LD_PRELOAD", JEMALLOC).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    let errors = common::error_lines(&stderr);
-    assert_eq!(errors.len(), 1, "{stderr}");
-    assert!(errors[0].contains(&format!("preloads {JEMALLOC}, which replaces glibc's malloc")), "{stderr}");
+    let (error, stderr) = refusal(&out);
+    assert!(error.contains(&format!("preloads {JEMALLOC}, which replaces glibc's malloc")), "{stderr}");
     assert!(!held_host.exists(), "the command ran: {stderr}");
 
     let argv = py.argv("memory_split.py", &["--held", &held_inside, "--hold", "0", "--wait"]);
     let mut target = common::Proc(std::process::Command::new(&argv[0]).args(&argv[1..]).env("LD_PRELOAD", "libjemalloc.so.2").stdout(std::process::Stdio::piped()).spawn().unwrap());
     common::wait_for_line(&mut target, "ready");
     let out = common::pytrace(&["memory", "-d", "5", "-p", &target.pid().to_string()]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    let errors = common::error_lines(&stderr);
-    assert_eq!(errors.len(), 1, "{stderr}");
-    assert!(errors[0].contains("preloads libjemalloc.so.2, which replaces glibc's malloc"), "{stderr}");
+    let (error, stderr) = refusal(&out);
+    assert!(error.contains("preloads libjemalloc.so.2, which replaces glibc's malloc"), "{stderr}");
     assert!(target.0.try_wait().unwrap().is_none(), "the target was left running");
 }
 
@@ -405,11 +405,8 @@ fn hooked_allocator_is_refused_in_one_sentence(py: Interpreter) {
     let mut target = common::Proc(std::process::Command::new(&argv[0]).args(&argv[1..]).stdout(std::process::Stdio::piped()).spawn().unwrap());
     common::wait_for_line(&mut target, "ready");
     let out = common::pytrace(&["memory", "-d", "5", "-p", &target.pid().to_string()]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    let errors = common::error_lines(&stderr);
-    assert_eq!(errors.len(), 1, "{stderr}");
-    assert!(errors[0].contains("not obmalloc's") && errors[0].contains("tracemalloc"), "{stderr}");
+    let (error, stderr) = refusal(&out);
+    assert!(error.contains("not obmalloc's") && error.contains("tracemalloc"), "{stderr}");
     assert!(target.0.try_wait().unwrap().is_none(), "the target was left running");
 }
 
@@ -495,10 +492,7 @@ fn allocations_are_refused_on_a_stripped_build(py: Interpreter) {
     let mut args = vec!["memory", "--allocations", "-d", "5", "--"];
     args.extend(argv.iter().map(String::as_str));
     let out = common::pytrace(&args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    let errors = common::error_lines(&stderr);
-    assert_eq!(errors.len(), 1, "{stderr}");
-    assert!(errors[0].contains("`--allocations` needs") && errors[0].contains("link-time optimisation"), "{stderr}");
+    let (error, stderr) = refusal(&out);
+    assert!(error.contains("`--allocations` needs") && error.contains("link-time optimisation"), "{stderr}");
     assert!(!held_host.exists(), "the command ran: {stderr}");
 }

@@ -309,13 +309,15 @@ fn guarded_by(code: &[Instruction], k: usize, raw: Guard, joins: &HashMap<u64, u
 
 /// Where a guard's hooked path, starting at `from` (its `jne`'s target),
 /// jumps back: a straight line through one indirect call (of the
-/// allocator the pointer holds) to a direct `jmp`. None for any other
-/// shape (a tail call, a branch, no call).
+/// allocator the pointer holds) to a direct `jmp`, with rax (that call's
+/// result) unwritten after the call. None for any other shape (a tail
+/// call, a branch, no call, rax overwritten).
 fn hooked_return(code: &[Instruction], from: u64) -> Option<u64> {
     let start = code.binary_search_by_key(&from, Instruction::ip).ok()?;
     let mut called = false;
     for i in code[start..].iter().take(HOOKED_WINDOW) {
         match i.flow_control() {
+            FlowControl::Next if called && x86::writes_register(i, Register::RAX) => return None,
             FlowControl::Next => {}
             FlowControl::IndirectCall if !called => called = true,
             FlowControl::UnconditionalBranch if called && i.op0_kind() == OpKind::NearBranch64 => return Some(i.near_branch_target()),
@@ -446,6 +448,9 @@ mod tests {
         let code = x86::decode(&CODE, AT);
         assert_eq!(hooked_return(&code, 0x4fb440), Some(0x4fb427));
         assert_eq!(hooked_return(&code, 0x4fb43a), None, "a tail call does not come back");
+        // mov %rbx,%rsi; call *%rax; mov %rbx,%rax; jmp 4fb427: rax is no longer the result.
+        let overwritten = x86::decode(&[0x48, 0x89, 0xde, 0xff, 0xd0, 0x48, 0x89, 0xd8, 0xeb, 0xdd], 0x4fb440);
+        assert_eq!(hooked_return(&overwritten, 0x4fb440), None, "rax written after the call");
         let before = |bytes: &[u8]| x86::decode(bytes, 0x4fb3f2)[0];
         for (join, what) in [(before(&[0xeb, 0x33]), "a second jump to the hooked path's target"), (before(&[0xeb, 0x36]), "a jump to the branch itself")] {
             let mut joined = code.clone();

@@ -340,17 +340,37 @@ pub fn environment_variable(pid: u32, name: &str) -> Option<String> {
     bytes.split(|&b| b == 0).find_map(|entry| entry.strip_prefix(prefix.as_bytes())).map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
-/// ld.so.conf is at most this large; more is not a loader configuration.
-const MAX_CONF_BYTES: usize = 1 << 20;
+/// ld.so.conf and ld.so.preload are at most this large; more is not a
+/// loader's configuration.
+const MAX_CONF_BYTES: u64 = 1 << 20;
+
+/// A loader configuration file inside process `pid`'s root, as text; None
+/// if missing, unreadable or larger than MAX_CONF_BYTES (checked before
+/// reading: a larger "configuration" is never read).
+fn loader_conf(pid: u32, path: &str) -> Option<String> {
+    let file = files::open_in_root(pid, path).ok()?;
+    let bytes = (file.size <= MAX_CONF_BYTES).then(|| file.read_all().ok())??;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The first library that process `pid`'s loader preloads (LD_PRELOAD in
+/// its environment at exec, /etc/ld.so.preload in its root) and that
+/// defines `symbol`, found as find_library finds one. A library pytrace
+/// cannot find or read is not assumed to.
+pub fn preloaded_definer(exe: &ElfFile, exe_dir: &Path, symbol: &str, pid: u32) -> Option<String> {
+    let from_env = environment_variable(pid, "LD_PRELOAD").unwrap_or_default();
+    let from_file = loader_conf(pid, "/etc/ld.so.preload").unwrap_or_default();
+    let names = from_env.split([':', ' ']).chain(from_file.split_whitespace()).filter(|n| !n.is_empty());
+    names.map(str::to_string).find(|name| {
+        let path = if name.contains('/') { Some(name.clone()) } else { find_library(exe, exe_dir, name, pid) };
+        let Some(file) = path.and_then(|p| files::open_in_root(pid, &p).ok()) else { return false };
+        ElfFile::read(file).is_ok_and(|lib| lib.symbol(symbol).is_some())
+    })
+}
 
 fn ld_so_conf_dirs(pid: u32) -> Vec<String> {
     let mut dirs = Vec::new();
-    let read = |path: &str| -> Option<String> {
-        let file = files::open_in_root(pid, path).ok()?;
-        // Checked before reading: a larger "configuration" is never read.
-        let bytes = (file.size <= MAX_CONF_BYTES as u64).then(|| file.read_all().ok())??;
-        Some(String::from_utf8_lossy(&bytes).into_owned())
-    };
+    let read = |path: &str| loader_conf(pid, path);
     let mut texts = vec![read("/etc/ld.so.conf")];
     let mut confs: Vec<String> = files::list_dir_in_root(pid, "/etc/ld.so.conf.d", 256).iter().map(|n| format!("/etc/ld.so.conf.d/{n}")).collect();
     confs.sort();

@@ -32,31 +32,6 @@ pub struct MemoryTarget {
     allocation_sites: Option<Vec<Site>>,
 }
 
-/// /etc/ld.so.preload is at most this large; more is not a loader's list.
-const MAX_PRELOAD_LIST_BYTES: u64 = 64 << 10;
-
-/// The first library that process `pid`'s loader preloads (LD_PRELOAD in
-/// its environment at exec, /etc/ld.so.preload in its root) and that
-/// defines `malloc` (jemalloc, tcmalloc, mimalloc): it then replaces
-/// glibc's for the interpreter too. A library pytrace cannot find or read
-/// is not assumed to.
-fn preloaded_malloc(pid: u32, python: &Python) -> Option<String> {
-    use crate::process::{elf, files};
-    let mut names: Vec<String> = elf::environment_variable(pid, "LD_PRELOAD").unwrap_or_default().split([':', ' ']).map(str::to_string).collect();
-    if let Ok(file) = files::open_in_root(pid, "/etc/ld.so.preload") {
-        if file.size <= MAX_PRELOAD_LIST_BYTES {
-            let text = file.read_all().unwrap_or_default();
-            names.extend(String::from_utf8_lossy(&text).split_whitespace().map(str::to_string));
-        }
-    }
-    let exe_dir = std::path::Path::new(&python.target_path).parent().map(std::path::Path::to_path_buf).unwrap_or_default();
-    names.into_iter().filter(|n| !n.is_empty()).find(|name| {
-        let path = if name.contains('/') { Some(name.clone()) } else { elf::find_library(&python.elf, &exe_dir, name, pid) };
-        let Some(file) = path.and_then(|p| files::open_in_root(pid, &p).ok()) else { return false };
-        elf::ElfFile::read(file).is_ok_and(|lib| lib.symbol("malloc").is_some())
-    })
-}
-
 impl MemoryTarget {
     /// Refuses here, before a command runs, a build with no sites or a
     /// process that does not allocate through obmalloc: PYTHONMALLOC is
@@ -73,7 +48,10 @@ impl MemoryTarget {
                 );
             }
         }
-        if let Some(library) = preloaded_malloc(target.pid, &python) {
+        // A preloaded malloc (jemalloc, tcmalloc, mimalloc) replaces glibc's
+        // for the interpreter too.
+        let exe_dir = std::path::Path::new(&python.target_path).parent().unwrap_or(std::path::Path::new("/"));
+        if let Some(library) = crate::process::elf::preloaded_definer(&python.elf, exe_dir, "malloc", target.pid) {
             anyhow::bail!(
                 "process {} preloads {library}, which replaces glibc's malloc: `pytrace memory` reads allocation sizes from glibc's chunk headers",
                 target.pid

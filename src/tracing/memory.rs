@@ -287,13 +287,13 @@ impl<'obj, 'a> Session<'obj, 'a> {
 }
 
 /// Attaches every probe site of `sites` to its program: one uprobe_multi
-/// link per program and kind of site with `multi`, else a perf-event
-/// uprobe per site.
+/// link per program with `multi`, else a perf-event uprobe per site.
 fn attach<'obj>(skel: &MemorySkel<'obj>, python: &Python, pid: u32, sites: &alloc_sites::AllocSites, multi: bool) -> Result<Vec<Link>> {
     let p = &skel.progs;
+    // malloc's and calloc's returns run one program: one link.
+    let raw_returned: Vec<u64> = sites.raw_returned.iter().chain(&sites.calloc_returned).copied().collect();
     let probes = [
-        (&p.raw_returned, &sites.raw_returned, "the return of _PyObject_Malloc's call of PyMem_RawMalloc"),
-        (&p.raw_returned, &sites.calloc_returned, "the return of obmalloc's call of the raw calloc"),
+        (&p.raw_returned, &raw_returned, "the return of obmalloc's calls of the raw malloc and calloc"),
         (&p.pool_opened, &sites.pool_opened, "the return of allocate_from_new_pool"),
     ];
     let mut links = Vec::new();

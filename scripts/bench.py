@@ -931,25 +931,24 @@ MEMORY_ROUNDS = 1000
 MEMORY_REPEATS = max(5, REPEATS)
 
 
-def workload_cpu(argv, env=None):
+def workload_cpu(argv):
     """A bench/memory workload's own CPU seconds of its work (user plus
     system: a uprobe's trap runs on the target's thread), from its cpu_s=
     line."""
-    out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=True, env=env)
+    out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=True)
     return float(re.search(r"cpu_s=([0-9.]+)", out.stdout).group(1))
 
 
 def workload_cpu_table(modes, what, last_column, cell):
-    """Each mode (name: argv, or (argv, env)) run MEMORY_REPEATS times,
+    """Each mode (name: argv) run MEMORY_REPEATS times,
     interleaved, its workload's CPU seconds read from its cpu_s= line; a
     row per mode with the median, the range and `cell(median, untraced
     median)` under `last_column` (empty for the untraced row)."""
     runs = {name: [] for name in modes}
     for i in range(MEMORY_REPEATS):
-        for name, mode in modes.items():
-            argv, env = mode if isinstance(mode, tuple) else (mode, None)
+        for name, argv in modes.items():
             progress(f"{what} {i + 1}/{MEMORY_REPEATS}: {name}")
-            runs[name].append(workload_cpu([str(a) for a in argv], env))
+            runs[name].append(workload_cpu([str(a) for a in argv]))
     base = median(runs["untraced"])
     rows = [f"| mode | workload CPU s, median | range | {last_column} |", "|---|---|---|---|"]
     for name, values in runs.items():

@@ -341,7 +341,8 @@ fn refusal(out: &std::process::Output) -> (String, String) {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     let errors = common::error_lines(&stderr);
     assert_eq!(errors.len(), 1, "{stderr}");
-    (errors[0].to_string(), stderr.clone())
+    let error = errors[0].to_string();
+    (error, stderr)
 }
 
 /// PYTHONMALLOC=pymalloc_debug keeps obmalloc but wraps the raw allocator

@@ -69,19 +69,45 @@ pub fn walk<'a>(mem: &Memory, layout: &Layout, heap: &HeapLayout, interp: u64, t
 
 /// The collector's young count: tracked objects allocated less freed since
 /// it last ran, the global count plus every thread's buffered share.
-/// None if a read fails or the thread list is garbage.
+/// None if a read fails, the thread list is garbage or the count never
+/// held still.
 pub fn young_count(mem: &Memory, layout: &Layout, interp: u64) -> Option<i64> {
-    let mut global = [0u8; 4];
-    mem.read(interp + INTERP_YOUNG_COUNT, &mut global).ok()?;
-    let mut count = i64::from(i32::from_le_bytes(global));
-    let (states, broken) = thread_states(mem, layout, interp);
-    if broken.is_some() {
-        return None;
+    let global = || {
+        let mut bytes = [0u8; 4];
+        mem.read(interp + INTERP_YOUNG_COUNT, &mut bytes).ok().map(|_| i32::from_le_bytes(bytes))
+    };
+    let shares = || {
+        let (states, broken) = thread_states(mem, layout, interp);
+        if broken.is_some() {
+            return None;
+        }
+        states.iter().try_fold(0i64, |sum, tstate| Some(sum.wrapping_add(mem.read_u64(tstate + TSTATE_ALLOC_COUNT).ok()? as i64)))
+    };
+    consistent_sum(global, shares)
+}
+
+/// How often young_count reads again when a flush fell between its reads.
+const COUNT_READS: usize = 8;
+
+/// The global count plus the threads' shares, as of one moment. A thread
+/// flushes its share (every 512 allocations) by adding it to the global
+/// count and then zeroing it; a flush between the read of the global
+/// count and that of the shares would lose the share (or count it twice),
+/// off by up to 512. So the global count is read on both sides of the
+/// shares, and the sum is taken only when no flush moved it in between.
+/// What this cannot see is a thread stopped between its flush's two
+/// stores, a window of one instruction.
+fn consistent_sum(mut global: impl FnMut() -> Option<i32>, mut shares: impl FnMut() -> Option<i64>) -> Option<i64> {
+    let mut before = global()?;
+    for _ in 0..COUNT_READS {
+        let sum = shares()?;
+        let after = global()?;
+        if after == before {
+            return Some(i64::from(before).wrapping_add(sum));
+        }
+        before = after;
     }
-    for tstate in states {
-        count = count.wrapping_add(mem.read_u64(tstate + TSTATE_ALLOC_COUNT).ok()? as i64);
-    }
-    Some(count)
+    None
 }
 
 /// The interpreter's thread states, in list order, as far as the list
@@ -398,6 +424,35 @@ mod tests {
 
     const START: u64 = 0x7f00_0000_0000;
     const BLOCK: u64 = 32;
+
+    /// A thread that flushes its share of 511 between the global count's
+    /// read and its own: the first pair is torn (it would lose 511), the
+    /// second holds still and is the count. A count that never holds
+    /// still is no count.
+    #[test]
+    fn a_flush_between_the_reads_is_read_again() {
+        use std::cell::Cell;
+        let (global, share) = (Cell::new(1000), Cell::new(511));
+        let reads = Cell::new(0);
+        let read_global = || Some(global.get());
+        let read_shares = || {
+            reads.set(reads.get() + 1);
+            if reads.get() == 1 {
+                global.set(global.get() + share.get());
+                share.set(0);
+            }
+            Some(i64::from(share.get()))
+        };
+        assert_eq!(consistent_sum(read_global, read_shares), Some(1511));
+        assert_eq!(reads.get(), 2);
+        let ticking = Cell::new(0);
+        let moving = || {
+            ticking.set(ticking.get() + 512);
+            Some(ticking.get())
+        };
+        assert_eq!(consistent_sum(moving, || Some(0)), None);
+    }
+
 
     /// A page of `capacity` blocks with the given free lists (block indexes,
     /// in list order) and `used`; object blocks get ob_gc_bits from `gc_bits`.

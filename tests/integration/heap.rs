@@ -397,8 +397,9 @@ fn walk_change_is_the_targets(python: &std::path::Path) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("ticks.log");
     let per_tick = PER_TICK.to_string();
-    // 700,000 tuples beside the growth: walks of about 0.2 s, some 20 ticks.
-    let args = ["--per-tick", &per_tick, "--tick", "0.01", "--base", "700000", "--log", log.to_str().unwrap()];
+    // 2,500,000 tuples beside the growth: walks of about 0.3 s here, some
+    // 30 ticks, so that ticks fit inside the walk's span less its slack.
+    let args = ["--per-tick", &per_tick, "--tick", "0.01", "--base", "2500000", "--log", log.to_str().unwrap()];
     let mut target = Proc(Command::new(python).arg(fixture("heap_growing.py")).args(args).stdout(Stdio::piped()).spawn().unwrap());
     wait_for_line(&mut target, "ready");
     let ticks_until = |end: i64| -> Vec<(i64, i64)> {

@@ -145,12 +145,26 @@ run() {
   shift
   install_tools
   img=$(image "$want")
+  # PYTRACE_VM_CONSOLE=FILE keeps the guest kernel's console in FILE (vng
+  # --verbose puts it on stderr; the command's output stays on stdout),
+  # for a VM that stops without saying why.
+  vm() {
+    PATH=$venv/bin:$PATH "$venv/bin/vng" "$@" --disable-kvm --force-9p --run "$img" --user root \
+      --memory "${PYTRACE_VM_MEMORY:-2G}" --cpus "${PYTRACE_VM_CPUS:-2}" --append "${PYTRACE_VM_APPEND-tsc=reliable}" \
+      -- "umount /var/cache && $command" </dev/null
+  }
+  local command="$*"
   set +e
-  PATH=$venv/bin:$PATH "$venv/bin/vng" --disable-kvm --force-9p --run "$img" --user root \
-    --memory "${PYTRACE_VM_MEMORY:-2G}" --cpus "${PYTRACE_VM_CPUS:-2}" --append "${PYTRACE_VM_APPEND-tsc=reliable}" \
-    -- "umount /var/cache && $*" \
-    </dev/null 2> >(cat >&2) | cat
-  status=${PIPESTATUS[0]}
+  if [ -n "${PYTRACE_VM_CONSOLE:-}" ]; then
+    # Through pipes too (see above); the console's is waited for, so the
+    # file is whole when this returns.
+    vm --verbose > >(cat) 2> >(cat > "$PYTRACE_VM_CONSOLE")
+    status=$?
+    wait $!
+  else
+    vm 2> >(cat >&2) | cat
+    status=${PIPESTATUS[0]}
+  fi
   set -e
   return "$status"
 }
@@ -294,17 +308,23 @@ GUEST
     # run just after passed all 29) is booted again, at most twice, for the
     # tests it had not finished; the ones it finished keep their results. A
     # test that fails is never retried, and one the VM stops in three times
-    # in a row fails the kernel.
-    local log all attempt
+    # in a row fails the kernel. Status 255 is what vng returns when the
+    # guest powers off before its command ends (a sysrq power-off gives it
+    # too); the guest's console is kept and its tail printed, for the cause.
+    local log all attempt console
     log=$(mktemp /tmp/pytrace-kernels-XXXXXX)
+    console=$(mktemp /tmp/pytrace-kernels-XXXXXX)
     all=$(mktemp /tmp/pytrace-kernels-XXXXXX)
     for attempt in 1 2 3; do
       set +e
-      (cd "$repo" && run "$want" "BINARY=$bin TESTS=$tests bash $script") | tee "$log"
+      (cd "$repo" && PYTRACE_VM_CONSOLE=$console run "$want" "BINARY=$bin TESTS=$tests bash $script") | tee "$log"
       status=${PIPESTATUS[0]}
       set -e
       cat "$log" >> "$all"
       grep -Eq '^[0-9]+ passed, [0-9]+ failed$' "$log" && break
+      # Why it stopped, as far as the guest kernel said (vng's own errors too).
+      echo "kernel $want: the VM's console, last 40 lines:" >&2
+      tail -n 40 "$console" | sed 's/^/    /' >&2
       sed -nE 's/^  (ok|FAIL) +([^ ]+) \([0-9]+ s\)$/\2/p' "$log" > "$log.done"
       grep -vxFf "$log.done" "$tests" > "$tests.rest" || true
       mv "$tests.rest" "$tests"
@@ -318,7 +338,7 @@ GUEST
       status=0
     fi
     echo "kernel $want: $(grep -c '^  ok    ' "$all") passed, $(grep -c '^  FAIL  ' "$all") failed over $attempt boot(s)" >&2
-    rm -f "$log" "$all"
+    rm -f "$log" "$all" "$console"
     elapsed=$(( $(date +%s) - start ))
     echo "kernel $want: $( [ $status = 0 ] && echo passed || echo FAILED ) in $elapsed s" >&2
     [ $status = 0 ] || failed+=("$want")

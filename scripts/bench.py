@@ -1035,6 +1035,132 @@ def memory_cost_paired():
     ])
 
 
+# --- whole-workload cost, two copies in turns (bench/turns.py) -------------
+
+TURNS = 400
+
+
+def turns_run(work, per_turn, traced_first, argv_prefix, attach=None):
+    """One run of bench/turns.py: two copies of `work` on CPU 0 taking
+    turns, the first or the second of them traced: started under
+    argv_prefix (the untraced one under pyenv's 3.12), or with
+    `attach(pid)` (a profiler started on CPU 1 and attached) once both are
+    warm. Returns {"cpu": (traced, untraced), "wall": (traced, untraced)},
+    each copy's seconds per turn."""
+    script = os.path.join(HERE, "..", "bench", "turns.py")
+    to_first_r, to_first_w = os.pipe()
+    to_second_r, to_second_w = os.pipe()
+    copies = []
+    for index, (token_in, token_out) in enumerate([(to_first_r, to_second_w), (to_second_r, to_first_w)]):
+        traced = (index == 0) == traced_first
+        prefix = list(argv_prefix) if traced else [PYENV_312]
+        argv = [str(a) for a in [*prefix, script, work, TURNS, per_turn, token_in, token_out]]
+        copies.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, pass_fds=(token_in, token_out)))
+    for fd in (to_first_r, to_second_r, to_second_w):
+        os.close(fd)
+    prof = None
+    try:
+        for copy in copies:
+            assert copy.stdout.readline().strip() == "ready"
+        if attach is not None:
+            prof = attach((copies[0] if traced_first else copies[1]).pid)
+        os.write(to_first_w, b"t")
+        measured = [[[float(x) for x in copy.stdout.readline().split()] for _ in ("cpu", "wall")] for copy in copies]
+        for copy in copies:
+            copy.wait()
+        if any(len(turns) != TURNS for copy in measured for turns in copy):
+            raise RuntimeError(f"bench/turns.py: a copy ended before its {TURNS} turns")
+        if prof is not None:
+            prof.stderr.read()
+            prof.wait()
+    finally:
+        os.close(to_first_w)
+        for proc in [*copies, prof]:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    traced, untraced = measured if traced_first else measured[::-1]
+    return {"cpu": (traced[0], untraced[0]), "wall": (traced[1], untraced[1])}
+
+
+def turns_table(what, modes, measure, work, per_turn):
+    """Each mode (name: turns_run's keywords) MEMORY_REPEATS times, the
+    traced copy alternating between the first and the second: the traced
+    copy's `measure` (cpu or wall) over the untraced one's, all runs'
+    turns pooled, with a 95 % bootstrap interval over the turns (each
+    paired with the other copy's turn beside it) and the runs' range."""
+    import random
+    rows = ["| traced copy | runs | turns | slowdown, traced over untraced | 95 % interval | runs' range |",
+            "|---|---|---|---|---|---|"]
+    rng = random.Random(24)
+    for name, mode in modes.items():
+        pairs, per_run = [], []
+        for i in range(MEMORY_REPEATS):
+            progress(f"{what} in turns {i + 1}/{MEMORY_REPEATS}: {name}")
+            traced, untraced = turns_run(work, per_turn, i % 2 == 0, **mode)[measure]
+            pairs += list(zip(traced, untraced))
+            per_run.append(sum(traced) / sum(untraced) - 1)
+        ratio = sum(t for t, _ in pairs) / sum(u for _, u in pairs) - 1
+        boot = []
+        for _ in range(2000):
+            drawn = rng.choices(pairs, k=len(pairs))
+            boot.append(sum(t for t, _ in drawn) / sum(u for _, u in drawn) - 1)
+        boot.sort()
+        rows.append(f"| {name} | {len(per_run)} | {len(pairs)} | {ratio * 100:+.2f} % | {boot[50] * 100:+.2f} % to "
+                    f"{boot[1949] * 100:+.2f} % | {min(per_run) * 100:+.2f} % to {max(per_run) * 100:+.2f} % |")
+    return "\n".join(rows)
+
+
+def attach_on_cpu1(argv, pattern=None):
+    """A profiler's attach for turns_run: `argv + [pid]` started on CPU 1
+    (the copies have CPU 0), waited for until its stderr says `pattern`,
+    or for a second."""
+    def attach(pid):
+        prof = subprocess.Popen(["taskset", "-c", "1", *argv(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if pattern:
+            wait_for(prof.stderr, pattern)
+        else:
+            time.sleep(1.0)
+        return prof
+    return attach
+
+
+MEMORY_TURN_ROUNDS = 5
+
+
+def memory_cost_turns():
+    """alloc_heavy.py's work in turns: each memory profiler on one copy."""
+    memray_out = os.path.join(TMP, "memray-turns.bin")
+    json_out = os.path.join(TMP, "memory-turns.json")
+    pytrace = lambda *args: attach_on_cpu1(lambda pid: [PYTRACE, "memory", *args, "-d", "600", "--json", json_out, "-p", str(pid)], "attached to PID")
+    modes = {
+        "nothing attached to either copy (the method's own noise)": {"argv_prefix": [PYENV_312]},
+        "`pytrace memory -p` (default, one event per 512 KiB)": {"argv_prefix": [PYENV_312], "attach": pytrace()},
+        "tracemalloc (`-X tracemalloc`, 1 frame)": {"argv_prefix": [PYENV_312, "-X", "tracemalloc"]},
+        "memray 1.20 (`memray run`, its defaults)": {"argv_prefix": [MEMRAY, "run", "-f", "-q", "-o", memray_out]},
+        "`pytrace memory --allocations -p`": {"argv_prefix": [PYENV_312], "attach": pytrace("--allocations")},
+    }
+    return turns_table("memory cost", modes, "cpu", "alloc", MEMORY_TURN_ROUNDS)
+
+
+SAMPLE_TURN_ROUNDS = 350
+
+
+def sample_slowdown_turns():
+    """callgraph.py's work in turns: each sampler at 99 Hz on one copy, its
+    slowdown in wall time (py-spy stops the copy while it reads it)."""
+    json_out = os.path.join(TMP, "sample-turns.json")
+    pyspy_out = os.path.join(TMP, "pyspy-turns.txt")
+    modes = {
+        "nothing attached to either copy (the method's own noise)": {"argv_prefix": [PYENV_312]},
+        "`pytrace sample -r 99 -p`": {"argv_prefix": [PYENV_312], "attach": attach_on_cpu1(
+            lambda pid: [PYTRACE, "sample", "-r", "99", "-d", "600", "--json", json_out, "-p", str(pid)], "attached to PID")},
+        "py-spy 0.4.3 (`record -r 99 --pid`, its default: stops the target to read it)": {"argv_prefix": [PYENV_312], "attach": attach_on_cpu1(
+            lambda pid: [PY_SPY, "record", "-r", "99", "--pid", str(pid), "--format", "raw", "-o", pyspy_out])},
+    }
+    return turns_table("sample slowdown", modes, "wall", "calls", SAMPLE_TURN_ROUNDS)
+
+
 MEMORY_EVENT_ROUNDS = 1000000
 
 
@@ -1116,6 +1242,24 @@ def main():
              "windows (past the attach) against those wholly outside them (past the detach): the whole-run table above "
              "cannot resolve a few percent, since whole runs of the same work spread by ±25 % here; blocks of one process, "
              "interleaved, share its heap layout and the machine's state. The interval is a bootstrap of the blocks."),
+            ("`memory`: its cost to a whole workload, two copies in turns", memory_cost_turns,
+             f"bench/turns.py: two copies of alloc_heavy.py's work on pyenv's 3.12, both pinned to CPU 0, "
+             f"taking turns of {MEMORY_TURN_ROUNDS} rounds (about 10 ms) {TURNS} times each, a token passed "
+             "between them through pipes; one copy is traced (pytrace attached by PID once both are warm, itself on "
+             f"CPU 1; tracemalloc and memray from the copy's start), the first copy in odd runs and the second in even "
+             f"ones, {MEMORY_REPEATS} runs of each mode. The machine's drift over seconds falls on both copies alike, a "
+             "turn apart, which whole runs (±25 % here) and one process's blocks (null runs off by 10 %) could not "
+             "cancel. Slowdown: the traced copy's CPU seconds (user plus system) over the untraced one's, every turn "
+             "of every run pooled; the interval is a bootstrap of the turn pairs. The first row attaches nothing: "
+             "the method's own noise."),
+            ("`sample -r 99`: a whole workload's slowdown, two copies in turns", sample_slowdown_turns,
+             f"bench/turns.py: two copies of fixtures/callgraph.py's rounds on pyenv's 3.12, both pinned to CPU 0, taking "
+             f"turns of {SAMPLE_TURN_ROUNDS} rounds {TURNS} times each (the method of the `memory` table of the same name, "
+             f"above); one copy has a sampler attached by PID at 99 Hz, itself on CPU 1, the first copy in odd runs and "
+             f"the second in even ones, {MEMORY_REPEATS} runs of each. The slowdown is in wall time (the copies own CPU 0 "
+             "in turns, so a turn's wall time is its CPU plus any time it was stopped, as py-spy stops it to read "
+             "it), the traced copy's over the untraced one's. pytrace's CPU clock fires on CPU 0 whichever copy "
+             "runs there: its program's early exit for the other copy falls on both."),
             ("`memory`: what one big allocation costs", memory_event_cost,
              f"bench/memory/raw_churn.py ({MEMORY_EVENT_ROUNDS:,} bytearrays of 1000 bytes made and dropped, each an "
              f"allocation over obmalloc's 512-byte limit: the event nearly all of alloc_heavy.py's are) on pyenv's 3.12, "

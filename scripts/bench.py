@@ -1040,6 +1040,20 @@ def memory_cost_paired():
 TURNS = 400
 
 
+def second_libpython():
+    """A directory with a copy of pyenv's 3.12 libpython, for the second
+    copy of bench/turns.py (its RUNPATH yields to LD_LIBRARY_PATH): two
+    copies that map one file share its text in the CPU's caches, turn
+    after turn, except the pages a uprobe's breakpoint made private to the
+    traced copy, which would charge the probes for the lost sharing."""
+    own = os.path.join(TMP, "second-libpython")
+    if not os.path.isdir(own):
+        os.makedirs(own)
+        lib = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(PYENV_312))), "lib", "libpython3.12.so.1.0")
+        shutil.copy2(lib, os.path.join(own, "libpython3.12.so.1.0"))
+    return own
+
+
 def turns_run(work, per_turn, traced_first, argv_prefix, attach=None):
     """One run of bench/turns.py: two copies of `work` on CPU 0 taking
     turns, the first or the second of them traced: started under
@@ -1048,6 +1062,7 @@ def turns_run(work, per_turn, traced_first, argv_prefix, attach=None):
     warm. Returns {"cpu": (traced, untraced), "wall": (traced, untraced)},
     each copy's seconds per turn."""
     script = os.path.join(HERE, "..", "bench", "turns.py")
+    second_env = dict(os.environ, LD_LIBRARY_PATH=second_libpython())
     to_first_r, to_first_w = os.pipe()
     to_second_r, to_second_w = os.pipe()
     copies = []
@@ -1055,7 +1070,8 @@ def turns_run(work, per_turn, traced_first, argv_prefix, attach=None):
         traced = (index == 0) == traced_first
         prefix = list(argv_prefix) if traced else [PYENV_312]
         argv = [str(a) for a in [*prefix, script, work, TURNS, per_turn, token_in, token_out]]
-        copies.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, pass_fds=(token_in, token_out)))
+        copies.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, pass_fds=(token_in, token_out),
+                                       env=second_env if index == 1 else None))
     for fd in (to_first_r, to_second_r, to_second_w):
         os.close(fd)
     prof = None
@@ -1249,7 +1265,9 @@ def main():
              f"CPU 1; tracemalloc and memray from the copy's start), the first copy in odd runs and the second in even "
              f"ones, {MEMORY_REPEATS} runs of each mode. The machine's drift over seconds falls on both copies alike, a "
              "turn apart, which whole runs (±25 % here) and one process's blocks (null runs off by 10 %) could not "
-             "cancel. Slowdown: the traced copy's CPU seconds (user plus system) over the untraced one's, every turn "
+             "cancel. The second copy maps its own copy of libpython (LD_LIBRARY_PATH): two copies of one file share its "
+             "text in the CPU's caches, except the pages a uprobe's breakpoint makes private to the traced copy, which "
+             "would charge pytrace for sharing a process alone never has. Slowdown: the traced copy's CPU seconds (user plus system) over the untraced one's, every turn "
              "of every run pooled; the interval is a bootstrap of the turn pairs. The first row attaches nothing: "
              "the method's own noise."),
             ("`sample -r 99`: a whole workload's slowdown, two copies in turns", sample_slowdown_turns,

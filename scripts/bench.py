@@ -974,67 +974,6 @@ def memory_cost_table():
     return workload_cpu_table(modes, "memory cost", "slowdown (medians)", lambda m, base: f"{(m / base - 1) * 100:+.1f} %")
 
 
-MEMORY_PAIRED_CYCLES = 8
-MEMORY_PAIRED_ON = 6.0
-MEMORY_PAIRED_OFF = 4.0
-
-
-def memory_cost_paired():
-    """`pytrace memory -p` attached to one running workload for
-    MEMORY_PAIRED_CYCLES windows of MEMORY_PAIRED_ON seconds, detached for
-    MEMORY_PAIRED_OFF between them (bench/memory/alloc_blocks.py on pyenv's
-    3.12): the median CPU of the blocks wholly inside the windows (from
-    1.5 s after pytrace started, past its attach, to 0.5 s before it
-    ended) over that of the blocks wholly outside them (1 s after each
-    exit, past the detach), with a 95 % bootstrap interval of that ratio."""
-    import random
-    script = os.path.join(HERE, "..", "bench", "memory", "alloc_blocks.py")
-    blocks_path = os.path.join(TMP, "blocks.txt")
-    total = MEMORY_PAIRED_CYCLES * (MEMORY_PAIRED_ON + MEMORY_PAIRED_OFF) + MEMORY_PAIRED_OFF + 8
-    target = subprocess.Popen([PYENV_312, script, str(int(total)), blocks_path], stdout=subprocess.PIPE, text=True)
-    assert target.stdout.readline().strip() == "ready"
-    windows, events = [], 0
-    try:
-        for cycle in range(MEMORY_PAIRED_CYCLES):
-            progress(f"memory paired cost {cycle + 1}/{MEMORY_PAIRED_CYCLES}")
-            time.sleep(MEMORY_PAIRED_OFF)
-            report = os.path.join(TMP, "memory-paired.json")
-            started = time.monotonic()
-            subprocess.run([PYTRACE, "memory", "-p", str(target.pid), "-d", str(MEMORY_PAIRED_ON), "--json", report],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-            windows.append((started, time.monotonic()))
-            with open(report) as f:
-                events += json.load(f)["counters"]["events"]
-        time.sleep(MEMORY_PAIRED_OFF)
-    finally:
-        target.kill()
-        target.wait()
-    inside, outside = [], []
-    with open(blocks_path) as f:
-        rows = [tuple(float(x) for x in line.split()) for line in f if line.strip()]
-    first = windows[0][0] - MEMORY_PAIRED_OFF
-    for start, end, cpu in rows:
-        if start < first:
-            continue  # warm-up: the heap and caches still growing
-        if any(a + 1.5 <= start and end <= b - 0.5 for a, b in windows):
-            inside.append(cpu)
-        elif not any(start < b + 1.0 and end > a for a, b in windows):
-            outside.append(cpu)
-    ratio = median(inside) / median(outside)
-    rng = random.Random(24)
-    boot = sorted(median(rng.choices(inside, k=len(inside))) / median(rng.choices(outside, k=len(outside))) for _ in range(2000))
-    low, high = boot[50], boot[1949]
-    traced_seconds = MEMORY_PAIRED_CYCLES * MEMORY_PAIRED_ON
-    return "\n".join([
-        f"Events seen (uprobe hits at pool openings and big allocations): {events:,} in {traced_seconds:.0f} s traced, "
-        f"{events / traced_seconds:,.0f} a second.",
-        "",
-        "| blocks traced | blocks untraced | median CPU s traced | median CPU s untraced | slowdown (medians) | 95 % interval |",
-        "|---|---|---|---|---|---|",
-        f"| {len(inside)} | {len(outside)} | {median(inside):.4f} | {median(outside):.4f} | {(ratio - 1) * 100:+.1f} % | {(low - 1) * 100:+.1f} % to {(high - 1) * 100:+.1f} % |",
-    ])
-
-
 # --- whole-workload cost, two copies in turns (bench/turns.py) -------------
 
 TURNS = 400
@@ -1251,20 +1190,13 @@ def main():
              "the workload. Its CPU seconds are its own (time.process_time around the work: user and system, so the "
              "uprobes' traps count); median, range, and the medians' slowdown over the untraced runs. memray runs in "
              "its defaults (malloc-level hooks, Python stacks, no --native, --trace-python-allocators off)."),
-            ("`memory`: its cost inside one running workload", memory_cost_paired,
-             f"bench/memory/alloc_blocks.py (alloc_heavy.py's rounds in blocks of 20, each block's CPU time written) on "
-             f"pyenv's 3.12, one process for the whole table; `pytrace memory -p` attached {MEMORY_PAIRED_CYCLES} times for "
-             f"{MEMORY_PAIRED_ON:.0f} s, {MEMORY_PAIRED_OFF:.0f} s apart, in its default mode. The blocks wholly inside the "
-             "windows (past the attach) against those wholly outside them (past the detach): the whole-run table above "
-             "cannot resolve a few percent, since whole runs of the same work spread by ±25 % here; blocks of one process, "
-             "interleaved, share its heap layout and the machine's state. The interval is a bootstrap of the blocks."),
             ("`memory`: its cost to a whole workload, two copies in turns", memory_cost_turns,
              f"bench/turns.py: two copies of alloc_heavy.py's work on pyenv's 3.12, both pinned to CPU 0, "
              f"taking turns of {MEMORY_TURN_ROUNDS} rounds (about 10 ms) {TURNS} times each, a token passed "
              "between them through pipes; one copy is traced (pytrace attached by PID once both are warm, itself on "
              f"CPU 1; tracemalloc and memray from the copy's start), the first copy in odd runs and the second in even "
              f"ones, {MEMORY_REPEATS} runs of each mode. The machine's drift over seconds falls on both copies alike, a "
-             "turn apart, which whole runs (±25 % here) and one process's blocks (null runs off by 10 %) could not "
+             "turn apart, which whole runs (±25 % here) and one process's blocks (null runs off by 10 %, bench/results.md) could not "
              "cancel. The second copy maps its own copy of libpython (LD_LIBRARY_PATH): two copies of one file share its "
              "text in the CPU's caches, except the pages a uprobe's breakpoint makes private to the traced copy, which "
              "would charge pytrace for sharing a process alone never has. Slowdown: the traced copy's CPU seconds (user plus system) over the untraced one's, every turn "

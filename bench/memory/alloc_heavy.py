@@ -62,8 +62,8 @@ def one_round(n, kept):
 
 
 def main():
-    # Read here, not at import: alloc_blocks.py and bench/turns.py import
-    # this file for one_round with arguments of their own.
+    # Read here, not at import: bench/turns.py imports
+    # this file for one_round with arguments of its own.
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 300
     kept = []
     perf_control("enable")

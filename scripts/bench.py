@@ -1071,7 +1071,7 @@ def attach_on_cpu1(argv, pattern=None):
     (the copies have CPU 0), waited for until its stderr says `pattern`,
     or for a second."""
     def attach(pid):
-        prof = subprocess.Popen(["taskset", "-c", "1", *argv(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        prof = start(["taskset", "-c", "1", *argv(pid)])
         if pattern:
             wait_for(prof.stderr, pattern)
         else:

@@ -453,7 +453,6 @@ mod tests {
         assert_eq!(consistent_sum(moving, || Some(0)), None);
     }
 
-
     /// A page of `capacity` blocks with the given free lists (block indexes,
     /// in list order) and `used`; object blocks get ob_gc_bits from `gc_bits`.
     fn page(capacity: u16, free: &[u64], local: &[u64], xthread: &[u64], used: u32, gc_bits: &[(u64, u8)]) -> (Vec<u8>, Vec<u8>) {

@@ -592,6 +592,19 @@ pub fn native_rate() -> u64 {
 
 const NATIVE_VM_HZ: u64 = 149;
 
+/// What emulation in scripts/kernels.sh's VMs takes from compress_work's
+/// samples beyond what its CPU times predict. On Linux 6.1 at 149 Hz
+/// (five runs, 2,034 to 2,243 samples each), compress_work's share read
+/// 0.2 to 3.9 points under the half its CPU time gives, and its samples
+/// outside the zlib.compress call, which spin_work's iteration puts at 0.1
+/// point, read 1.5 to 2.2: half of them in the clock read just after the
+/// call (74 µs a read, against 6 µs for a whole iteration of spin_work's
+/// loop), half in its bytecode. On this machine the two agree with the CPU
+/// times within a point. A run with both shortfalls at their worst falls
+/// 5.6 points short of the truth, against a bound of 5.3 from four standard
+/// errors and the point of slack, which failed CI once.
+const EMULATED_NATIVE_SPLIT_SLACK: f64 = 0.03;
+
 /// Samples of fixtures/native_split.py's two functions, from a --native
 /// profile: in compress_work, of those the ones inside its zlib.compress
 /// call (native frames above compress_work, none of them a clock read's
@@ -630,6 +643,7 @@ pub fn in_zlib_call(above: &[&str]) -> bool {
 /// costs about a third of a short deflate). Each within four binomial
 /// standard errors of its share (sqrt(p (1 - p) / n)) plus one point: a
 /// clock read's frames above time.process_time's before clock_gettime.
+/// Under emulation, three points more (EMULATED_NATIVE_SPLIT_SLACK).
 pub fn assert_native_split(label: &str, counted: &NativeSplit, cpu_split: &Path) {
     let truth = read_json(cpu_split);
     let get = |key: &str| truth[key].as_f64().unwrap_or_else(|| panic!("{label}: {cpu_split:?} has no {key}: {truth}"));
@@ -638,7 +652,8 @@ pub fn assert_native_split(label: &str, counted: &NativeSplit, cpu_split: &Path)
     for (what, samples, cpu) in [("compress_work", counted.compress, compress_cpu), ("zlib.compress under compress_work", counted.in_call, in_zlib_cpu)] {
         let want = cpu / (compress_cpu + spin_cpu);
         let share = samples as f64 / n;
-        let bound = 4.0 * (want * (1.0 - want) / n).sqrt() + 0.01;
+        let emulated = if slowdown() > 1.0 { EMULATED_NATIVE_SPLIT_SLACK } else { 0.0 };
+        let bound = 4.0 * (want * (1.0 - want) / n).sqrt() + 0.01 + emulated;
         assert_share(label, &format!("{what}'s share against its share of CPU time (counted {counted:?}, measured {truth})"), share, want, bound, n, NATIVE_MIN_SAMPLES);
     }
 }

@@ -63,7 +63,7 @@ static __always_inline int on_stack(struct thread_stack *stack, const struct fun
 }
 
 /* on_stack for the thread `tid`, as a global function with only scalar
- * arguments, verified once: for calls with no slot of their own. */
+ * arguments (what Linux 5.10 allows), verified once wherever it is called. */
 __noinline long function_open_below(__u32 tid, __u32 depth, __u64 id, __u64 aux, __u32 line)
 {
 	struct thread_stack *stack = bpf_map_lookup_elem(&stacks, &tid);

@@ -59,6 +59,20 @@ pub fn load_destination(instruction: &Instruction, displacement: u64) -> Option<
         .filter(|r| r.is_gpr64())
 }
 
+/// Whether some instruction in `bytes` could address memory at
+/// `displacement`, judged from the raw bytes before any decoding: x86
+/// encodes a displacement that fits in a signed byte as that byte or as
+/// four bytes starting with it, and any other as its four bytes, little
+/// endian. A cheap test that rules out most of the windows a search by
+/// shape would otherwise decode.
+pub fn may_encode_displacement(bytes: &[u8], displacement: u64) -> bool {
+    match i32::try_from(displacement) {
+        Ok(small) if (-128..128).contains(&small) => bytes.contains(&(small as u8)),
+        Ok(wide) => bytes.windows(4).any(|w| w == wide.to_le_bytes()),
+        Err(_) => true,
+    }
+}
+
 /// Whether control can leave a straight line of code at `instruction`
 /// other than by falling through (a jump, call or return).
 pub fn leaves_straight_line(instruction: &Instruction) -> bool {
@@ -135,6 +149,8 @@ mod tests {
         let insns = decode(&code, 0x1000);
         assert_eq!(insns.len(), 4);
         assert_eq!(load_destination(&insns[0], 0x380), Some(Register::R14));
+        assert!(may_encode_displacement(&code, 0x380) && may_encode_displacement(&code, 0x20));
+        assert!(!may_encode_displacement(&code, 0x388) && !may_encode_displacement(&code, 0x21));
         assert_eq!(register_number(Register::R14), Some(14));
         assert_eq!(store_base(&insns[1], 0x20), Some(Register::RBP));
         assert_eq!(store_base(&insns[1], 0x28), None);

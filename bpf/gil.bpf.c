@@ -207,21 +207,26 @@ static __always_inline void add_to_function(__u64 code, __u64 wait_ns, __u64 hel
 		__sync_fetch_and_add(&f->held_ns, held_ns);
 }
 
-static __always_inline void add_blame(__u64 waiter_code, __u64 holder_code, __u64 ns)
+/* Adds `ns` to the blame of the holder's code for the waiter's. A global
+ * function with only scalar arguments (what Linux 5.10 allows), checked
+ * once: inlined into blame_holders' loop, its branches were checked again
+ * in each of GIL_HOLDER_RING steps. */
+__noinline long add_blame(__u64 waiter_code, __u64 holder_code, __u64 ns)
 {
 	struct gil_blame_key key = { .waiter_code = waiter_code, .holder_code = holder_code };
 	__u64 *sum = bpf_map_lookup_elem(&blame, &key);
 
 	if (!sum) {
 		if (!bpf_map_update_elem(&blame, &key, &ns, BPF_NOEXIST))
-			return;
+			return 0;
 		sum = bpf_map_lookup_elem(&blame, &key);
 		if (!sum) {
 			count(GIL_BLAME_FULL);
-			return;
+			return 0;
 		}
 	}
 	__sync_fetch_and_add(sum, ns);
+	return 0;
 }
 
 /* A wait from `from` to `to` in `waiter_code`: each holding period that

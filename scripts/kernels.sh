@@ -310,7 +310,9 @@ GUEST
     # test that fails is never retried, and one the VM stops in three times
     # in a row fails the kernel. Status 255 is what vng returns when the
     # guest powers off before its command ends (a sysrq power-off gives it
-    # too); the guest's console is kept and its tail printed, for the cause.
+    # too); the guest's console is kept and its tail printed, for the cause
+    # (one such stop was a guest panic on a half-rewritten static branch:
+    # docs/kernels.md, The VMs).
     local log all attempt console
     log=$(mktemp /tmp/pytrace-kernels-XXXXXX)
     console=$(mktemp /tmp/pytrace-kernels-XXXXXX)

@@ -23,6 +23,7 @@
 #include "python_read.bpf.h"
 #include "python_code.bpf.h"
 #include "histogram.bpf.h"
+#include "registers.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 

@@ -34,6 +34,7 @@
 #include "python_read.bpf.h"
 #include "counters.bpf.h"
 #include "ring.bpf.h"
+#include "registers.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -145,6 +146,31 @@ static __always_inline __u64 keep_chance(__u64 bytes)
 	return e ? e : 1;
 }
 
+/* Adds an event kept with chance `p` to the growth of its stack (`hash`)
+ * under `source`; 0 if the map is full (counted). */
+static __always_inline int add_growth(__u32 pid, __u32 source, __u64 hash, __u64 bytes, __u64 objects, __u64 p)
+{
+	struct memory_key key = { .pid = pid, .source = source, .hash = hash };
+	struct memory_growth *g, first = {};
+	__u64 estimate = (bytes << 32) / p;
+
+	g = bpf_map_lookup_elem(&growth, &key);
+	if (!g) {
+		bpf_map_update_elem(&growth, &key, &first, BPF_NOEXIST);
+		g = bpf_map_lookup_elem(&growth, &key);
+		if (!g) {
+			count(MEMORY_GROWTH_FULL);
+			return 0;
+		}
+	}
+	__sync_fetch_and_add(&g->kept, 1);
+	__sync_fetch_and_add(&g->bytes, bytes);
+	__sync_fetch_and_add(&g->estimate, estimate);
+	__sync_fetch_and_add(&g->variance, estimate * (estimate - bytes));
+	__sync_fetch_and_add(&g->objects, (objects << (32 + OBJECTS_FRACTION_BITS)) / p);
+	return 1;
+}
+
 /* The walker, once per walker: walk_kept with bounded loops (5.10 to
  * 5.16), walk_kept_loops with bpf_loop (src/tracing/memory.rs loads one
  * and puts it in `walkers`). */
@@ -170,6 +196,8 @@ static __always_inline void event(void *ctx, __u32 source, __u64 address, __u64 
 	__u32 zero = 0;
 
 	count(MEMORY_EVENTS);
+	if (source == SOURCE_BIG && memory_cfg.big_allocated)
+		count(MEMORY_ALLOC_EVENTS);
 	if (bytes > MAX_EVENT_BYTES)
 		bytes = MAX_EVENT_BYTES;
 	/* A block opened (or made) again at a kept one's address: the kept
@@ -181,6 +209,8 @@ static __always_inline void event(void *ctx, __u32 source, __u64 address, __u64 
 	p = keep_chance(bytes);
 	if ((__u64)bpf_get_prandom_u32() >= p) {
 		count(MEMORY_NOT_KEPT);
+		if (source == SOURCE_BIG && memory_cfg.big_allocated)
+			count(MEMORY_ALLOC_NOT_KEPT);
 		return;
 	}
 	/* A pool holds pool_size / block size objects (its header aside). */
@@ -323,5 +353,37 @@ SEC("uprobe")
 int allocation_realloc(struct pt_regs *ctx)
 {
 	allocation(ctx, PT_REGS_PARM2(ctx));
+	return 0;
+}
+
+/* A stripped build's inlined copy of the object allocator, probed at a
+ * jump every call through it runs (src/python/probes/alloc_sites_stripped.rs,
+ * copy_size). The cookie says where the size is: bits 0-7 a register's
+ * number, bit 8 that it holds the size less one (obmalloc's own check,
+ * `nbytes - 1 < 512`), bit 9 that the size is the constant in bits 16-31
+ * instead. Needs attach cookies (5.15); user space refuses before. The
+ * copies cover calls of up to 512 bytes; bigger ones reach the raw
+ * allocator's sites, counted there (memory_cfg.big_allocated). */
+#define COPY_PLUS_ONE (1 << 8)
+#define SMALL_REQUEST_MAX 512
+#define COPY_CONSTANT (1 << 9)
+
+SEC("uprobe")
+int allocation_copy(struct pt_regs *ctx)
+{
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+
+	__u64 bytes;
+
+	if (cookie & COPY_CONSTANT)
+		bytes = (cookie >> 16) & 0xffff;
+	else
+		bytes = register_value(ctx, cookie & 0xff) + ((cookie & COPY_PLUS_ONE) ? 1 : 0);
+	/* Over 512 bytes (and 0, which obmalloc makes 1 there) the copy hands
+	 * the call to the raw allocator, whose return raw_returned counts:
+	 * as allocated too, under big_allocated. */
+	if (bytes - 1 >= SMALL_REQUEST_MAX)
+		return 0;
+	allocation(ctx, bytes);
 	return 0;
 }

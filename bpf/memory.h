@@ -99,7 +99,9 @@ struct memory_config {
 	__u64 every;           /* T: the mean bytes between kept events */
 	__u64 pool_size;       /* POOL_SIZE of the target's obmalloc */
 	__u32 pool_szidx;      /* offset of szidx in a pool's header */
-	__u32 pad;
+	__u32 big_allocated;   /* --allocations on a stripped build: a big allocation's
+				* event also counts as allocated (SOURCE_ALLOCATED), the
+				* copies' probes seeing sizes up to 512 only */
 };
 
 #endif

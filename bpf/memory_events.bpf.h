@@ -5,40 +5,25 @@
  * whose loops this kernel verifies fastest. No include guard, on purpose. */
 
 /* Walks the stack of an event kept with chance `p` and adds it to its
- * stack's growth; returns the stack's hash (0: not counted). */
-static __always_inline __u64 WALK(count_kept)(__u32 pid, __u32 source, __u64 bytes, __u64 objects, __u64 p)
+ * stack's growth under `source`, and under `also` too unless it is
+ * SOURCE_COUNT; returns the stack's hash (0: not counted). */
+static __always_inline __u64 WALK(count_kept)(__u32 pid, __u32 source, __u32 also, __u64 bytes, __u64 objects, __u64 p)
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid(), zero = 0;
 	const struct sample_target *t = bpf_map_lookup_elem(&processes, &pid);
-	struct memory_key key = { .pid = pid, .source = source };
 	struct stack_key known = { .pid = pid };
-	struct memory_growth *g, first = {};
 	struct task_struct *task;
 	struct walk_scratch *s;
-	__u64 estimate;
 
 	if (!t || !(s = bpf_map_lookup_elem(&scratch, &zero)))
 		return 0;
 	task = (struct task_struct *)bpf_get_current_task();
-	key.hash = known.hash = WALK(walk_python)(t, s, tid, task, BPF_CORE_READ(task, thread.fsbase));
+	known.hash = WALK(walk_python)(t, s, tid, task, BPF_CORE_READ(task, thread.fsbase));
 	if (!SEND_IF_NEW(&s->rec, &known, t, task, WALK(read_names)))
 		return 0;
-	estimate = (bytes << 32) / p;
-	g = bpf_map_lookup_elem(&growth, &key);
-	if (!g) {
-		bpf_map_update_elem(&growth, &key, &first, BPF_NOEXIST);
-		g = bpf_map_lookup_elem(&growth, &key);
-		if (!g) {
-			count(MEMORY_GROWTH_FULL);
-			return 0;
-		}
-	}
-	__sync_fetch_and_add(&g->kept, 1);
-	__sync_fetch_and_add(&g->bytes, bytes);
-	__sync_fetch_and_add(&g->estimate, estimate);
-	__sync_fetch_and_add(&g->variance, estimate * (estimate - bytes));
-	__sync_fetch_and_add(&g->objects, (objects << (32 + OBJECTS_FRACTION_BITS)) / p);
-	return key.hash;
+	if (also < SOURCE_COUNT && !add_growth(pid, also, known.hash, bytes, objects, p))
+		return 0;
+	return add_growth(pid, source, known.hash, bytes, objects, p) ? known.hash : 0;
 }
 
 /* The event the probe kept (kept_events): its stack walked and counted,
@@ -46,7 +31,7 @@ static __always_inline __u64 WALK(count_kept)(__u32 pid, __u32 source, __u64 byt
 SEC("uprobe")
 int MEMORY_PROGRAM(walk_kept)(struct pt_regs *ctx)
 {
-	__u32 zero = 0;
+	__u32 zero = 0, also;
 	struct kept_event *e = bpf_map_lookup_elem(&kept_events, &zero);
 	struct memory_place place = {};
 	struct kept_block block = {};
@@ -58,7 +43,9 @@ int MEMORY_PROGRAM(walk_kept)(struct pt_regs *ctx)
 	block.bytes = e->block_bytes;
 	block.szidx = e->szidx;
 	block.source = e->source;
-	block.hash = WALK(count_kept)(e->pid, e->source, e->bytes, e->objects, e->p);
+	/* On a stripped build, --allocations sees big allocations here. */
+	also = e->source == SOURCE_BIG && memory_cfg.big_allocated ? SOURCE_ALLOCATED : SOURCE_COUNT;
+	block.hash = WALK(count_kept)(e->pid, e->source, also, e->bytes, e->objects, e->p);
 	/* --allocations' events are counted only: no block to follow. */
 	if (!block.hash || e->source == SOURCE_ALLOCATED)
 		return 0;

@@ -92,12 +92,13 @@ impl MemoryTarget {
             target.release()?;
             session.locate_soon()
         };
+        let hidden = self.sites.object_unsized;
         let plan = memory::Plan { pid: self.target.pid, python, opts, sites: &self.sites, allocation_sites: self.allocation_sites.as_deref() };
         let each = |session: &memory::Session, elapsed| Ok(each(session, elapsed)? && !super::stop_requested());
         let (mut run, data) = self.target.trace(python, "memory", duration, plan, release, each)?;
         run.mode = "uprobes at obmalloc's pool openings and big allocations".into();
         if let Some(sites) = &self.allocation_sites {
-            run.mode += &format!(" and at its {}", crate::tracing::allocations::describe(sites));
+            run.mode += &format!(" and at its {}", crate::tracing::allocations::describe(sites, hidden));
         }
         Ok((run, data))
     }

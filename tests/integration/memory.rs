@@ -16,7 +16,7 @@ use crate::common::{self, over_builds};
 over_builds! {
     pyenv_3_12(Interpreter::pyenv("3.12")): live_view_matches_tracemalloc, another_allocator_is_refused_in_one_sentence, live_split_small, allocations_match_the_fixture, debug_hooks_big_allocations_are_counted_not_guessed, preloaded_malloc_is_refused_in_one_sentence;
     nodtrace_3_11(Interpreter::host("3.11", nodtrace_311())): live_view_matches_tracemalloc, allocations_match_the_fixture;
-    debian_3_11(Interpreter::host("3.11", "/usr/bin/python3.11".into())): live_view_matches_tracemalloc, hooked_allocator_is_refused_in_one_sentence, allocations_are_refused_on_a_stripped_build;
+    debian_3_11(Interpreter::host("3.11", "/usr/bin/python3.11".into())): live_view_matches_tracemalloc, hooked_allocator_is_refused_in_one_sentence, allocations_match_the_fixture;
     debian_3_13(Interpreter::debian("3.13")): live_view_matches_tracemalloc;
     debian_3_14(Interpreter::debian("3.14")): live_view_matches_tracemalloc;
     debian_3_15(Interpreter::debian("3.15")): live_view_matches_tracemalloc;
@@ -484,16 +484,3 @@ fn allocations_match_the_fixture(py: Interpreter) {
     }
 }
 
-/// A stripped build with link-time optimisation copies the allocator into
-/// its callers, past the entry points `--allocations` probes: refused in
-/// one sentence, exit 1, before the command runs.
-fn allocations_are_refused_on_a_stripped_build(py: Interpreter) {
-    let (held_inside, held_host) = py.output("memory-held-allocations.json");
-    let argv = py.argv("memory_split.py", &["--held", &held_inside, "--hold", "0"]);
-    let mut args = vec!["memory", "--allocations", "-d", "5", "--"];
-    args.extend(argv.iter().map(String::as_str));
-    let out = common::pytrace(&args);
-    let (error, stderr) = refusal(&out);
-    assert!(error.contains("`--allocations` needs") && error.contains("link-time optimisation"), "{stderr}");
-    assert!(!held_host.exists(), "the command ran: {stderr}");
-}

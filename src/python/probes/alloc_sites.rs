@@ -32,6 +32,27 @@ pub const POOL_COUNT_OFFSET: u32 = 0;
 /// The header's size: blocks start after it.
 pub const POOL_HEADER_BYTES: u64 = 48;
 
+/// Where a probe on an inlined copy of the object allocator finds the
+/// size asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopySize {
+    /// A register (x86 number), plus one where it holds the size less one
+    /// (`lea -0x1(%size),%rax; cmp $0x1ff,%rax`).
+    Register { number: u32, plus_one: bool },
+    /// A size the compiler folded in: `exact` where the code moves it into
+    /// a register, else only its size class is left in the code and this
+    /// is the class's block size (the size asked rounded up to 16 bytes).
+    Constant { bytes: u32, exact: bool },
+}
+
+/// One probe site on an inlined copy: an instruction the kernel emulates
+/// (a conditional jump) that every call through the copy runs once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopySite {
+    pub at: u64,
+    pub size: CopySize,
+}
+
 /// Link-time addresses of the probe sites.
 #[derive(Debug, Clone, Default)]
 pub struct AllocSites {
@@ -60,11 +81,12 @@ pub struct AllocSites {
     /// branch after the call that only it reaches).
     pub pool_stepped: usize,
     /// Inlined copies of the object allocator (past its guard) whose size
-    /// check `lea -0x1(%size),%rax; cmp $0x1ff,%rax; ja` was read: the
-    /// `ja` and the register holding the size asked. Not probed yet.
-    pub object_sized: Vec<(u64, iced_x86::Register)>,
-    /// Copies past the object allocator's guard with no such check (a
-    /// constant size folded in, calloc's or realloc's shapes).
+    /// asked a probe can read (alloc_sites_stripped.rs, `copy_size`):
+    /// where `--allocations` probes a stripped build.
+    pub object_sized: Vec<CopySite>,
+    /// Copies past the object allocator's guard whose size was not read
+    /// (calloc's and realloc's shapes, a size computed out of sight):
+    /// `--allocations` does not see what they allocate, and says how many.
     pub object_unsized: usize,
 }
 

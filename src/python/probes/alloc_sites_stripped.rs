@@ -40,7 +40,7 @@ use std::ops::Range;
 
 use iced_x86::{FlowControl, Instruction, Mnemonic, OpKind, Register};
 
-use super::alloc_sites::{AllocSites, Guard};
+use super::alloc_sites::{AllocSites, CopySite, CopySize, Guard};
 use super::hex_list;
 use crate::process::x86;
 use crate::python::Python;
@@ -88,6 +88,24 @@ pub struct Agreed {
     /// `_PyMem_RawCalloc` in the file's initialiser (sid's copies compare
     /// with that; the exported PyMem_RawCalloc only jumps through it).
     pub raw_calloc: Option<Guard>,
+    /// The mem domain's guard (PyMem_Malloc's copies: `_PyMem.malloc`, on
+    /// the same X), where the exported PyMem_Malloc shows one.
+    pub mem: Option<Guard>,
+    /// Where `usedpools` is, if the exported PyObject_Malloc's copy and the
+    /// out-of-line allocator index it at the same place: what gives a
+    /// constant-size copy its size class.
+    pub usedpools: Option<Pools>,
+}
+
+/// Where obmalloc's `usedpools` array is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pools {
+    /// At a constant address (3.11's static array).
+    Static(u64),
+    /// `at` bytes into the obmalloc state that the interpreter points to
+    /// from `state` bytes into itself (3.13-3.15: `mov 0x2a98(%rax),%r15`,
+    /// then `mov (%r15,%rax,8),%rax`).
+    InState { state: u64, at: u64 },
 }
 
 impl Python {
@@ -150,8 +168,16 @@ impl Python {
         let out_of_line = self.own_calls_from(object.expected, &text, &plt);
         let calloc_slot = raw.slot + 8;
         let raw_calloc = self.elf.initial_word(calloc_slot).filter(|f| text.contains(f)).map(|expected| Guard { slot: calloc_slot, expected });
+        let mem = exported("PyMem_Malloc").ok().and_then(|(_, code)| guards_of(&code)).filter(|g| g.expected == object.expected && g.slot != object.slot);
+        let read = |at: u64| self.elf.read_static(at, 64.min((text.end - at) as usize)).ok().map(<[u8]>::to_vec);
+        let out_of_line_pools = x86::search_paths(read, text.clone(), object.expected, StateLoads::default(), OUT_OF_LINE_BUDGET, |_| true, |i, loads| loads.see(i));
+        let mut loads = StateLoads::default();
+        let usedpools = match (malloc.iter().find_map(|i| loads.see(i)), out_of_line_pools.first()) {
+            (Some(a), Some(b)) if a == *b => Some(a),
+            _ => None,
+        };
         agreed_new_pool(&in_copy, &out_of_line)
-            .map(|new_pool| Agreed { new_pool, object, raw, raw_calloc })
+            .map(|new_pool| Agreed { new_pool, object, raw, raw_calloc, mem, usedpools })
             .map_err(|why| format!("{path}'s PyObject_Malloc and the _PyObject_Malloc it guards on ({:#x}) {why}", object.expected))
     }
 
@@ -226,32 +252,105 @@ fn guard_sites(code: &[Instruction]) -> Vec<(usize, Guard)> {
     out
 }
 
-/// Instructions from a copy's guard to its size check's `lea` (Debian's
-/// 3.11: none; its exported PyObject_Malloc puts a `sub` before the `cmp`).
-const SIZE_CHECK_WINDOW: usize = 4;
+/// Straight-line instructions searched after a copy's guard for what
+/// gives its size (Debian's 3.11: the check comes first; sid's 3.13-3.15
+/// load the interpreter's obmalloc state first, 3 to 6 moves).
+const SIZE_WINDOW: usize = 12;
 
-/// An inlined copy's size check, on the straight line after its guard's
-/// `jne` (`after` starts there): `lea -0x1(%size),%rax`, then, past
-/// instructions that leave rax alone, `cmp $0x1ff,%rax; ja`. Returns the
-/// `ja` (emulated by the kernel; every call through the copy reaches it,
-/// rax + 1 the size asked) and the size's register.
-fn size_check(after: &[Instruction]) -> Option<(u64, Register)> {
-    let at = after.iter().take(SIZE_CHECK_WINDOW).position(|i| i.mnemonic() == Mnemonic::Lea)?;
-    let lea = &after[at];
-    let minus_one = lea.op0_register() == Register::RAX && lea.memory_index() == Register::None && lea.memory_displacement64() == u64::MAX && lea.memory_base().is_gpr64();
-    if !minus_one || after[..at].iter().any(|i| i.flow_control() != FlowControl::Next) {
-        return None;
-    }
-    for (k, i) in after.iter().enumerate().skip(at + 1).take(SIZE_CHECK_WINDOW) {
-        if i.mnemonic() == Mnemonic::Cmp && i.op0_register() == Register::RAX && i.op1_kind() == OpKind::Immediate32to64 && i.immediate32to64() == 0x1ff {
-            let ja = after.get(k + 1).filter(|j| j.mnemonic() == Mnemonic::Ja)?;
-            return Some((ja.ip(), lea.memory_base()));
+/// Size classes of obmalloc's pools (512 bytes in steps of 16, 3.8-3.15):
+/// a slot of `usedpools` past them is no pool list.
+const SIZE_CLASSES: u64 = 32;
+
+/// What an inlined copy's code shows of the size asked, on the straight
+/// line after its guard's `jne` (at `jne`; `after` starts past it), and
+/// where a probe reads it; None if nothing does (counted unsized):
+/// - `cmp $0x1ff,%reg; ja` (or `jbe`): obmalloc's own check
+///   `nbytes - 1 < 512`, so reg + 1 is the size on every path that reaches
+///   the jump, which is probed;
+/// - `cmp $0x200,%reg; ja` (or `jbe`): the same check where the compiler
+///   knows the size is not 0 (PyBytes_FromStringAndSize's copy): reg;
+///   signed (`jg`, `jle`) where it knows the size is not negative (sid's
+///   PyUnicode_FromString);
+/// - `lea -0x1(%reg),%e..; shr $0x4,%e..` with no check before it: a
+///   size the compiler knows is at most 512, turned into its size class.
+///   The `jne` is probed, so reg must be written by nothing between;
+/// - with no check, a load of a `usedpools` slot at a constant address
+///   (3.11's static array, `usedpools` agreed by two sources): a constant
+///   size, of which the code keeps only the class. The `jne` is probed,
+///   with the class's block size.
+fn copy_size(jne: u64, after: &[Instruction], usedpools: Option<Pools>) -> Option<CopySite> {
+    let mut loads = StateLoads::default();
+    for (k, i) in after.iter().enumerate().take(SIZE_WINDOW) {
+        let next = after.get(k + 1);
+        if i.mnemonic() == Mnemonic::Cmp && i.op0_kind() == OpKind::Register && i.op0_register().is_gpr64() && i.op1_kind() == OpKind::Immediate32to64 {
+            let plus_one = match i.immediate32to64() {
+                0x1ff => true,
+                0x200 => false,
+                _ => return None,
+            };
+            let jump = next.filter(|j| matches!(j.mnemonic(), Mnemonic::Ja | Mnemonic::Jbe | Mnemonic::Jg | Mnemonic::Jle))?;
+            return Some(CopySite { at: jump.ip(), size: CopySize::Register { number: x86::register_number(i.op0_register())?, plus_one } });
         }
-        if i.flow_control() != FlowControl::Next || x86::writes_register(i, Register::RAX) {
+        if i.mnemonic() == Mnemonic::Lea && i.memory_index() == Register::None && i.memory_displacement64() == u64::MAX && i.memory_base().is_gpr64() {
+            let (base, class) = (i.memory_base(), i.op0_register().full_register());
+            let shifts = next.is_some_and(|s| s.mnemonic() == Mnemonic::Shr && s.op0_kind() == OpKind::Register && s.op0_register().full_register() == class && s.op1_kind() == OpKind::Immediate8 && s.immediate8() == 4);
+            if shifts {
+                // Written between: only a constant move is understood (sid's
+                // 3.13: `mov $0x1c,%edx` before `lea -0x1(%rdx),%esi`).
+                return match after[..k].iter().rev().find(|w| x86::writes_register(w, base)) {
+                    None => Some(CopySite { at: jne, size: CopySize::Register { number: x86::register_number(base)?, plus_one: false } }),
+                    Some(w) => constant_move(w).filter(|&b| (1..=SIZE_CLASSES * 16).contains(&b)).map(|b| CopySite { at: jne, size: CopySize::Constant { bytes: b as u32, exact: true } }),
+                };
+            }
+        }
+        let slot = match usedpools {
+            _ if !(i.mnemonic() == Mnemonic::Mov && i.op1_kind() == OpKind::Memory && i.memory_index() == Register::None) => None,
+            Some(Pools::Static(pools)) if i.is_ip_rel_memory_operand() => i.ip_rel_memory_address().checked_sub(pools),
+            Some(Pools::InState { state, at }) if x86::register_number(i.memory_base()).and_then(|n| loads.0[n as usize]) == Some(state) => i.memory_displacement64().checked_sub(at),
+            _ => None,
+        };
+        if let Some(slot) = slot.filter(|&o| o < SIZE_CLASSES * 16 && o % 16 == 0) {
+            return Some(CopySite { at: jne, size: CopySize::Constant { bytes: (slot / 16 + 1) as u32 * 16, exact: false } });
+        }
+        loads.see(i);
+        if i.flow_control() != FlowControl::Next {
             return None;
         }
     }
     None
+}
+
+/// `mov $imm,%reg`: imm.
+fn constant_move(i: &Instruction) -> Option<u64> {
+    let moves = i.mnemonic() == Mnemonic::Mov && i.op_count() == 2 && i.op0_kind() == OpKind::Register;
+    let immediate = matches!(i.op1_kind(), OpKind::Immediate32 | OpKind::Immediate32to64 | OpKind::Immediate64);
+    (moves && immediate).then(|| i.immediate(1))
+}
+
+/// What a straight line loaded from memory at a displacement with no
+/// index (`mov 0x2a98(%rax),%r15`), per register, to tell an indexed load
+/// of `usedpools` by a size class where it is.
+#[derive(Debug, Clone, Copy, Default)]
+struct StateLoads([Option<u64>; 16]);
+
+impl StateLoads {
+    /// `i` seen: `usedpools` if it indexes it (3.11: `lea (%rdi,%rdi,1),%eax;
+    /// mov 0x959d20(,%rax,8),%rax`; 3.13-3.15 `mov (%r15,%rax,8),%rax` after
+    /// `mov 0x2a98(%rax),%r15`).
+    fn see(&mut self, i: &Instruction) -> Option<Pools> {
+        let loads = i.mnemonic() == Mnemonic::Mov && i.op_count() == 2 && i.op0_kind() == OpKind::Register && i.op1_kind() == OpKind::Memory;
+        let indexed = loads && i.memory_index().is_gpr64() && i.memory_index_scale() == 8;
+        let found = match (indexed, i.memory_base()) {
+            (true, Register::None) => Some(Pools::Static(i.memory_displacement64())),
+            (true, base) => x86::register_number(base).and_then(|n| self.0[n as usize]).map(|state| Pools::InState { state, at: i.memory_displacement64() }),
+            (false, _) => None,
+        };
+        if let Some(n) = (0..16).find(|&n| x86::register_number(i.op0_register()) == Some(n) && i.op_count() > 0 && i.op0_kind() == OpKind::Register && !matches!(i.mnemonic(), Mnemonic::Cmp | Mnemonic::Test)) {
+            let plain = loads && !i.is_ip_rel_memory_operand() && i.memory_index() == Register::None && i.memory_base().is_gpr64();
+            self.0[n as usize] = plain.then(|| i.memory_displacement64());
+        }
+        found
+    }
 }
 
 fn guards(code: &[Instruction]) -> Vec<Guard> {
@@ -387,15 +486,15 @@ fn sweep(code: &[Instruction], agreed: &Agreed, mut stub_of: impl FnMut(u64) -> 
         return Err(format!("no call of allocate_from_new_pool ({:#x}) or no guarded call of malloc found in .text", agreed.new_pool));
     }
     for (jne, guard) in guard_sites(code) {
-        if guard != agreed.object {
+        if guard != agreed.object && Some(guard) != agreed.mem {
             continue;
         }
-        match size_check(&code[jne + 1..]) {
+        match copy_size(code[jne].ip(), &code[jne + 1..], agreed.usedpools) {
             Some(site) => sites.object_sized.push(site),
             None => sites.object_unsized += 1,
         }
     }
-    sites.guards = [Some(agreed.object), Some(agreed.raw), agreed.raw_calloc].into_iter().flatten().collect();
+    sites.guards = [Some(agreed.object), Some(agreed.raw), agreed.raw_calloc, agreed.mem].into_iter().flatten().collect();
     sites.unguarded_mallocs = unguarded;
     Ok(sites)
 }
@@ -424,7 +523,7 @@ mod tests {
         0x48, 0x89, 0xde, 0xff, 0xd0, 0xeb, 0xe0, // mov; call *%rax; jmp 4fb427
     ];
     const RAW: Guard = Guard { slot: 0x95a068, expected: 0x4f7350 };
-    const AGREED: Agreed = Agreed { new_pool: 0x4fb540, object: Guard { slot: 0x959f48, expected: 0x4fb450 }, raw: RAW, raw_calloc: None };
+    const AGREED: Agreed = Agreed { new_pool: 0x4fb540, object: Guard { slot: 0x959f48, expected: 0x4fb450 }, raw: RAW, raw_calloc: None, mem: None, usedpools: None };
     fn stub(target: u64) -> Libc {
         if target == 0x41f610 { Libc::Malloc } else { Libc::Other }
     }
@@ -471,15 +570,57 @@ mod tests {
     ///   5000d5: lea -0x1(%rsi),%rax; cmp $0x1ff,%rax; ja 50042f
     /// and the exported PyObject_Malloc's, with a `sub` between:
     ///   4fb450: lea -0x1(%rsi),%rax; sub $0x18,%rsp; cmp $0x1ff,%rax; ja 4fb52e
+    /// The `ja` is probed, and rax + 1 is the size on every path to it.
     #[test]
     fn reads_a_copys_size_check() {
+        let rax_plus_one = CopySize::Register { number: 0, plus_one: true };
         let copy = x86::decode(&[0x48, 0x8d, 0x46, 0xff, 0x48, 0x3d, 0xff, 0x01, 0x00, 0x00, 0x0f, 0x87, 0x4a, 0x03, 0x00, 0x00], 0x5000d5);
-        assert_eq!(size_check(&copy), Some((0x5000df, Register::RSI)));
+        assert_eq!(copy_size(0x5000cf, &copy, None), Some(CopySite { at: 0x5000df, size: rax_plus_one }));
         let exported = x86::decode(&[0x48, 0x8d, 0x46, 0xff, 0x48, 0x83, 0xec, 0x18, 0x48, 0x3d, 0xff, 0x01, 0x00, 0x00, 0x0f, 0x87, 0xca, 0x00, 0x00, 0x00], 0x4fb450);
-        assert_eq!(size_check(&exported), Some((0x4fb45e, Register::RSI)));
-        // A write to rax between (here `lea -0x2(%rsi),%rax`) is not the check.
-        let other = x86::decode(&[0x48, 0x8d, 0x46, 0xff, 0x48, 0x8d, 0x46, 0xfe, 0x48, 0x3d, 0xff, 0x01, 0x00, 0x00, 0x0f, 0x87, 0xca, 0x00, 0x00, 0x00], 0x4fb450);
-        assert_eq!(size_check(&other), None);
+        assert_eq!(copy_size(0x4fb44a, &exported, None), Some(CopySite { at: 0x4fb45e, size: rax_plus_one }));
+        // Another compare first (`cmp $0x100,%rax; ja`) is not the check.
+        let other = x86::decode(&[0x48, 0x3d, 0x00, 0x01, 0x00, 0x00, 0x0f, 0x87, 0xca, 0x00, 0x00, 0x00], 0x4fb450);
+        assert_eq!(copy_size(0x4fb44a, &other, None), None);
+    }
+
+    /// PyBytes_FromStringAndSize's copy in Debian's 3.11 compares the size
+    /// itself (never 0 there: it adds the header):
+    ///   527d0a: lea 0x21(%rdx),%r12; cmp $0x4fb450,%rax; jne 527e75
+    ///   527d1a: cmp $0x200,%r12; ja 527e34
+    #[test]
+    fn reads_a_size_compared_whole() {
+        let copy = x86::decode(&[0x49, 0x81, 0xfc, 0x00, 0x02, 0x00, 0x00, 0x0f, 0x87, 0x0d, 0x01, 0x00, 0x00], 0x527d1a);
+        assert_eq!(copy_size(0x527d14, &copy, None), Some(CopySite { at: 0x527d21, size: CopySize::Register { number: 12, plus_one: false } }));
+    }
+
+    /// A size the compiler knows is small goes straight to its class
+    /// (Debian's 3.11 at 0x501f41: `lea -0x1(%rsi),%edi; shr $0x4,%edi`):
+    /// the `jne` is probed, rsi the size. Sid's 3.13 at 0x58714d moves a
+    /// constant in first (`mov $0x1c,%edx; ...; lea -0x1(%rdx),%esi`): that
+    /// constant, exactly.
+    #[test]
+    fn reads_a_small_size_and_a_constant_one() {
+        let small = x86::decode(&[0x8d, 0x7e, 0xff, 0xc1, 0xef, 0x04], 0x501f41);
+        assert_eq!(copy_size(0x501f3b, &small, None), Some(CopySite { at: 0x501f3b, size: CopySize::Register { number: 6, plus_one: false } }));
+        // mov $0x1c,%edx; lea -0x1(%rdx),%esi; shr $0x4,%esi
+        let constant = x86::decode(&[0xba, 0x1c, 0x00, 0x00, 0x00, 0x8d, 0x72, 0xff, 0xc1, 0xee, 0x04], 0x587153);
+        assert_eq!(copy_size(0x58714d, &constant, None), Some(CopySite { at: 0x58714d, size: CopySize::Constant { bytes: 0x1c, exact: true } }));
+        // add $0x8,%rdx instead: written, not a constant.
+        let added = x86::decode(&[0x48, 0x83, 0xc2, 0x08, 0x8d, 0x72, 0xff, 0xc1, 0xee, 0x04], 0x587153);
+        assert_eq!(copy_size(0x58714d, &added, None), None);
+    }
+
+    /// A constant size folded into the class: Debian 3.11's copy at 0x4fe80a
+    /// loads usedpools' slot of class 7 (0x959d90, usedpools at 0x959d20):
+    ///   4fe80a: mov 0x45b57f(%rip),%rax; mov 0x10(%rax),%rsi; cmp %rax,%rsi; je
+    /// 128-byte blocks. Without the agreed usedpools, or a slot outside it, none.
+    #[test]
+    fn reads_a_constant_copys_class() {
+        let copy = x86::decode(&[0x48, 0x8b, 0x05, 0x7f, 0xb5, 0x45, 0x00, 0x48, 0x8b, 0x70, 0x10, 0x48, 0x39, 0xc6], 0x4fe80a);
+        assert_eq!(copy_size(0x4fe804, &copy, Some(Pools::Static(0x959d20))), Some(CopySite { at: 0x4fe804, size: CopySize::Constant { bytes: 128, exact: false } }));
+        assert_eq!(copy_size(0x4fe804, &copy, None), None);
+        assert_eq!(copy_size(0x4fe804, &copy, Some(Pools::Static(0x959d28))), None, "not on a slot's boundary");
+        assert_eq!(copy_size(0x4fe804, &copy, Some(Pools::Static(0x959b00))), None, "past the classes");
     }
 
     /// Other code jumping to the branch after the call (as the fast path
@@ -525,7 +666,7 @@ mod tests {
 mod on_real_builds {
     use std::path::Path;
 
-    use super::Guard;
+    use super::{CopySize, Guard};
     use crate::python::Python;
 
     fn sid(version: &str) -> std::path::PathBuf {
@@ -549,6 +690,13 @@ mod on_real_builds {
             // 165, 203, 160, 156; the joined: 0, 2 (sid's 3.13: a second
             // branch to the line after the call, besides the hooked path's), 0, 0.
             assert!(s.raw_returned.len() >= 150 && s.raw_joined <= 2, "{}: {} raw sites, {} joined", path.display(), s.raw_returned.len(), s.raw_joined);
+            // `--allocations`' copies: 172 of 177 on Debian's 3.11, 243 of
+            // 271, 197 of 224 and 204 of 236 on sid's 3.13-3.15, each shape
+            // seen (the size less one, whole, and a constant's class).
+            let all = s.object_sized.len() + s.object_unsized;
+            let kinds = |f: fn(&CopySize) -> bool| s.object_sized.iter().any(|c| f(&c.size));
+            assert!(s.object_sized.len() * 10 >= all * 8, "{}: {} of {all} copies sized", path.display(), s.object_sized.len());
+            assert!(kinds(|c| matches!(c, CopySize::Register { plus_one: true, .. })) && kinds(|c| matches!(c, CopySize::Register { plus_one: false, .. })) && kinds(|c| matches!(c, CopySize::Constant { exact: false, .. })), "{}", path.display());
         }
         let python = Python::from_executable(Path::new("/usr/bin/python3.11"), None).unwrap().unwrap();
         let s = python.alloc_sites().unwrap();

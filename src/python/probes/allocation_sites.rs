@@ -18,10 +18,13 @@
 //! jumps back between the entry and it; else at the entry.
 //!
 //! A stripped build with link-time optimisation copies the allocator into
-//! its callers, past these entries: refused in one sentence.
+//! its callers, past these entries: there each copy whose code shows the
+//! size asked is probed instead (alloc_sites_stripped.rs, `copy_size`),
+//! and the copies that do not are counted in the report.
 
 use iced_x86::{FlowControl, Mnemonic, OpKind, Register};
 
+use super::alloc_sites::{AllocSites, CopySize};
 use crate::process::x86;
 use crate::python::Python;
 
@@ -40,6 +43,9 @@ pub enum Kind {
     Calloc,
     /// `(ptr, size)`: the new size.
     Realloc,
+    /// Inside an inlined copy of the object allocator (a stripped build):
+    /// where its code holds the size.
+    Copy(CopySize),
 }
 
 impl Kind {
@@ -48,6 +54,7 @@ impl Kind {
         match self {
             Kind::Malloc => &[Register::RDI],
             Kind::Calloc | Kind::Realloc => &[Register::RDI, Register::RSI],
+            Kind::Copy(_) => &[],
         }
     }
 }
@@ -76,21 +83,12 @@ impl Python {
     /// there are none. `found`: the memory run's own sites (on a stripped
     /// build, what its search found of the inlined copies, named in the
     /// refusal).
-    pub fn allocation_sites(&self, found: &super::alloc_sites::AllocSites) -> Result<Vec<Site>, String> {
+    pub fn allocation_sites(&self, found: &AllocSites) -> Result<Vec<Site>, String> {
         let path = &self.target_path;
         // `_PyObject_Malloc` is static: named only where the symbol table
         // was kept, which is where the wrappers are calls, not copies.
         if self.elf.symbol("_PyObject_Malloc").is_none() {
-            // What a probe per inlined copy would have to cover (the
-            // search of a stripped build found them; not done yet).
-            let (sized, without) = (found.object_sized.len(), found.object_unsized);
-            let copies = match sized + without {
-                0 => String::new(),
-                all => format!(" ({all} inlined copies of the object allocator found, {sized} with a size check a probe could read, {without} without)"),
-            };
-            return Err(format!(
-                "`--allocations` needs {path}'s symbol table, which it lacks: a stripped build whose allocator link-time optimisation copied into its callers, past PyObject_Malloc's and PyMem_Malloc's entries, where the probes would miss most allocations{copies}"
-            ));
+            return copy_sites(path, found);
         }
         let mut sites = Vec::new();
         for (function, kind) in WRAPPERS {
@@ -103,6 +101,26 @@ impl Python {
         }
         Ok(sites)
     }
+}
+
+/// A stripped build's: one probe in each inlined copy of the object
+/// allocator whose size its code shows (alloc_sites_stripped.rs), read
+/// through the attach cookie; or why there are none.
+fn copy_sites(path: &str, found: &AllocSites) -> Result<Vec<Site>, String> {
+    let kernel = crate::kernel::Kernel::get();
+    if !kernel.has(crate::kernel::Feature::AttachCookie) {
+        return Err(format!(
+            "`--allocations` on {path}, a stripped build whose allocator link-time optimisation copied into its callers, probes each copy where its size sits, which the probe learns from its cookie: {}",
+            kernel.lacks(crate::kernel::Feature::AttachCookie, "that")
+        ));
+    }
+    if found.object_sized.is_empty() {
+        return Err(format!(
+            "`--allocations` found no inlined copy of the object allocator in {path} whose size its code shows ({} copies without)",
+            found.object_unsized
+        ));
+    }
+    Ok(found.object_sized.iter().map(|c| Site { function: "an inlined copy of obmalloc", kind: Kind::Copy(c.size), at: c.at, stepped: false }).collect())
 }
 
 /// The first conditional jump of a wrapper whose code is `code`, if every

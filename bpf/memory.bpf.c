@@ -348,7 +348,9 @@ int allocation_calloc(struct pt_regs *ctx)
 }
 
 /* PyObject_Realloc(ptr, size): the new size, as memray and tracemalloc
- * count a reallocation. */
+ * count a reallocation. On a stripped build, also obmalloc's guarded
+ * calls of libc's realloc (a block over 512 bytes reallocated: a list's
+ * growth), probed on the call itself, which the kernel emulates. */
 SEC("uprobe")
 int allocation_realloc(struct pt_regs *ctx)
 {
@@ -360,24 +362,29 @@ int allocation_realloc(struct pt_regs *ctx)
  * jump every call through it runs (src/python/probes/alloc_sites_stripped.rs,
  * copy_size). The cookie says where the size is: bits 0-7 a register's
  * number, bit 8 that it holds the size less one (obmalloc's own check,
- * `nbytes - 1 < 512`), bit 9 that the size is the constant in bits 16-31
- * instead. Needs attach cookies (5.15); user space refuses before. The
+ * `nbytes - 1 < 512`), bit 10 that it holds twice the size class (an
+ * index into usedpools: the class's block size), bit 9 that the size is
+ * the constant in bits 16-31 instead. Needs attach cookies (5.15); user space refuses before. The
  * copies cover calls of up to 512 bytes; bigger ones reach the raw
  * allocator's sites, counted there (memory_cfg.big_allocated). */
 #define COPY_PLUS_ONE (1 << 8)
-#define SMALL_REQUEST_MAX 512
 #define COPY_CONSTANT (1 << 9)
+#define COPY_POOL_INDEX (1 << 10)
+#define SMALL_REQUEST_MAX 512
+#define SMALL_CLASSES (SMALL_REQUEST_MAX / BLOCK_ALIGNMENT)
 
 SEC("uprobe")
 int allocation_copy(struct pt_regs *ctx)
 {
-	__u64 cookie = bpf_get_attach_cookie(ctx);
+	__u64 cookie = bpf_get_attach_cookie(ctx), slot, bytes;
 
-	__u64 bytes;
-
-	if (cookie & COPY_CONSTANT)
+	if (cookie & COPY_CONSTANT) {
 		bytes = (cookie >> 16) & 0xffff;
-	else
+	} else if (cookie & COPY_POOL_INDEX) {
+		/* usedpools[2 * class]: past the last class, no size (0: not counted). */
+		slot = register_value(ctx, cookie & 0xff);
+		bytes = slot < 2 * SMALL_CLASSES ? (slot / 2 + 1) * BLOCK_ALIGNMENT : 0;
+	} else
 		bytes = register_value(ctx, cookie & 0xff) + ((cookie & COPY_PLUS_ONE) ? 1 : 0);
 	/* Over 512 bytes (and 0, which obmalloc makes 1 there) the copy hands
 	 * the call to the raw allocator, whose return raw_returned counts:

@@ -14,8 +14,8 @@ use crate::python::Python;
 /// Which programs `sites` need loaded: the wrappers' (by symbol), the
 /// inlined copies' (stripped builds).
 pub fn programs_needed(sites: &[Site]) -> (bool, bool) {
-    let copies = sites.iter().any(|s| matches!(s.kind, Kind::Copy(_)));
-    (sites.iter().any(|s| !matches!(s.kind, Kind::Copy(_))), copies)
+    let copy = |s: &Site| matches!(s.kind, Kind::Copy(_));
+    (sites.iter().any(|s| !copy(s)), sites.iter().any(copy))
 }
 
 /// Attaches each of `sites` to its kind's program in process `pid`, the
@@ -39,16 +39,18 @@ pub fn attach(skel: &MemorySkel<'_>, python: &Python, pid: u32, sites: &[Site], 
     if !copies.is_empty() {
         links.extend(attach_copies(&skel.progs.allocation_copy, python, pid, &copies, multi)?);
     }
+
     Ok(links)
 }
 
 /// bpf/memory.bpf.c's `allocation_copy` cookie: a register's number (bits
-/// 0-7) and whether it holds the size less one (bit 8), or a constant size
-/// (bit 9, the size in bits 16-31).
+/// 0-7) and whether it holds the size less one (bit 8) or twice the size
+/// class (bit 10), or a constant size (bit 9, the size in bits 16-31).
 fn cookie(size: CopySize) -> u64 {
     match size {
         CopySize::Register { number, plus_one } => number as u64 | (plus_one as u64) << 8,
         CopySize::Constant { bytes, .. } => 1 << 9 | (bytes as u64 & 0xffff) << 16,
+        CopySize::PoolIndex { number } => number as u64 | 1 << 10,
     }
 }
 
@@ -71,9 +73,10 @@ fn attach_copies(prog: &libbpf_rs::ProgramMut<'_>, python: &Python, pid: u32, co
 /// seen.
 pub fn describe(sites: &[Site], hidden: usize) -> String {
     let copies = sites.iter().filter(|s| matches!(s.kind, Kind::Copy(_))).count();
+    let reallocs = sites.iter().filter(|s| matches!(s.kind, Kind::Realloc)).count();
     if copies > 0 {
         return format!(
-            "{copies} inlined copies of the allocator, at a jump each, and at its big allocations; {hidden} copies whose code hides the size are not probed, and their allocations of up to 512 bytes are not seen"
+            "{copies} inlined copies of the allocator, at a jump each, at its big allocations and its {reallocs} calls of realloc; {hidden} copies whose code hides the size are not probed, and their allocations of up to 512 bytes are not seen"
         );
     }
     let stepped = sites.iter().filter(|s| s.stepped).count();

@@ -78,7 +78,7 @@ const FEATURES_SINCE: [(&str, (u32, u32)); 9] = [
 ];
 
 /// This kernel's release, as major and minor.
-fn running_kernel() -> (u32, u32) {
+pub(crate) fn running_kernel() -> (u32, u32) {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     let mut parts = release.trim().split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap());
     (parts.next().unwrap(), parts.next().unwrap())

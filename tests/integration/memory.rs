@@ -16,10 +16,10 @@ use crate::common::{self, over_builds};
 over_builds! {
     pyenv_3_12(Interpreter::pyenv("3.12")): live_view_matches_tracemalloc, another_allocator_is_refused_in_one_sentence, live_split_small, allocations_match_the_fixture, debug_hooks_big_allocations_are_counted_not_guessed, preloaded_malloc_is_refused_in_one_sentence;
     nodtrace_3_11(Interpreter::host("3.11", nodtrace_311())): live_view_matches_tracemalloc, allocations_match_the_fixture;
-    debian_3_11(Interpreter::host("3.11", "/usr/bin/python3.11".into())): live_view_matches_tracemalloc, hooked_allocator_is_refused_in_one_sentence, allocations_match_the_fixture;
-    debian_3_13(Interpreter::debian("3.13")): live_view_matches_tracemalloc;
-    debian_3_14(Interpreter::debian("3.14")): live_view_matches_tracemalloc;
-    debian_3_15(Interpreter::debian("3.15")): live_view_matches_tracemalloc;
+    debian_3_11(Interpreter::host("3.11", "/usr/bin/python3.11".into())): live_view_matches_tracemalloc, hooked_allocator_is_refused_in_one_sentence, allocations_match_the_fixture, allocations_on_a_stripped_build_need_attach_cookies;
+    debian_3_13(Interpreter::debian("3.13")): live_view_matches_tracemalloc, allocations_match_the_fixture;
+    debian_3_14(Interpreter::debian("3.14")): live_view_matches_tracemalloc, allocations_match_the_fixture;
+    debian_3_15(Interpreter::debian("3.15")): live_view_matches_tracemalloc, allocations_match_the_fixture;
 }
 
 /// pyenv's 3.11 built without probes (scripts/pythons.sh nodtrace-3.11).
@@ -343,6 +343,31 @@ fn refusal(out: &std::process::Output) -> (String, String) {
     assert_eq!(errors.len(), 1, "{stderr}");
     let error = errors[0].to_string();
     (error, stderr)
+}
+
+/// On a stripped build `--allocations` probes obmalloc's inlined copies,
+/// each learning where its size is from the probe's cookie (Linux 5.15):
+/// before, refused in one sentence, exit 1, before the command runs; from
+/// it, the run says how many copies it probed (the kernel smoke matrix
+/// runs this on 5.10, 6.1 and 6.12).
+fn allocations_on_a_stripped_build_need_attach_cookies(py: Interpreter) {
+    let (held_inside, held_host) = py.output("memory-held-cookies.json");
+    let argv = py.argv("memory_split.py", &["--mib", "1", "--rounds", "1", "--held", &held_inside, "--hold", "0"]);
+    let mut args = vec!["memory", "--allocations", "-d", "60", "--"];
+    args.extend(argv.iter().map(String::as_str));
+    let out = common::pytrace(&args);
+    let (major, minor) = crate::info::running_kernel();
+    if (major, minor) < (5, 15) {
+        let (error, stderr) = refusal(&out);
+        assert!(error.contains("`--allocations` on /usr/bin/python3.11") && error.contains(&format!("needs Linux 5.15 or newer (bpf_get_attach_cookie); this kernel is {major}.{minor}")), "{stderr}");
+        assert!(!held_host.exists(), "the command ran: {stderr}");
+    } else {
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{stderr}");
+        let probed = stdout.split(" inlined copies of the allocator").next().and_then(|s| s.rsplit(' ').next()).and_then(|n| n.parse::<u32>().ok());
+        assert!(probed.is_some_and(|n| n >= 150), "{stdout}");
+        assert!(held_host.exists(), "{stderr}");
+    }
 }
 
 /// PYTHONMALLOC=pymalloc_debug keeps obmalloc but wraps the raw allocator

@@ -43,6 +43,9 @@ pub enum CopySize {
     /// a register, else only its size class is left in the code and this
     /// is the class's block size (the size asked rounded up to 16 bytes).
     Constant { bytes: u32, exact: bool },
+    /// A register holding twice the size class (the index into
+    /// `usedpools`), set before the copy: the class's block size.
+    PoolIndex { number: u32 },
 }
 
 /// One probe site on an inlined copy: an instruction the kernel emulates
@@ -77,6 +80,10 @@ pub struct AllocSites {
     /// calloc over 512 bytes (`_PyObject_Calloc`'s; `bytes(n)` comes this
     /// way).
     pub calloc_returned: Vec<u64>,
+    /// Each guarded call of libc's realloc (a stripped build's), reached
+    /// only past its guard: `--allocations` probes the call itself, the
+    /// size asked in rsi.
+    pub realloc_calls: Vec<u64>,
     /// Of `pool_opened`, return addresses the kernel single-steps (no
     /// branch after the call that only it reaches).
     pub pool_stepped: usize,

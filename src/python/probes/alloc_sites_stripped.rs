@@ -88,6 +88,9 @@ pub struct Agreed {
     /// `_PyMem_RawCalloc` in the file's initialiser (sid's copies compare
     /// with that; the exported PyMem_RawCalloc only jumps through it).
     pub raw_calloc: Option<Guard>,
+    /// Its realloc's, the slot after (`_PyMem_RawRealloc`): obmalloc's
+    /// reallocations of blocks over 512 bytes call libc's realloc past it.
+    pub raw_realloc: Option<Guard>,
     /// The mem domain's guard (PyMem_Malloc's copies: `_PyMem.malloc`, on
     /// the same X), where the exported PyMem_Malloc shows one.
     pub mem: Option<Guard>,
@@ -116,6 +119,7 @@ impl Python {
         let agreed = self.agreed_allocator()?;
         let malloc_slot = self.elf.plt_slot("malloc").ok_or_else(|| format!("{path} imports no malloc through its PLT, where obmalloc's big allocations would go"))?;
         let calloc_slot = self.elf.plt_slot("calloc");
+        let realloc_slot = self.elf.plt_slot("realloc");
         let code = self.decoded_text("obmalloc's inlined allocator copies")?;
         let mut stubs = std::collections::HashMap::new();
         let mut stub_of = |target: u64| {
@@ -124,6 +128,8 @@ impl Python {
                     Libc::Malloc
                 } else if self.is_plt_stub_of(target, calloc_slot) {
                     Libc::Calloc
+                } else if self.is_plt_stub_of(target, realloc_slot) {
+                    Libc::Realloc
                 } else {
                     Libc::Other
                 }
@@ -168,6 +174,8 @@ impl Python {
         let out_of_line = self.own_calls_from(object.expected, &text, &plt);
         let calloc_slot = raw.slot + 8;
         let raw_calloc = self.elf.initial_word(calloc_slot).filter(|f| text.contains(f)).map(|expected| Guard { slot: calloc_slot, expected });
+        let realloc_slot = raw.slot + 16;
+        let raw_realloc = self.elf.initial_word(realloc_slot).filter(|f| text.contains(f)).map(|expected| Guard { slot: realloc_slot, expected });
         let mem = exported("PyMem_Malloc").ok().and_then(|(_, code)| guards_of(&code)).filter(|g| g.expected == object.expected && g.slot != object.slot);
         let read = |at: u64| self.elf.read_static(at, 64.min((text.end - at) as usize)).ok().map(<[u8]>::to_vec);
         let out_of_line_pools = x86::search_paths(read, text.clone(), object.expected, StateLoads::default(), OUT_OF_LINE_BUDGET, |_| true, |i, loads| loads.see(i));
@@ -177,7 +185,7 @@ impl Python {
             _ => None,
         };
         agreed_new_pool(&in_copy, &out_of_line)
-            .map(|new_pool| Agreed { new_pool, object, raw, raw_calloc, mem, usedpools })
+            .map(|new_pool| Agreed { new_pool, object, raw, raw_calloc, raw_realloc, mem, usedpools })
             .map_err(|why| format!("{path}'s PyObject_Malloc and the _PyObject_Malloc it guards on ({:#x}) {why}", object.expected))
     }
 
@@ -274,6 +282,10 @@ const SIZE_CLASSES: u64 = 32;
 /// - `lea -0x1(%reg),%e..; shr $0x4,%e..` with no check before it: a
 ///   size the compiler knows is at most 512, turned into its size class.
 ///   The `jne` is probed, so reg must be written by nothing between;
+/// - with no check, a load of `usedpools[index]` by a register set before
+///   the guard (sid's PyDict_SetItem: `mov $0xe,%eax` before it, `mov
+///   (%r9,%rax,8),%rdx` after): the `jne`, the class's block size from
+///   that register;
 /// - with no check, a load of a `usedpools` slot at a constant address
 ///   (3.11's static array, `usedpools` agreed by two sources): a constant
 ///   size, of which the code keeps only the class. The `jne` is probed,
@@ -303,6 +315,9 @@ fn copy_size(jne: u64, after: &[Instruction], usedpools: Option<Pools>) -> Optio
                 };
             }
         }
+        if let Some(index) = pool_index(i, usedpools, &loads).filter(|&r| !after[..k].iter().any(|w| x86::writes_register(w, r))) {
+            return Some(CopySite { at: jne, size: CopySize::PoolIndex { number: x86::register_number(index)? } });
+        }
         let slot = match usedpools {
             _ if !(i.mnemonic() == Mnemonic::Mov && i.op1_kind() == OpKind::Memory && i.memory_index() == Register::None) => None,
             Some(Pools::Static(pools)) if i.is_ip_rel_memory_operand() => i.ip_rel_memory_address().checked_sub(pools),
@@ -318,6 +333,18 @@ fn copy_size(jne: u64, after: &[Instruction], usedpools: Option<Pools>) -> Optio
         }
     }
     None
+}
+
+/// A load of `usedpools[index]` (`mov (%r9,%rax,8),%rdx` with r9 the
+/// obmalloc state, or 3.11's `mov 0x959d20(,%rax,8),%rax`): the index's
+/// register.
+fn pool_index(i: &Instruction, usedpools: Option<Pools>, loads: &StateLoads) -> Option<Register> {
+    let indexed = i.mnemonic() == Mnemonic::Mov && i.op_count() == 2 && i.op1_kind() == OpKind::Memory && i.memory_index().is_gpr64() && i.memory_index_scale() == 8;
+    let on_pools = match usedpools? {
+        Pools::Static(at) => i.memory_base() == Register::None && i.memory_displacement64() == at,
+        Pools::InState { state, at } => x86::register_number(i.memory_base()).and_then(|n| loads.0[n as usize]) == Some(state) && i.memory_displacement64() == at,
+    };
+    (indexed && on_pools).then(|| i.memory_index())
 }
 
 /// `mov $imm,%reg`: imm.
@@ -433,6 +460,7 @@ fn hooked_return(code: &[Instruction], from: u64) -> Option<u64> {
 pub enum Libc {
     Malloc,
     Calloc,
+    Realloc,
     Other,
 }
 
@@ -461,6 +489,14 @@ fn sweep(code: &[Instruction], agreed: &Agreed, mut stub_of: impl FnMut(u64) -> 
             let (guard, returned) = match stub_of(target) {
                 Libc::Malloc => (Some(agreed.raw), &mut sites.raw_returned),
                 Libc::Calloc => (agreed.raw_calloc, &mut sites.calloc_returned),
+                Libc::Realloc => {
+                    // The call itself, which only the guarded line reaches
+                    // (--allocations reads its size argument there).
+                    if agreed.raw_realloc.and_then(|g| guarded_by(code, k, g, &joins)).is_some() {
+                        sites.realloc_calls.push(call.ip());
+                    }
+                    continue;
+                }
                 Libc::Other => continue,
             };
             let Some(hooked) = guard.and_then(|g| guarded_by(code, k, g, &joins)) else {
@@ -494,7 +530,7 @@ fn sweep(code: &[Instruction], agreed: &Agreed, mut stub_of: impl FnMut(u64) -> 
             None => sites.object_unsized += 1,
         }
     }
-    sites.guards = [Some(agreed.object), Some(agreed.raw), agreed.raw_calloc, agreed.mem].into_iter().flatten().collect();
+    sites.guards = [Some(agreed.object), Some(agreed.raw), agreed.raw_calloc, agreed.raw_realloc, agreed.mem].into_iter().flatten().collect();
     sites.unguarded_mallocs = unguarded;
     Ok(sites)
 }
@@ -523,7 +559,7 @@ mod tests {
         0x48, 0x89, 0xde, 0xff, 0xd0, 0xeb, 0xe0, // mov; call *%rax; jmp 4fb427
     ];
     const RAW: Guard = Guard { slot: 0x95a068, expected: 0x4f7350 };
-    const AGREED: Agreed = Agreed { new_pool: 0x4fb540, object: Guard { slot: 0x959f48, expected: 0x4fb450 }, raw: RAW, raw_calloc: None, mem: None, usedpools: None };
+    const AGREED: Agreed = Agreed { new_pool: 0x4fb540, object: Guard { slot: 0x959f48, expected: 0x4fb450 }, raw: RAW, raw_calloc: None, raw_realloc: None, mem: None, usedpools: None };
     fn stub(target: u64) -> Libc {
         if target == 0x41f610 { Libc::Malloc } else { Libc::Other }
     }
@@ -690,9 +726,11 @@ mod on_real_builds {
             // 165, 203, 160, 156; the joined: 0, 2 (sid's 3.13: a second
             // branch to the line after the call, besides the hooked path's), 0, 0.
             assert!(s.raw_returned.len() >= 150 && s.raw_joined <= 2, "{}: {} raw sites, {} joined", path.display(), s.raw_returned.len(), s.raw_joined);
-            // `--allocations`' copies: 172 of 177 on Debian's 3.11, 243 of
-            // 271, 197 of 224 and 204 of 236 on sid's 3.13-3.15, each shape
-            // seen (the size less one, whole, and a constant's class).
+            // `--allocations`' copies: 173 of 177 on Debian's 3.11, 245 of
+            // 271, 199 of 224 and 206 of 236 on sid's 3.13-3.15, each shape
+            // seen (the size less one, whole, and a constant's class); and
+            // its guarded realloc calls: 10, 16, 11 and 9.
+            assert!(s.realloc_calls.len() >= 8, "{}: {} realloc calls", path.display(), s.realloc_calls.len());
             let all = s.object_sized.len() + s.object_unsized;
             let kinds = |f: fn(&CopySize) -> bool| s.object_sized.iter().any(|c| f(&c.size));
             assert!(s.object_sized.len() * 10 >= all * 8, "{}: {} of {all} copies sized", path.display(), s.object_sized.len());

@@ -105,7 +105,9 @@ impl Python {
 
 /// A stripped build's: one probe in each inlined copy of the object
 /// allocator whose size its code shows (alloc_sites_stripped.rs), read
-/// through the attach cookie; or why there are none.
+/// through the attach cookie, and one after each of obmalloc's calls of
+/// libc's realloc (a list's growth past 512 bytes goes there); or why
+/// there are none.
 fn copy_sites(path: &str, found: &AllocSites) -> Result<Vec<Site>, String> {
     let kernel = crate::kernel::Kernel::get();
     if !kernel.has(crate::kernel::Feature::AttachCookie) {
@@ -120,7 +122,10 @@ fn copy_sites(path: &str, found: &AllocSites) -> Result<Vec<Site>, String> {
             found.object_unsized
         ));
     }
-    Ok(found.object_sized.iter().map(|c| Site { function: "an inlined copy of obmalloc", kind: Kind::Copy(c.size), at: c.at, stepped: false }).collect())
+    let copies = found.object_sized.iter().map(|c| Site { function: "an inlined copy of obmalloc", kind: Kind::Copy(c.size), at: c.at, stepped: false });
+    // On the call itself (emulated), realloc(ptr, size)'s arguments whole.
+    let reallocs = found.realloc_calls.iter().map(|&at| Site { function: "obmalloc's call of realloc", kind: Kind::Realloc, at, stepped: false });
+    Ok(copies.chain(reallocs).collect())
 }
 
 /// The first conditional jump of a wrapper whose code is `code`, if every

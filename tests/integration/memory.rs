@@ -453,8 +453,8 @@ const MIN_KEPT_CHURN: u64 = 100;
 /// nothing, but what it allocated (its truth-run `churn_allocated`,
 /// measured by the fixture itself with tracemalloc's traced total over each
 /// cycle, see ChurnAllocated) must come out within 10 %. A third of the
-/// default size (8 MiB, 4 rounds: churn allocates ~4.7 MB), started by
-/// pytrace; pprof's alloc_space and alloc_objects must be the JSON's
+/// default size (8 MiB, 4 rounds: churn allocates ~4.7 MB), by PID and
+/// started by pytrace; pprof's alloc_space and alloc_objects must be the JSON's
 /// allocated bytes and calls, and the cost (calls probed) is reported.
 fn allocations_match_the_fixture(py: Interpreter) {
     let size = ["--mib", "8", "--rounds", "4"];
@@ -464,31 +464,11 @@ fn allocations_match_the_fixture(py: Interpreter) {
     py.run("memory_split.py", &truth_args);
     let want = common::read_json(&truth_host)["churn_allocated"].as_f64().unwrap();
 
-    let label = format!("{} --allocations", py.version);
-    let (held_inside, held_host) = py.output("memory-allocations-held.json");
-    let out = py.output("memory-allocations.json").1;
-    let pprof = py.output("memory-allocations.pb.gz").1;
-    let mut args = vec!["--held", held_inside.as_str(), "--hold", "300"];
-    args.extend(size);
-    let argv = py.argv("memory_split.py", &args);
-    let mut pytrace_args = vec!["memory", "--allocations", "--every", ALLOCATIONS_EVERY, "--json", out.to_str().unwrap(), "--pprof", pprof.to_str().unwrap(), "--"];
-    pytrace_args.extend(argv.iter().map(String::as_str));
-    let report = stop_when_held(common::start_tracer(&pytrace_args), &held_host, &label, &out);
-    assert_eq!(report["lost_events"].as_u64(), Some(0), "{label}: events lost: {report}");
-
+    // By PID first (attached while the fixture waits), then started by
+    // pytrace, whose outputs are also checked below.
+    allocated_by_function(&py, &size, true, want);
+    let (label, report, got, pprof) = allocated_by_function(&py, &size, false, want);
     let allocations = &report["allocations"];
-    let mut got: HashMap<&str, (f64, u64, f64)> = FUNCTIONS.iter().map(|f| (*f, (0.0, 0, 0.0))).collect();
-    for row in allocations["stacks"].as_array().unwrap() {
-        let frames = row["frames"].as_array().unwrap();
-        let Some(function) = frames.iter().rev().find_map(|f| FUNCTIONS.iter().find(|name| f.as_str().unwrap().starts_with(&format!("{name} (")))) else { continue };
-        let e = got.get_mut(function).unwrap();
-        e.0 += row["allocated"]["bytes"].as_f64().unwrap();
-        e.1 += row["allocated"]["kept"].as_u64().unwrap();
-        e.2 += row["allocated"]["objects"].as_f64().unwrap();
-    }
-    let (bytes, kept, _) = got["churn"];
-    assert!(kept >= MIN_KEPT_CHURN, "{label}: churn's estimate rests on {kept} kept allocations, at least {MIN_KEPT_CHURN} needed");
-    assert!((bytes / want - 1.0).abs() <= 0.10, "{label}: churn allocated {bytes:.0} bytes, the fixture measured {want:.0} (± 10 %)");
 
     // The cost line: every kept allocation was first seen by a probe.
     let events = allocations["events"].as_u64().unwrap();
@@ -507,5 +487,49 @@ fn allocations_match_the_fixture(py: Interpreter) {
             assert!((shown - json).abs() <= 256.0 + 1e-5 * json, "{label}: pprof's {index} gives {f} {shown}, the JSON {json:.0}");
         }
     }
+}
+
+/// Per fixture function: allocated bytes, kept allocations, objects.
+type PerFunction = HashMap<&'static str, (f64, u64, f64)>;
+
+/// One `--allocations` run of memory_split.py at `size`, by PID or started
+/// by pytrace: churn's allocated bytes must be `want`'s within 10 %, on
+/// enough kept allocations. Returns the label, the report, the
+/// (bytes, kept, objects) per fixture function and the pprof's path.
+fn allocated_by_function(py: &Interpreter, size: &[&str], by_pid: bool, want: f64) -> (String, serde_json::Value, PerFunction, std::path::PathBuf) {
+    let label = format!("{} --allocations {}", py.version, if by_pid { "by PID" } else { "started by pytrace" });
+    let (held_inside, held_host) = py.output(&format!("memory-allocations-held-{by_pid}.json"));
+    let out = py.output(&format!("memory-allocations-{by_pid}.json")).1;
+    let pprof = py.output(&format!("memory-allocations-{by_pid}.pb.gz")).1;
+    let mut args = vec!["--held", held_inside.as_str(), "--hold", "300"];
+    args.extend(size);
+    let mut pytrace_args = vec!["memory", "--allocations", "--every", ALLOCATIONS_EVERY, "--json", out.to_str().unwrap(), "--pprof", pprof.to_str().unwrap()];
+    let (report, _target) = if by_pid {
+        let target = py.start_waiting("memory_split.py", &args);
+        let pid = target.pid().to_string();
+        pytrace_args.extend(["-p", &pid]);
+        let tracer = common::start_tracer(&pytrace_args);
+        common::signal(target.pid(), libc::SIGUSR1);
+        (stop_when_held(tracer, &held_host, &label, &out), Some(target))
+    } else {
+        let argv = py.argv("memory_split.py", &args);
+        pytrace_args.push("--");
+        pytrace_args.extend(argv.iter().map(String::as_str));
+        (stop_when_held(common::start_tracer(&pytrace_args), &held_host, &label, &out), None)
+    };
+    assert_eq!(report["lost_events"].as_u64(), Some(0), "{label}: events lost: {report}");
+    let mut got: PerFunction = FUNCTIONS.iter().map(|f| (*f, (0.0, 0, 0.0))).collect();
+    for row in report["allocations"]["stacks"].as_array().unwrap() {
+        let frames = row["frames"].as_array().unwrap();
+        let Some(function) = frames.iter().rev().find_map(|f| FUNCTIONS.iter().find(|name| f.as_str().unwrap().starts_with(&format!("{name} (")))) else { continue };
+        let e = got.get_mut(function).unwrap();
+        e.0 += row["allocated"]["bytes"].as_f64().unwrap();
+        e.1 += row["allocated"]["kept"].as_u64().unwrap();
+        e.2 += row["allocated"]["objects"].as_f64().unwrap();
+    }
+    let (bytes, kept, _) = got["churn"];
+    assert!(kept >= MIN_KEPT_CHURN, "{label}: churn's estimate rests on {kept} kept allocations, at least {MIN_KEPT_CHURN} needed");
+    assert!((bytes / want - 1.0).abs() <= 0.10, "{label}: churn allocated {bytes:.0} bytes, the fixture measured {want:.0} (± 10 %)");
+    (label, report, got, pprof)
 }
 

@@ -103,19 +103,7 @@ fn live_view(py: Interpreter, size: &[&str], ways: &[bool], views: bool) {
         if by_pid && views {
             pytrace_args.extend(["--flamegraph", flamegraph.to_str().unwrap()]);
         }
-        let (report, _target) = if by_pid {
-            let target = py.start_waiting("memory_split.py", &args);
-            let pid = target.pid().to_string();
-            pytrace_args.extend(["-p", &pid]);
-            let tracer = common::start_tracer(&pytrace_args);
-            common::signal(target.pid(), libc::SIGUSR1);
-            (stop_when_held(tracer, &held_host, &label, &out), Some(target))
-        } else {
-            let argv = py.argv("memory_split.py", &args);
-            pytrace_args.push("--");
-            pytrace_args.extend(argv.iter().map(String::as_str));
-            (stop_when_held(common::start_tracer(&pytrace_args), &held_host, &label, &out), None)
-        };
+        let report = traced_fixture(&py, &args, &pytrace_args, by_pid, &held_host, &label, &out);
         check(&label, &report, &truth);
         // The folded stacks, weighted by live bytes, hold the same split.
         let folded = per_function_folded(&std::fs::read_to_string(&folded).unwrap());
@@ -209,6 +197,26 @@ fn per_function_grown(report: &serde_json::Value) -> HashMap<&'static str, f64> 
     }
     out
 }
+
+/// memory_split.py run with `args` under `pytrace_args`, attached by PID
+/// while it waits (then signalled to start) or started by pytrace; the
+/// report, once the fixture says it holds its memory.
+fn traced_fixture(py: &Interpreter, args: &[&str], options: &[&str], by_pid: bool, held_host: &Path, label: &str, out: &Path) -> serde_json::Value {
+    let mut pytrace_args = options.to_vec();
+    if by_pid {
+        let target = py.start_waiting("memory_split.py", args);
+        let pid = target.pid().to_string();
+        pytrace_args.extend(["-p", pid.as_str()]);
+        let tracer = common::start_tracer(&pytrace_args);
+        common::signal(target.pid(), libc::SIGUSR1);
+        return stop_when_held(tracer, held_host, label, out);
+    }
+    let argv = py.argv("memory_split.py", args);
+    pytrace_args.push("--");
+    pytrace_args.extend(argv.iter().map(String::as_str));
+    stop_when_held(common::start_tracer(&pytrace_args), held_host, label, out)
+}
+
 
 /// Once the fixture holds its memory, stops pytrace as Ctrl-C would: its
 /// live view is read then, while the target still holds it.
@@ -503,20 +511,8 @@ fn allocated_by_function(py: &Interpreter, size: &[&str], by_pid: bool, want: f6
     let pprof = py.output(&format!("memory-allocations-{by_pid}.pb.gz")).1;
     let mut args = vec!["--held", held_inside.as_str(), "--hold", "300"];
     args.extend(size);
-    let mut pytrace_args = vec!["memory", "--allocations", "--every", ALLOCATIONS_EVERY, "--json", out.to_str().unwrap(), "--pprof", pprof.to_str().unwrap()];
-    let (report, _target) = if by_pid {
-        let target = py.start_waiting("memory_split.py", &args);
-        let pid = target.pid().to_string();
-        pytrace_args.extend(["-p", &pid]);
-        let tracer = common::start_tracer(&pytrace_args);
-        common::signal(target.pid(), libc::SIGUSR1);
-        (stop_when_held(tracer, &held_host, &label, &out), Some(target))
-    } else {
-        let argv = py.argv("memory_split.py", &args);
-        pytrace_args.push("--");
-        pytrace_args.extend(argv.iter().map(String::as_str));
-        (stop_when_held(common::start_tracer(&pytrace_args), &held_host, &label, &out), None)
-    };
+    let pytrace_args = vec!["memory", "--allocations", "--every", ALLOCATIONS_EVERY, "--json", out.to_str().unwrap(), "--pprof", pprof.to_str().unwrap()];
+    let report = traced_fixture(py, &args, &pytrace_args, by_pid, &held_host, &label, &out);
     assert_eq!(report["lost_events"].as_u64(), Some(0), "{label}: events lost: {report}");
     let mut got: PerFunction = FUNCTIONS.iter().map(|f| (*f, (0.0, 0, 0.0))).collect();
     for row in report["allocations"]["stacks"].as_array().unwrap() {

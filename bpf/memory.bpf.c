@@ -364,9 +364,10 @@ int allocation_realloc(struct pt_regs *ctx)
  * number, bit 8 that it holds the size less one (obmalloc's own check,
  * `nbytes - 1 < 512`), bit 10 that it holds twice the size class (an
  * index into usedpools: the class's block size), bit 9 that the size is
- * the constant in bits 16-31 instead. Needs attach cookies (5.15); user space refuses before. The
- * copies cover calls of up to 512 bytes; bigger ones reach the raw
- * allocator's sites, counted there (memory_cfg.big_allocated). */
+ * the constant in bits 16-31 instead. Needs attach cookies (5.15); user
+ * space refuses before. The copies cover calls of up to 512 bytes; bigger
+ * ones reach the raw allocator's sites, counted there
+ * (memory_cfg.big_allocated). */
 #define COPY_PLUS_ONE (1 << 8)
 #define COPY_CONSTANT (1 << 9)
 #define COPY_POOL_INDEX (1 << 10)

@@ -104,7 +104,11 @@ impl<'obj, 'a> Session<'obj, 'a> {
         rodata.memory_cfg.every = opts.every.max(1);
         rodata.memory_cfg.pool_size = pool_size;
         rodata.memory_cfg.pool_szidx = POOL_SZIDX_OFFSET;
-        rodata.memory_cfg.big_allocated = super::allocations::programs_needed(allocation_sites.unwrap_or(&[])).1 as u32;
+        // --allocations' programs, verified only when used: by symbol the
+        // wrappers', on a stripped build the copies' (which need cookies),
+        // which count big allocations from the raw sites' events.
+        let (wrappers, copies) = super::allocations::programs_needed(allocation_sites.unwrap_or(&[]));
+        rodata.memory_cfg.big_allocated = copies as u32;
         // e^(-2^(k - 20)) in units of 2^-32, for each bit k of b/T.
         let data = open.maps.bss_data.as_deref_mut().context("the memory BPF program has no bss")?;
         for (k, slot) in data.exp_bits.iter_mut().enumerate() {
@@ -119,9 +123,6 @@ impl<'obj, 'a> Session<'obj, 'a> {
         let multi = uses_uprobe_multi();
         open.progs.walk_kept.set_autoload(!loops);
         open.progs.walk_kept_loops.set_autoload(loops);
-        // --allocations' programs, verified only when used: by symbol the
-        // wrappers', on a stripped build the copies' (which need cookies).
-        let (wrappers, copies) = super::allocations::programs_needed(allocation_sites.unwrap_or(&[]));
         for prog in [&mut open.progs.allocation_malloc, &mut open.progs.allocation_calloc, &mut open.progs.allocation_realloc] {
             prog.set_autoload(wrappers);
         }

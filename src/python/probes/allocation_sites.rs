@@ -123,7 +123,8 @@ fn copy_sites(path: &str, found: &AllocSites) -> Result<Vec<Site>, String> {
         ));
     }
     let copies = found.object_sized.iter().map(|c| Site { function: "an inlined copy of obmalloc", kind: Kind::Copy(c.size), at: c.at, stepped: false });
-    // On the call itself (emulated), realloc(ptr, size)'s arguments whole.
+    // Probed on the call itself (a rel32 call, which the kernel emulates),
+    // where realloc's two arguments are still in their registers.
     let reallocs = found.realloc_calls.iter().map(|&at| Site { function: "obmalloc's call of realloc", kind: Kind::Realloc, at, stepped: false });
     Ok(copies.chain(reallocs).collect())
 }

@@ -1144,6 +1144,48 @@ def memory_event_cost():
     return workload_cpu_table(modes, "memory event cost", "per allocation over 512 B", lambda m, base: f"{(m - base) / rounds * 1e6:+.2f} µs")
 
 
+ALLOCATION_COST_ROUNDS = 300
+STRIPPED_311 = "/usr/bin/python3.11"
+
+
+def allocations_call_cost():
+    """alloc_heavy.py (ALLOCATION_COST_ROUNDS rounds) under `pytrace memory
+    --allocations` on pyenv's 3.12 (by symbol: the allocator's six entry
+    points) and on Debian's stripped 3.11 (its inlined copies of the
+    allocator, probed at a jump each), each beside that Python's untraced
+    runs and tracemalloc, MEMORY_REPEATS interleaved runs of each: the
+    workload's CPU seconds, the medians' slowdown, and for pytrace the
+    median's excess over the untraced median per allocator call its report
+    says it probed."""
+    script = os.path.join(HERE, "..", "bench", "memory", "alloc_heavy.py")
+    rounds = ALLOCATION_COST_ROUNDS
+    out = os.path.join(TMP, "memory-allocation-cost.json")
+    modes = []
+    for build, python in [("pyenv's 3.12 (by symbol)", PYENV_312), ("Debian's 3.11 (stripped)", STRIPPED_311)]:
+        modes += [(build, "untraced", [python, script, rounds], False),
+                  (build, "tracemalloc (`-X tracemalloc`, 1 frame)", [python, "-X", "tracemalloc", script, rounds], False),
+                  (build, "`pytrace memory --allocations`", [PYTRACE, "memory", "--allocations", "--json", out, "--", python, script, rounds], True)]
+    runs = {(build, name): [] for build, name, _, _ in modes}
+    for i in range(MEMORY_REPEATS):
+        for build, name, argv, reports in modes:
+            progress(f"allocation call cost {i + 1}/{MEMORY_REPEATS}: {build}, {name}")
+            cpu, calls = workload_cpu([str(a) for a in argv]), 0
+            if reports:
+                with open(out) as f:
+                    calls = json.load(f)["allocations"]["events"]
+            runs[(build, name)].append((cpu, calls))
+    rows = ["| build | mode | workload CPU s, median | range | slowdown (medians) | per allocator call probed |",
+            "|---|---|---|---|---|---|"]
+    for (build, name), values in runs.items():
+        cpus = [cpu for cpu, _ in values]
+        base, m = median([cpu for cpu, _ in runs[(build, "untraced")]]), median(cpus)
+        calls = median([n for _, n in values])
+        slowdown = "" if name == "untraced" else f"{(m / base - 1) * 100:+.0f} %"
+        per_call = f"{(m - base) / calls * 1e6:.2f} µs ({calls:,.0f} calls)" if calls else ""
+        rows.append(f"| {build} | {name} | {m:.3f} | {min(cpus):.3f}-{max(cpus):.3f} | {slowdown} | {per_call} |")
+    return "\n".join(rows)
+
+
 def main():
     only = os.environ.get("PYTRACE_BENCH_SECTIONS")
     uses_sid = not only or bool(SID_TABLES & set(only.split(",")))
@@ -1217,6 +1259,13 @@ def main():
              "own (time.process_time around the loop); the cost per allocation is the median's excess over the untraced "
              "median, divided by the allocations. A per-event cost is resolved where a whole workload's few percent are "
              "not (the tables above): the workload's share follows from its event rate."),
+            ("`memory --allocations`: what one allocator call costs, by symbol and on a stripped build", allocations_call_cost,
+             f"bench/memory/alloc_heavy.py, {ALLOCATION_COST_ROUNDS} rounds, on pyenv's 3.12 (the allocator's entry points "
+             "probed) and on Debian's stripped 3.11 (each inlined copy of the allocator probed at a jump, its big "
+             f"allocations and its realloc calls), {MEMORY_REPEATS} interleaved runs of each mode, each profiler starting "
+             "the workload. Its CPU seconds are its own (time.process_time around the loop). Per call: the median's excess "
+             "over that Python's untraced median, divided by the allocator calls the report counts (those of the "
+             "interpreter's start-up too, so a slight underestimate)."),
             ("Scale: many threads, many processes", scale_table,
              "Debian's 3.11 at 99 Hz. pytrace profiles every process with one BPF program (`sample --all`); py-spy needs one "
              "process per target. CPU and peak RSS are summed over the profiler processes."),

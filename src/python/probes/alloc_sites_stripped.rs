@@ -321,7 +321,7 @@ fn copy_size(jne: u64, after: &[Instruction], usedpools: Option<Pools>) -> Optio
         let slot = match usedpools {
             _ if !(i.mnemonic() == Mnemonic::Mov && i.op1_kind() == OpKind::Memory && i.memory_index() == Register::None) => None,
             Some(Pools::Static(pools)) if i.is_ip_rel_memory_operand() => i.ip_rel_memory_address().checked_sub(pools),
-            Some(Pools::InState { state, at }) if x86::register_number(i.memory_base()).and_then(|n| loads.0[n as usize]) == Some(state) => i.memory_displacement64().checked_sub(at),
+            Some(Pools::InState { state, at }) if loads.state_in(i.memory_base()) == Some(state) => i.memory_displacement64().checked_sub(at),
             _ => None,
         };
         if let Some(slot) = slot.filter(|&o| o < SIZE_CLASSES * 16 && o % 16 == 0) {
@@ -339,12 +339,7 @@ fn copy_size(jne: u64, after: &[Instruction], usedpools: Option<Pools>) -> Optio
 /// obmalloc state, or 3.11's `mov 0x959d20(,%rax,8),%rax`): the index's
 /// register.
 fn pool_index(i: &Instruction, usedpools: Option<Pools>, loads: &StateLoads) -> Option<Register> {
-    let indexed = i.mnemonic() == Mnemonic::Mov && i.op_count() == 2 && i.op1_kind() == OpKind::Memory && i.memory_index().is_gpr64() && i.memory_index_scale() == 8;
-    let on_pools = match usedpools? {
-        Pools::Static(at) => i.memory_base() == Register::None && i.memory_displacement64() == at,
-        Pools::InState { state, at } => x86::register_number(i.memory_base()).and_then(|n| loads.0[n as usize]) == Some(state) && i.memory_displacement64() == at,
-    };
-    (indexed && on_pools).then(|| i.memory_index())
+    (usedpools.is_some() && loads.indexed(i) == usedpools).then(|| i.memory_index())
 }
 
 /// `mov $imm,%reg`: imm.
@@ -361,19 +356,31 @@ fn constant_move(i: &Instruction) -> Option<u64> {
 struct StateLoads([Option<u64>; 16]);
 
 impl StateLoads {
-    /// `i` seen: `usedpools` if it indexes it (3.11: `lea (%rdi,%rdi,1),%eax;
-    /// mov 0x959d20(,%rax,8),%rax`; 3.13-3.15 `mov (%r15,%rax,8),%rax` after
-    /// `mov 0x2a98(%rax),%r15`).
+    /// The obmalloc state's offset in the interpreter, if `base` holds
+    /// what a load from that offset gave.
+    fn state_in(&self, base: Register) -> Option<u64> {
+        x86::register_number(base).and_then(|n| self.0[n as usize])
+    }
+
+    /// Where `i` indexes `usedpools` by a size class, if it does (3.11:
+    /// `lea (%rdi,%rdi,1),%eax; mov 0x959d20(,%rax,8),%rax`; 3.13-3.15
+    /// `mov (%r15,%rax,8),%rax` after `mov 0x2a98(%rax),%r15`).
+    fn indexed(&self, i: &Instruction) -> Option<Pools> {
+        let indexed = i.mnemonic() == Mnemonic::Mov && i.op_count() == 2 && i.op0_kind() == OpKind::Register && i.op1_kind() == OpKind::Memory && i.memory_index().is_gpr64() && i.memory_index_scale() == 8;
+        match i.memory_base() {
+            _ if !indexed => None,
+            Register::None => Some(Pools::Static(i.memory_displacement64())),
+            base => self.state_in(base).map(|state| Pools::InState { state, at: i.memory_displacement64() }),
+        }
+    }
+
+    /// `i` seen: what it writes is remembered (a plain load's
+    /// displacement, or nothing); returns `indexed(i)`.
     fn see(&mut self, i: &Instruction) -> Option<Pools> {
-        let loads = i.mnemonic() == Mnemonic::Mov && i.op_count() == 2 && i.op0_kind() == OpKind::Register && i.op1_kind() == OpKind::Memory;
-        let indexed = loads && i.memory_index().is_gpr64() && i.memory_index_scale() == 8;
-        let found = match (indexed, i.memory_base()) {
-            (true, Register::None) => Some(Pools::Static(i.memory_displacement64())),
-            (true, base) => x86::register_number(base).and_then(|n| self.0[n as usize]).map(|state| Pools::InState { state, at: i.memory_displacement64() }),
-            (false, _) => None,
-        };
-        if let Some(n) = (0..16).find(|&n| x86::register_number(i.op0_register()) == Some(n) && i.op_count() > 0 && i.op0_kind() == OpKind::Register && !matches!(i.mnemonic(), Mnemonic::Cmp | Mnemonic::Test)) {
-            let plain = loads && !i.is_ip_rel_memory_operand() && i.memory_index() == Register::None && i.memory_base().is_gpr64();
+        let found = self.indexed(i);
+        let written = (i.op_count() > 0 && i.op0_kind() == OpKind::Register && !matches!(i.mnemonic(), Mnemonic::Cmp | Mnemonic::Test)).then(|| x86::register_number(i.op0_register())).flatten();
+        if let Some(n) = written {
+            let plain = i.mnemonic() == Mnemonic::Mov && i.op1_kind() == OpKind::Memory && !i.is_ip_rel_memory_operand() && i.memory_index() == Register::None && i.memory_base().is_gpr64();
             self.0[n as usize] = plain.then(|| i.memory_displacement64());
         }
         found

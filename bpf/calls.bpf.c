@@ -77,6 +77,19 @@ struct thread_stack {
 	/* The thread's PyThreadState, from its last frame evaluation: a probe
 	 * inside the eval loop has none at hand to find the running frame. */
 	__u64 tstate;
+	/* Where the entry probe reads a frame's and its code object's heads
+	 * and builds the function's key. On the BPF stack these 352 bytes left
+	 * no room under the 512 bytes Linux 5.10 to 6.12 allow a program and
+	 * the global functions it calls together, which unwind's loop needs
+	 * (calls_open_close.bpf.h). Not a per-CPU array: a uprobe's program
+	 * runs with migration disabled but may be preempted, and another
+	 * task's run on the same CPU would then write over it; only this
+	 * thread's own probes use its entry. */
+	struct entry_scratch {
+		__u64 frame_words[FRAME_HEAD_MAX / 8];
+		__u64 code_words[CODE_HEAD_MAX / 8];
+		struct func_key key;
+	} scratch;
 	struct frame_slot slots[MAX_DEPTH];
 };
 
@@ -194,12 +207,12 @@ extern bool bpf_session_is_return(void) __ksym __weak;
 extern __u64 *bpf_session_cookie(void) __ksym __weak;
 
 /* Names the function of a code object: fills the key's id, fingerprint and
- * first line, and *flags with its co_flags. Non-zero if `code` cannot be
- * read or is not a code object. */
-static __always_inline int code_key(const void *code, struct func_key *key, __u32 *flags)
+ * first line, and *flags with its co_flags. `code_words` holds the code
+ * object's head (CODE_HEAD_MAX bytes, 8-byte aligned). Non-zero if `code`
+ * cannot be read or is not a code object. */
+static __always_inline int code_key(const void *code, struct func_key *key, __u32 *flags, __u64 *code_words)
 {
 	const volatile struct py_layout *l = &cfg.layout;
-	__u64 code_words[CODE_HEAD_MAX / 8];
 	char *code_head = (char *)code_words;
 	__u32 csize = cfg.code_head;
 
@@ -214,16 +227,20 @@ static __always_inline int code_key(const void *code, struct func_key *key, __u3
 }
 
 /* A frame is about to be evaluated: name its function and open a call.
- * Returns the stack depth of the call's slot (0 if none). `cas`: see
- * close_top. */
+ * Returns the stack depth of the call's slot (0 if none). The frame's and
+ * code object's heads are read into the thread's stack entry (see
+ * entry_scratch), so a thread past the thread map's size has nowhere to
+ * name its calls: they are counted lost (CALLS_THREAD_MAP_FULL). `cas`:
+ * see close_top. */
 static __always_inline __u32 eval_enter(const void *tstate, const void *frame, const int cas)
 {
 	const volatile struct py_layout *l = &cfg.layout;
-	/* 8-byte aligned, for the 8-byte loads FIELD makes. */
-	__u64 frame_words[FRAME_HEAD_MAX / 8];
-	char *frame_head = (char *)frame_words;
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct thread_stack *stack;
+	struct entry_scratch *scratch;
+	struct func_key *key;
+	char *frame_head;
 	struct func_stats *st = 0;
-	struct func_key key = {};
 	__u32 fsize = cfg.frame_head, flags = 0;
 	const void *code;
 	int is_new, counted = 1;
@@ -231,11 +248,18 @@ static __always_inline __u32 eval_enter(const void *tstate, const void *frame, c
 	if (cfg.stop_at_first_eval && !first_eval_seen)
 		stop_for_hook();
 
-	key.tgid = bpf_get_current_pid_tgid() >> 32;
-	if (fsize > FRAME_HEAD_MAX || fsize < 8 || bpf_probe_read_user(frame_words, fsize, frame))
+	stack = thread_stack(tid, 1);
+	if (!stack)
+		return 0;
+	scratch = &stack->scratch;
+	key = &scratch->key;
+	frame_head = (char *)scratch->frame_words;
+	__builtin_memset(key, 0, sizeof(*key));
+	key->tgid = bpf_get_current_pid_tgid() >> 32;
+	if (fsize > FRAME_HEAD_MAX || fsize < 8 || bpf_probe_read_user(scratch->frame_words, fsize, frame))
 		goto bad;
 	code = (const void *)PY_CODE_ADDRESS(FIELD(frame_head, fsize, l->frame_code, __u64), l);
-	if (code_key(code, &key, &flags))
+	if (code_key(code, key, &flags, scratch->code_words))
 		goto bad;
 
 	/* From 3.11, calling a generator function runs its frame in the eval
@@ -247,18 +271,18 @@ static __always_inline __u32 eval_enter(const void *tstate, const void *frame, c
 		counted = 0;
 
 	if (counted) {
-		st = function_stats(&key, &is_new);
+		st = function_stats(key, &is_new);
 		if (is_new)
-			announce(&key, code, 0, 0);
+			announce(key, code, 0, 0);
 	}
 	goto push;
 bad:
 	/* Still push, so that this frame's return pops the right slot. */
 	count(CALLS_BAD_CODE);
-	key.id = 0;
-	st = function_stats(&key, &is_new);
+	key->id = 0;
+	st = function_stats(key, &is_new);
 push:
-	return on_call(&key, st, (__u64)frame, tstate, counted, RETURN_IF_SHALLOW, cas);
+	return open_call(stack, tid, key, st, (__u64)frame, tstate, counted, RETURN_IF_SHALLOW, cas);
 }
 
 #include "calls_inline.bpf.h"

@@ -15,13 +15,14 @@ int BPF_UPROBE(inlined_init, const void *type)
 	const void *init = read_ptr(type, cfg.heaptype_spec_init);
 	const void *code = init ? (const void *)PY_CODE_ADDRESS((__u64)read_ptr(init, cfg.function_code), &cfg.layout) : 0;
 	struct func_key key = { .tgid = bpf_get_current_pid_tgid() >> 32 };
+	__u64 code_words[CODE_HEAD_MAX / 8];
 	struct func_stats *st;
 	__u32 flags;
 	int is_new;
 
 	if (cfg.empty_probe || !is_counting())
 		return 0;
-	if (code_key(code, &key, &flags)) {
+	if (code_key(code, &key, &flags, code_words)) {
 		count(CALLS_BAD_CODE);
 		return 0;
 	}
@@ -40,12 +41,13 @@ int BPF_UPROBE(inlined_init, const void *type)
 static __always_inline struct func_stats *frame_function(const void *frame, struct func_key *key)
 {
 	const void *code = (const void *)PY_CODE_ADDRESS((__u64)read_ptr(frame, cfg.layout.frame_code), &cfg.layout);
+	__u64 code_words[CODE_HEAD_MAX / 8];
 	struct func_stats *st;
 	__u32 flags;
 	int is_new;
 
 	key->tgid = bpf_get_current_pid_tgid() >> 32;
-	if (code_key(code, key, &flags)) {
+	if (code_key(code, key, &flags, code_words)) {
 		count(CALLS_BAD_CODE);
 		return 0;
 	}

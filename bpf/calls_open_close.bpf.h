@@ -124,18 +124,36 @@ __noinline long unwind_step_no_cas(__u32 tid, __u64 now, __u64 until_frame, __u3
 
 /* Closes the calls whose returns the kernel did not report (deeper than
  * URETPROBE_DEPTH) and that have ended by now: those above the slot that
- * returns, or above the caller of a new call. */
+ * returns, or above the caller of a new call. The loop is a global
+ * function too (one per `cas`, so that a program for kernels without
+ * compare-and-swap contains none): inlined, it was verified again on
+ * every path into it, half of the entry program's instructions. Three
+ * levels of calls fit under the 512 bytes of stack that Linux 5.10 to
+ * 6.12 allow them together only because the entry probe keeps its
+ * buffers off the stack (entry_scratch in calls.bpf.c). */
+__noinline long unwind_cas(__u32 tid, __u64 now, __u64 until_frame, __u32 until_depth)
+{
+	for (__u32 i = 0; i < MAX_DEPTH; i++)
+		if (unwind_step(tid, now, until_frame, until_depth))
+			break;
+	return 0;
+}
+
+__noinline long unwind_no_cas(__u32 tid, __u64 now, __u64 until_frame, __u32 until_depth)
+{
+	for (__u32 i = 0; i < MAX_DEPTH; i++)
+		if (unwind_step_no_cas(tid, now, until_frame, until_depth))
+			break;
+	return 0;
+}
+
 static __always_inline void unwind(__u32 tid, __u64 now, __u64 until_frame, __u32 until_depth,
 				   const int cas)
 {
-	/* The loop stays inline: as a global function it was a third level
-	 * of calls under eval_enter's stack of 464-480 bytes, and Linux 5.10
-	 * to 6.12 refuse more than 512 bytes in all ("combined stack size of
-	 * 3 calls is 528"). */
-	for (__u32 i = 0; i < MAX_DEPTH; i++)
-		if (cas ? unwind_step(tid, now, until_frame, until_depth)
-			: unwind_step_no_cas(tid, now, until_frame, until_depth))
-			break;
+	if (cas)
+		unwind_cas(tid, now, until_frame, until_depth);
+	else
+		unwind_no_cas(tid, now, until_frame, until_depth);
 }
 
 /* Whether the kernel will report a call's return. */
@@ -145,17 +163,16 @@ enum call_return {
 	RETURN_NEVER,      /* a call run inline: it ends at the thread's next event */
 };
 
-/* Opens a call on this thread's shadow stack and returns the stack's new
- * depth (0 if it has none). Every entry pushes a slot, counted or not, so
- * that every return pops the right one. `st` is the function's statistics
- * for a counted call; `tstate` (uprobe mode; 0: the one last seen on this
+/* Opens a call on thread `tid`'s shadow stack `stack` and returns the
+ * stack's new depth. Every entry pushes a slot, counted or not, so that
+ * every return pops the right one. `st` is the function's statistics for
+ * a counted call; `tstate` (uprobe mode; 0: the one last seen on this
  * thread) finds the calling frame. `cas`: see close_top. */
-static __always_inline __u32 on_call(const struct func_key *key, struct func_stats *st, __u64 frame,
-				     const void *tstate, int counted, enum call_return returns, const int cas)
+static __always_inline __u32 open_call(struct thread_stack *stack, __u32 tid, const struct func_key *key,
+				       struct func_stats *st, __u64 frame, const void *tstate, int counted,
+				       enum call_return returns, const int cas)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	__u64 now = bpf_ktime_get_ns();
-	struct thread_stack *stack;
 	struct frame_slot *slot, *caller = 0;
 	__u32 depth;
 	int recursive;
@@ -164,9 +181,6 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 		__sync_fetch_and_add(&st->calls, 1);
 	count(CALLS_EVALUATIONS);
 
-	stack = thread_stack(tid, 1);
-	if (!stack)
-		return 0;
 	if (tstate)
 		stack->tstate = (__u64)tstate;
 	else
@@ -232,6 +246,23 @@ static __always_inline __u32 on_call(const struct func_key *key, struct func_sta
 	if (cfg.count_edges && caller)
 		count_edge(tid, depth, &caller->key, slot, recursive);
 	return depth + 1;
+}
+
+/* open_call on the calling thread's stack, made if it has none yet. A
+ * thread past the thread map's size still counts its call, untimed. */
+static __always_inline __u32 on_call(const struct func_key *key, struct func_stats *st, __u64 frame,
+				     const void *tstate, int counted, enum call_return returns, const int cas)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct thread_stack *stack = thread_stack(tid, 1);
+
+	if (!stack) {
+		if (counted && st)
+			__sync_fetch_and_add(&st->calls, 1);
+		count(CALLS_EVALUATIONS);
+		return 0;
+	}
+	return open_call(stack, tid, key, st, frame, tstate, counted, returns, cas);
 }
 
 /* A call returns. `depth` is the stack's depth just after that call was

@@ -201,6 +201,19 @@ static __always_inline void stop_for_hook(void)
 		count(CALLS_STOP_FAILED);
 }
 
+/* Where the hook points at a jump to the eval function
+ * (src/python/probes/eval_entry.rs), the calls before the hook is set reach
+ * the function's entry without passing the jump: this probe on the entry
+ * stops the command there instead, and user space detaches it as soon as
+ * the hook is set (every call passes the entry too, single-stepped). */
+SEC("uprobe")
+int first_eval(void *ctx)
+{
+	if (!first_eval_seen)
+		stop_for_hook();
+	return 0;
+}
+
 /* Weak: on kernels without uprobe sessions (before 6.13) the session
  * program is not loaded and these stay unresolved. */
 extern bool bpf_session_is_return(void) __ksym __weak;

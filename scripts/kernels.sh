@@ -186,6 +186,11 @@ smoke_tests=(
   "info::sample_idle_needs_5_18_and_says_so"
   "info::inlined_getitem_caveat_names_the_release_cookies_need"
   "calls::counts_equal_cprofile_when_pytrace_starts_the_command"
+  # sid's 3.13: the eval-frame hook on a jump to the eval function
+  # (src/python/probes/eval_entry.rs), by `--` and by PID, killed, refused.
+  "matrix::python_3_13::calls_equal_cprofile"
+  "matrix::python_3_13::a_killed_calls_run_puts_the_hook_back"
+  "safety::a_jump_the_target_does_not_hold_is_never_hooked"
   "gc::collections_and_collected_equal_gc_callbacks_when_attached_by_pid"
   "gc::watchpoint_mode_is_exact_on_every_version"
   "imports::the_import_tree_is_exact_when_pytrace_starts_the_command"

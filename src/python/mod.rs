@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 use crate::process::elf::{find_library, ElfFile};
 use crate::process::files::{self, FileId};
 use crate::process::proc;
-use probes::{generator_close, inlined_getitem, inlined_init};
+use probes::{eval_entry, generator_close, inlined_getitem, inlined_init};
 use target_writes::eval_frame_offset::{self, EvalFrameOffset};
 pub use layouts::Layout;
 
@@ -66,6 +66,8 @@ pub struct Python {
     inlined_getitem: std::cell::OnceCell<Option<inlined_getitem::InlineFrameProbe>>,
     /// Where generator close() skips the frame (generator_close.rs), likewise.
     skipped_close: std::cell::OnceCell<generator_close::CloseProbe>,
+    /// Where calls probes the eval function and its hook points (eval_entry.rs), likewise.
+    eval_probe: std::cell::OnceCell<eval_entry::EvalProbe>,
 }
 
 impl Python {
@@ -171,7 +173,7 @@ impl Python {
         };
         let (layout, eval_frame_offset, free_threaded) =
             read_layout(&elf, table).with_context(|| format!("reading the layout of Python {version} in {target_path}"))?;
-        Ok(Self { elf, target_path, version, layout, load_bias, eval_frame_offset, free_threaded, inlined_init: std::cell::OnceCell::new(), inlined_getitem: std::cell::OnceCell::new(), skipped_close: std::cell::OnceCell::new() })
+        Ok(Self { elf, target_path, version, layout, load_bias, eval_frame_offset, free_threaded, inlined_init: std::cell::OnceCell::new(), inlined_getitem: std::cell::OnceCell::new(), skipped_close: std::cell::OnceCell::new(), eval_probe: std::cell::OnceCell::new() })
     }
 
     /// Link-time address of one of the interpreter's symbols.

@@ -23,9 +23,10 @@ pub struct Findings {
     calls_mode: String,
     calls_mode_reason: String,
     eval_frame_hook: bool,
-    /// Whether the kernel emulates the instruction calls' probe sits on, or
-    /// single-steps it (far costlier per call).
-    calls_probe: &'static str,
+    /// Where calls' probe on the eval function sits (its entry, or a jump
+    /// to it that the eval-frame hook points at), and whether the kernel
+    /// emulates that instruction or single-steps it (far costlier per call).
+    calls_probe: String,
     /// Where the structure offsets pytrace reads come from.
     layout: String,
     /// What calls' counts or times cannot be exact about on this build,
@@ -122,11 +123,7 @@ impl Findings {
             eval_frame_hook: mode == calls::Mode::Uprobe && python.inlines_calls(),
             layout: python.layout.source(),
             calls_caveats: calls::caveats(python, mode),
-            calls_probe: match python.elf.read_static(python.symbol(crate::python::EVAL_FRAME_SYMBOL)?, 8) {
-                Ok(code) if crate::tracing::entry_probe_is_emulated(code) => "emulated by the kernel",
-                Ok(_) => "single-stepped by the kernel (endbr64, then no push, starts the function): measured 19 us per call on Debian's 3.13 in a VM, against 2-3 us where it is emulated",
-                Err(_) => "unknown",
-            },
+            calls_probe: python.eval_probe().describe(),
             sample_mode: "perf-event (a BPF program walks the frames at each sample)",
             gc_mode: match crate::tracing::gc::choose_mode(python, None) {
                 Ok((mode, why)) => format!("{} ({why})", mode.name()),

@@ -136,7 +136,7 @@ impl CallsTarget {
         let (on_hook, on_live) = (&hook, &live);
         let result = live.run(
             plan,
-            |session, target| on_hook.release(target, || session.start_counting()),
+            |session, target| on_hook.release(target, || session.start_counting(), || session.hook_set()),
             // `move`: `each` goes with the drive, once the probes are detached.
             move |session| {
                 on_hook.watch();

@@ -73,7 +73,8 @@ impl HookedRelease {
     /// a running process, once the hook is set (before, 3.11+ inlined the
     /// calls Python made and the probes saw those made from C); in a
     /// command we started, before it runs any Python.
-    pub fn release(&self, target: &mut Target, start_counting: impl FnOnce()) -> Result<()> {
+    /// `hook_set` runs once the hook is set.
+    pub fn release(&self, target: &mut Target, start_counting: impl FnOnce(), hook_set: impl FnOnce()) -> Result<()> {
         // Armed only as the hook is set: a command killed before its first
         // evaluation has nothing of ours to put back, and nothing is said.
         let install = |hook: &EvalHook| -> Result<()> {
@@ -82,6 +83,7 @@ impl HookedRelease {
                 guardian.arm();
             }
             *self.installed.borrow_mut() = hook.install()?;
+            hook_set();
             Ok(())
         };
         match &self.hook {

@@ -17,6 +17,7 @@ use crate::model::counters::Kind::{Informational, Lost, Refused};
 use crate::model::functions::{CallEdge, CallsData, EdgeStats, Function, FunctionId, FunctionStats};
 use crate::model::latency::{self, Latency};
 use crate::python::layouts::NO_FIELD;
+use crate::python::probes::eval_entry::EvalProbe;
 use crate::python::probes::generator_close::CloseProbe;
 use crate::python::probes::inlined_init::InitProbe;
 use crate::python::reading::strings;
@@ -100,6 +101,9 @@ const PROBES_SETTLE: Duration = Duration::from_millis(5);
 pub struct Session<'obj> {
     skel: CallsSkel<'obj>,
     links: Links,
+    /// The stop at a command's first evaluation, on the eval function's
+    /// entry, where the hook points at a jump to it (attach_first_eval).
+    first_eval: RefCell<Option<Link>>,
     names: RefCell<Names>,
     /// Children of the target already told to `children`.
     children_seen: RefCell<std::collections::HashSet<u32>>,
@@ -157,13 +161,20 @@ impl<'obj> Session<'obj> {
         let cookies = has_attach_cookies();
         open.progs.inline_frame.set_autoload(uprobe_mode && cookies && plan.python.inlined_getitem_probe().is_some());
         open.progs.skipped_close.set_autoload(uprobe_mode && cookies && matches!(plan.python.skipped_close_probe(), CloseProbe::Sites(_)));
+        let stop_at_entry = uprobe_mode && plan.stop_at_first_eval && matches!(plan.python.eval_probe(), EvalProbe::TailJump(_));
+        open.progs.first_eval.set_autoload(stop_at_entry);
         let mut skel = crate::bpf::load::load("calls", open)?;
         plan.children.share_map(std::os::fd::AsFd::as_fd(&skel.maps.children));
         let bss = skel.maps.bss_data.take().context("the calls BPF program has no .bss")?;
         let links = attach(&skel.progs, &plan)?;
+        let first_eval = match stop_at_entry {
+            true => Some(attach_first_eval(&skel.progs, &plan)?),
+            false => None,
+        };
         Ok(Session {
             skel,
             links: Links::new(links),
+            first_eval: RefCell::new(first_eval),
             names: RefCell::new(HashMap::new()),
             children_seen: RefCell::new(Default::default()),
             children: plan.children,
@@ -252,6 +263,10 @@ impl Tracing for Session<'_> {
         Session::start_counting(self)
     }
 
+    fn hook_set(&self) {
+        drop(self.first_eval.borrow_mut().take());
+    }
+
     fn stop_counting(&self) {
         Session::stop_counting(self)
     }
@@ -263,6 +278,21 @@ impl Tracing for Session<'_> {
     }
 }
 
+/// The probe that stops a command pytrace starts at its first frame
+/// evaluation, on the eval function's own entry, where the hook points at
+/// a jump to it (first_eval in bpf/calls.bpf.c): dropped once the hook is
+/// set (`hook_set`).
+fn attach_first_eval(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Link> {
+    let python = plan.python;
+    let addr = python.symbol(EVAL_FRAME_SYMBOL)?;
+    let offset = python.elf.file_offset(addr)? as usize;
+    progs
+        .first_eval
+        .attach_uprobe(false, plan.pid as i32, &python.elf.path, offset)
+        .map_err(|e| attach_error(plan.pid, e))
+        .with_context(|| format!("failed to attach to {EVAL_FRAME_SYMBOL}'s entry in {}", python.target_path))
+}
+
 fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link>> {
     let python = plan.python;
     let path = &python.elf.path;
@@ -270,9 +300,15 @@ fn attach(progs: &crate::bpf::calls::CallsProgs, plan: &Plan) -> Result<Vec<Link
     let exited = |e| attach_error(plan.pid, e);
     let links = match plan.mode {
         Mode::Uprobe => {
-            let addr = python.symbol(EVAL_FRAME_SYMBOL)?;
-            let code = python.elf.read_static(addr, 8)?;
-            let offset = entry_probe_offset(code, python.elf.file_offset(addr)? as usize);
+            // The function's entry, or the jump to it that the hook points
+            // at where the entry would be single-stepped (eval_entry.rs).
+            let offset = match python.eval_probe() {
+                EvalProbe::TailJump(at) => python.elf.file_offset(at)? as usize,
+                EvalProbe::Entry { .. } => {
+                    let addr = python.symbol(EVAL_FRAME_SYMBOL)?;
+                    entry_probe_offset(python.elf.read_static(addr, 8)?, python.elf.file_offset(addr)? as usize)
+                }
+            };
             let what = || format!("failed to attach to {EVAL_FRAME_SYMBOL} in {}", python.target_path);
             // See eval_frame in bpf/calls.bpf.c for why a session.
             let (entry, ret) = if has_compare_and_swap() { (&progs.eval_entry, &progs.eval_return) } else { (&progs.eval_entry_no_cas, &progs.eval_return_no_cas) };

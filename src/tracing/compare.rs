@@ -78,6 +78,11 @@ impl<A: Tracing, B: Tracing> Tracing for (A, B) {
         self.1.stop_counting();
     }
 
+    fn hook_set(&self) {
+        self.0.hook_set();
+        self.1.hook_set();
+    }
+
     /// None: each of the two has its own, dropped by its `detach`.
     fn links(&self) -> Option<&super::Links> {
         None

@@ -254,6 +254,10 @@ pub trait Tracing {
     /// (calls: once the eval-frame hook is set).
     fn start_counting(&self) {}
 
+    /// calls: the eval-frame hook was just set, so what only served to
+    /// stop the command before it can go.
+    fn hook_set(&self) {}
+
     /// Ends the traced window, before anything is put back or detached:
     /// from here on the program changes nothing.
     fn stop_counting(&self) {}

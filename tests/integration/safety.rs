@@ -1047,3 +1047,35 @@ fn a_section_past_the_file_or_of_4_gib_is_refused_in_one_sentence() {
         assert_alive(&mut target, label);
     }
 }
+
+/// On sid's 3.13 the eval-frame hook points at a jump to the eval function
+/// (python/probes/eval_entry.rs), found in the file. A target whose own
+/// text holds something else there (patched in memory, as a hostile or
+/// self-modifying process may) is never pointed at it: one sentence, exit
+/// 1, the hook left NULL, and the target runs on.
+#[test]
+fn a_jump_the_target_does_not_hold_is_never_hooked() {
+    let _machine = shared();
+    let py = crate::common::matrix::Interpreter::debian("3.13");
+    let mut target = py.start_waiting("safety.py", &["spin"]);
+    let pid = target.pid();
+    let info = pytrace(&["info", "-p", &pid.to_string(), "--json", "-"]);
+    let probe = parse_report(&info.stdout)["calls_probe"].as_str().unwrap().to_string();
+    let at = probe.split("at 0x").nth(1).and_then(|rest| u64::from_str_radix(rest.split(',').next()?, 16).ok());
+    let at = at.unwrap_or_else(|| panic!("sid's 3.13 gets a jump: {probe}"));
+    // sid's python3.13 is not PIE: the address is the run-time one. Its
+    // displacement's first byte, changed and put back after.
+    let mem = std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/{pid}/mem")).unwrap();
+    let mut byte = [0u8];
+    std::os::unix::fs::FileExt::read_exact_at(&mem, &mut byte, at + 1).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&mem, &[byte[0] ^ 0x5a], at + 1).unwrap();
+    let out = pytrace(&["calls", "-p", &pid.to_string(), "-d", "2"]);
+    std::os::unix::fs::FileExt::write_all_at(&mem, &byte, at + 1).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(one_sentence(&stderr).contains("its code is not the file's, so pytrace will not set the hook"), "{stderr}");
+    assert_eq!(eval_frame_now(pid), "not set");
+    signal(pid, libc::SIGUSR1);
+    wait_for_line(&mut target, "spinning");
+    assert_alive(&mut target, "a patched jump");
+}

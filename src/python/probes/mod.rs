@@ -3,6 +3,7 @@
 //! static functions, specialized instructions that run a call without
 //! entering `_PyEval_EvalFrameDefault`, a generator close that never runs).
 
+pub mod eval_entry;
 pub mod generator_close;
 pub mod gil_sites;
 pub mod inlined_getitem;

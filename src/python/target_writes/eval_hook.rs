@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use super::hook_owner::HookLock;
+use crate::python::probes::eval_entry::EvalProbe;
 use crate::python::{Python, EVAL_FRAME_SYMBOL, RUNTIME_SYMBOL};
 use crate::process::elf::ElfFile;
 use crate::process::proc::{self, Memory};
@@ -56,7 +57,16 @@ pub struct EvalHook {
     elf: Rc<ElfFile>,
     target_path: String,
     runtime_vaddr: u64,
+    /// What the hook points at: the eval function, or a jump to it
+    /// (python/probes/eval_entry.rs).
     hook_vaddr: u64,
+    /// The eval function's own address, which `pytrace restore` also
+    /// recognises as ours when the hook is a jump (a run that could not
+    /// restore may have left either).
+    function_vaddr: u64,
+    /// The jump's 5 bytes in the file, when the hook is a jump: the
+    /// target's own text must hold the same before the hook points there.
+    jump: Option<[u8; 5]>,
     interpreters_head: u64,
     interp_next: u64,
     interp_eval_frame: u64,
@@ -96,12 +106,19 @@ impl EvalHook {
                 python.version
             );
         };
+        let function_vaddr = python.symbol(EVAL_FRAME_SYMBOL)?;
+        let (hook_vaddr, jump) = match python.eval_probe() {
+            EvalProbe::TailJump(at) => (at, Some(python.elf.read_static(at, 5)?.try_into()?)),
+            EvalProbe::Entry { .. } => (function_vaddr, None),
+        };
         Ok(Self {
             pid,
             elf: python.elf.clone(),
             target_path: python.target_path.clone(),
             runtime_vaddr: python.symbol(RUNTIME_SYMBOL)?,
-            hook_vaddr: python.symbol(EVAL_FRAME_SYMBOL)?,
+            hook_vaddr,
+            function_vaddr,
+            jump,
             interpreters_head: python.layout.runtime_interpreters_head as u64,
             interp_next: python.layout.interp_next as u64,
             interp_eval_frame: eval_frame as u64,
@@ -118,9 +135,27 @@ impl EvalHook {
         crate::python::load_bias_in(&self.elf, &self.target_path, pid)
     }
 
-    /// The value pytrace writes: the run-time address of _PyEval_EvalFrameDefault.
+    /// The value pytrace writes: the run-time address of
+    /// _PyEval_EvalFrameDefault, or of a jump to it.
     pub fn hook_value(&self, load_bias: u64) -> u64 {
         self.hook_vaddr.wrapping_add(load_bias)
+    }
+
+    /// A hook that points at a jump: the file says the jump is there
+    /// (eval_entry.rs decoded it), and the target's text must say the same
+    /// before the hook sends every call through it. Its first byte may be
+    /// a uprobe's breakpoint (0xcc, pytrace's own, attached first).
+    fn check_jump(&self, mem: &Memory, at: u64) -> Result<()> {
+        let Some(file) = self.jump else { return Ok(()) };
+        let mut live = [0u8; 5];
+        mem.read(at, &mut live)?;
+        if live[1..] != file[1..] || (live[0] != file[0] && live[0] != 0xcc) {
+            bail!(
+                "process {} holds {:02x?} at {at:#x}, where {} holds the jump to _PyEval_EvalFrameDefault ({:02x?}) that the eval-frame hook would point at: its code is not the file's, so pytrace will not set the hook",
+                self.pid, live, self.target_path, file
+            );
+        }
+        Ok(())
     }
 
     fn eval_frame_slots(&self, mem: &Memory, bias: u64) -> Result<Vec<u64>> {
@@ -146,6 +181,7 @@ impl EvalHook {
         let bias = self.load_bias(self.pid)?;
         let ours = self.hook_value(bias);
         let mem = Memory::open(self.pid)?;
+        self.check_jump(&mem, ours)?;
         let mut installed = Installed::default();
         for slot in self.eval_frame_slots(&mem, bias)? {
             match mem.read_u64(slot)? {
@@ -155,6 +191,13 @@ impl EvalHook {
                     installed.set += 1;
                 }
                 v if v == ours => {
+                    self.set.borrow_mut().push((slot, ours));
+                    installed.adopted += 1;
+                }
+                // Ours too, from a run that hooked the function itself
+                // (where this one hooks a jump to it): pointed at the jump.
+                v if v == self.function_vaddr.wrapping_add(bias) => {
+                    mem.write_u64(slot, ours)?;
                     self.set.borrow_mut().push((slot, ours));
                     installed.adopted += 1;
                 }
@@ -229,7 +272,7 @@ impl EvalHook {
         };
         Ok(match mem.read_u64(slot)? {
             0 => HookState::Unset,
-            v if v == self.hook_value(bias) => HookState::Ours,
+            v if v == self.hook_value(bias) || v == self.function_vaddr.wrapping_add(bias) => HookState::Ours,
             v => HookState::Other(v),
         })
     }
@@ -589,7 +632,8 @@ fn map_keys(map: &std::os::fd::OwnedFd, max: usize) -> Vec<u32> {
 }
 
 /// Puts NULL back by hand (`pytrace restore`): only where the hook holds
-/// this process's _PyEval_EvalFrameDefault, and only with no live owner.
+/// this process's _PyEval_EvalFrameDefault (or the jump to it that
+/// eval_entry.rs chooses), and only with no live owner.
 pub fn restore_by_hand(pid: u32, python: &Python) -> Result<String> {
     if let Some(owner) = HookLock::owner(pid) {
         bail!("pytrace PID {owner} is tracing calls in process {pid} now and puts its eval-frame hook back when it ends: `pytrace restore` is for a hook left behind");
@@ -600,11 +644,12 @@ pub fn restore_by_hand(pid: u32, python: &Python) -> Result<String> {
         let bias = hook.load_bias(pid)?;
         let mem = Memory::open(pid)?;
         let ours = hook.hook_value(bias);
+        let function = hook.function_vaddr.wrapping_add(bias);
         let mut restored = 0;
         let mut foreign = Vec::new();
         for slot in hook.eval_frame_slots(&mem, bias)? {
             match mem.read_u64(slot)? {
-                v if v == ours => {
+                v if v == ours || v == function => {
                     mem.write_u64(slot, 0)?;
                     restored += 1;
                 }
@@ -615,8 +660,9 @@ pub fn restore_by_hand(pid: u32, python: &Python) -> Result<String> {
         match (restored, foreign.is_empty()) {
             (0, true) => Ok(format!("nothing to restore: interp->eval_frame of process {pid} is not set")),
             (0, false) => bail!(
-                "interp->eval_frame of process {pid} holds {}, not _PyEval_EvalFrameDefault ({ours:#x}): that is another tool's hook, left as it is",
-                foreign.join(", ")
+                "interp->eval_frame of process {pid} holds {}, not _PyEval_EvalFrameDefault ({function:#x}){}: that is another tool's hook, left as it is",
+                foreign.join(", "),
+                if ours == function { String::new() } else { format!(" or pytrace's jump to it ({ours:#x})") }
             ),
             (n, _) => Ok(format!("restored interp->eval_frame to NULL in {n} interpreter(s) of process {pid}")),
         }

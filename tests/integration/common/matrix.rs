@@ -167,12 +167,17 @@ impl Interpreter {
         self.has_usdt() && (self.minor() <= 10 || self.minor() >= 15)
     }
 
-    /// Whether the kernel emulates the first instruction of the eval
-    /// function, where calls' entry probe sits: Debian builds 3.13+ with
-    /// endbr64 first, and only its 3.13 has no push after it; pyenv's
-    /// builds have no endbr64.
-    pub fn entry_probe_emulated(&self) -> bool {
-        !(self.has_usdt() && self.version == "3.13")
+    /// Where calls' probe on the eval function sits, as `info` begins to
+    /// say it: Debian builds 3.13+ with endbr64 first, and only its 3.13 has
+    /// no push after it (`sub rsp`: the kernel would single-step the entry),
+    /// so there the eval-frame hook points at a jump to the function, which
+    /// the kernel emulates; pyenv's builds have no endbr64.
+    pub fn calls_probe_site(&self) -> &'static str {
+        if self.has_usdt() && self.version == "3.13" {
+            "a jump to the eval function at 0x"
+        } else {
+            "the eval function's entry, emulated by the kernel"
+        }
     }
 }
 
@@ -520,11 +525,39 @@ pub fn info_names_each_mode(py: &Interpreter) {
     // sites by code search there, by symbol in pyenv's.
     let gil = if py.has_usdt() { "found by code search (take_gil at 0x" } else { ", by symbol)" };
     assert!(info["gil_mode"].as_str().unwrap().contains(gil), "{version}: {info}");
-    let emulated = info["calls_probe"] == "emulated by the kernel";
-    assert_eq!(emulated, py.entry_probe_emulated(), "{version}: {}", info["calls_probe"]);
+    assert!(info["calls_probe"].as_str().unwrap().starts_with(py.calls_probe_site()), "{version}: {}", info["calls_probe"]);
     let layout = info["layout"].as_str().unwrap();
     let want = if py.minor() >= 13 { "_Py_DebugOffsets" } else { "built-in table" };
     assert!(layout.contains(want), "{version}: layout from {layout}");
+}
+
+/// The eval-frame hook goes back to NULL when pytrace is killed mid-run
+/// (its guardian restores it) wherever it points: at the eval function, or
+/// on sid's 3.13 at a jump to it (`calls_probe_site`). While it is set the
+/// calls are counted through it, and the target runs on after.
+pub fn a_killed_calls_run_puts_the_hook_back(py: &Interpreter) {
+    let version = py.version;
+    let mut target = py.start_waiting("safety.py", &["spin"]);
+    let pid = target.pid().to_string();
+    let mut tracer = start_tracer(&["calls", "-p", &pid]);
+    signal(target.pid(), libc::SIGUSR1);
+    wait_for_line(&mut target, "spinning");
+    let now = eval_frame_now(target.pid());
+    assert!(now.contains("pytrace calls is tracing this process"), "{version}: {now}");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    signal(tracer.child.pid(), libc::SIGKILL);
+    let _ = tracer.child.0.wait();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    loop {
+        let now = eval_frame_now(target.pid());
+        if now == "not set" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{version}: the hook still {now:?} 3 s after pytrace was killed");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(target.0.try_wait().unwrap().is_none(), "{version}: the target died");
 }
 
 /// Waits for the file a fixture writes whole once it is ready.

@@ -11,9 +11,8 @@
 
 use iced_x86::{FlowControl, Mnemonic, OpKind, Register};
 
-use std::collections::HashMap;
 
-use super::alloc_sites_stripped::{branch_after, join_points};
+use super::alloc_sites_stripped::{branch_after, JoinPoints};
 use crate::process::x86;
 use crate::python::Python;
 
@@ -102,7 +101,7 @@ impl AllocSites {
     /// starting past the call: probed if only that call reaches it (BPF
     /// reads the chunk it returned there, with no probe on the call), else
     /// counted in raw_joined.
-    fn raw_site(&mut self, after: &[iced_x86::Instruction], joins: &HashMap<u64, usize>, calloc: bool) {
+    fn raw_site(&mut self, after: &[iced_x86::Instruction], joins: &JoinPoints, calloc: bool) {
         match branch_after(after, Some(joins), None) {
             Some(jump) if calloc => self.calloc_returned.push(jump),
             Some(jump) => self.raw_returned.push(jump),
@@ -144,7 +143,7 @@ impl Python {
         for function in ["_PyObject_Malloc", "_PyObject_Calloc"] {
             let (Some(at), Some(code)) = (self.elf.symbol(function), self.elf.function_code(function, FUNCTION_MAX_BYTES)) else { continue };
             let code = x86::decode(code, at);
-            let joins = join_points(&code);
+            let joins = JoinPoints::of(&code);
             for (i, call) in code.iter().enumerate() {
                 if call.mnemonic() != Mnemonic::Call || call.op0_kind() != OpKind::NearBranch64 {
                     continue;

@@ -35,7 +35,6 @@
 //!   holds, then a jump back), where rax is also an allocation's result.
 //!   Any other join leaves the call out, counted.
 
-use std::collections::HashMap;
 use std::ops::Range;
 
 use iced_x86::{FlowControl, Instruction, Mnemonic, OpKind, Register};
@@ -396,14 +395,32 @@ fn guards_of(code: &[Instruction]) -> Option<Guard> {
     guards(code).first().copied()
 }
 
-/// Every direct branch target in `code` (where other code joins a line),
-/// with how many branches jump there.
-pub(super) fn join_points(code: &[Instruction]) -> HashMap<u64, usize> {
-    let mut joins = HashMap::new();
-    for i in code.iter().filter(|i| matches!(i.flow_control(), FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch) && i.op0_kind() == OpKind::NearBranch64) {
-        *joins.entry(i.near_branch_target()).or_insert(0) += 1;
+/// Every direct branch target in a .text (where other code joins a line),
+/// once per branch that jumps there: sorted, and searched by halves. A
+/// CPython's .text has some 300,000 branches, and a hash map of them was
+/// the costliest step of the memory probes' site search.
+pub(super) struct JoinPoints(Vec<u64>);
+
+impl JoinPoints {
+    pub(super) fn of(code: &[Instruction]) -> Self {
+        let mut targets: Vec<u64> = code
+            .iter()
+            .filter(|i| matches!(i.flow_control(), FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch) && i.op0_kind() == OpKind::NearBranch64)
+            .map(|i| i.near_branch_target())
+            .collect();
+        targets.sort_unstable();
+        JoinPoints(targets)
     }
-    joins
+
+    /// How many branches jump to `ip`.
+    pub(super) fn count(&self, ip: u64) -> usize {
+        let from = self.0.partition_point(|&t| t < ip);
+        self.0[from..].iter().take_while(|&&t| t == ip).count()
+    }
+
+    pub(super) fn contains(&self, ip: u64) -> bool {
+        self.0.binary_search(&ip).is_ok()
+    }
 }
 
 /// The first branch after a call (`after` starts right after it), on the
@@ -411,12 +428,11 @@ pub(super) fn join_points(code: &[Instruction]) -> HashMap<u64, usize> {
 /// emulated by the kernel, and where rax is what the call returned. With
 /// `joins`, None if other code can enter the line between, but by one
 /// branch to `allowed`.
-pub(super) fn branch_after(after: &[Instruction], joins: Option<&HashMap<u64, usize>>, allowed: Option<u64>) -> Option<u64> {
+pub(super) fn branch_after(after: &[Instruction], joins: Option<&JoinPoints>, allowed: Option<u64>) -> Option<u64> {
     for i in after.iter().take(RETURN_WINDOW) {
-        if let Some(&n) = joins.and_then(|j| j.get(&i.ip())) {
-            if Some(i.ip()) != allowed || n != 1 {
-                return None;
-            }
+        let n = joins.map_or(0, |j| j.count(i.ip()));
+        if n > 0 && (Some(i.ip()) != allowed || n != 1) {
+            return None;
         }
         let emulated = i.op0_kind() == OpKind::NearBranch64 && matches!(i.flow_control(), FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch);
         if emulated {
@@ -432,11 +448,11 @@ pub(super) fn branch_after(after: &[Instruction], joins: Option<&HashMap<u64, us
 /// Whether the call at `code[k]` runs only past `raw`'s guard: its `jne`
 /// within GUARD_WINDOW instructions before, and nothing joining or leaving
 /// the line between. Returns the `jne`'s target (the hooked path).
-fn guarded_by(code: &[Instruction], k: usize, raw: Guard, joins: &HashMap<u64, usize>) -> Option<u64> {
+fn guarded_by(code: &[Instruction], k: usize, raw: Guard, joins: &JoinPoints) -> Option<u64> {
     let from = k.saturating_sub(GUARD_WINDOW + LOAD_WINDOW + 1);
     let window = &code[from..k];
     let &(jne, _) = guard_sites(window).iter().rev().find(|(_, g)| *g == raw)?;
-    let alone = window[jne + 1..].iter().chain(std::iter::once(&code[k])).all(|i| !joins.contains_key(&i.ip())) && window[jne + 1..].iter().all(|i| !x86::leaves_straight_line(i));
+    let alone = window[jne + 1..].iter().chain(std::iter::once(&code[k])).all(|i| !joins.contains(i.ip())) && window[jne + 1..].iter().all(|i| !x86::leaves_straight_line(i));
     alone.then(|| window[jne].near_branch_target())
 }
 
@@ -472,7 +488,7 @@ pub enum Libc {
 }
 
 fn sweep(code: &[Instruction], agreed: &Agreed, mut stub_of: impl FnMut(u64) -> Libc) -> Result<AllocSites, String> {
-    let joins = join_points(code);
+    let joins = JoinPoints::of(code);
     let mut sites = AllocSites::default();
     let (mut joined, mut unguarded) = (Vec::new(), 0);
     for (k, call) in code.iter().enumerate() {
@@ -486,7 +502,7 @@ fn sweep(code: &[Instruction], agreed: &Agreed, mut stub_of: impl FnMut(u64) -> 
             // nothing else jumps there.
             match branch_after(&code[k + 1..], Some(&joins), None) {
                 Some(at) => sites.pool_opened.push(at),
-                None if !joins.contains_key(&call.next_ip()) => {
+                None if !joins.contains(call.next_ip()) => {
                     sites.pool_opened.push(call.next_ip());
                     sites.pool_stepped += 1;
                 }

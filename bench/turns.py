@@ -10,7 +10,7 @@ alike, a turn apart (about 10 ms); only what the profiler costs its own
 copy tells them apart. Two copies with nothing attached read the method's
 own noise.
 
-    python3 turns.py WORK TURNS PER_TURN IN_FD OUT_FD
+    python3 turns.py WORK TURNS PER_TURN IN_FD OUT_FD [PAUSE_AT]
 
 WORK is `alloc` (bench/memory/alloc_heavy.py's rounds: dict, list and str
 building, json round trips) or `calls` (fixtures/callgraph.py's rounds:
@@ -19,6 +19,13 @@ two lines, each turn's CPU seconds (time.process_time: user plus system,
 so a uprobe's trap or a sample's BPF program on this thread is counted)
 and each turn's wall seconds (which also count the time the copy was
 stopped, as py-spy stops it to read it).
+
+With PAUSE_AT (given to the second copy only), that copy keeps the token
+after its turn PAUSE_AT and prints "paused": both copies wait while the
+caller moves its profiler from one copy to the other, then the caller
+hands the first copy the token again. A run traced half on each copy
+cancels whatever makes one process of a run faster than the other (each
+has its own layout in memory: up to 10 % here).
 """
 import os
 import sys
@@ -43,7 +50,7 @@ def work(name):
     sys.exit(f"turns.py: no work named {name!r} (alloc, calls)")
 
 
-def main(name, turns, per_turn, token_in, token_out):
+def main(name, turns, per_turn, token_in, token_out, pause_at=0):
     os.sched_setaffinity(0, {0})
     one_round = work(name)
     n = 0
@@ -52,7 +59,7 @@ def main(name, turns, per_turn, token_in, token_out):
         n += 1
     print("ready", flush=True)
     cpu, wall = [], []
-    for _ in range(turns):
+    for turn in range(1, turns + 1):
         if os.read(token_in, 1) != b"t":
             sys.exit("turns.py: the token's pipe closed")
         started_cpu, started_wall = time.process_time(), time.monotonic()
@@ -61,6 +68,9 @@ def main(name, turns, per_turn, token_in, token_out):
             n += 1
         cpu.append(time.process_time() - started_cpu)
         wall.append(time.monotonic() - started_wall)
+        if turn == pause_at:
+            print("paused", flush=True)
+            continue
         try:
             os.write(token_out, b"t")
         except BrokenPipeError:
@@ -70,4 +80,4 @@ def main(name, turns, per_turn, token_in, token_out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *(int(a) for a in sys.argv[2:6]))
+    main(sys.argv[1], *(int(a) for a in sys.argv[2:7]))

@@ -13,6 +13,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -63,6 +64,15 @@ PYENV_312 = os.environ["PYTRACE_BENCH_PYENV_312"]
 # with its own interpreter).
 MEMRAY = os.environ["PYTRACE_BENCH_MEMRAY"]
 SID_315 = Python("Debian sid 3.15 (chroot)", "/usr/bin/python3.15", SID_ROOT)
+# Debian's 3.13 builds (the calls table): sid's 3.13.18 starts its eval
+# function with `endbr64; sub rsp`, where the kernel would single-step the
+# probe, so calls points the eval-frame hook at a jump to it (eval_entry.rs);
+# trixie's 3.13.5 starts it with `endbr64; push`, in the executable and in
+# its stripped shared libpython (scripts/pythons.sh root-trixie).
+TRIXIE_ROOT = os.environ["PYTRACE_BENCH_TRIXIE"]
+SID_313 = Python("Debian sid 3.13.18 (chroot; the hook on a jump)", "/usr/bin/python3.13", SID_ROOT)
+TRIXIE_313 = Python("Debian trixie 3.13.5 (chroot)", "/usr/bin/python3.13", TRIXIE_ROOT)
+TRIXIE_313_SHARED = Python("Debian trixie 3.13.5, stripped shared libpython (chroot)", "/usr/local/bin/python3.13-shared", TRIXIE_ROOT)
 
 
 def median(values):
@@ -134,7 +144,7 @@ def calls_runs(python, modes):
 
 def calls_table():
     rows = []
-    for python in (DEBIAN, NO_PROBES, SID_315):
+    for python in (DEBIAN, NO_PROBES, SID_315, SID_313, TRIXIE_313, TRIXIE_313_SHARED):
         progress(f"calls on {python.label}")
         modes = {"floor": ["--empty-probe"], "pytrace uprobe": ["--mode", "uprobe"]}
         if python is SID_315:
@@ -596,7 +606,7 @@ def attach_table():
     """Seconds from starting pytrace to its 'attached' line, by PID, on a
     target waiting for a signal (so it is idle)."""
     rows = []
-    for python in (DEBIAN, NO_PROBES, SID_315):
+    for python in (DEBIAN, NO_PROBES, SID_315, SID_313, TRIXIE_313, TRIXIE_313_SHARED):
         progress(f"attach time on {python.label}")
         for sub in (["calls"], ["sample"], ["gc"]):
             times = []
@@ -993,76 +1003,100 @@ def second_libpython():
     return own
 
 
-def turns_run(work, per_turn, traced_first, argv_prefix, attach=None):
+def turns_run(work, per_turn, traced_first, argv_prefix, attach=None, swap=False):
     """One run of bench/turns.py: two copies of `work` on CPU 0 taking
     turns, the first or the second of them traced: started under
     argv_prefix (the untraced one under pyenv's 3.12), or with
     `attach(pid)` (a profiler started on CPU 1 and attached) once both are
-    warm. Returns {"cpu": (traced, untraced), "wall": (traced, untraced)},
-    each copy's seconds per turn."""
+    warm. With `swap`, the profiler is stopped (SIGINT) half way, with
+    both copies waiting, and attached to the other copy for the second
+    half (nothing attached: the same halves, for the method's noise).
+    Returns, for "cpu" and "wall", each half's (traced, untraced) seconds
+    per turn: one half, or two with `swap`."""
     script = os.path.join(HERE, "..", "bench", "turns.py")
     second_env = dict(os.environ, LD_LIBRARY_PATH=second_libpython())
     to_first_r, to_first_w = os.pipe()
     to_second_r, to_second_w = os.pipe()
+    half = TURNS // 2
     copies = []
     for index, (token_in, token_out) in enumerate([(to_first_r, to_second_w), (to_second_r, to_first_w)]):
         traced = (index == 0) == traced_first
         prefix = list(argv_prefix) if traced else [PYENV_312]
-        argv = [str(a) for a in [*prefix, script, work, TURNS, per_turn, token_in, token_out]]
+        pause = [half] if swap and index == 1 else []
+        argv = [str(a) for a in [*prefix, script, work, TURNS, per_turn, token_in, token_out, *pause]]
         copies.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, pass_fds=(token_in, token_out),
                                        env=second_env if index == 1 else None))
     for fd in (to_first_r, to_second_r, to_second_w):
         os.close(fd)
-    prof = None
+    first, second = (copies[0], copies[1]) if traced_first else (copies[1], copies[0])
+    profs = []
     try:
         for copy in copies:
             assert copy.stdout.readline().strip() == "ready"
         if attach is not None:
-            prof = attach((copies[0] if traced_first else copies[1]).pid)
+            profs.append(attach(first.pid))
         os.write(to_first_w, b"t")
+        if swap:
+            assert copies[1].stdout.readline().strip() == "paused"
+            if attach is not None:
+                profs[0].send_signal(signal.SIGINT)
+                profs[0].stderr.read()
+                profs[0].wait()
+                profs.append(attach(second.pid))
+            os.write(to_first_w, b"t")
         measured = [[[float(x) for x in copy.stdout.readline().split()] for _ in ("cpu", "wall")] for copy in copies]
         for copy in copies:
             copy.wait()
         if any(len(turns) != TURNS for copy in measured for turns in copy):
             raise RuntimeError(f"bench/turns.py: a copy ended before its {TURNS} turns")
-        if prof is not None:
+        for prof in profs:
             prof.stderr.read()
             prof.wait()
     finally:
         os.close(to_first_w)
-        for proc in [*copies, prof]:
-            if proc is not None and proc.poll() is None:
+        for proc in [*copies, *profs]:
+            if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    traced, untraced = measured if traced_first else measured[::-1]
-    return {"cpu": (traced[0], untraced[0]), "wall": (traced[1], untraced[1])}
+    a, b = measured if traced_first else measured[::-1]
+    out = {}
+    for k, name in enumerate(("cpu", "wall")):
+        if swap:
+            out[name] = [(a[k][:half], b[k][:half]), (b[k][half:], a[k][half:])]
+        else:
+            out[name] = [(a[k], b[k])]
+    return out
 
 
 def turns_table(what, modes, measure, work, per_turn):
     """Each mode (name: turns_run's keywords) MEMORY_REPEATS times, the
-    traced copy alternating between the first and the second: the traced
-    copy's `measure` (cpu or wall) over the untraced one's, all runs'
-    turns pooled, with a 95 % bootstrap interval over the turns (each
-    paired with the other copy's turn beside it) and the runs' range."""
+    modes taking turns run by run (so the machine's drift over minutes falls
+    on all alike) and the traced copy alternating between the first and the
+    second. A run's slowdown is the traced turns' seconds (`measure`: cpu
+    or wall) over the untraced ones'; with `swap`, the geometric mean of
+    its two halves', which cancels a run's difference between its two
+    processes (each has its own layout in memory). The table gives the
+    median run, the runs' mean with a 95 % bootstrap interval over runs,
+    and the runs' range."""
     import random
-    rows = ["| traced copy | runs | turns | slowdown, traced over untraced | 95 % interval | runs' range |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| traced copy | runs | turns | slowdown: median run | mean of runs | 95 % interval (runs) | runs' range |",
+            "|---|---|---|---|---|---|---|"]
     rng = random.Random(24)
-    for name, mode in modes.items():
-        pairs, per_run = [], []
-        for i in range(MEMORY_REPEATS):
+    runs = {name: [] for name in modes}
+    turns = {name: 0 for name in modes}
+    for i in range(MEMORY_REPEATS):
+        for name, mode in modes.items():
             progress(f"{what} in turns {i + 1}/{MEMORY_REPEATS}: {name}")
-            traced, untraced = turns_run(work, per_turn, i % 2 == 0, **mode)[measure]
-            pairs += list(zip(traced, untraced))
-            per_run.append(sum(traced) / sum(untraced) - 1)
-        ratio = sum(t for t, _ in pairs) / sum(u for _, u in pairs) - 1
-        boot = []
-        for _ in range(2000):
-            drawn = rng.choices(pairs, k=len(pairs))
-            boot.append(sum(t for t, _ in drawn) / sum(u for _, u in drawn) - 1)
-        boot.sort()
-        rows.append(f"| {name} | {len(per_run)} | {len(pairs)} | {ratio * 100:+.2f} % | {boot[50] * 100:+.2f} % to "
-                    f"{boot[1949] * 100:+.2f} % | {min(per_run) * 100:+.2f} % to {max(per_run) * 100:+.2f} % |")
+            halves = turns_run(work, per_turn, i % 2 == 0, **mode)[measure]
+            ratio = math.prod(sum(t) / sum(u) for t, u in halves) ** (1 / len(halves))
+            runs[name].append(ratio - 1)
+            turns[name] += sum(len(t) for t, _ in halves)
+    for name, done in runs.items():
+        done = sorted(done)
+        mean = lambda xs: sum(xs) / len(xs)
+        boot = sorted(mean(rng.choices(done, k=len(done))) for _ in range(2000))
+        rows.append(f"| {name} | {len(done)} | {turns[name]} | {statistics.median(done) * 100:+.2f} % | {mean(done) * 100:+.2f} % | "
+                    f"{boot[50] * 100:+.2f} % to {boot[1949] * 100:+.2f} % | {done[0] * 100:+.2f} % to {done[-1] * 100:+.2f} % |")
     return "\n".join(rows)
 
 
@@ -1107,10 +1141,10 @@ def sample_slowdown_turns():
     json_out = os.path.join(TMP, "sample-turns.json")
     pyspy_out = os.path.join(TMP, "pyspy-turns.txt")
     modes = {
-        "nothing attached to either copy (the method's own noise)": {"argv_prefix": [PYENV_312]},
-        "`pytrace sample -r 99 -p`": {"argv_prefix": [PYENV_312], "attach": attach_on_cpu1(
+        "nothing attached to either copy (the method's own noise)": {"argv_prefix": [PYENV_312], "swap": True},
+        "`pytrace sample -r 99 -p`": {"argv_prefix": [PYENV_312], "swap": True, "attach": attach_on_cpu1(
             lambda pid: [PYTRACE, "sample", "-r", "99", "-d", "600", "--json", json_out, "-p", str(pid)], "attached to PID")},
-        "py-spy 0.4.3 (`record -r 99 --pid`, its default: stops the target to read it)": {"argv_prefix": [PYENV_312], "attach": attach_on_cpu1(
+        "py-spy 0.4.3 (`record -r 99 --pid`, its default: stops the target to read it)": {"argv_prefix": [PYENV_312], "swap": True, "attach": attach_on_cpu1(
             lambda pid: [PY_SPY, "record", "-r", "99", "--pid", str(pid), "--format", "raw", "-o", pyspy_out])},
     }
     return turns_table("sample slowdown", modes, "wall", "calls", SAMPLE_TURN_ROUNDS)
@@ -1191,7 +1225,8 @@ def main():
     uses_sid = not only or bool(SID_TABLES & set(only.split(",")))
     proc = os.path.join(SID_ROOT, "proc")
     if uses_sid:
-        shutil.copytree(FIXTURES, os.path.join(SID_ROOT, INSIDE[1:]), dirs_exist_ok=True)
+        for root in (SID_ROOT, TRIXIE_ROOT):
+            shutil.copytree(FIXTURES, os.path.join(root, INSIDE[1:]), dirs_exist_ok=True)
         # profiling.sampling runs inside the root and reads /proc/PID/maps.
         subprocess.run(["mount", "-t", "proc", "proc", proc], check=True)
     try:
@@ -1237,20 +1272,25 @@ def main():
              f"taking turns of {MEMORY_TURN_ROUNDS} rounds (about 10 ms) {TURNS} times each, a token passed "
              "between them through pipes; one copy is traced (pytrace attached by PID once both are warm, itself on "
              f"CPU 1; tracemalloc and memray from the copy's start), the first copy in odd runs and the second in even "
-             f"ones, {MEMORY_REPEATS} runs of each mode. The machine's drift over seconds falls on both copies alike, a "
+             f"ones, {MEMORY_REPEATS} runs of each mode, the modes taking turns run by run. The machine's drift over seconds falls on both copies alike, a "
              "turn apart, which whole runs (±25 % here) and one process's blocks (null runs off by 10 %, bench/results.md) could not "
              "cancel. The second copy maps its own copy of libpython (LD_LIBRARY_PATH): two copies of one file share its "
              "text in the CPU's caches, except the pages a uprobe's breakpoint makes private to the traced copy, which "
-             "would charge pytrace for sharing a process alone never has. Slowdown: the traced copy's CPU seconds (user plus system) over the untraced one's, every turn "
-             "of every run pooled; the interval is a bootstrap of the turn pairs. The first row attaches nothing: "
+             "would charge pytrace for sharing a process alone never has. Slowdown: a run's traced turns' CPU seconds (user plus system) over its untraced "
+             "ones'; the median run, and the runs' mean with a bootstrap interval over runs. The first row "
+             "attaches nothing: "
              "the method's own noise."),
             ("`sample -r 99`: a whole workload's slowdown, two copies in turns", sample_slowdown_turns,
              f"bench/turns.py: two copies of fixtures/callgraph.py's rounds on pyenv's 3.12, both pinned to CPU 0, taking "
              f"turns of {SAMPLE_TURN_ROUNDS} rounds {TURNS} times each (the method of the `memory` table of the same name, "
              f"above); one copy has a sampler attached by PID at 99 Hz, itself on CPU 1, the first copy in odd runs and "
-             f"the second in even ones, {MEMORY_REPEATS} runs of each. The slowdown is in wall time (the copies own CPU 0 "
+             f"the second in even ones, {MEMORY_REPEATS} runs of each, the modes taking turns run by run. Half way through "
+             "a run, with both copies waiting, the sampler is stopped and attached to the other copy: a run's two "
+             "processes can differ by up to 10 % (each has its own layout in memory), which the geometric mean of the "
+             "two halves' ratios cancels. The slowdown is in wall time (the copies own CPU 0 "
              "in turns, so a turn's wall time is its CPU plus any time it was stopped, as py-spy stops it to read "
-             "it), the traced copy's over the untraced one's. pytrace's CPU clock fires on CPU 0 whichever copy "
+             "it), the traced turns' over the untraced ones'; the median run, and the runs' mean with a bootstrap "
+             "interval over runs. pytrace's CPU clock fires on CPU 0 whichever copy "
              "runs there: its program's early exit for the other copy falls on both."),
             ("`memory`: what one big allocation costs", memory_event_cost,
              f"bench/memory/raw_churn.py ({MEMORY_EVENT_ROUNDS:,} bytearrays of 1000 bytes made and dropped, each an "
@@ -1310,7 +1350,8 @@ def main():
     finally:
         if uses_sid:
             subprocess.run(["umount", proc])
-            shutil.rmtree(os.path.join(SID_ROOT, INSIDE[1:]), ignore_errors=True)
+            for root in (SID_ROOT, TRIXIE_ROOT):
+                shutil.rmtree(os.path.join(root, INSIDE[1:]), ignore_errors=True)
         shutil.rmtree(TMP, ignore_errors=True)
     print("# Benchmarks: pytrace against its peers, measured side by side\n")
     kernel = os.uname().release

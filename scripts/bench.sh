@@ -31,6 +31,10 @@ work=$(mktemp -d)
 venv=${PYTRACE_CACHE:-/var/cache/pytrace}/bench-venv
 [ -x "$venv/bin/py-spy" ] || { /usr/bin/python3.11 -m venv "$venv" && "$venv/bin/pip" install -q py-spy; } >&2
 sid=$(scripts/pythons.sh root-sid)
+# trixie's 3.13.5, and its stripped shared libpython: the calls table's
+# builds beside sid's 3.13.18, whose eval function starts otherwise.
+PYTRACE_BENCH_TRIXIE=$(scripts/pythons.sh root-trixie)
+export PYTRACE_BENCH_TRIXIE
 PYTRACE_BENCH_PYENV_312=$(scripts/pythons.sh pyenv-3.12)
 export PYTRACE_BENCH_PYENV_312
 # memray for the memory cost table, in a venv of pyenv's 3.12: memray runs

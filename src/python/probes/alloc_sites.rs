@@ -11,7 +11,6 @@
 
 use iced_x86::{FlowControl, Mnemonic, OpKind, Register};
 
-
 use super::alloc_sites_stripped::{branch_after, JoinPoints};
 use crate::process::x86;
 use crate::python::Python;

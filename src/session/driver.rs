@@ -14,6 +14,10 @@ use crate::tracing::Tracing;
 /// Ctrl-C) is seen within this.
 const POLL_AT_MOST: Duration = Duration::from_millis(100);
 
+/// How early a periodic check may run: the ring buffer's wait counts whole
+/// milliseconds.
+const CHECK_SLACK: Duration = Duration::from_millis(1);
+
 /// Runs `session`: calls `attached` once its ring buffers are read (the
 /// command lets the target run there), then polls until `keep_going`
 /// (asked with the session, to read the profile so far) says stop; ends
@@ -54,7 +58,11 @@ fn poll<T: Tracing>(session: &T, ring: Option<&RingBuffer>, what: &str, keep_goi
     let mut last_check: Option<Instant> = None;
     let mut interrupted = false;
     loop {
-        if interrupted || last_check.is_none_or(|t| t.elapsed() >= session.check_every()) {
+        // A check less than a millisecond away is made now: the ring
+        // buffer's wait takes whole milliseconds and rounds down, so such a
+        // wait returned at once, over and over, until the check was due (50
+        // empty wake-ups a second of `sample`, measured with strace).
+        if interrupted || last_check.is_none_or(|t| t.elapsed() + CHECK_SLACK >= session.check_every()) {
             last_check = Some(Instant::now());
             session.between_polls()?;
             if !keep_going(session)? {

@@ -507,9 +507,7 @@ fn under_load_a_one_line_function_never_outlasts_its_caller() {
     let _machine = shared();
     let python = pyenv_python(12);
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let _neighbours: Vec<Proc> = (0..cores)
-        .map(|_| Proc(std::process::Command::new(&python).args(["-c", "while True: pass"]).spawn().unwrap()))
-        .collect();
+    let _neighbours = cpu_bound_neighbours(&python, cores);
     let target = start_waiting(&python, "callgraph.py", &["--rounds", "1000000"]);
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("calls.json");

@@ -41,23 +41,6 @@ fn waiting_target(python: &Path, args: &[&str]) -> Proc {
     target
 }
 
-fn assert_alive(target: &mut Proc, what: &str) {
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(target.0.try_wait().unwrap().is_none(), "{what}: the target died");
-}
-
-/// Waits (bounded) for `info` to say the hook is NULL again.
-fn assert_hook_restored_within(pid: u32, bound: Duration, what: &str) -> Duration {
-    let started = Instant::now();
-    loop {
-        let now = eval_frame_now(pid);
-        if now == "not set" {
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < bound, "{what}: interp->eval_frame of {pid} still {now:?} after {bound:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 fn one_sentence(stderr: &str) -> &str {
     let line = stderr.trim_end();

@@ -381,7 +381,7 @@ fn idle_without_realtime_priority_still_samples_and_says_so() {
 fn idle_split_matches_the_fixtures_wall_time_under_load() {
     let _machine = shared();
     let python = std::path::PathBuf::from("/usr/bin/python3.11");
-    let _neighbours: Vec<Proc> = (0..2).map(|_| Proc(std::process::Command::new(&python).args(["-c", "while True: pass"]).spawn().unwrap())).collect();
+    let _neighbours = cpu_bound_neighbours(&python, 2);
     for (rate, seconds) in [("99", "60"), ("999", "8")] {
         let truth_file = tempfile::NamedTempFile::new().unwrap();
         let out = pytrace(&["sample", "--idle", "--states", "-r", rate, "--json", "-", "--", python.to_str().unwrap(), &fixture("idle_split.py"), seconds, truth_file.path().to_str().unwrap()]);

@@ -547,17 +547,8 @@ pub fn a_killed_calls_run_puts_the_hook_back(py: &Interpreter) {
     std::thread::sleep(std::time::Duration::from_millis(500));
     signal(tracer.child.pid(), libc::SIGKILL);
     let _ = tracer.child.0.wait();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-    loop {
-        let now = eval_frame_now(target.pid());
-        if now == "not set" {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{version}: the hook still {now:?} 3 s after pytrace was killed");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    assert!(target.0.try_wait().unwrap().is_none(), "{version}: the target died");
+    assert_hook_restored_within(target.pid(), std::time::Duration::from_secs(3), version);
+    assert_alive(&mut target, version);
 }
 
 /// Waits for the file a fixture writes whole once it is ready.

@@ -432,6 +432,31 @@ pub fn eval_frame_now(pid: u32) -> String {
     v["eval_frame_now"].as_str().unwrap_or("").to_string()
 }
 
+/// Fails unless the target is still running 300 ms from now.
+pub fn assert_alive(target: &mut Proc, what: &str) {
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(target.0.try_wait().unwrap().is_none(), "{what}: the target died");
+}
+
+/// Waits (bounded) for `info` to say the hook is NULL again.
+pub fn assert_hook_restored_within(pid: u32, bound: Duration, what: &str) -> Duration {
+    let started = std::time::Instant::now();
+    loop {
+        let now = eval_frame_now(pid);
+        if now == "not set" {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < bound, "{what}: interp->eval_frame of {pid} still {now:?} after {bound:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// `n` CPU-bound processes of `python`, killed when dropped: the load the
+/// tests that must hold on a busy machine run under.
+pub fn cpu_bound_neighbours(python: &Path, n: usize) -> Vec<Proc> {
+    (0..n).map(|_| Proc(Command::new(python).args(["-c", "while True: pass"]).spawn().unwrap())).collect()
+}
+
 /// pyenv's CPython 3.`minor` (`$PYENV_ROOT`, else ~/.pyenv): built without
 /// USDT probes, with a shared libpython and a symbol table, like the
 /// Pythons people install with pyenv or uv. Every machine the tests run on

@@ -42,6 +42,11 @@ impl HookedRelease {
     /// needed: call before any BPF object or thread exists.
     pub fn new(target: &Target, python: &Python, mode: Mode) -> Result<Self> {
         let hook = if mode == Mode::Uprobe && python.inlines_calls() { Some(EvalHook::new(target.pid, python)?) } else { None };
+        // A running target's code is there to check now, before any probe
+        // is attached; a command we start is checked as the hook is set.
+        if let (Some(hook), false) = (&hook, target.started_by_us()) {
+            hook.check_target_code()?;
+        }
         let (guardian, left_by) = match &hook {
             Some(hook) => {
                 let lock = HookLock::acquire(target.pid)?;

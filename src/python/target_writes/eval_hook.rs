@@ -158,6 +158,16 @@ impl EvalHook {
         Ok(())
     }
 
+    /// check_jump on the target as it is now: a running process is
+    /// refused before any probe is attached (install checks again).
+    pub fn check_target_code(&self) -> Result<()> {
+        if self.jump.is_none() {
+            return Ok(());
+        }
+        let ours = self.hook_value(self.load_bias(self.pid)?);
+        self.check_jump(&Memory::open(self.pid)?, ours)
+    }
+
     fn eval_frame_slots(&self, mem: &Memory, bias: u64) -> Result<Vec<u64>> {
         let runtime = self.runtime_vaddr.wrapping_add(bias);
         let mut interp = mem.read_u64(runtime + self.interpreters_head)?;

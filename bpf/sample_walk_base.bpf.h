@@ -199,10 +199,13 @@ struct walk_step {
 /* When a new stack's record wakes user space: a code object can be freed
  * soon after it ran (a module's, when its import ends), so user space must
  * read new stacks soon; but a workload with many stacks (deep recursion)
- * sends hundreds a second while it warms up, and a wake-up costs both
- * sides. So at most one every WAKE_EVERY_NS; user space also reads the
- * ring every 100 ms on its own. */
-#define WAKE_EVERY_NS (50 * 1000 * 1000ULL)
+ * sends hundreds a second while it warms up, and a line-level workload
+ * keeps finding a few new ones a second for minutes. A wake-up costs user
+ * space about 150 us of CPU on a virtual machine: at one every 50 ms, that
+ * was half of `sample`'s own CPU in steady state. So at most one every
+ * WAKE_EVERY_NS; user space also reads the ring at each of its periodic
+ * checks (every 250 ms). */
+#define WAKE_EVERY_NS (100 * 1000 * 1000ULL)
 __u64 last_wakeup_ns = 0;
 
 static __always_inline __u64 wakeup_flags(void)

@@ -298,7 +298,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
     /// After reading the ring buffer: names the new stacks it held, all at
     /// once (each batch checks the cached code objects it uses, in two
     /// system calls). BPF wakes user space for new stacks at most every
-    /// 50 ms, and the driver polls at least every 100 ms.
+    /// 100 ms, and the driver reads them at each check (CHECK_EVERY).
     pub fn after_poll(&self) {
         self.stacks.borrow_mut().name_new(&mut self.processes.borrow_mut());
     }

@@ -119,7 +119,7 @@ impl Python {
         let malloc_slot = self.elf.plt_slot("malloc").ok_or_else(|| format!("{path} imports no malloc through its PLT, where obmalloc's big allocations would go"))?;
         let calloc_slot = self.elf.plt_slot("calloc");
         let realloc_slot = self.elf.plt_slot("realloc");
-        let code = self.decoded_text("obmalloc's inlined allocator copies")?;
+        let text = Text::of(self)?;
         let mut stubs = std::collections::HashMap::new();
         let mut stub_of = |target: u64| {
             *stubs.entry(target).or_insert_with(|| {
@@ -134,8 +134,7 @@ impl Python {
                 }
             })
         };
-        let sites = sweep(&code, &agreed, &mut stub_of)?;
-        Ok(sites)
+        sweep(&text, &agreed, &mut stub_of)
     }
 
     /// `allocate_from_new_pool` and the two guards, where the exported
@@ -227,6 +226,12 @@ fn own_calls(code: &[Instruction], text: &Range<u64>, plt: &[Range<u64>]) -> Vec
     out
 }
 
+/// `cmp $imm32,%reg64`: how a guard compares the pointer it loaded with
+/// the function it expects.
+fn guard_compare(cmp: &Instruction) -> bool {
+    cmp.mnemonic() == Mnemonic::Cmp && cmp.op_count() == 2 && cmp.op0_kind() == OpKind::Register && cmp.op0_register().is_gpr64() && cmp.op1_kind() == OpKind::Immediate32to64
+}
+
 /// The allocator guards in a straight stretch of code, in order: a load
 /// `mov slot(%rip),%reg`, within LOAD_WINDOW instructions a `cmp
 /// $expected,%reg` with nothing writing reg between, then a `jne` (the
@@ -235,8 +240,7 @@ fn own_calls(code: &[Instruction], text: &Range<u64>, plt: &[Range<u64>]) -> Vec
 fn guard_sites(code: &[Instruction]) -> Vec<(usize, Guard)> {
     let mut out = Vec::new();
     for (k, cmp) in code.iter().enumerate() {
-        let compares = cmp.mnemonic() == Mnemonic::Cmp && cmp.op_count() == 2 && cmp.op0_kind() == OpKind::Register && cmp.op0_register().is_gpr64() && cmp.op1_kind() == OpKind::Immediate32to64;
-        if !compares {
+        if !guard_compare(cmp) {
             continue;
         }
         // The jne, after at most MOVES_BEFORE_JNE moves (which keep the flags).
@@ -403,11 +407,10 @@ pub(super) struct JoinPoints(Vec<u64>);
 
 impl JoinPoints {
     pub(super) fn of(code: &[Instruction]) -> Self {
-        let mut targets: Vec<u64> = code
-            .iter()
-            .filter(|i| matches!(i.flow_control(), FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch) && i.op0_kind() == OpKind::NearBranch64)
-            .map(|i| i.near_branch_target())
-            .collect();
+        Self::sorted(code.iter().filter_map(direct_branch_target).collect())
+    }
+
+    fn sorted(mut targets: Vec<u64>) -> Self {
         targets.sort_unstable();
         JoinPoints(targets)
     }
@@ -420,6 +423,83 @@ impl JoinPoints {
 
     pub(super) fn contains(&self, ip: u64) -> bool {
         self.0.binary_search(&ip).is_ok()
+    }
+}
+
+/// Where a direct jump or conditional branch goes (other code joins there).
+fn direct_branch_target(i: &Instruction) -> Option<u64> {
+    (matches!(i.flow_control(), FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch) && i.op0_kind() == OpKind::NearBranch64).then(|| i.near_branch_target())
+}
+
+/// The code `sweep` searches, read in two passes: once whole, in order,
+/// and then again in short windows around what the first pass found. A
+/// CPython's .text is some 700,000 instructions: held decoded at once (28
+/// MB), it cost `memory` much of its start-up, mostly in the kernel zeroing
+/// its pages.
+trait Listing {
+    /// Hands each instruction, in order, to `each` with its index; once.
+    fn scan(&self, each: &mut dyn FnMut(usize, &Instruction)) -> Result<(), String>;
+    /// The instructions of indexes `from..to` (after `scan`), clipped to
+    /// the listing's end.
+    fn window(&self, from: usize, to: usize) -> Vec<Instruction>;
+    /// The index of the instruction that starts at `ip`, if one does.
+    fn index_of(&self, ip: u64) -> Option<usize>;
+}
+
+/// Code decoded already (the exported functions, the unit tests).
+impl Listing for [Instruction] {
+    fn scan(&self, each: &mut dyn FnMut(usize, &Instruction)) -> Result<(), String> {
+        self.iter().enumerate().for_each(|(k, i)| each(k, i));
+        Ok(())
+    }
+
+    fn window(&self, from: usize, to: usize) -> Vec<Instruction> {
+        self[from.min(self.len())..to.min(self.len())].to_vec()
+    }
+
+    fn index_of(&self, ip: u64) -> Option<usize> {
+        self.binary_search_by_key(&ip, Instruction::ip).ok()
+    }
+}
+
+/// The interpreter's .text: the scan keeps only where each instruction
+/// starts (4 bytes each), from which a window is decoded again.
+struct Text<'a> {
+    python: &'a Python,
+    at: u64,
+    bytes: &'a [u8],
+    starts: std::cell::OnceCell<Vec<u32>>,
+}
+
+impl<'a> Text<'a> {
+    fn of(python: &'a Python) -> Result<Self, String> {
+        let (at, bytes) = python.elf.section_at(".text").ok_or_else(|| format!("{} has no .text section to search for obmalloc's inlined allocator copies", python.target_path))?;
+        Ok(Text { python, at, bytes, starts: std::cell::OnceCell::new() })
+    }
+}
+
+impl Listing for Text<'_> {
+    fn scan(&self, each: &mut dyn FnMut(usize, &Instruction)) -> Result<(), String> {
+        // A 4 GB .text is refused by scan_text long before offsets overflow.
+        let mut starts = Vec::with_capacity(self.bytes.len() / 4);
+        self.python.scan_text("obmalloc's inlined allocator copies", |i| {
+            each(starts.len(), i);
+            starts.push((i.ip() - self.at) as u32);
+        })?;
+        self.starts.set(starts).map_err(|_| "the .text was scanned twice".to_string())
+    }
+
+    fn window(&self, from: usize, to: usize) -> Vec<Instruction> {
+        let Some(starts) = self.starts.get() else { return Vec::new() };
+        let (from, to) = (from.min(starts.len()), to.min(starts.len()));
+        let Some(&offset) = starts.get(from) else { return Vec::new() };
+        let mut decoder = iced_x86::Decoder::with_ip(64, &self.bytes[offset as usize..], self.at + offset as u64, iced_x86::DecoderOptions::NONE);
+        (from..to).map(|_| decoder.decode()).collect()
+    }
+
+    fn index_of(&self, ip: u64) -> Option<usize> {
+        let offset = u32::try_from(ip.checked_sub(self.at)?).ok()?;
+        self.starts.get()?.binary_search(&offset).ok()
     }
 }
 
@@ -461,10 +541,10 @@ fn guarded_by(code: &[Instruction], k: usize, raw: Guard, joins: &JoinPoints) ->
 /// allocator the pointer holds) to a direct `jmp`, with rax (that call's
 /// result) unwritten after the call. None for any other shape (a tail
 /// call, a branch, no call, rax overwritten).
-fn hooked_return(code: &[Instruction], from: u64) -> Option<u64> {
-    let start = code.binary_search_by_key(&from, Instruction::ip).ok()?;
+fn hooked_return(code: &(impl Listing + ?Sized), from: u64) -> Option<u64> {
+    let start = code.index_of(from)?;
     let mut called = false;
-    for i in code[start..].iter().take(HOOKED_WINDOW) {
+    for i in code.window(start, start + HOOKED_WINDOW).iter() {
         match i.flow_control() {
             FlowControl::Next if called && x86::writes_register(i, Register::RAX) => return None,
             FlowControl::Next => {}
@@ -487,49 +567,82 @@ pub enum Libc {
     Other,
 }
 
-fn sweep(code: &[Instruction], agreed: &Agreed, mut stub_of: impl FnMut(u64) -> Libc) -> Result<AllocSites, String> {
-    let joins = JoinPoints::of(code);
+/// What a direct call in .text calls, for the sweep.
+#[derive(Clone, Copy)]
+enum Callee {
+    NewPool,
+    Libc(Libc),
+}
+
+/// Instructions before a call that `guarded_by` looks at.
+const BEFORE_CALL: usize = GUARD_WINDOW + LOAD_WINDOW + 1;
+
+/// The first pass finds every branch target (join points), the calls of
+/// allocate_from_new_pool and of libc's allocators, and the compares with
+/// a sized guard's function; the second looks at each of those in its
+/// window, as if the whole .text were at hand.
+fn sweep(code: &(impl Listing + ?Sized), agreed: &Agreed, mut stub_of: impl FnMut(u64) -> Libc) -> Result<AllocSites, String> {
+    let sized: Vec<u64> = [Some(agreed.object), agreed.mem].into_iter().flatten().map(|g| g.expected).collect();
+    let (mut targets, mut calls, mut compares) = (Vec::new(), Vec::new(), Vec::new());
+    code.scan(&mut |k, i| {
+        targets.extend(direct_branch_target(i));
+        if i.mnemonic() == Mnemonic::Call && i.op0_kind() == OpKind::NearBranch64 {
+            let target = i.near_branch_target();
+            let callee = match target == agreed.new_pool {
+                true => Some(Callee::NewPool),
+                false => Some(stub_of(target)).filter(|&l| l != Libc::Other).map(Callee::Libc),
+            };
+            calls.extend(callee.map(|c| (k, c)));
+        }
+        if guard_compare(i) && sized.contains(&(i.immediate32to64() as u64)) {
+            compares.push(k);
+        }
+    })?;
+    let joins = JoinPoints::sorted(targets);
     let mut sites = AllocSites::default();
     let (mut joined, mut unguarded) = (Vec::new(), 0);
-    for (k, call) in code.iter().enumerate() {
-        if call.mnemonic() != Mnemonic::Call || call.op0_kind() != OpKind::NearBranch64 {
-            continue;
-        }
-        let target = call.near_branch_target();
-        if target == agreed.new_pool {
-            // Else the return address itself, single-stepped (about 19
-            // µs, on pool openings only: 1-2 thousand a second) when
-            // nothing else jumps there.
-            match branch_after(&code[k + 1..], Some(&joins), None) {
-                Some(at) => sites.pool_opened.push(at),
-                None if !joins.contains(call.next_ip()) => {
-                    sites.pool_opened.push(call.next_ip());
-                    sites.pool_stepped += 1;
-                }
-                None => joined.push(call.ip()),
-            }
-        } else {
-            let (guard, returned) = match stub_of(target) {
-                Libc::Malloc => (Some(agreed.raw), &mut sites.raw_returned),
-                Libc::Calloc => (agreed.raw_calloc, &mut sites.calloc_returned),
-                Libc::Realloc => {
-                    // The call itself, which only the guarded line reaches
-                    // (--allocations reads its size argument there).
-                    if agreed.raw_realloc.and_then(|g| guarded_by(code, k, g, &joins)).is_some() {
-                        sites.realloc_calls.push(call.ip());
+    for (at, callee) in calls {
+        let from = at.saturating_sub(BEFORE_CALL);
+        let window = code.window(from, at + 1 + RETURN_WINDOW);
+        let k = at - from;
+        let call = &window[k];
+        let libc = match callee {
+            Callee::NewPool => {
+                // Else the return address itself, single-stepped (about 19
+                // µs, on pool openings only: 1-2 thousand a second) when
+                // nothing else jumps there.
+                match branch_after(&window[k + 1..], Some(&joins), None) {
+                    Some(at) => sites.pool_opened.push(at),
+                    None if !joins.contains(call.next_ip()) => {
+                        sites.pool_opened.push(call.next_ip());
+                        sites.pool_stepped += 1;
                     }
-                    continue;
+                    None => joined.push(call.ip()),
                 }
-                Libc::Other => continue,
-            };
-            let Some(hooked) = guard.and_then(|g| guarded_by(code, k, g, &joins)) else {
-                unguarded += 1;
                 continue;
-            };
-            match branch_after(&code[k + 1..], Some(&joins), hooked_return(code, hooked)) {
-                Some(at) => returned.push(at),
-                None => sites.raw_joined += 1,
             }
+            Callee::Libc(libc) => libc,
+        };
+        let (guard, returned) = match libc {
+            Libc::Malloc => (Some(agreed.raw), &mut sites.raw_returned),
+            Libc::Calloc => (agreed.raw_calloc, &mut sites.calloc_returned),
+            Libc::Realloc => {
+                // The call itself, which only the guarded line reaches
+                // (--allocations reads its size argument there).
+                if agreed.raw_realloc.and_then(|g| guarded_by(&window, k, g, &joins)).is_some() {
+                    sites.realloc_calls.push(call.ip());
+                }
+                continue;
+            }
+            Libc::Other => continue,
+        };
+        let Some(hooked) = guard.and_then(|g| guarded_by(&window, k, g, &joins)) else {
+            unguarded += 1;
+            continue;
+        };
+        match branch_after(&window[k + 1..], Some(&joins), hooked_return(code, hooked)) {
+            Some(at) => returned.push(at),
+            None => sites.raw_joined += 1,
         }
     }
     if !joined.is_empty() {
@@ -544,13 +657,20 @@ fn sweep(code: &[Instruction], agreed: &Agreed, mut stub_of: impl FnMut(u64) -> 
     if sites.pool_opened.is_empty() || sites.raw_returned.is_empty() {
         return Err(format!("no call of allocate_from_new_pool ({:#x}) or no guarded call of malloc found in .text", agreed.new_pool));
     }
-    for (jne, guard) in guard_sites(code) {
-        if guard != agreed.object && Some(guard) != agreed.mem {
-            continue;
-        }
-        match copy_size(code[jne].ip(), &code[jne + 1..], agreed.usedpools) {
-            Some(site) => sites.object_sized.push(site),
-            None => sites.object_unsized += 1,
+    for at in compares {
+        // The compare's load before it; its jne, and the size after that.
+        let from = at.saturating_sub(LOAD_WINDOW);
+        let window = code.window(from, at + MOVES_BEFORE_JNE + SIZE_WINDOW + 3);
+        let k = at - from;
+        // Only this compare's guard: the window may hold another's.
+        for (jne, guard) in guard_sites(&window).into_iter().filter(|&(jne, _)| jne > k && jne <= k + MOVES_BEFORE_JNE + 1) {
+            if guard != agreed.object && Some(guard) != agreed.mem {
+                continue;
+            }
+            match copy_size(window[jne].ip(), &window[jne + 1..], agreed.usedpools) {
+                Some(site) => sites.object_sized.push(site),
+                None => sites.object_unsized += 1,
+            }
         }
     }
     sites.guards = [Some(agreed.object), Some(agreed.raw), agreed.raw_calloc, agreed.raw_realloc, agreed.mem].into_iter().flatten().collect();
@@ -591,7 +711,7 @@ mod tests {
     fn reads_the_raw_guard_and_the_sites_after_calls() {
         let code = x86::decode(&CODE, AT);
         assert_eq!(guards(&code), [RAW]);
-        let sites = sweep(&code, &AGREED, stub).unwrap();
+        let sites = sweep(&code[..], &AGREED, stub).unwrap();
         assert_eq!(sites.pool_opened, [0x4fb3fe], "the jne after the call");
         assert_eq!(sites.raw_returned, [0x4fb42a], "the je after the call, which the hooked path joins too");
         assert_eq!((sites.pool_stepped, sites.unguarded_mallocs, sites.raw_joined), (0, 0, 0));
@@ -604,24 +724,24 @@ mod tests {
     #[test]
     fn only_the_hooked_path_may_join_the_line_after_a_raw_call() {
         let code = x86::decode(&CODE, AT);
-        assert_eq!(hooked_return(&code, 0x4fb440), Some(0x4fb427));
-        assert_eq!(hooked_return(&code, 0x4fb43a), None, "a tail call does not come back");
+        assert_eq!(hooked_return(&code[..], 0x4fb440), Some(0x4fb427));
+        assert_eq!(hooked_return(&code[..], 0x4fb43a), None, "a tail call does not come back");
         // mov %rbx,%rsi; call *%rax; mov %rbx,%rax; jmp 4fb427: rax is no longer the result.
         let overwritten = x86::decode(&[0x48, 0x89, 0xde, 0xff, 0xd0, 0x48, 0x89, 0xd8, 0xeb, 0xdd], 0x4fb440);
-        assert_eq!(hooked_return(&overwritten, 0x4fb440), None, "rax written after the call");
+        assert_eq!(hooked_return(&overwritten[..], 0x4fb440), None, "rax written after the call");
         let before = |bytes: &[u8]| x86::decode(bytes, 0x4fb3f2)[0];
         for (join, what) in [(before(&[0xeb, 0x33]), "a second jump to the hooked path's target"), (before(&[0xeb, 0x36]), "a jump to the branch itself")] {
             let mut joined = code.clone();
             joined.insert(0, join);
-            let err = sweep(&joined, &AGREED, stub).unwrap_err();
+            let err = sweep(&joined[..], &AGREED, stub).unwrap_err();
             assert!(err.contains("no guarded call of malloc"), "{what}: {err}");
         }
         // The hooked path ending in a branch elsewhere is no hooked path.
         let mut other = code.clone();
         let last = other.len() - 1;
         other[last] = x86::decode(&[0xeb, 0xe3], 0x4fb445)[0]; // jmp 4fb42a
-        assert_eq!(hooked_return(&other, 0x4fb440), Some(0x4fb42a));
-        assert!(sweep(&other, &AGREED, stub).is_ok(), "a hooked path may join at the branch too");
+        assert_eq!(hooked_return(&other[..], 0x4fb440), Some(0x4fb42a));
+        assert!(sweep(&other[..], &AGREED, stub).is_ok(), "a hooked path may join at the branch too");
     }
 
     /// A copy's size check after its guard, Debian 3.11's at 0x5000d5:
@@ -690,10 +810,10 @@ mod tests {
         let mut code = x86::decode(&CODE, AT);
         let jump_to = |target: u64| x86::decode(&[0xeb, (target.wrapping_sub(0x4fb3f4) as u8)], 0x4fb3f2)[0];
         code.insert(0, jump_to(0x4fb3fe));
-        let sites = sweep(&code, &AGREED, stub).unwrap();
+        let sites = sweep(&code[..], &AGREED, stub).unwrap();
         assert_eq!((sites.pool_opened.as_slice(), sites.pool_stepped), (&[0x4fb3fb][..], 1), "the return address, single-stepped");
         code[0] = jump_to(0x4fb3fb);
-        let sites = sweep(&code, &AGREED, stub);
+        let sites = sweep(&code[..], &AGREED, stub);
         assert!(sites.unwrap_err().contains("1 of the 1 calls of allocate_from_new_pool (0x4fb540) have no branch after them"));
     }
 
@@ -703,10 +823,10 @@ mod tests {
     fn a_malloc_call_without_the_raw_guard_is_left_out() {
         let code = x86::decode(&CODE, AT);
         let other = Agreed { raw: Guard { slot: 0x95a068, expected: 0x4f7360 }, ..AGREED };
-        assert!(sweep(&code, &other, stub).unwrap_err().contains("no guarded call of malloc"));
+        assert!(sweep(&code[..], &other, stub).unwrap_err().contains("no guarded call of malloc"));
         let mut joined = code.clone();
         joined.insert(0, x86::decode(&[0xeb, 0x22], 0x4fb3f2)[0]); // jmp 0x4fb416, past the guard
-        assert!(sweep(&joined, &AGREED, stub).unwrap_err().contains("no guarded call of malloc"));
+        assert!(sweep(&joined[..], &AGREED, stub).unwrap_err().contains("no guarded call of malloc"));
     }
 
     #[test]

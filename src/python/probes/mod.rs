@@ -30,18 +30,10 @@ const TEXT_TAIL_SLACK: u64 = 64;
 impl crate::python::Python {
     /// Every instruction of the interpreter's .text, decoded from its start
     /// (GCC puts no data between functions, and pads them with nops that
-    /// decode), or why not: `for_what` names the search in the sentence. A
-    /// decode that stops short of the end is refused: what lies after it
-    /// could not be searched.
-    pub(crate) fn decoded_text(&self, for_what: &str) -> Result<Vec<iced_x86::Instruction>, String> {
-        let mut code = Vec::new();
-        self.scan_text(for_what, |i| code.push(*i))?;
-        Ok(code)
-    }
-
-    /// `decoded_text`'s decode, each instruction handed to `each` and none
-    /// kept: a search that needs no neighbours costs no memory (a 3 MB
-    /// .text is ~700,000 instructions, 28 MB as a vector).
+    /// decode), each handed to `each` and none kept (a 3 MB .text is
+    /// ~700,000 instructions, 28 MB as a vector); or why not: `for_what`
+    /// names the search in the sentence. A decode that stops short of the
+    /// end is refused: what lies after it could not be searched.
     pub(crate) fn scan_text(&self, for_what: &str, mut each: impl FnMut(&iced_x86::Instruction)) -> Result<(), String> {
         let path = &self.target_path;
         let (text_at, text) = self.elf.section_at(".text").ok_or_else(|| format!("{path} has no .text section to search for {for_what}"))?;

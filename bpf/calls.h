@@ -33,7 +33,7 @@
  * frame evaluations the probes saw (each one entry and one return hit). */
 enum calls_counter {
 	CALLS_NEW_FUNCTION_LOST,   /* ring buffer full: a function's name was not sent */
-	CALLS_FUNCTION_MAP_FULL,   /* more distinct functions than MAX_FUNCTIONS */
+	CALLS_FUNCTION_MAP_FULL,   /* more distinct functions than MAX_FUNCTIONS, or no memory for one */
 	CALLS_THREAD_MAP_FULL,     /* more live threads than MAX_THREADS */
 	CALLS_BAD_CODE,            /* frame's code object unreadable or not a code object */
 	CALLS_UNMATCHED_RETURN,    /* a return with no entry seen (frames older than attach) */

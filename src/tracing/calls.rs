@@ -28,7 +28,7 @@ pub use super::Mode;
 /// Counters from bpf/calls.h's enum calls_counter: name, kind, meaning.
 const COUNTERS: [CounterRow; 17] = [
     ("new_function_lost", Lost, "functions' names lost (ring buffer full)", calls_counter::CALLS_NEW_FUNCTION_LOST.0),
-    ("function_map_full", Lost, "calls of functions past the function map's size, not counted", calls_counter::CALLS_FUNCTION_MAP_FULL.0),
+    ("function_map_full", Lost, "calls of functions past the function map's size (or that the kernel had no memory to add), not counted", calls_counter::CALLS_FUNCTION_MAP_FULL.0),
     ("thread_map_full", Lost, "calls on threads past the thread map's size: not timed, and not counted where the eval-frame probe saw them", calls_counter::CALLS_THREAD_MAP_FULL.0),
     ("bad_code_object", Refused, "evaluations of unreadable code objects", calls_counter::CALLS_BAD_CODE.0),
     ("unmatched_return", Refused, "returns from calls made before tracing began", calls_counter::CALLS_UNMATCHED_RETURN.0),

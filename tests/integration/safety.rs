@@ -559,7 +559,7 @@ fn a_function_flood_is_bounded_and_counted() {
     assert!(rss < 120 * 1024, "pytrace peaked at {rss} KiB");
     let table = String::from_utf8_lossy(&out.stdout);
     let footer = table.lines().last().unwrap();
-    assert!(footer.contains("calls of functions past the function map's size, not counted"), "{footer}");
+    assert!(footer.contains("calls of functions past the function map's size (or that the kernel had no memory to add), not counted"), "{footer}");
     // 30,000 functions for 16,384 map entries (module bodies reuse theirs).
     let dropped: u64 = footer.trim_start_matches("dropped: ").split_whitespace().next().unwrap().replace(',', "").parse().unwrap();
     assert!(dropped > 10_000, "{footer}");

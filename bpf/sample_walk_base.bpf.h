@@ -196,26 +196,18 @@ struct walk_step {
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 
-/* When a new stack's record wakes user space: a code object can be freed
- * soon after it ran (a module's, when its import ends), so user space must
- * read new stacks soon; but a workload with many stacks (deep recursion)
- * sends hundreds a second while it warms up, and a line-level workload
- * keeps finding a few new ones a second for minutes. A wake-up costs user
- * space about 150 us of CPU on a virtual machine: at one every 50 ms, that
- * was half of `sample`'s own CPU in steady state. So at most one every
- * WAKE_EVERY_NS; user space also reads the ring at each of its periodic
- * checks (every 250 ms). */
-#define WAKE_EVERY_NS (100 * 1000 * 1000ULL)
-__u64 last_wakeup_ns = 0;
-
+/* A new stack's record does not wake user space: it reads the ring at each
+ * of its periodic checks (every 250 ms), and is woken early only once the
+ * ring is half full. A line-level workload keeps finding a few new stacks a
+ * second for minutes, and each wake-up cost user space about 150 us of CPU
+ * on a virtual machine: woken at most every 50 ms, that was half of
+ * `sample`'s own CPU in steady state. The cost of waiting: a code object
+ * freed within the 250 ms (a module's, once its import ends) leaves its
+ * frame unreadable; one replaced at the same address is not misnamed
+ * (py_frame_ref.name). */
 static __always_inline __u64 wakeup_flags(void)
 {
-	__u64 now = bpf_ktime_get_ns();
-
-	if (now - last_wakeup_ns < WAKE_EVERY_NS && bpf_ringbuf_query(&records, BPF_RB_AVAIL_DATA) < RING_BYTES / 2)
-		return BPF_RB_NO_WAKEUP;
-	last_wakeup_ns = now;
-	return BPF_RB_FORCE_WAKEUP;
+	return bpf_ringbuf_query(&records, BPF_RB_AVAIL_DATA) < RING_BYTES / 2 ? BPF_RB_NO_WAKEUP : BPF_RB_FORCE_WAKEUP;
 }
 
 /* Sends a new stack's frames (with their code objects' names, read now) to

@@ -130,6 +130,8 @@ pub fn has_tracing_privileges() -> bool {
 
 pub struct Target {
     pub pid: u32,
+    /// Whether `pid` still runs, asked at every check.
+    exit_watch: proc::ExitWatch,
     launched: Option<Launched>,
     /// The exit status of the command we started.
     exit_status: Option<i32>,
@@ -166,7 +168,7 @@ impl Target {
                 (launched.pid, python, Some(launched), command.duration)
             }
         };
-        let target = Self { pid, launched, exit_status: None, started: Instant::now(), duration, deadline: None, stopped: None, stop_seen: None, cpu_last_ns: None, cpu_at_start_ns: None, cpu_at_end_ns: None };
+        let target = Self { pid, exit_watch: proc::ExitWatch::new(pid), launched, exit_status: None, started: Instant::now(), duration, deadline: None, stopped: None, stop_seen: None, cpu_last_ns: None, cpu_at_start_ns: None, cpu_at_end_ns: None };
         Ok((target, python))
     }
 
@@ -236,7 +238,7 @@ impl Target {
         if !going && self.cpu_at_end_ns.is_none() {
             self.cpu_at_end_ns = match &self.launched {
                 Some(l) if self.exit_status.is_some() && l.pid == l.command_pid => l.cpu_at_exit_ns,
-                _ if proc::is_running(self.pid) => proc::cpu_time_ns(self.pid),
+                _ if self.exit_watch.running() => proc::cpu_time_ns(self.pid),
                 // A CPython the command started, gone: last seen running.
                 Some(_) => self.cpu_last_ns,
                 None => None,
@@ -247,7 +249,7 @@ impl Target {
 
     fn still_going(&mut self, duration: Option<Duration>) -> bool {
         let Some(l) = &mut self.launched else {
-            return !STOP_REQUESTED.load(Ordering::SeqCst) && duration.is_none_or(|d| self.started.elapsed() < d) && proc::is_running(self.pid);
+            return !STOP_REQUESTED.load(Ordering::SeqCst) && duration.is_none_or(|d| self.started.elapsed() < d) && self.exit_watch.running();
         };
         let python_running = l.python_running();
         if python_running && l.pid != l.command_pid {
@@ -306,7 +308,7 @@ impl Target {
 
     /// Whether the target is still alive (for restoring what we changed).
     pub fn is_running(&self) -> bool {
-        proc::is_running(self.pid)
+        self.exit_watch.running()
     }
 }
 

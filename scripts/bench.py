@@ -341,80 +341,87 @@ STEADY_TO = 10
 
 
 def steady_cost_table():
-    """Steady-state cost at 1000 Hz, attached by PID to a CPU-bound 3.11
-    target (callgraph.py): each profiler samples for STEADY_SECONDS; its CPU
-    (and pytrace's BPF run time) is read at STEADY_FROM and STEADY_TO
-    seconds, while it still runs, and that difference over the samples
-    taken in between (its samples times the window's share of its sampling
-    time) is its steady cost per sample: start-up and shut-down (resolving
-    and writing the profile) left out. The whole run's CPU after start-up,
-    shut-down included, is shown beside it."""
+    """Steady-state cost at 1000 Hz, attached by PID to a CPU-bound target
+    (callgraph.py) on Debian's 3.11 and on sid's 3.15, where CPython's own
+    profiling.sampling runs too: each profiler samples for STEADY_SECONDS;
+    its CPU (and pytrace's BPF run time) is read at STEADY_FROM and
+    STEADY_TO seconds, while it still runs, and that difference over the
+    samples taken in between (its samples times the window's share of its
+    sampling time) is its steady cost per sample: start-up and shut-down
+    (resolving and writing the profile) left out. The whole run's CPU after
+    start-up, shut-down included, is shown beside it."""
     rows = []
-    samplers = ["pytrace", "pytrace --native", "py-spy", "py-spy --native"]
-    results = {s: [] for s in samplers}
+    runs = ((DEBIAN, ["pytrace", "pytrace --native", "py-spy", "py-spy --native"]),
+            (SID_315, ["pytrace", "py-spy", "profiling.sampling"]))
+    results = {(python.label, s): [] for python, samplers in runs for s in samplers}
     progress("steady-state sampling cost at 1000 Hz")
     for _ in range(REPEATS):
-        for s in samplers:
-            target = start(DEBIAN.argv("callgraph.py", "--rounds", 100000000))
-            time.sleep(0.5)
-            native = ["--native"] if s.endswith("--native") else []
-            is_pytrace = s.startswith("pytrace")
-            if is_pytrace:
-                out = os.path.join(TMP, "steady.json")
-                prof = start([PYTRACE, "sample", "-p", str(target.pid), "-r", "1000", "-d", str(STEADY_SECONDS), "--json", out, *native])
-                wait_for(prof.stderr, "attached to PID")
-            else:
-                out = os.path.join(TMP, "steady.txt")
-                prof = start([PY_SPY, "record", "--pid", str(target.pid), "-r", "1000", "-d", str(STEADY_SECONDS), "--format", "raw", "-o", out, *native])
-            began = time.monotonic()
-            marks = []
-            for at in (STEADY_FROM, STEADY_TO):
-                time.sleep(max(0.0, began + at - time.monotonic()))
-                marks.append((time.monotonic(), cpu_of_running(prof.pid), bpf_run_ns(prof.pid) if is_pytrace else 0))
-            prof.stderr.read()
-            cpu_end, _ = usage_of(prof)
-            ended = time.monotonic()
-            target.kill()
-            target.wait()
-            if is_pytrace:
-                samples = json.load(open(out))["samples"]
-            else:
-                samples = folded_samples(out)[0] if os.path.exists(out) else 0
-            (t0, cpu0, bpf0), (t1, cpu1, bpf1) = marks
-            in_window = samples * (t1 - t0) / STEADY_SECONDS
-            after_start = samples * (STEADY_SECONDS - STEADY_FROM) / STEADY_SECONDS
-            if in_window > 0:
-                results[s].append({
-                    "samples": samples,
-                    "ms_per_s": (cpu1 - cpu0) / (t1 - t0) * 1e3,
-                    "cpu_us": (cpu1 - cpu0) / in_window * 1e6,
-                    "bpf_us": (bpf1 - bpf0) / in_window / 1e3 if is_pytrace else None,
-                    "with_exit_us": (cpu_end - cpu0) / after_start * 1e6,
-                    "load": os.getloadavg()[0],
-                })
+        for python, samplers in runs:
+            for s in samplers:
+                target = start(python.argv("callgraph.py", "--rounds", 100000000))
+                time.sleep(0.5)
+                native = ["--native"] if s.endswith("--native") else []
+                is_pytrace = s.startswith("pytrace")
+                if is_pytrace:
+                    out = os.path.join(TMP, "steady.json")
+                    prof = start([PYTRACE, "sample", "-p", str(target.pid), "-r", "1000", "-d", str(STEADY_SECONDS), "--json", out, *native])
+                    wait_for(prof.stderr, "attached to PID")
+                elif s.startswith("py-spy"):
+                    out = os.path.join(TMP, "steady.txt")
+                    prof = start([PY_SPY, "record", "--pid", str(target.pid), "-r", "1000", "-d", str(STEADY_SECONDS), "--format", "raw", "-o", out, *native])
+                else:  # CPython 3.15's own sampler, run inside the root
+                    inside, out = python.out_path("steady.folded")
+                    prof = start(["chroot", python.root, python.exe, "-m", "profiling.sampling", "attach", "-r", "1000", "-d", str(STEADY_SECONDS),
+                                  "--mode", "cpu", "--collapsed", "-o", inside, str(target.pid)])
+                began = time.monotonic()
+                marks = []
+                for at in (STEADY_FROM, STEADY_TO):
+                    time.sleep(max(0.0, began + at - time.monotonic()))
+                    marks.append((time.monotonic(), cpu_of_running(prof.pid), bpf_run_ns(prof.pid) if is_pytrace else 0))
+                prof.stderr.read()
+                cpu_end, _ = usage_of(prof)
+                target.kill()
+                target.wait()
+                if is_pytrace:
+                    samples = json.load(open(out))["samples"]
+                else:
+                    samples = folded_samples(out)[0] if os.path.exists(out) else 0
+                (t0, cpu0, bpf0), (t1, cpu1, bpf1) = marks
+                in_window = samples * (t1 - t0) / STEADY_SECONDS
+                after_start = samples * (STEADY_SECONDS - STEADY_FROM) / STEADY_SECONDS
+                if in_window > 0:
+                    results[(python.label, s)].append({
+                        "samples": samples,
+                        "ms_per_s": (cpu1 - cpu0) / (t1 - t0) * 1e3,
+                        "cpu_us": (cpu1 - cpu0) / in_window * 1e6,
+                        "bpf_us": (bpf1 - bpf0) / in_window / 1e3 if is_pytrace else None,
+                        "with_exit_us": (cpu_end - cpu0) / after_start * 1e6,
+                        "load": os.getloadavg()[0],
+                    })
     # Medians, with the range over the repeats: the machine is shared, and
     # the spread says how far one run can be trusted.
     def spread(values, digits=1):
         text = f"{median(values):.{digits}f}"
         return text if len(values) < 2 else f"{text} ({min(values):.{digits}f}–{max(values):.{digits}f})"
-    for s in samplers:
-        r = results[s]
-        if not r:
-            rows.append(f"| {s} | 0 | – | – | – | – | – | – |")
-            continue
-        bpf = [x["bpf_us"] for x in r if x["bpf_us"] is not None]
-        totals = [x["cpu_us"] + (x["bpf_us"] or 0) for x in r]
-        loads = [x["load"] for x in r]
-        rows.append(
-            f"| {s} | {median([x['samples'] for x in r]):.0f} | {spread([x['ms_per_s'] for x in r])} | {spread([x['cpu_us'] for x in r])} "
-            f"| {spread(bpf) if bpf else '–'} | {spread(totals)} | {spread([x['with_exit_us'] for x in r])} | {min(loads):.1f}–{max(loads):.1f} |"
-        )
+    for python, samplers in runs:
+        for s in samplers:
+            r = results[(python.label, s)]
+            if not r:
+                rows.append(f"| {python.label} | {s} | 0 | – | – | – | – | – | – |")
+                continue
+            bpf = [x["bpf_us"] for x in r if x["bpf_us"] is not None]
+            totals = [x["cpu_us"] + (x["bpf_us"] or 0) for x in r]
+            loads = [x["load"] for x in r]
+            rows.append(
+                f"| {python.label} | {s} | {median([x['samples'] for x in r]):.0f} | {spread([x['ms_per_s'] for x in r])} | {spread([x['cpu_us'] for x in r])} "
+                f"| {spread(bpf) if bpf else '–'} | {spread(totals)} | {spread([x['with_exit_us'] for x in r])} | {min(loads):.1f}–{max(loads):.1f} |"
+            )
     # Per second too: a profiler's fixed costs (waking to read, draining)
     # spread over fewer samples when the target gets less than a CPU.
     return (
-        f"| profiler | samples in {STEADY_SECONDS} s | profiler CPU, steady (ms per s) | profiler CPU per sample, steady (µs) | BPF per sample, steady (µs) "
+        f"| CPython | profiler | samples in {STEADY_SECONDS} s | profiler CPU, steady (ms per s) | profiler CPU per sample, steady (µs) | BPF per sample, steady (µs) "
         "| total per sample, steady (µs) | profiler CPU per sample with its exit (µs) | load average at the end |\n"
-        "|---|---|---|---|---|---|---|---|\n" + "\n".join(rows)
+        "|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows)
     )
 
 
@@ -944,7 +951,7 @@ def dump_table():
 
 # The tables that run a Python of the sid root: only they need it set up
 # (a run of other tables alone leaves the shared root and its /proc alone).
-SID_TABLES = {"calls_table", "sample_cost_table", "accuracy_table", "attach_table", "bypassed_table"}
+SID_TABLES = {"calls_table", "sample_cost_table", "steady_cost_table", "accuracy_table", "attach_table", "bypassed_table"}
 
 
 # --- memory: its cost beside memray and tracemalloc ---------------------------
@@ -1257,7 +1264,8 @@ def main():
              "fixtures/cpu_split.py for 4 CPU-seconds at 1000 Hz; the error is the largest of the three shares' distance "
              "from 60, 30 and 10 percent."),
             ("`sample`: steady-state cost per sample at 1000 Hz", steady_cost_table,
-             f"Debian's 3.11, fixtures/callgraph.py (CPU-bound), attached by PID at 1000 Hz. Each profiler runs for {STEADY_SECONDS} s "
+             f"fixtures/callgraph.py (CPU-bound) on Debian's 3.11 and on sid's 3.15 (there with CPython's own profiling.sampling, "
+             f"`attach --mode cpu`, run inside the root), attached by PID at 1000 Hz. Each profiler runs for {STEADY_SECONDS} s "
              f"on a fresh target; its CPU, and pytrace's BPF run time (kernel.bpf_stats_enabled, from its programs' fdinfo), is read "
              f"{STEADY_FROM} s and {STEADY_TO} s after it attached, while it samples, over the samples taken in between: start-up and "
              "shut-down are left out; total is the two added. The BPF time is spent in the target's context, and includes the "

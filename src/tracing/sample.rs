@@ -297,8 +297,9 @@ impl<'obj, 'a> Session<'obj, 'a> {
 
     /// After reading the ring buffer: names the new stacks it held, all at
     /// once (each batch checks the cached code objects it uses, in two
-    /// system calls). BPF wakes user space for new stacks at most every
-    /// 100 ms, and the driver reads them at each check (CHECK_EVERY).
+    /// system calls). BPF does not wake user space for new stacks (only
+    /// once the ring is half full): the driver reads them at each check
+    /// (CHECK_EVERY).
     pub fn after_poll(&self) {
         self.stacks.borrow_mut().name_new(&mut self.processes.borrow_mut());
     }

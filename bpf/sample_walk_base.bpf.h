@@ -4,7 +4,8 @@
  * the stacks already sent, the threads' states, the per-CPU scratch, the
  * stack hash and the bounded accessors the walk reads through. The includer
  * defines `cfg` (struct sample_config), DEFINE_COUNTERS (count() with
- * enum sample_counter's indexes) and includes sample.h before this. */
+ * enum sample_counter's indexes) and includes sample.h and ring.bpf.h
+ * (RING_BYTES, ring_submit_flags) before this. */
 #ifndef PYTRACE_SAMPLE_WALK_BASE_BPF_H
 #define PYTRACE_SAMPLE_WALK_BASE_BPF_H
 
@@ -196,20 +197,6 @@ struct walk_step {
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 
-/* A new stack's record does not wake user space: it reads the ring at each
- * of its periodic checks (every 250 ms), and is woken early only once the
- * ring is half full. A line-level workload keeps finding a few new stacks a
- * second for minutes, and each wake-up cost user space about 150 us of CPU
- * on a virtual machine: woken at most every 50 ms, that was half of
- * `sample`'s own CPU in steady state. The cost of waiting: a code object
- * freed within the 250 ms (a module's, once its import ends) leaves its
- * frame unreadable; one replaced at the same address is not misnamed
- * (py_frame_ref.name). */
-static __always_inline __u64 wakeup_flags(void)
-{
-	return bpf_ringbuf_query(&records, BPF_RB_AVAIL_DATA) < RING_BYTES / 2 ? BPF_RB_NO_WAKEUP : BPF_RB_FORCE_WAKEUP;
-}
-
 /* Sends a new stack's frames (with their code objects' names, read now) to
  * user space, unless they were sent before. False if they could not be
  * (the ring buffer is full): the sample is then counted lost, since user
@@ -233,7 +220,16 @@ static __always_inline bool send_stack(struct sample_stack *rec, struct stack_ke
 	barrier_var(size);
 	if (size > sizeof(*rec))
 		return false;
-	if (bpf_ringbuf_output(&records, rec, size, wakeup_flags())) {
+	/* The record does not wake user space (ring_submit_flags): it reads
+	 * the ring at each of its periodic checks (every 250 ms), and is woken
+	 * early only once the ring is half full. A line-level workload keeps
+	 * finding a few new stacks a second for minutes, and each wake-up cost
+	 * user space about 150 us of CPU on a virtual machine: woken at most
+	 * every 50 ms, that was half of `sample`'s own CPU in steady state. The
+	 * cost of waiting: a code object freed within the 250 ms (a module's,
+	 * once its import ends) leaves its frame unreadable; one replaced at
+	 * the same address is not misnamed (py_frame_ref.name). */
+	if (bpf_ringbuf_output(&records, rec, size, ring_submit_flags(&records))) {
 		count(SAMPLE_LOST);
 		return false;
 	}

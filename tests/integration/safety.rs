@@ -41,7 +41,6 @@ fn waiting_target(python: &Path, args: &[&str]) -> Proc {
     target
 }
 
-
 fn one_sentence(stderr: &str) -> &str {
     let line = stderr.trim_end();
     assert_eq!(line.lines().count(), 1, "one line, not a backtrace: {stderr}");

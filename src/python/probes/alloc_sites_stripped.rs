@@ -462,6 +462,9 @@ impl Listing for [Instruction] {
     }
 }
 
+/// What the sweep looks for in .text, as its refusals name it.
+const SEARCHED: &str = "obmalloc's inlined allocator copies";
+
 /// The interpreter's .text: the scan keeps only where each instruction
 /// starts (4 bytes each), from which a window is decoded again.
 struct Text<'a> {
@@ -473,7 +476,7 @@ struct Text<'a> {
 
 impl<'a> Text<'a> {
     fn of(python: &'a Python) -> Result<Self, String> {
-        let (at, bytes) = python.elf.section_at(".text").ok_or_else(|| format!("{} has no .text section to search for obmalloc's inlined allocator copies", python.target_path))?;
+        let (at, bytes) = python.elf.section_at(".text").ok_or_else(|| format!("{} has no .text section to search for {SEARCHED}", python.target_path))?;
         Ok(Text { python, at, bytes, starts: std::cell::OnceCell::new() })
     }
 }
@@ -482,7 +485,7 @@ impl Listing for Text<'_> {
     fn scan(&self, each: &mut dyn FnMut(usize, &Instruction)) -> Result<(), String> {
         // A 4 GB .text is refused by scan_text long before offsets overflow.
         let mut starts = Vec::with_capacity(self.bytes.len() / 4);
-        self.python.scan_text("obmalloc's inlined allocator copies", |i| {
+        self.python.scan_text(SEARCHED, |i| {
             each(starts.len(), i);
             starts.push((i.ip() - self.at) as u32);
         })?;

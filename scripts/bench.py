@@ -179,6 +179,16 @@ def folded_samples(path, names=()):
     return total, per
 
 
+def start_profiling_sampling(python, hz, name, pid, *extra):
+    """CPython 3.15's own sampler, run inside `python`'s root and attached to
+    `pid` at `hz` in CPU mode, writing collapsed stacks to `name`: (the
+    process, the output's path as we see it)."""
+    inside, out = python.out_path(name)
+    prof = start(["chroot", python.root, python.exe, "-m", "profiling.sampling", "attach", "-r", str(hz), *extra,
+                  "--mode", "cpu", "--collapsed", "-o", inside, str(pid)])
+    return prof, out
+
+
 def run_sampler(sampler, python, hz, target):
     """Attaches `sampler` to a started target; returns (profiler CPU s, peak
     RSS MiB, samples, BPF ns per sample or None, path of its output)."""
@@ -191,9 +201,7 @@ def run_sampler(sampler, python, hz, target):
         native = ["--native"] if sampler.endswith("--native") else []
         prof = start([PY_SPY, "record", "--pid", str(target.pid), "-r", str(hz), "--format", "raw", "-o", out, *native])
     else:  # CPython 3.15's own profiling.sampling, run inside the root
-        inside, out = python.out_path("stdlib.folded")
-        prof = start(["chroot", python.root, python.exe, "-m", "profiling.sampling", "attach", "-r", str(hz),
-                      "--mode", "cpu", "--collapsed", "-o", inside, str(target.pid)])
+        prof, out = start_profiling_sampling(python, hz, "stdlib.folded", target.pid)
     target.wait()
     prof.stderr.close()
     cpu, rss = usage_of(prof)
@@ -260,9 +268,7 @@ def split_samples(python, sampler, hz, cpu_seconds):
         out = os.path.join(TMP, "split.txt")
         prof = start([PY_SPY, "record", "--pid", str(target.pid), "-r", str(hz), "--format", "raw", "-o", out])
     else:
-        inside, out = python.out_path("split.folded")
-        prof = start(["chroot", python.root, python.exe, "-m", "profiling.sampling", "attach", "-r", str(hz),
-                      "--mode", "cpu", "--collapsed", "-o", inside, str(target.pid)])
+        prof, out = start_profiling_sampling(python, hz, "split.folded", target.pid)
     target.wait()
     prof.stderr.close()
     prof.wait()
@@ -370,9 +376,7 @@ def steady_cost_table():
                     out = os.path.join(TMP, "steady.txt")
                     prof = start([PY_SPY, "record", "--pid", str(target.pid), "-r", "1000", "-d", str(STEADY_SECONDS), "--format", "raw", "-o", out, *native])
                 else:  # CPython 3.15's own sampler, run inside the root
-                    inside, out = python.out_path("steady.folded")
-                    prof = start(["chroot", python.root, python.exe, "-m", "profiling.sampling", "attach", "-r", "1000", "-d", str(STEADY_SECONDS),
-                                  "--mode", "cpu", "--collapsed", "-o", inside, str(target.pid)])
+                    prof, out = start_profiling_sampling(python, 1000, "steady.folded", target.pid, "-d", str(STEADY_SECONDS))
                 began = time.monotonic()
                 marks = []
                 for at in (STEADY_FROM, STEADY_TO):

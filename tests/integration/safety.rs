@@ -158,9 +158,14 @@ fn a_library_replaced_under_a_running_target_is_never_parsed() {
     assert_hook_restored_within(target.pid(), Duration::from_secs(2), "replaced library");
     assert_alive(&mut target, "replaced library");
 
-    let sample = pytrace(&["sample", "-p", &pid, "-d", "1", "--json", "-"]);
+    // The spinning target is on the CPU about a tenth of the time: at the
+    // default 99 Hz a second held 9 samples here, and none of them in leaf
+    // once in CI. At 1000 Hz for 2 s it held 60-120 with two CPU hogs
+    // beside it; the test needs at least 20 before it looks.
+    let sample = pytrace(&["sample", "-p", &pid, "-r", "1000", "-d", "2", "--json", "-"]);
     assert!(sample.status.success(), "{}", String::from_utf8_lossy(&sample.stderr));
     let profile: serde_json::Value = parse_report(&sample.stdout);
+    assert!(profile["samples"].as_u64().unwrap() >= 20, "enough samples to look for a name: {}", profile["samples"]);
     assert!(profile.to_string().contains("leaf"), "the sampler names the target's functions");
 
     // Without CAP_SYS_ADMIN pytrace cannot open map_files, and the path now

@@ -274,9 +274,9 @@ impl Stacks {
     }
 
     /// Names the stacks received since the last call, while their code
-    /// objects are surely alive: each process's cached code objects among
-    /// them are checked in one batch first (one may have been freed and
-    /// another made at its address since it was cached).
+    /// objects are most likely alive: a cached object is used only if it
+    /// has the name BPF read from the sampled one (another may have been
+    /// made at a freed one's address since it was cached), else read again.
     pub fn name_new(&mut self, processes: &mut Processes) {
         if self.unnamed.is_empty() {
             return;
@@ -288,8 +288,8 @@ impl Stacks {
             let pid = group[0].0;
             let Some(process) = processes.by_pid.get_mut(&pid) else { continue };
             process.tasks.forget_reads();
-            let codes = group.iter().filter_map(|k| self.raw.get(k)).flat_map(|s| s.python.iter().map(|f| f.code));
-            process.resolver.refresh(codes, None);
+            let frames = group.iter().filter_map(|k| self.raw.get(k)).flat_map(|s| s.python.iter().map(|f| (f.code, f.name)));
+            process.resolver.refresh_sampled(frames);
             for key in group {
                 let Some(stack) = self.raw.get_mut(key) else { continue };
                 let (named, generations) = stack
@@ -543,7 +543,7 @@ fn stale(raw: &mut RawStack, drain: u64, process: &mut super::discovery::Process
         return false;
     }
     // Reads the frames' objects that are not cached (a flushed cache).
-    process.resolver.refresh(raw.python.iter().map(|f| f.code), Some(drain));
+    process.resolver.refresh(raw.python.iter().map(|f| f.code), drain);
     // A code object freed since (nothing readable there now) changes
     // nothing: the samples were taken while it lived.
     let changed = raw.python.iter().zip(&raw.generations).any(|(f, &g)| process.resolver.generation(f.code).is_some_and(|now| now != g));

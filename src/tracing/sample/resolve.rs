@@ -15,7 +15,7 @@
 //! above MAX_KEPT_LINE_TABLE is used and dropped, not kept, and past
 //! CACHE_BYTES in all the cache is emptied; both are counted.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::rc::Rc;
 
 use crate::python::reading::code::{instruction_offset, Code};
@@ -94,7 +94,7 @@ impl CodeResolver {
             layout,
             mem: None,
             code_type: None,
-            codes: HashMap::new(),
+            codes: HashMap::default(),
             bytes: 0,
             next_generation: 1,
             reads: 0,
@@ -113,7 +113,7 @@ impl CodeResolver {
     /// batch) and read again if they changed; missing ones are read.
     /// Objects already checked in `drain` are not checked again.
     pub fn refresh(&mut self, addrs: impl Iterator<Item = u64>, drain: u64) {
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = foldhash::HashSet::default();
         let mut to_check: Vec<(u64, (u64, u64))> = Vec::new();
         let mut to_read: Vec<u64> = Vec::new();
         for addr in addrs.filter(|&a| seen.insert(a)) {
@@ -245,8 +245,8 @@ impl CodeResolver {
             generation,
             checked: drain,
             table_dropped: false,
-            by_instr: HashMap::new(),
-            by_line: HashMap::new(),
+            by_instr: HashMap::default(),
+            by_line: HashMap::default(),
             bytes: ENTRY_OVERHEAD,
         };
         if let Some(mut c) = code {

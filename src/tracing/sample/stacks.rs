@@ -8,7 +8,7 @@
 //! is told to send them again if they come back), the profile up to
 //! PROFILE_BYTES (past it, samples of new stacks are counted, not kept).
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet};
 use std::rc::Rc;
 
 use libbpf_rs::MapCore;
@@ -189,7 +189,7 @@ struct Markers {
 impl Stacks {
     pub fn new(kernel: bool, native: bool, label_processes: bool) -> Self {
         Stacks {
-            raw: HashMap::new(),
+            raw: HashMap::default(),
             raw_bytes: 0,
             to_retire: Vec::new(),
             retiring: Vec::new(),

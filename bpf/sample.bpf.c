@@ -29,7 +29,7 @@ const volatile struct sample_config cfg = {};
 
 /* The one process sampled (-p, --), 0 with --all. The clock fires on a
  * CPU whatever runs there, so most runs are for other tasks: a compare
- * with a constant turns them away before the hash look-up of `processes`. */
+ * with a constant turns them away before any look-up. */
 const volatile __u32 only_pid = 0;
 
 /* The processes to sample. User space fills an entry per process, sets its
@@ -41,6 +41,16 @@ struct {
 	__type(key, __u32);
 	__type(value, struct sample_target);
 } processes SEC(".maps");
+
+/* With one process sampled (only_pid), its entry again, at index 0: the
+ * verifier inlines an array's look-up, where the hash map's is a helper
+ * call, made on every tick of every CPU that runs the target. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sample_target);
+} only_target SEC(".maps");
 
 /* Samples per stack. Two maps, swapped by user space: the perf-event
  * program counts into the one `counts` holds, and user space reads the

@@ -18,7 +18,7 @@ int SAMPLE_THREAD_PROGRAM(struct bpf_perf_event_data *ctx)
 
 	if (only_pid && pid != only_pid)
 		return 0;
-	t = bpf_map_lookup_elem(&processes, &pid);
+	t = only_pid ? bpf_map_lookup_elem(&only_target, &zero) : bpf_map_lookup_elem(&processes, &pid);
 	if (!t || !(s = bpf_map_lookup_elem(&scratch, &zero)))
 		return 0;
 	task = (struct task_struct *)bpf_get_current_task();

@@ -15,7 +15,7 @@ use anyhow::{Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBufferBuilder};
 
-use super::sample::discovery::{Processes, PythonRef};
+use super::sample::discovery::{Processes, PythonRef, TargetMaps};
 use super::sample::stacks::Stacks;
 use super::{attach_error, ensure_still_running, read_counters, Links, Tracing};
 use crate::bpf::memory::types::{kept_block, memory_alignment, memory_counter, memory_growth, memory_key, memory_objects, memory_place, memory_source, sample_counter};
@@ -153,9 +153,15 @@ impl<'obj, 'a> Session<'obj, 'a> {
             live: RefCell::new(None),
             last_read: std::cell::Cell::new(std::time::Instant::now()),
         };
-        session.processes.borrow_mut().add(&session.skel.maps.processes, pid, PythonRef::Borrowed(python))?;
+        session.processes.borrow_mut().add(&session.target_maps(), pid, PythonRef::Borrowed(python))?;
         ensure_still_running(pid)?;
         Ok(session)
+    }
+
+    /// The map BPF finds the target in (memory's programs look it up by
+    /// PID, once per event they keep).
+    fn target_maps(&self) -> TargetMaps<'_> {
+        TargetMaps { by_pid: &self.skel.maps.processes, only: None }
     }
 
     /// Tells BPF where the target's interpreter is as soon as it is
@@ -166,7 +172,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
     pub fn locate_soon(&self) -> Result<()> {
         let started = std::time::Instant::now();
         loop {
-            self.processes.borrow_mut().locate(&self.skel.maps.processes)?;
+            self.processes.borrow_mut().locate(&self.target_maps())?;
             if self.processes.borrow().all_located() || started.elapsed() > LOCATE_AT_MOST {
                 return Ok(());
             }
@@ -359,7 +365,7 @@ impl Tracing for Session<'_, '_> {
     }
 
     fn between_polls(&self) -> Result<()> {
-        self.processes.borrow_mut().locate(&self.skel.maps.processes)?;
+        self.processes.borrow_mut().locate(&self.target_maps())?;
         if self.last_read.get().elapsed() >= self.opts.interval {
             self.read_live_if_running();
         }

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use libbpf_rs::skel::SkelBuilder;
-use libbpf_rs::{Link, OpenObject, RingBufferBuilder};
+use libbpf_rs::{Link, MapCore, OpenObject, RingBufferBuilder};
 
 use super::{ensure_still_running, privilege_hint, read_counters, Tracing};
 use crate::model::counters::Counters;
@@ -35,7 +35,7 @@ use crate::bpf::sample::{SampleSkel, SampleSkelBuilder};
 use crate::python::Python;
 use crate::model::samples::{Frame, Sample};
 use counts::CountsReader;
-use discovery::{Processes, PythonRef};
+use discovery::{Processes, PythonRef, TargetMaps};
 use stacks::Stacks;
 
 /// How often the counts are read from BPF, and the code objects of the
@@ -219,13 +219,13 @@ impl<'obj, 'a> Session<'obj, 'a> {
             counts_lock: Arc::new(Mutex::new(())),
         };
         match targets {
-            Targets::One(pid, python) => session.processes.borrow_mut().add(&session.skel.maps.processes, pid, PythonRef::Borrowed(python))?,
-            Targets::All => session.processes.borrow_mut().add_every_python(&session.skel.maps.processes),
+            Targets::One(pid, python) => session.processes.borrow_mut().add(&session.target_maps(), pid, PythonRef::Borrowed(python))?,
+            Targets::All => session.processes.borrow_mut().add_every_python(&session.target_maps()),
         }
         // Located now, not at the first poll: a process found at start is
         // walked from the run's first tick, not counted without a thread
         // state until then (a second or more under emulation).
-        session.processes.borrow_mut().locate(&session.skel.maps.processes)?;
+        session.processes.borrow_mut().locate(&session.target_maps())?;
         if let (Some(pid), Some(native)) = (session.processes.borrow().only(), session.stacks.borrow_mut().native.as_mut()) {
             native.prepare(pid);
         }
@@ -234,6 +234,13 @@ impl<'obj, 'a> Session<'obj, 'a> {
             ensure_still_running(pid)?;
         }
         Ok(session)
+    }
+
+    /// The maps BPF finds the sampled processes in: with one target, the
+    /// perf-event program reads it from `only_target`.
+    fn target_maps(&self) -> TargetMaps<'_> {
+        let one = self.skel.maps.rodata_data.as_ref().is_some_and(|r| r.only_pid != 0);
+        TargetMaps { by_pid: &self.skel.maps.processes, only: one.then_some(&self.skel.maps.only_target as &dyn MapCore) }
     }
 
     /// The perf-event sampler this kernel loaded (see `uses_bpf_loop`).
@@ -287,7 +294,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
     /// Returns the samples counted so far.
     pub fn between_polls(&self) -> Result<u64> {
         self.after_poll();
-        self.processes.borrow_mut().locate(&self.skel.maps.processes)?;
+        self.processes.borrow_mut().locate(&self.target_maps())?;
         if self.last_drain.get().elapsed() >= if self.opts.idle { IDLE_DRAIN_EVERY } else { DRAIN_EVERY } {
             self.drain(false)?;
         }
@@ -340,7 +347,7 @@ impl<'obj, 'a> Session<'obj, 'a> {
     fn follow_processes(&self) {
         let mut stacks = self.stacks.borrow_mut();
         let mut processes = self.processes.borrow_mut();
-        let forgotten = processes.rescan(&self.skel.maps.processes, stacks.drains());
+        let forgotten = processes.rescan(&self.target_maps(), stacks.drains());
         for &pid in &forgotten {
             stacks.forget_process(pid, &self.skel.maps.known_stacks);
         }

@@ -19,6 +19,16 @@ use crate::python::{Python, RUNTIME_SYMBOL};
 use crate::model::samples::Frame;
 use crate::process::proc::{self, Memory};
 
+/// Where BPF finds the processes to sample: `by_pid` holds them all (the
+/// --idle iterator and --all look each task's process up there); with a
+/// single target, `only` holds it again at index 0, for the perf-event
+/// program, whose look-up of a one-entry array the verifier inlines where
+/// a hash map's is a helper call, on every tick of every CPU.
+pub struct TargetMaps<'m> {
+    pub by_pid: &'m dyn MapCore,
+    pub only: Option<&'m dyn MapCore>,
+}
+
 /// --all looks for new Pythons, and for exited ones, this often.
 const RESCAN_EVERY: Duration = Duration::from_secs(1);
 
@@ -112,8 +122,8 @@ impl<'a> Processes<'a> {
     /// Starts sampling a process (its interpreter is located later, once
     /// mapped). With --all a full map only skips the process, counted;
     /// for the one target it is an error.
-    pub fn add(&mut self, map: &dyn MapCore, pid: u32, python: PythonRef<'a>) -> Result<()> {
-        if let Err(e) = put_target(map, pid, &target_entry(&python, 0)) {
+    pub fn add(&mut self, maps: &TargetMaps, pid: u32, python: PythonRef<'a>) -> Result<()> {
+        if let Err(e) = put_target(maps, pid, &target_entry(&python, 0)) {
             if self.all {
                 self.counts.not_sampled += 1;
                 return Ok(());
@@ -129,10 +139,10 @@ impl<'a> Processes<'a> {
 
     /// Tells BPF where each new target's interpreter is as soon as it can
     /// be known (with `--`, libpython may be mapped only now).
-    pub fn locate(&mut self, map: &dyn MapCore) -> Result<()> {
+    pub fn locate(&mut self, maps: &TargetMaps) -> Result<()> {
         for (&pid, p) in self.by_pid.iter_mut().filter(|(_, p)| !p.located && p.exited_at.is_none()) {
             if let Ok((head, code_type)) = runtime_addresses(pid, &p.python) {
-                put_target(map, pid, &target_entry(&p.python, head))?;
+                put_target(maps, pid, &target_entry(&p.python, head))?;
                 p.resolver.located(Memory::open(pid).ok(), code_type);
                 p.located = true;
             }
@@ -143,7 +153,7 @@ impl<'a> Processes<'a> {
     /// --all, at most every second: adds the Pythons started since, and
     /// removes from the map those that exited (forgetting them
     /// KEEP_EXITED_DRAINS drains later). Returns the PIDs forgotten now.
-    pub fn rescan(&mut self, map: &dyn MapCore, drain: u64) -> Vec<u32> {
+    pub fn rescan(&mut self, maps: &TargetMaps, drain: u64) -> Vec<u32> {
         if !self.all {
             return Vec::new();
         }
@@ -153,13 +163,13 @@ impl<'a> Processes<'a> {
         }
         self.last_scan = Instant::now();
         let live = live_pids();
-        self.prune(map, drain, &live);
+        self.prune(maps.by_pid, drain, &live);
         let me = std::process::id();
         let new: Vec<(u32, u64)> = live.into_iter().filter(|&(pid, _)| pid != me && !self.checked.contains_key(&pid)).collect();
         for (pid, inode) in new {
             self.checked.insert(pid, inode);
             if let Ok(python) = Python::from_pid(pid) {
-                let _ = self.add(map, pid, PythonRef::Owned(Box::new(python)));
+                let _ = self.add(maps, pid, PythonRef::Owned(Box::new(python)));
             }
         }
         forgotten
@@ -204,9 +214,9 @@ impl<'a> Processes<'a> {
     }
 
     /// --all at start: every Python on the machine now.
-    pub fn add_every_python(&mut self, map: &dyn MapCore) {
+    pub fn add_every_python(&mut self, maps: &TargetMaps) {
         self.last_scan = Instant::now() - RESCAN_EVERY;
-        self.rescan(map, 0);
+        self.rescan(maps, 0);
     }
 
     /// What every process's code cache had to give up.
@@ -341,10 +351,14 @@ fn gil_fields(l: &crate::python::Layout, interpreters_head: u64) -> sample_targe
     }
 }
 
-fn put_target(map: &dyn MapCore, pid: u32, entry: &sample_target) -> Result<()> {
+fn put_target(maps: &TargetMaps, pid: u32, entry: &sample_target) -> Result<()> {
     // SAFETY: a plain integer struct generated from bpf/sample.h.
     let bytes = unsafe { std::slice::from_raw_parts((entry as *const sample_target).cast::<u8>(), std::mem::size_of::<sample_target>()) };
-    map.update(&pid.to_ne_bytes(), bytes, MapFlags::ANY).with_context(|| format!("failed to add process {pid} to the sampler"))
+    maps.by_pid.update(&pid.to_ne_bytes(), bytes, MapFlags::ANY).with_context(|| format!("failed to add process {pid} to the sampler"))?;
+    if let Some(only) = maps.only {
+        only.update(&0u32.to_ne_bytes(), bytes, MapFlags::ANY).with_context(|| format!("failed to add process {pid} to the sampler"))?;
+    }
+    Ok(())
 }
 
 /// &_PyRuntime.interpreters.head and &PyCode_Type in the target, once its
@@ -389,8 +403,9 @@ mod tests {
         let (b, _second) = sleeper();
         let (c, _third) = sleeper();
         let mut processes = Processes::new(true);
+        let maps = TargetMaps { by_pid: &map, only: None };
         for pid in [a, b, c] {
-            processes.add(&map, pid, PythonRef::Owned(Box::new(Python::from_pid(pid).unwrap()))).unwrap();
+            processes.add(&maps, pid, PythonRef::Owned(Box::new(Python::from_pid(pid).unwrap()))).unwrap();
         }
         assert_eq!((processes.by_pid.len(), processes.counts.not_sampled), (2, 1));
         assert!(!processes.by_pid.contains_key(&c));
@@ -400,7 +415,7 @@ mod tests {
         processes.prune(&map, 1, &live_pids());
         assert_eq!(processes.counts.exited, 1);
         assert_eq!(map.keys().count(), 1, "the exited process left the map");
-        processes.add(&map, c, PythonRef::Owned(Box::new(Python::from_pid(c).unwrap()))).unwrap();
+        processes.add(&maps, c, PythonRef::Owned(Box::new(Python::from_pid(c).unwrap()))).unwrap();
         assert_eq!(map.keys().count(), 2);
         assert!(processes.by_pid.contains_key(&c));
 

@@ -9,6 +9,7 @@ pub mod merge;
 mod module;
 mod scan;
 mod symbols;
+mod table;
 mod unwind;
 
 use std::collections::HashMap;

@@ -160,6 +160,15 @@ impl ModuleFile {
         Some(start.wrapping_sub(offset.wrapping_add(*delta)))
     }
 
+    /// Link-time addresses from the lowest to the highest byte of its
+    /// executable segments: where its unwind entries may point.
+    #[cfg_attr(not(test), allow(dead_code))] // the unwind tables (table.rs) are not used outside tests yet
+    pub fn code_span(&self) -> Option<Range<u64>> {
+        let start = self.exec_segments.iter().map(|(file, delta)| file.start.wrapping_add(*delta)).min()?;
+        let end = self.exec_segments.iter().map(|(file, delta)| file.end.wrapping_add(*delta)).max()?;
+        Some(start..end)
+    }
+
     /// The start of the function whose unwind entry covers `svma` (a
     /// link-time address), or None: code without unwind information, which
     /// must not be unwound through by guess.

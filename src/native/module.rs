@@ -25,7 +25,7 @@ pub struct ModuleFile {
     /// vDSO, which is only in memory.
     pub path: Option<PathBuf>,
     /// The checked file, held open so that `path` stays this very file.
-    _file: Option<CheckedFile>,
+    file: Option<CheckedFile>,
     /// (p_vaddr - p_offset) of each executable segment with its file range:
     /// maps a mapping's file offset to link-time addresses.
     exec_segments: Vec<(Range<u64>, u64)>,
@@ -55,7 +55,7 @@ impl ModuleFile {
     pub fn read(file: CheckedFile, name: String) -> Result<Self> {
         let bytes = crate::process::elf_image::read_declared(&file)?;
         let mut module = Self::parse(&bytes, name, Some(file.fd_path()), false)?;
-        module._file = Some(file);
+        module.file = Some(file);
         Ok(module)
     }
 
@@ -104,7 +104,7 @@ impl ModuleFile {
         Ok(ModuleFile {
             name,
             path,
-            _file: None,
+            file: None,
             exec_segments,
             text: with_data(".text"),
             eh_frame: with_data(".eh_frame"),
@@ -158,6 +158,13 @@ impl ModuleFile {
         let (_, delta) = self.exec_segments.iter().find(|(file, _)| file.start < offset + 4096 && offset < file.end)?;
         // Link-time address of the mapping's first byte: offset + delta.
         Some(start.wrapping_sub(offset.wrapping_add(*delta)))
+    }
+
+    /// The file it was read from, with its identity (device, inode, size,
+    /// mtime); None for the vDSO.
+    #[cfg_attr(not(test), allow(dead_code))] // the unwind tables' cache (table.rs) is not used outside tests yet
+    pub fn file(&self) -> Option<&CheckedFile> {
+        self.file.as_ref()
     }
 
     /// Link-time addresses from the lowest to the highest byte of its

@@ -3,19 +3,23 @@
 //! into sorted 8-byte rows BPF can binary-search, one row per change of the
 //! only rules an x86-64 unwinder needs (where the CFA is, where the caller's
 //! rbp was saved; the return address is always at CFA-8), checked against
-//! readelf.
+//! readelf; and a cache that builds each file's table once for all the
+//! processes mapping it.
 
 // Nothing outside the tests uses the tables until BPF does (the design's
 // steps 2 and 3).
 #![cfg_attr(not(test), allow(dead_code))]
 
 use std::cmp::Reverse;
+use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use gimli::{BaseAddresses, CfaRule, EhFrame, EndianSlice, LittleEndian, RegisterRule, UnwindContext, UnwindExpression, UnwindSection, UnwindTableRow, X86_64};
 
-use super::module::ModuleFile;
+use super::module::{Bytes, ModuleFile};
+use crate::process::files::FileId;
 
 /// One row of a file's unwind table, as BPF reads it from a map: the rule
 /// for the addresses from `pc` up to the next row's `pc`.
@@ -459,10 +463,157 @@ fn classify(row: &UnwindTableRow<usize>, signal_frame: bool, section: &EhFrame<E
     Rule { kind, cfa_offset, rbp_at }
 }
 
+/// What a table is cached by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum TableKey {
+    /// A file: its (device, inode) with its size and mtime, as an inode
+    /// number freed by a deleted file can be given to another.
+    File { id: FileId, size: u64, mtime: i64 },
+    /// A module only in memory (the vDSO, the same in every process under
+    /// one kernel): its `.eh_frame`'s bytes and address and its code span.
+    Memory { eh_frame_address: u64, eh_frame: Bytes, code: Range<u64> },
+}
+
+impl TableKey {
+    pub fn of(module: &ModuleFile) -> Option<TableKey> {
+        if let Some(file) = module.file() {
+            return Some(TableKey::File { id: file.id, size: file.size, mtime: file.mtime });
+        }
+        let (range, bytes) = module.eh_frame.as_ref()?;
+        Some(TableKey::Memory { eh_frame_address: range.start, eh_frame: bytes.clone(), code: module.code_span()? })
+    }
+}
+
+/// Failures remembered (so that a file that cannot be read is not read
+/// again for every process mapping it); past this many, all are forgotten.
+const MAX_REMEMBERED_FAILURES: usize = 4096;
+
+/// Every file's table, built once and shared by the processes mapping it,
+/// within a budget of rows (the BPF rows map's size).
+///
+/// When a new table does not fit, the least recently used tables that no
+/// process holds any more (only the cache has their Arc) are evicted; tables
+/// still held are never evicted, as BPF would still be reading their rows.
+/// A table that does not fit in what is left then is refused, counted, and
+/// built again only once more room has been freed. Refusing rather than
+/// evicting what is in use keeps the promise that every live process's
+/// tables stay whole; the files refused fall back to user space's stack
+/// copy (the design's step 4).
+pub struct TableCache {
+    budget_rows: usize,
+    clock: u64,
+    entries: HashMap<TableKey, Entry>,
+    pub counts: CacheCounts,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CacheCounts {
+    pub built: u64,
+    pub reused: u64,
+    pub evicted: u64,
+    /// Requests for a table that did not fit in the budget.
+    pub refused: u64,
+    /// Files whose table could not be built (no .eh_frame, garbage, code
+    /// spanning over 4 GiB).
+    pub failed: u64,
+}
+
+struct Entry {
+    last_used: u64,
+    state: State,
+}
+
+enum State {
+    Built(Arc<UnwindTable>),
+    Failed(String),
+    /// Refused when `available` rows were left.
+    Refused { available: usize },
+}
+
+impl TableCache {
+    pub fn new(budget_rows: usize) -> Self {
+        TableCache { budget_rows, clock: 0, entries: HashMap::new(), counts: CacheCounts::default() }
+    }
+
+    /// Rows of the tables the cache holds now.
+    pub fn held_rows(&self) -> usize {
+        self.entries.values().map(|e| if let State::Built(t) = &e.state { t.rows.len() } else { 0 }).sum()
+    }
+
+    /// Rows of the tables some process still holds: never evicted.
+    fn rows_in_use(&self) -> usize {
+        self.entries.values().map(|e| if let State::Built(t) = &e.state { if Arc::strong_count(t) > 1 { t.rows.len() } else { 0 } } else { 0 }).sum()
+    }
+
+    /// The module's table: the cached one, or built now.
+    pub fn get(&mut self, module: &ModuleFile) -> Result<Arc<UnwindTable>> {
+        let key = TableKey::of(module).with_context(|| format!("{} has neither a file nor an .eh_frame to key its unwind table by", module.name))?;
+        self.clock += 1;
+        let available = self.budget_rows.saturating_sub(self.rows_in_use());
+        if let Some(entry) = self.entries.get_mut(&key) {
+            entry.last_used = self.clock;
+            match &entry.state {
+                State::Built(table) => {
+                    self.counts.reused += 1;
+                    return Ok(table.clone());
+                }
+                State::Failed(why) => bail!("{why}"),
+                // Nothing freed since: refused again, without building it.
+                State::Refused { available: then } if available <= *then => return Err(self.refuse(module, available)),
+                State::Refused { .. } => {}
+            }
+        }
+        let (state, result) = match UnwindTable::for_module(module, available) {
+            Ok(table) => {
+                self.evict_until(self.budget_rows - table.rows.len());
+                self.counts.built += 1;
+                let table = Arc::new(table);
+                (State::Built(table.clone()), Ok(table))
+            }
+            Err(e) if e.is::<TooManyRows>() => (State::Refused { available }, Err(self.refuse(module, available))),
+            Err(e) => {
+                self.counts.failed += 1;
+                let why = format!("{e:#}");
+                (State::Failed(why.clone()), Err(anyhow::anyhow!(why)))
+            }
+        };
+        if !matches!(state, State::Built(_)) && self.entries.values().filter(|e| !matches!(e.state, State::Built(_))).count() >= MAX_REMEMBERED_FAILURES {
+            self.entries.retain(|_, e| matches!(e.state, State::Built(_)));
+        }
+        self.entries.insert(key, Entry { last_used: self.clock, state });
+        result
+    }
+
+    fn refuse(&mut self, module: &ModuleFile, available: usize) -> anyhow::Error {
+        self.counts.refused += 1;
+        anyhow::anyhow!("{}'s unwind table does not fit in the {available} rows left of the {}-row budget (the rest held by tables in use)", module.name, self.budget_rows)
+    }
+
+    /// Evicts the least recently used tables no process holds until the
+    /// cache holds at most `rows` rows (or none is left to evict).
+    fn evict_until(&mut self, rows: usize) {
+        let mut held = self.held_rows();
+        while held > rows {
+            let oldest = self
+                .entries
+                .iter()
+                .filter_map(|(key, e)| match &e.state {
+                    State::Built(t) if Arc::strong_count(t) == 1 => Some((e.last_used, key.clone(), t.rows.len())),
+                    _ => None,
+                })
+                .min_by_key(|(used, _, _)| *used);
+            let Some((_, key, len)) = oldest else { return };
+            self.entries.remove(&key);
+            self.counts.evicted += 1;
+            held -= len;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::{HashMap, HashSet};
+    use std::collections::HashSet;
     use std::path::{Path, PathBuf};
     use std::time::{Duration, Instant};
 
@@ -907,5 +1058,47 @@ mod tests {
         let table = UnwindTable::from_section("libc", address, &bytes, half.clone(), NO_LIMIT).unwrap();
         assert!(table.stats.fdes_outside_code > 100 && table.stats.fdes > 100, "{:?}", table.stats);
         assert!(table.rows.iter().all(|r| u64::from(r.pc) <= half.end - half.start));
+    }
+
+    // ---- The cache ----
+
+    #[test]
+    fn the_cache_shares_tables_and_keeps_to_its_budget() {
+        let libc = local_module(&libc_path());
+        let libpython = local_module(Path::new(LIBPYTHON));
+        let libc_rows = UnwindTable::for_module(&libc, NO_LIMIT).unwrap().rows.len();
+        let libpython_rows = UnwindTable::for_module(&libpython, NO_LIMIT).unwrap().rows.len();
+
+        // The same file opened twice (two processes mapping it): one table.
+        let mut cache = TableCache::new(NO_LIMIT);
+        let a = cache.get(&libc).unwrap();
+        let b = cache.get(&local_module(&libc_path())).unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!((cache.counts.built, cache.counts.reused), (1, 1));
+        drop((a, b));
+
+        // Room for one of the two at a time.
+        let mut cache = TableCache::new(libc_rows.max(libpython_rows) + 10);
+        let held = cache.get(&libc).unwrap();
+        let err = cache.get(&libpython).unwrap_err();
+        assert!(format!("{err:#}").contains("does not fit"), "{err:#}");
+        assert_eq!(cache.counts.refused, 1);
+        // Asked again with no more room: refused without building.
+        assert!(cache.get(&libpython).is_err());
+        assert_eq!((cache.counts.refused, cache.counts.built), (2, 1));
+        // Once no process holds libc's table it is evicted for libpython's.
+        drop(held);
+        let python = cache.get(&libpython).unwrap();
+        assert_eq!((cache.counts.evicted, cache.counts.built), (1, 2));
+        assert_eq!(cache.held_rows(), libpython_rows);
+        drop(python);
+
+        // A file that cannot be read is remembered as such.
+        let mut no_eh_frame = local_module(&libc_path());
+        no_eh_frame.eh_frame = None;
+        let mut cache = TableCache::new(NO_LIMIT);
+        assert!(cache.get(&no_eh_frame).is_err());
+        assert!(cache.get(&no_eh_frame).is_err());
+        assert_eq!(cache.counts.failed, 1);
     }
 }

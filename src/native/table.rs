@@ -2,9 +2,10 @@
 //! (docs/design/native-unwind.md, step 1): each file's `.eh_frame` turned
 //! into sorted 8-byte rows BPF can binary-search, one row per change of the
 //! only rules an x86-64 unwinder needs (where the CFA is, where the caller's
-//! rbp was saved; the return address is always at CFA-8), checked against
-//! readelf; and a cache that builds each file's table once for all the
-//! processes mapping it.
+//! rbp was saved; the return address is always at CFA-8); a cache that
+//! builds each file's table once for all the processes mapping it; and
+//! `step`, the per-frame rules in Rust, which the BPF code is to mirror and
+//! the tests check against readelf and framehop.
 
 // Nothing outside the tests uses the tables until BPF does (the design's
 // steps 2 and 3).
@@ -127,7 +128,7 @@ const PLT_CFA: &[u8] = &[0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0
 
 /// glibc's __restore_rt (sysdeps/unix/sysv/linux/x86_64/libc_sigaction.c):
 /// CFA = *(rsp + 160), rbp at rsp + 120, rip at rsp + 168, the offsets of
-/// uc_mcontext's RSP, RBP and RIP in the ucontext_t at rsp.
+/// uc_mcontext's RSP, RBP and RIP in the ucontext_t at rsp (UCONTEXT_*).
 const SIGNAL_CFA: &[u8] = &[0x77, 0xa0, 0x01, 0x06]; // DW_OP_breg7 160; DW_OP_deref
 const SIGNAL_RBP: &[u8] = &[0x77, 0xf8, 0x00]; // DW_OP_breg7 120
 const SIGNAL_RIP: &[u8] = &[0x77, 0xa8, 0x01]; // DW_OP_breg7 168
@@ -610,6 +611,148 @@ impl TableCache {
     }
 }
 
+/// Addresses at and above this are the kernel's (x86-64, 4-level paging;
+/// 5-level paging only gives user space more above this if it asks).
+pub const USER_SPACE_END: u64 = 0x0000_8000_0000_0000;
+
+/// The frame-pointer fallback's largest frame (rbp - sp): rbp used as a
+/// scratch register seldom holds a value just above sp, and real frames
+/// this large (alloca, big local arrays) are rare.
+pub const MAX_FRAME_POINTER_FRAME: u64 = 1 << 20;
+
+/// The registers an x86-64 unwinder restores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Regs {
+    pub pc: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+/// The caller's registers, one frame up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub regs: Regs,
+    /// The frame was a signal handler's return to __restore_rt: `regs.pc`
+    /// is where the signal interrupted the caller, not a return address,
+    /// so its row is looked up at pc itself, as a first frame's is.
+    pub interrupted: bool,
+}
+
+/// How one step of a native stack's unwinding ended it (the value is to be
+/// the BPF counter's index). NoRow and NoFde are where the frame-pointer
+/// fallback is tried. The walk around `step` (the design's steps 2 to 4)
+/// adds its own causes: the frame cap, a pc in no mapping, a file without
+/// a table, the stack copy sent to user space.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EndCause {
+    /// The thread's first frame was reached: the stack is complete.
+    EndOfStack = 0,
+    /// No row covers pc: outside the table's addresses.
+    NoRow = 1,
+    /// pc is in code no unwind entry covers (a NoFde row).
+    NoFde = 2,
+    UnsupportedCfa = 3,
+    UnsupportedExpression = 4,
+    UnsupportedRbp = 5,
+    UnsupportedReturnAddress = 6,
+    /// A stack word could not be read.
+    ReadFailed = 7,
+    /// The CFA is not 8-byte aligned or not a user address.
+    BadCfa = 8,
+    /// The CFA is not above sp: the stack would not unwind upwards.
+    SpNotRising = 9,
+    /// The return address is 0 (some runtimes end their stacks so) or not
+    /// a user address.
+    BadReturnAddress = 10,
+    /// The frame-pointer fallback's rbp is not an aligned address just
+    /// above sp.
+    BadFramePointer = 11,
+}
+
+fn check_return_address(ra: u64) -> Result<(), EndCause> {
+    if ra == 0 || ra >= USER_SPACE_END {
+        return Err(EndCause::BadReturnAddress);
+    }
+    Ok(())
+}
+
+/// One frame up from `regs`, by the table of the file holding pc (its row
+/// pc 0 at run-time address `table_start`). `is_first_frame`: pc is exact
+/// (the sampled frame, or one a signal interrupted) rather than a return
+/// address, whose row is looked up at pc-1 since a call may be a function's
+/// last instruction. `read_u64` reads the stack (None: unreadable).
+pub fn step(rows: &[UnwindRow], table_start: u64, regs: Regs, is_first_frame: bool, read_u64: impl Fn(u64) -> Option<u64>) -> Result<Caller, EndCause> {
+    let lookup = if is_first_frame { regs.pc } else { regs.pc.wrapping_sub(1) };
+    let row = find_row(rows, table_start, lookup).ok_or(EndCause::NoRow)?;
+    let cfa = match row.kind() {
+        Some(RowKind::CfaRsp) => regs.sp.wrapping_add(row.cfa_offset as i64 as u64),
+        Some(RowKind::CfaRbp) => regs.bp.wrapping_add(row.cfa_offset as i64 as u64),
+        Some(RowKind::Plt) => regs.sp.wrapping_add(if regs.pc & 15 >= 11 { 16 } else { 8 }),
+        Some(RowKind::SignalFrame) => return signal_frame_step(regs, read_u64),
+        Some(RowKind::EndOfStack) => return Err(EndCause::EndOfStack),
+        Some(RowKind::NoFde) => return Err(EndCause::NoFde),
+        Some(RowKind::UnsupportedCfa) => return Err(EndCause::UnsupportedCfa),
+        Some(RowKind::UnsupportedRbp) => return Err(EndCause::UnsupportedRbp),
+        Some(RowKind::UnsupportedReturnAddress) => return Err(EndCause::UnsupportedReturnAddress),
+        Some(RowKind::UnsupportedExpression) | None => return Err(EndCause::UnsupportedExpression),
+    };
+    if !cfa.is_multiple_of(8) || cfa >= USER_SPACE_END {
+        return Err(EndCause::BadCfa);
+    }
+    if cfa <= regs.sp {
+        return Err(EndCause::SpNotRising);
+    }
+    let ra = read_u64(cfa - 8).ok_or(EndCause::ReadFailed)?;
+    check_return_address(ra)?;
+    let bp = if row.rbp_at != 0 { read_u64(cfa.wrapping_add((row.rbp_at as i64 * 8) as u64)).ok_or(EndCause::ReadFailed)? } else { regs.bp };
+    Ok(Caller { regs: Regs { pc: ra, sp: cfa, bp }, interrupted: false })
+}
+
+/// Where the kernel's ucontext_t (x86-64) holds the interrupted rbp, rsp
+/// and rip: uc_mcontext is 40 bytes in, and in it r8-r15, rdi, rsi, rbp,
+/// rbx, rdx, rax, rcx, rsp, rip, 8 bytes each.
+const UCONTEXT_RBP: u64 = 120;
+const UCONTEXT_RSP: u64 = 160;
+const UCONTEXT_RIP: u64 = 168;
+
+/// Through __restore_rt: the handler returned here, popping the return
+/// address the kernel pushed, so sp is the ucontext_t the kernel saved the
+/// interrupted registers in. The interrupted sp need not be above it (a
+/// handler on sigaltstack's stack): only that it is a user address is
+/// checked.
+fn signal_frame_step(regs: Regs, read_u64: impl Fn(u64) -> Option<u64>) -> Result<Caller, EndCause> {
+    let context = regs.sp;
+    if !context.is_multiple_of(8) || context >= USER_SPACE_END - UCONTEXT_RIP {
+        return Err(EndCause::BadCfa);
+    }
+    let pc = read_u64(context + UCONTEXT_RIP).ok_or(EndCause::ReadFailed)?;
+    let sp = read_u64(context + UCONTEXT_RSP).ok_or(EndCause::ReadFailed)?;
+    let bp = read_u64(context + UCONTEXT_RBP).ok_or(EndCause::ReadFailed)?;
+    check_return_address(pc)?;
+    if sp == 0 || sp >= USER_SPACE_END {
+        return Err(EndCause::BadCfa);
+    }
+    Ok(Caller { regs: Regs { pc, sp, bp }, interrupted: true })
+}
+
+/// One frame up by the frame-pointer chain, for a pc no row covers: the
+/// caller's rbp at rbp, the return address at rbp+8, the caller's sp
+/// rbp+16. Checked only as far as the registers and the stack allow (rbp
+/// 8-byte aligned, at or above sp and at most MAX_FRAME_POINTER_FRAME
+/// above it, a plausible return address); that the return address is in a
+/// mapped file after a call is the caller's to check (the design's step 4).
+pub fn frame_pointer_step(regs: Regs, read_u64: impl Fn(u64) -> Option<u64>) -> Result<Regs, EndCause> {
+    let bp = regs.bp;
+    if !bp.is_multiple_of(8) || bp < regs.sp || bp - regs.sp > MAX_FRAME_POINTER_FRAME || bp >= USER_SPACE_END - 16 {
+        return Err(EndCause::BadFramePointer);
+    }
+    let ra = read_u64(bp + 8).ok_or(EndCause::ReadFailed)?;
+    check_return_address(ra)?;
+    let caller_bp = read_u64(bp).ok_or(EndCause::ReadFailed)?;
+    Ok(Regs { pc: ra, sp: bp + 16, bp: caller_bp })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -617,7 +760,8 @@ mod tests {
     use std::path::{Path, PathBuf};
     use std::time::{Duration, Instant};
 
-    use crate::process::files::open_local;
+    use crate::native::unwind::{ModuleFiles, ProcessUnwinder, Stop, UserStack};
+    use crate::process::files::{open_local, open_mapping};
 
     /// More rows than any file here has: the tests that are not about the
     /// limit.
@@ -1100,5 +1244,333 @@ mod tests {
         assert!(cache.get(&no_eh_frame).is_err());
         assert!(cache.get(&no_eh_frame).is_err());
         assert_eq!(cache.counts.failed, 1);
+    }
+
+    // ---- The stepper against framehop ----
+
+    /// Registers and a copy of the stack above them.
+    struct Captured {
+        regs: Regs,
+        stack_start: u64,
+        stack: Vec<u8>,
+    }
+
+    /// At most this much stack is copied, as BPF copies a bounded amount.
+    const STACK_COPY: u64 = 512 << 10;
+
+    impl Captured {
+        fn read(&self, address: u64) -> Option<u64> {
+            let at = usize::try_from(address.checked_sub(self.stack_start)?).ok()?;
+            Some(u64::from_le_bytes(self.stack.get(at..at.checked_add(8)?)?.try_into().unwrap()))
+        }
+
+        fn user_stack(&self, regs: Regs) -> UserStack<'_> {
+            UserStack { ip: regs.pc, sp: regs.sp, bp: regs.bp, start: self.stack_start, bytes: &self.stack, full: false }
+        }
+    }
+
+    /// This function's registers (pc in it) and the stack from sp to the
+    /// end of the mapping holding it, at most STACK_COPY bytes.
+    #[inline(never)]
+    fn capture() -> Captured {
+        let (pc, sp, bp): (u64, u64, u64);
+        // SAFETY: only reads registers.
+        unsafe { std::arch::asm!("lea {pc}, [rip]", "mov {sp}, rsp", "mov {bp}, rbp", pc = out(reg) pc, sp = out(reg) sp, bp = out(reg) bp) };
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let end = maps
+            .lines()
+            .filter_map(|l| {
+                let (start, end) = l.split_whitespace().next()?.split_once('-')?;
+                Some((hex(start), hex(end)))
+            })
+            .find(|(start, end)| (*start..*end).contains(&sp))
+            .expect("sp is in a mapping")
+            .1;
+        let mut stack = vec![0u8; (end - sp).min(STACK_COPY) as usize];
+        crate::process::proc::Memory::open(std::process::id()).unwrap().read(sp, &mut stack).unwrap();
+        Captured { regs: Regs { pc, sp, bp }, stack_start: sp, stack }
+    }
+
+    // Three functions calling each other, none inlined nor tail-calling
+    // (each uses the result after the call), and unalike so that they are
+    // not merged into one.
+    #[inline(never)]
+    fn descend_a(depth: u32) -> Captured {
+        let c = if depth == 0 { capture() } else { descend_b(std::hint::black_box(depth - 1)) };
+        std::hint::black_box(depth + 1);
+        c
+    }
+
+    #[inline(never)]
+    fn descend_b(depth: u32) -> Captured {
+        let c = if depth == 0 { capture() } else { descend_c(std::hint::black_box(depth - 1)) };
+        std::hint::black_box(depth * 3);
+        c
+    }
+
+    #[inline(never)]
+    fn descend_c(depth: u32) -> Captured {
+        let c = if depth == 0 { capture() } else { descend_a(std::hint::black_box(depth - 1)) };
+        std::hint::black_box(depth ^ 5);
+        c
+    }
+
+    /// A mapped file's table, where this process maps it.
+    struct Mapped {
+        range: Range<u64>,
+        name: String,
+        bias: u64,
+        table: Arc<UnwindTable>,
+    }
+
+    fn mapped_tables(cache: &mut TableCache) -> Vec<Mapped> {
+        let pid = std::process::id();
+        let mut out = Vec::new();
+        for m in crate::process::proc::code_mappings(pid).unwrap() {
+            let module = if m.path == "[vdso]" {
+                let mut bytes = vec![0u8; (m.end - m.start) as usize];
+                crate::process::proc::Memory::open(pid).unwrap().read(m.start, &mut bytes).unwrap();
+                ModuleFile::from_memory(&bytes).unwrap()
+            } else {
+                let name = Path::new(&m.path).file_name().unwrap().to_string_lossy().into_owned();
+                ModuleFile::read(open_mapping(pid, &m).unwrap(), name).unwrap()
+            };
+            let Some(bias) = module.bias(m.start, m.offset) else { continue };
+            let table = cache.get(&module).unwrap();
+            out.push(Mapped { range: m.start..m.end, name: module.name.clone(), bias, table });
+        }
+        out
+    }
+
+    #[derive(Debug, PartialEq, Eq)]
+    enum WalkEnd {
+        Step(EndCause),
+        NoMapping,
+        FrameCap,
+    }
+
+    /// The walk BPF is to do: each frame's step by its file's table, the
+    /// frame-pointer step where no row covers pc. Frames as framehop's
+    /// walk gives them: (file name, link-time address looked up).
+    fn walk(tables: &[Mapped], mut regs: Regs, read: impl Fn(u64) -> Option<u64>) -> (Vec<(String, u64)>, WalkEnd) {
+        let mut frames = Vec::new();
+        let mut exact_pc = true;
+        loop {
+            let lookup = if exact_pc { regs.pc } else { regs.pc - 1 };
+            let Some(m) = tables.iter().find(|m| m.range.contains(&lookup)) else { return (frames, WalkEnd::NoMapping) };
+            frames.push((m.name.clone(), lookup - m.bias));
+            if frames.len() == 256 {
+                return (frames, WalkEnd::FrameCap);
+            }
+            match step(&m.table.rows, m.bias + m.table.base, regs, exact_pc, &read) {
+                Ok(caller) => {
+                    regs = caller.regs;
+                    exact_pc = caller.interrupted;
+                }
+                Err(EndCause::NoRow | EndCause::NoFde) => match frame_pointer_step(regs, &read) {
+                    Ok(caller) => {
+                        regs = caller;
+                        exact_pc = false;
+                    }
+                    Err(cause) => return (frames, WalkEnd::Step(cause)),
+                },
+                Err(cause) => return (frames, WalkEnd::Step(cause)),
+            }
+        }
+    }
+
+    /// framehop's walk (src/native/unwind.rs) of the same registers and stack.
+    fn framehop_walk(captured: &Captured, regs: Regs) -> (Vec<(String, u64)>, Stop) {
+        let mut files = ModuleFiles::default();
+        let unwound = ProcessUnwinder::new(std::process::id()).unwind(&captured.user_stack(regs), &mut files);
+        let frames = unwound.frames.iter().map(|f| (f.module.as_ref().map_or(String::new(), |m| m.name.clone()), f.address)).collect();
+        (frames, unwound.stop)
+    }
+
+    #[test]
+    fn the_stepper_walks_its_own_stack_as_framehop_does() {
+        let captured = descend_a(std::hint::black_box(7));
+        let mut cache = TableCache::new(NO_LIMIT);
+        let tables = mapped_tables(&mut cache);
+        let (mine, end) = walk(&tables, captured.regs, |a| captured.read(a));
+        let (framehop, stop) = framehop_walk(&captured, captured.regs);
+        assert_eq!(mine, framehop, "ours ended {end:?}, framehop's {stop:?}");
+        assert_eq!((end, stop), (WalkEnd::Step(EndCause::EndOfStack), Stop::Complete));
+        // capture, 8 descend frames, the test and the harness's frames,
+        // down to libc's thread start.
+        assert!(mine.len() >= 12, "{mine:?}");
+        assert!(mine.last().unwrap().0.starts_with("libc.so"), "{mine:?}");
+    }
+
+    // ---- Through a signal frame ----
+
+    /// What the signal handler saw: its own registers and stack, and the
+    /// registers the signal interrupted (from the ucontext_t).
+    static IN_HANDLER: std::sync::Mutex<Option<(Captured, Regs)>> = std::sync::Mutex::new(None);
+
+    extern "C" fn on_signal(_: libc::c_int, _: *mut libc::siginfo_t, context: *mut libc::c_void) {
+        // SAFETY: the kernel passes a ucontext_t to an SA_SIGINFO handler.
+        let gregs = unsafe { (*(context as *const libc::ucontext_t)).uc_mcontext.gregs };
+        let interrupted = Regs { pc: gregs[libc::REG_RIP as usize] as u64, sp: gregs[libc::REG_RSP as usize] as u64, bp: gregs[libc::REG_RBP as usize] as u64 };
+        // raise() delivers the signal to this thread, which holds no lock:
+        // allocating here is safe.
+        let captured = capture();
+        *IN_HANDLER.lock().unwrap() = Some((captured, interrupted));
+    }
+
+    #[inline(never)]
+    fn raise_in_a_deep_stack(depth: u32, signal: libc::c_int) {
+        if depth == 0 {
+            // SAFETY: raise(3) with a signal whose handler is installed.
+            unsafe { libc::raise(signal) };
+        } else {
+            raise_in_a_deep_stack(std::hint::black_box(depth - 1), signal);
+        }
+        std::hint::black_box(depth);
+    }
+
+    /// From inside a signal handler, through glibc's __restore_rt: the
+    /// frames up to it are those framehop walks from the handler, and the
+    /// frames past it those framehop walks from the interrupted registers
+    /// the kernel saved.
+    #[test]
+    fn the_stepper_unwinds_through_a_signal_frame() {
+        let signal = libc::SIGRTMIN() + 5;
+        // SAFETY: installs a handler for a signal nothing else here uses.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_signal as *const () as usize;
+            action.sa_flags = libc::SA_SIGINFO;
+            assert_eq!(libc::sigaction(signal, &action, std::ptr::null_mut()), 0);
+        }
+        raise_in_a_deep_stack(std::hint::black_box(5), signal);
+        let (captured, interrupted) = IN_HANDLER.lock().unwrap().take().expect("the handler ran");
+        let mut cache = TableCache::new(NO_LIMIT);
+        let tables = mapped_tables(&mut cache);
+        let (mine, end) = walk(&tables, captured.regs, |a| captured.read(a));
+        // framehop cannot evaluate the signal frame's CFA (a dereference)
+        // and guesses past it: only its frames up to __restore_rt, libc's
+        // first frame, are the truth.
+        let (mut to_handler, _) = framehop_walk(&captured, captured.regs);
+        let restore_rt = to_handler.iter().position(|(file, _)| file.starts_with("libc.so")).expect("the handler returns into libc's __restore_rt");
+        to_handler.truncate(restore_rt + 1);
+        // The registers restored from the signal frame are those the
+        // handler was given.
+        let mut regs = captured.regs;
+        let mut exact_pc = true;
+        let restored = loop {
+            let lookup = if exact_pc { regs.pc } else { regs.pc - 1 };
+            let m = tables.iter().find(|m| m.range.contains(&lookup)).unwrap();
+            let caller = step(&m.table.rows, m.bias + m.table.base, regs, exact_pc, |a| captured.read(a)).unwrap();
+            if caller.interrupted {
+                break caller.regs;
+            }
+            (regs, exact_pc) = (caller.regs, false);
+        };
+        assert_eq!(restored, interrupted);
+        let (past_handler, stop) = framehop_walk(&captured, interrupted);
+        assert_eq!(stop, Stop::Complete);
+        let framehop: Vec<_> = to_handler.iter().chain(&past_handler).cloned().collect();
+        assert_eq!(mine, framehop, "ours ended {end:?}");
+        assert_eq!(end, WalkEnd::Step(EndCause::EndOfStack));
+        assert!(past_handler.len() >= 8, "raise, 6 raising frames, the test: {past_handler:?}");
+    }
+
+    // ---- The rules on stacks built by hand ----
+
+    /// A stack as a map of 8-byte words.
+    fn memory(words: &[(u64, u64)]) -> impl Fn(u64) -> Option<u64> + '_ {
+        move |a| words.iter().find(|(at, _)| *at == a).map(|(_, v)| *v)
+    }
+
+    fn row(pc: u32, kind: RowKind, cfa_offset: i16, rbp_at: i8) -> UnwindRow {
+        UnwindRow { pc, cfa_offset, kind: kind as u8, rbp_at }
+    }
+
+    #[test]
+    fn step_follows_each_kind_of_row() {
+        const START: u64 = 0x5555_0000_0000;
+        let rows = [
+            row(0, RowKind::CfaRsp, 24, -2),
+            row(0x100, RowKind::Plt, 0, 0),
+            row(0x200, RowKind::CfaRbp, 16, -2),
+            row(0x300, RowKind::NoFde, 0, 0),
+            row(0x400, RowKind::EndOfStack, 0, 0),
+            row(0x500, RowKind::UnsupportedExpression, 0, 0),
+            row(0x600, RowKind::CfaRsp, 8, 0),
+            row(0x700, RowKind::CfaRsp, 12, 0),
+            row(0x800, RowKind::CfaRsp, -8, 0),
+        ];
+        let sp = 0x7ffd_0000_1000u64;
+        let ra = 0x5555_0000_2345u64;
+        let stack = [(sp + 8, 0x1111), (sp + 16, ra), (sp + 24, ra), (sp + 32, 0xffff_ffff_8100_0000)];
+        let read = memory(&stack);
+        let regs = |pc: u64, bp: u64| Regs { pc: START + pc, sp, bp };
+        let up = |pc, bp, first| step(&rows, START, regs(pc, bp), first, &read);
+
+        // CFA = rsp+24; rbp saved at CFA-16; return address at CFA-8.
+        assert_eq!(up(0x10, 7, true), Ok(Caller { regs: Regs { pc: ra, sp: sp + 24, bp: 0x1111 }, interrupted: false }));
+        // A return address just past a row's start belongs to the row
+        // before (the call is the last instruction of the code it covers).
+        assert_eq!(up(0x100, 7, false).unwrap().regs.sp, sp + 24);
+        // The PLT: the push at offset 6 in an entry has run from offset 11 on.
+        let plt_stack = [(sp, 0x5555_0000_aaaa), (sp + 8, 0x5555_0000_bbbb)];
+        let plt = |pc| step(&rows, START, regs(pc, 7), true, memory(&plt_stack)).map(|c| c.regs);
+        assert_eq!(plt(0x10a), Ok(Regs { pc: 0x5555_0000_aaaa, sp: sp + 8, bp: 7 }));
+        assert_eq!(plt(0x10b), Ok(Regs { pc: 0x5555_0000_bbbb, sp: sp + 16, bp: 7 }));
+        assert_eq!(plt(0x1f0), Ok(Regs { pc: 0x5555_0000_aaaa, sp: sp + 8, bp: 7 }));
+        assert_eq!(plt(0x1ff), Ok(Regs { pc: 0x5555_0000_bbbb, sp: sp + 16, bp: 7 }));
+        // CFA = rbp+16, caller's rbp at CFA-16 = the rbp we had.
+        assert_eq!(up(0x210, sp + 8, true).unwrap().regs, Regs { pc: ra, sp: sp + 24, bp: 0x1111 });
+        // rbp below sp: the CFA would not be above sp.
+        assert_eq!(up(0x210, sp - 64, true), Err(EndCause::SpNotRising));
+        assert_eq!(up(0x210, sp + 4, true), Err(EndCause::BadCfa));
+        assert_eq!(up(0x210, USER_SPACE_END, true), Err(EndCause::BadCfa));
+        assert_eq!(up(0x310, 7, true), Err(EndCause::NoFde));
+        assert_eq!(up(0x410, 7, true), Err(EndCause::EndOfStack));
+        assert_eq!(up(0x510, 7, true), Err(EndCause::UnsupportedExpression));
+        // Return addresses: 0x1111 is fine, [sp] unreadable, a kernel one bad.
+        assert_eq!(up(0x610, 7, true), Err(EndCause::ReadFailed));
+        assert_eq!(up(0x710, 7, true), Err(EndCause::BadCfa));
+        assert_eq!(up(0x810, 7, true), Err(EndCause::SpNotRising));
+        let kernel = [row(0, RowKind::CfaRsp, 40, 0)];
+        assert_eq!(step(&kernel, START, regs(0, 7), true, &read), Err(EndCause::BadReturnAddress));
+        let zero = [row(0, RowKind::CfaRsp, 48, 0)];
+        let zero_stack = [(sp + 40, 0)];
+        assert_eq!(step(&zero, START, regs(0, 7), true, memory(&zero_stack)), Err(EndCause::BadReturnAddress));
+        // Outside the table.
+        assert_eq!(step(&rows, START, Regs { pc: START - 1, sp, bp: 7 }, true, &read), Err(EndCause::NoRow));
+        assert_eq!(step(&rows, START, Regs { pc: START, sp, bp: 7 }, false, &read), Err(EndCause::NoRow));
+        assert_eq!(step(&rows, START, Regs { pc: START + (1 << 32), sp, bp: 7 }, true, &read), Err(EndCause::NoRow));
+    }
+
+    #[test]
+    fn a_signal_frame_restores_the_interrupted_registers() {
+        let rows = [row(0, RowKind::SignalFrame, 0, 0)];
+        let context = 0x7ffd_0000_2000u64;
+        // Where the libc crate's ucontext_t has the registers.
+        let gregs = (std::mem::offset_of!(libc::ucontext_t, uc_mcontext) + std::mem::offset_of!(libc::mcontext_t, gregs)) as u64;
+        let register = |r: libc::c_int| context + gregs + 8 * r as u64;
+        let stack = [(register(libc::REG_RIP), 0x5555_0000_1234), (register(libc::REG_RSP), 0x7ffd_0000_9000), (register(libc::REG_RBP), 0x42)];
+        let caller = step(&rows, 0x1000, Regs { pc: 0x1001, sp: context, bp: 1 }, false, memory(&stack)).unwrap();
+        assert_eq!(caller, Caller { regs: Regs { pc: 0x5555_0000_1234, sp: 0x7ffd_0000_9000, bp: 0x42 }, interrupted: true });
+        assert_eq!(step(&rows, 0x1000, Regs { pc: 0x1001, sp: context + 8, bp: 1 }, false, memory(&stack)), Err(EndCause::ReadFailed));
+    }
+
+    #[test]
+    fn the_frame_pointer_step_is_checked() {
+        let sp = 0x7ffd_0000_1000u64;
+        let bp = sp + 0x40;
+        let stack = [(bp, 0x7ffd_0000_2000), (bp + 8, 0x5555_0000_4321), (sp + 0x80, 0), (sp + 0x88, 0x5555_0000_4321)];
+        let read = memory(&stack);
+        assert_eq!(frame_pointer_step(Regs { pc: 1, sp, bp }, &read), Ok(Regs { pc: 0x5555_0000_4321, sp: bp + 16, bp: 0x7ffd_0000_2000 }));
+        for bad_bp in [bp + 4, sp - 16, sp + MAX_FRAME_POINTER_FRAME + 8, 0] {
+            assert_eq!(frame_pointer_step(Regs { pc: 1, sp, bp: bad_bp }, &read), Err(EndCause::BadFramePointer), "{bad_bp:#x}");
+        }
+        assert_eq!(frame_pointer_step(Regs { pc: 1, sp, bp: sp + 0x100 }, &read), Err(EndCause::ReadFailed));
+        // The caller's rbp at [sp+0x80] reads 0, fine; the return address is fine too.
+        assert_eq!(frame_pointer_step(Regs { pc: 1, sp, bp: sp + 0x80 }, &read).unwrap().bp, 0);
+        let zero_ra = [(bp, 0), (bp + 8, 0)];
+        assert_eq!(frame_pointer_step(Regs { pc: 1, sp, bp }, memory(&zero_ra)), Err(EndCause::BadReturnAddress));
     }
 }

@@ -16,8 +16,11 @@ cd "$(dirname "$0")/.."
 # (scripts/pythons.sh) to the tests; GNU time measures pytrace's peak memory
 # in tests/integration/safety.rs; libjemalloc2 is the preloaded malloc that
 # tests/integration/memory.rs checks `memory` refuses; binutils' readelf is
-# what the unwind tables' tests (src/native/table.rs) check the rows against.
-packages=(clang llvm bpftool libelf-dev zlib1g-dev pkg-config make gcc python3.11 python3.11-dev util-linux debootstrap time libjemalloc2 binutils)
+# what the unwind tables' tests (src/native/table.rs) check the rows against,
+# and reads unwind entries for tests/integration/native_truth.rs, where gdb
+# walks the stacks `sample --native`'s are held against (gcc builds its C
+# fixture).
+packages=(clang llvm bpftool libelf-dev zlib1g-dev pkg-config make gcc python3.11 python3.11-dev util-linux debootstrap time libjemalloc2 binutils gdb)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -29,6 +29,7 @@ mod info;
 mod launch;
 mod matrix;
 mod matrix_pyenv;
+mod native_truth;
 mod safety;
 mod sample;
 mod sample_async;

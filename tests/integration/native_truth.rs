@@ -297,7 +297,28 @@ fn deep_c_recursion_equals_gdb(build: &Build) {
     });
 }
 
+/// fixtures/native_truth.py's `sorted`: the key function spins, called by
+/// list.sort's C code, called by sorted from Python.
+fn sorted_key_equals_gdb(python: PathBuf) {
+    compare_with_gdb(&format!("sorted on {}", python.display()), &python, &["sorted"], |gdb| {
+        assert!(gdb.iter().any(|f| f.name.as_deref().map(base) == Some("list_sort_impl")), "list.sort's C code is not on gdb's stack");
+    });
+}
+
+/// fixtures/native_truth.py's `json`: the default hook spins, called by
+/// json's C encoder, called by JSONEncoder.iterencode.
+fn json_default_equals_gdb(python: PathBuf) {
+    compare_with_gdb(&format!("json on {}", python.display()), &python, &["json"], |gdb| {
+        assert!(gdb.iter().any(|f| f.name.as_deref().map(base) == Some("encoder_listencode_obj")), "the C encoder is not on gdb's stack");
+    });
+}
+
 over_builds! {
     frame_pointers(&FRAME_POINTERS): deep_c_recursion_equals_gdb;
     no_frame_pointers(&NO_FRAME_POINTERS): deep_c_recursion_equals_gdb;
+    pyenv_3_9(pyenv_python(9)): sorted_key_equals_gdb, json_default_equals_gdb;
+    pyenv_3_10(pyenv_python(10)): sorted_key_equals_gdb, json_default_equals_gdb;
+    pyenv_3_11(pyenv_python(11)): sorted_key_equals_gdb, json_default_equals_gdb;
+    pyenv_3_12(pyenv_python(12)): sorted_key_equals_gdb, json_default_equals_gdb;
+    pyenv_3_13(pyenv_python(13)): sorted_key_equals_gdb, json_default_equals_gdb;
 }

@@ -257,15 +257,21 @@ const FRAME_POINTERS: Build = Build { flags: &["-O2", "-fno-omit-frame-pointer"]
 /// No frame pointers: rsp-based rules, rbp left alone.
 const NO_FRAME_POINTERS: Build = Build { flags: &["-O2", "-fomit-frame-pointer"], middle_flags: &["-O2", "-fomit-frame-pointer"] };
 
-// Not yet among them: middle without unwind information but with its frame
-// pointer (-fno-asynchronous-unwind-tables -fno-unwind-tables). Today's
-// stack scan past it (src/native/scan.rs) goes on with middle's own rbp
-// where its caller's is needed, so the first rbp-based unwind rule above it
-// (recurse's with frame pointers, libffi's ffi_call_unix64's without) puts
-// that frame at the wrong address; the scan then takes a return address
-// further out (the indirect call in _PyObject_MakeTpCall), from which the
-// stack unwinds whole, and every sample loses recurse's outer 101 frames
-// and libffi's and ctypes' without a mark.
+/// middle without unwind information but with its frame pointer, the rest
+/// with frame pointers: the stack scan (src/native/scan.rs) finds middle's
+/// caller, whose rbp is the one middle saved. (Going on with middle's own
+/// rbp lost recurse's outer 101 frames, and libffi's and ctypes', unmarked.)
+const MIDDLE_WITHOUT_UNWIND_INFO: Build = Build {
+    flags: &["-O2", "-fno-omit-frame-pointer"],
+    middle_flags: &["-O2", "-fno-omit-frame-pointer", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables"],
+};
+
+/// The same, the rest without frame pointers: rbp-based rules above middle
+/// are only libffi's (ffi_call_unix64's CFA is rbp+32).
+const MIDDLE_WITHOUT_UNWIND_INFO_REST_WITHOUT_FRAME_POINTERS: Build = Build {
+    flags: &["-O2", "-fomit-frame-pointer"],
+    middle_flags: &["-O2", "-fno-omit-frame-pointer", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables"],
+};
 
 /// The fixture built with `build` into a shared library in `dir`.
 fn build_library(build: &Build, dir: &Path) -> PathBuf {
@@ -316,6 +322,8 @@ fn json_default_equals_gdb(python: PathBuf) {
 over_builds! {
     frame_pointers(&FRAME_POINTERS): deep_c_recursion_equals_gdb;
     no_frame_pointers(&NO_FRAME_POINTERS): deep_c_recursion_equals_gdb;
+    middle_without_unwind_info(&MIDDLE_WITHOUT_UNWIND_INFO): deep_c_recursion_equals_gdb;
+    middle_without_unwind_info_rest_without_frame_pointers(&MIDDLE_WITHOUT_UNWIND_INFO_REST_WITHOUT_FRAME_POINTERS): deep_c_recursion_equals_gdb;
     pyenv_3_9(pyenv_python(9)): sorted_key_equals_gdb, json_default_equals_gdb;
     pyenv_3_10(pyenv_python(10)): sorted_key_equals_gdb, json_default_equals_gdb;
     pyenv_3_11(pyenv_python(11)): sorted_key_equals_gdb, json_default_equals_gdb;

@@ -344,11 +344,16 @@ def bpf_run_ns(pid):
 STEADY_SECONDS = 12
 STEADY_FROM = 4
 STEADY_TO = 10
+# How old the target is when a sampler attaches: past its first seconds,
+# in which pytrace names a young process's new stacks at once
+# (bpf/sample_walk_base.bpf.h, YOUNG_NS), as it imports. The same wait
+# for every sampler.
+STEADY_TARGET_AGE = 6
 
 
 def steady_cost_table():
     """Steady-state cost at 1000 Hz, attached by PID to a CPU-bound target
-    (callgraph.py) on Debian's 3.11 and on sid's 3.15, where CPython's own
+    (callgraph.py, STEADY_TARGET_AGE seconds old) on Debian's 3.11 and on sid's 3.15, where CPython's own
     profiling.sampling runs too: each profiler samples for STEADY_SECONDS;
     its CPU (and pytrace's BPF run time) is read at STEADY_FROM and
     STEADY_TO seconds, while it still runs, and that difference over the
@@ -365,7 +370,7 @@ def steady_cost_table():
         for python, samplers in runs:
             for s in samplers:
                 target = start(python.argv("callgraph.py", "--rounds", 100000000))
-                time.sleep(0.5)
+                time.sleep(STEADY_TARGET_AGE)
                 native = ["--native"] if s.endswith("--native") else []
                 is_pytrace = s.startswith("pytrace")
                 if is_pytrace:

@@ -44,12 +44,11 @@ use anyhow::{Context, Result};
 use crate::tracing::perf_event::{self, PerfEventAttr, EXCLUDE_IDLE, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE};
 
 /// A window lasts at least this long (k = ceil(WINDOW / P) samples), which
-/// bounds the re-arms to 1 a second per CPU, whatever the rate. Windows of
-/// 50 ms to 1 s give the same share estimates in simulation (the unit
+/// bounds the re-arms to 2 a second per CPU, whatever the rate. Windows of
+/// 50 ms to 500 ms gave the same share estimates in simulation (the unit
 /// tests below); a wake-up costs 50-100 µs on a loaded virtual machine
-/// (each CPU's re-arm thread measured 80 µs, 0.4 ms a second at 200 ms),
-/// and there is one re-arm thread per CPU, however few the target uses.
-const WINDOW: Duration = Duration::from_millis(1000);
+/// (each CPU's re-arm thread measured 80 µs, 0.4 ms a second at 200 ms).
+const WINDOW: Duration = Duration::from_millis(500);
 
 /// How far past a window's last sample the re-arm is aimed, so that the
 /// last sample is surely taken before the period changes.
@@ -454,10 +453,10 @@ mod tests {
     }
 
     #[test]
-    fn windows_last_about_a_second() {
-        assert_eq!(Windows::new(10, Random::seeded(1)).per_window, 10);
-        assert_eq!(Windows::new(99, Random::seeded(1)).per_window, 100);
-        assert_eq!(Windows::new(1000, Random::seeded(1)).per_window, 1000);
+    fn windows_last_about_500_ms() {
+        assert_eq!(Windows::new(10, Random::seeded(1)).per_window, 5);
+        assert_eq!(Windows::new(99, Random::seeded(1)).per_window, 50);
+        assert_eq!(Windows::new(1000, Random::seeded(1)).per_window, 500);
         assert_eq!(Windows::new(1, Random::seeded(1)).per_window, 1);
     }
 }

@@ -254,7 +254,8 @@ static __always_inline bool send_stack(struct sample_stack *rec, struct stack_ke
 	 * of `sample`'s own CPU in steady state. The cost of waiting: a code
 	 * object freed within the 250 ms (a module's, once its import ends)
 	 * leaves its frame unreadable; one replaced at the same address is not
-	 * misnamed (py_frame_ref.name). */
+	 * misnamed (py_frame_ref.name), unless both share their qualified name
+	 * object: module bodies (`<module>`), a known limit in docs/pythons.md. */
 	if (bpf_ringbuf_output(&records, rec, size, new_stack_wakeup(task))) {
 		count(SAMPLE_LOST);
 		return false;

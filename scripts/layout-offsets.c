@@ -195,12 +195,15 @@ int main(void)
 #if PY_VERSION_HEX >= 0x030D0000
     FIELD("frame_code", offsetof(_PyInterpreterFrame, f_executable));
     FIELD("frame_previous", offsetof(_PyInterpreterFrame, previous));
+    FIELD("frame_globals", offsetof(_PyInterpreterFrame, f_globals));
 #elif PY_VERSION_HEX >= 0x030B0000
     FIELD("frame_code", offsetof(_PyInterpreterFrame, f_code));
     FIELD("frame_previous", offsetof(_PyInterpreterFrame, previous));
+    FIELD("frame_globals", offsetof(_PyInterpreterFrame, f_globals));
 #else
     FIELD("frame_code", offsetof(PyFrameObject, f_code));
     FIELD("frame_previous", offsetof(PyFrameObject, f_back));
+    FIELD("frame_globals", offsetof(PyFrameObject, f_globals));
 #endif
     FIELD("object_type", offsetof(PyObject, ob_type));
     FIELD("code_flags", offsetof(PyCodeObject, co_flags));

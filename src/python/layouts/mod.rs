@@ -91,6 +91,14 @@ pub struct Layout {
     pub gen_frame_state: u32,
     pub gen_iframe: u32,
     pub frame_previous: u32,
+    /// The frame's globals, its module's dict: a module body's code object
+    /// is freed as its import ends and the next one's is often made at its
+    /// address with the same interned name (`<module>`), while the dicts
+    /// live on, one per module. The sampler hashes and sends it with each
+    /// frame so that the two are told apart. Only from the table (no
+    /// `_Py_DebugOffsets` field): `resolve` drops it when the target's
+    /// frame offsets differ from the table's.
+    pub frame_globals: u32,
     pub object_type: u32,
     pub code_flags: u32,
     pub code_filename: u32,
@@ -359,6 +367,11 @@ impl Layout {
         l.frame_owner = field(d.frame_owner)?;
         l.frame_code = field(d.frame_code)?;
         l.frame_previous = field(d.frame_previous)?;
+        if (l.frame_code, l.frame_previous, l.frame_instr) != (self.frame_code, self.frame_previous, self.frame_instr) {
+            // The frame's layout moved in this patch release: the table's
+            // f_globals may no longer be where it says.
+            l.frame_globals = NO_FIELD;
+        }
         l.code_code = field(d.code_code)?;
         l.code_linetable = field(d.code_linetable)?;
         l.code_filename = field(d.code_filename)?;
@@ -505,6 +518,13 @@ mod tests {
             moved.frame_localsplus += 8;
             moved.objects.interp_modules += 8;
             assert_eq!(table.resolve(&runtime_for(&moved)).unwrap(), moved);
+
+            // A frame whose fields moved: the table's f_globals, which the
+            // target's offsets do not give, is no longer trusted.
+            let mut frame_moved = table.clone();
+            frame_moved.frame_previous += 8;
+            let resolved = table.resolve(&runtime_for(&frame_moved)).unwrap();
+            assert_eq!((resolved.frame_previous, resolved.frame_globals), (frame_moved.frame_previous, NO_FIELD));
 
             // A free-threaded build's offsets are not the default build's.
             let mut other_build = table.clone();

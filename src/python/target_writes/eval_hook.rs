@@ -46,6 +46,28 @@ const ARMED: u8 = b'A';
 /// Carries (SCM_RIGHTS) the calls program's map of followed children.
 const CHILDREN_MAP: u8 = b'M';
 const DONE: u8 = b'D';
+/// What the guardian sends back once it is in a session of its own, out of
+/// reach of a kill of pytrace's process group.
+const READY: u8 = b'R';
+
+/// How long pytrace waits for the guardian to say READY.
+const GUARDIAN_READY_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits for the guardian's READY on pytrace's end of their socket.
+fn wait_until_ready(socket: libc::c_int) -> Result<()> {
+    let mut pfd = libc::pollfd { fd: socket, events: libc::POLLIN, revents: 0 };
+    // SAFETY: poll and read on the socket we own, into a local byte.
+    let (ready, byte) = unsafe {
+        let ready = libc::poll(&mut pfd, 1, GUARDIAN_READY_WAIT.as_millis() as libc::c_int);
+        let mut byte = 0u8;
+        (ready == 1 && libc::read(socket, (&mut byte as *mut u8).cast(), 1) == 1, byte)
+    };
+    match (ready, byte) {
+        (true, READY) => Ok(()),
+        (true, _) => bail!("the guardian process sent {byte:#x} instead of saying it was ready"),
+        (false, _) => bail!("the guardian process did not start within {} s (it exited, or the machine is overloaded)", GUARDIAN_READY_WAIT.as_secs()),
+    }
+}
 
 /// How long pytrace waits for the guardian to exit once told DONE. A
 /// guardian still there then (stopped, or starved) has nothing left to do
@@ -343,7 +365,13 @@ impl EvalHook {
                 }
                 pid => {
                     libc::close(fds[0]);
-                    Ok(Guardian { pipe: fds[1], pid, lock: Some(lock), children: Vec::new() })
+                    let guardian = Guardian { pipe: fds[1], pid, lock: Some(lock), children: Vec::new() };
+                    // Nothing is written into the target before the guardian
+                    // has left pytrace's process group: on a loaded machine
+                    // it ran that late (after the hook was set), so a kill of
+                    // the group in between killed both and left the hook set.
+                    wait_until_ready(fds[1])?;
+                    Ok(guardian)
                 }
             }
         }
@@ -361,6 +389,7 @@ impl EvalHook {
             for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE, libc::SIGQUIT] {
                 libc::signal(sig, libc::SIG_IGN);
             }
+            libc::write(pipe, [READY].as_ptr().cast(), 1);
             let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
             libc::dup2(null, 0);
             libc::dup2(null, 1);

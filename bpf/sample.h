@@ -10,6 +10,9 @@
 #define MAX_KERNEL_FRAMES 128
 /* Bytes of a frame read at once: every field the walk needs lies in them. */
 #define SAMPLE_FRAME_HEAD 128
+/* The most bytes of a code object read to get its name and file name
+ * pointers (neighbours in every version). */
+#define NAMES_READ 32
 /* Bytes of a PyThreadState read at once: its thread id and its current
  * frame (or cframe) pointer lie in them in every layout. */
 #define SAMPLE_TSTATE_HEAD 256
@@ -48,6 +51,16 @@ struct py_frame_ref {
 	 * sent: user space names the stack a little later, by when the code
 	 * object may have been freed and another made at its address. */
 	__u64 name;
+	/* Its file name (co_filename pointer), read with the name: module
+	 * bodies all share the interned name `<module>`, and the next module's
+	 * code object is often made at a freed one's address. */
+	__u64 file;
+	/* The frame's globals (its module's dict), 0 where the layout has
+	 * none: module bodies share their interned name `<module>`, and the
+	 * next module's code object is often made at the freed one's address;
+	 * their dicts live on, one per module. Hashed with the frame and part
+	 * of user space's key for the code object. */
+	__u64 globals;
 };
 
 /* A stack seen for the first time (or again after user space forgot it).
@@ -137,9 +150,17 @@ struct sample_target {
 	__u32 frame_code;
 	__u32 frame_previous;  /* the link to the calling frame */
 	__u32 frame_instr;
+	__u32 frame_globals;   /* PY_NO_FIELD when the target's layout moved from the table's */
 	__u32 frame_owner;     /* PY_NO_FIELD before 3.11 */
 	__u32 frame_is_entry;  /* PY_NO_FIELD but on 3.11 */
 	__u32 frames_contiguous; /* 3.11+: a thread's frames are laid out one after another */
+	/* The bytes of a code object read_names reads, from names_read_start:
+	 * its qualified name and file name pointers, at these offsets from
+	 * names_read_start. */
+	__u32 names_read_start;
+	__u32 names_read_size;
+	__u32 name_in_read;
+	__u32 file_in_read;
 	__u32 tstate_thread_id;
 	/* The bytes of a PyThreadState read in one go, from tstate_read_start:
 	 * they hold its thread id and its current frame (or cframe) pointer,

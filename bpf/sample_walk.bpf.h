@@ -168,13 +168,15 @@ static __always_inline int WALK(walk_link)(const struct sample_target *t, struct
 	if (t->frame_owner == PY_NO_FIELD || byte_at(words, t->frame_owner) < t->layout.frame_owned_not_code) {
 		__u64 code = PY_CODE_ADDRESS(word_at(words, t->frame_code), &t->layout);
 		__u64 instr = word_at(words, t->frame_instr);
+		__u64 globals = t->frame_globals == PY_NO_FIELD ? 0 : word_at(words, t->frame_globals);
 		struct py_frame_ref *slot = frame_slot(rec, n);
 
 		if (!slot)
 			return WALK_FULL;
 		slot->code = code;
 		slot->instr = instr;
-		*hash = mix(mix(*hash, code), instr);
+		slot->globals = globals;
+		*hash = mix(mix(mix(*hash, code), instr), globals);
 		/* Before 3.11 (no owner field) every frame has its own C-level
 		 * eval call; 3.11 flags the first frame of each. */
 		if (t->frame_owner == PY_NO_FIELD || (t->frame_is_entry != PY_NO_FIELD && byte_at(words, t->frame_is_entry))) {
@@ -353,9 +355,28 @@ static __always_inline void WALK(fill_native)(struct native_record *r, bool user
 	}
 }
 
-/* Before a new stack is sent: each frame's code object's name pointer, so
- * that user space can tell whether the object it names later is the one
- * sampled. Only for new stacks: one read per frame. */
+/* Before a new stack is sent: each frame's code object's name and file
+ * name pointers (one read: the fields are neighbours), so that user space
+ * can tell whether the object it names later is the one sampled. Only for
+ * new stacks: one read per frame. */
+static __always_inline void WALK(read_name)(const struct sample_target *t, struct py_frame_ref *slot,
+					    struct task_struct *task)
+{
+	__u64 words[NAMES_READ / 8] = {};
+	/* Read and bounded where it is used (see walk_python). */
+	__u64 size = *(volatile const __u32 *)&t->names_read_size;
+
+	barrier_var(size);
+	if (size > NAMES_READ || size < 8 ||
+	    WALK_READ(words, size, (const void *)(slot->code + t->names_read_start), task)) {
+		slot->name = 0;
+		slot->file = 0;
+		return;
+	}
+	slot->name = words[(t->name_in_read >> 3) & (NAMES_READ / 8 - 1)];
+	slot->file = words[(t->file_in_read >> 3) & (NAMES_READ / 8 - 1)];
+}
+
 #if WALK_BPF_LOOP
 struct WALK(names_step) {
 	const struct sample_target *t;
@@ -371,7 +392,7 @@ static long WALK(name_step)(__u32 i, void *ctx)
 
 	if (i >= step->rec->frames || !slot)
 		return 1;
-	slot->name = WALK(read_ptr)(slot->code, step->t->layout.code_qualname, step->task);
+	WALK(read_name)(step->t, slot, step->task);
 	return 0;
 }
 #endif
@@ -391,7 +412,7 @@ static __always_inline void WALK(read_names)(const struct sample_target *t, stru
 
 		if (i >= n || !slot)
 			break;
-		slot->name = WALK(read_ptr)(slot->code, t->layout.code_qualname, task);
+		WALK(read_name)(t, slot, task);
 	}
 #endif
 }

@@ -25,6 +25,22 @@ struct {
 	__type(value, __u8);
 } known_stacks SEC(".maps");
 
+/* (pid, code object, globals) of the innermost frames that woke user space
+ * at once (new_stack_wakeup): code it had not seen run. */
+struct code_seen {
+	__u32 pid;
+	__u32 pad;
+	__u64 code;
+	__u64 globals;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct code_seen);
+	__type(value, __u8);
+} codes_seen SEC(".maps");
+
 /* tid -> its PyThreadState, checked at each use. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -213,20 +229,41 @@ struct walk_step {
  * waited, 39-58 % with a wake-up at most every 10 ms, 0-19 % every 1 ms;
  * the cost, on a line-level workload (callgraph.py) finding ~100 new
  * stacks a second: user space at 3.5 ms of CPU a second instead of 1.0,
- * for those first seconds. */
+ * for those first seconds.
+ * Later, a new stack whose innermost frame runs code not seen before (an
+ * import or an exec long after start) wakes user space too, at most every
+ * NEW_CODE_WAKE_NS: a module body's code object lives only as long as its
+ * import, and the next module's is often made at its address, so waiting
+ * up to 250 ms left a whole module's samples unreadable (30 modules of 0.1
+ * s each imported beside three CPU hogs: one module's 100 samples). A
+ * line-level workload finds new stacks but no new code, and pays one
+ * look-up a new stack. */
 #define YOUNG_NS (5 * 1000 * 1000 * 1000ULL)
 #define PROMPT_WAKE_NS (1000 * 1000ULL)
+#define NEW_CODE_WAKE_NS (10 * 1000 * 1000ULL)
 __u64 last_prompt_wake_ns = 0;
 
-static __always_inline __u64 new_stack_wakeup(struct task_struct *task)
+static __always_inline __u64 new_stack_wakeup(struct sample_stack *rec, struct task_struct *task)
 {
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = bpf_ktime_get_ns(), since = now - last_prompt_wake_ns;
+	struct code_seen seen = { .pid = rec->pid };
+	__u8 yes = 1;
 
-	if (now - BPF_CORE_READ(task, group_leader, start_time) < YOUNG_NS && now - last_prompt_wake_ns >= PROMPT_WAKE_NS) {
+	if (since < PROMPT_WAKE_NS)
+		return ring_submit_flags(&records);
+	if (now - BPF_CORE_READ(task, group_leader, start_time) < YOUNG_NS) {
 		last_prompt_wake_ns = now;
 		return BPF_RB_FORCE_WAKEUP;
 	}
-	return ring_submit_flags(&records);
+	if (since < NEW_CODE_WAKE_NS || !rec->frames)
+		return ring_submit_flags(&records);
+	seen.code = rec->frame[0].code;
+	seen.globals = rec->frame[0].globals;
+	if (bpf_map_lookup_elem(&codes_seen, &seen))
+		return ring_submit_flags(&records);
+	bpf_map_update_elem(&codes_seen, &seen, &yes, BPF_ANY);
+	last_prompt_wake_ns = now;
+	return BPF_RB_FORCE_WAKEUP;
 }
 
 static __always_inline bool send_stack(struct sample_stack *rec, struct stack_key *known, struct task_struct *task)
@@ -245,18 +282,17 @@ static __always_inline bool send_stack(struct sample_stack *rec, struct stack_ke
 	barrier_var(size);
 	if (size > sizeof(*rec))
 		return false;
-	/* Past a process's first seconds (new_stack_wakeup) the record does
-	 * not wake user space: it reads the ring at each of its periodic
-	 * checks (every 250 ms), and is woken early only once the ring is half
-	 * full. A line-level workload keeps finding a hundred new stacks a
-	 * second for minutes, and each wake-up cost user space about 150 us of
-	 * CPU on a virtual machine: woken at most every 50 ms, that was half
-	 * of `sample`'s own CPU in steady state. The cost of waiting: a code
-	 * object freed within the 250 ms (a module's, once its import ends)
-	 * leaves its frame unreadable; one replaced at the same address is not
-	 * misnamed (py_frame_ref.name), unless both share their qualified name
-	 * object: module bodies (`<module>`), a known limit in docs/pythons.md. */
-	if (bpf_ringbuf_output(&records, rec, size, new_stack_wakeup(task))) {
+	/* Past a process's first seconds the record does not wake user space
+	 * unless it runs new code (new_stack_wakeup): user space reads the
+	 * ring at each of its periodic checks (every 250 ms), and is woken
+	 * early only once the ring is half full. A line-level workload keeps
+	 * finding a hundred new stacks a second for minutes, and each wake-up
+	 * cost user space about 150 us of CPU on a virtual machine: woken at
+	 * most every 50 ms, that was half of `sample`'s own CPU in steady
+	 * state. The cost of waiting: a code object freed before user space
+	 * reads it leaves its frame unreadable; one replaced at the same
+	 * address is not misnamed (py_frame_ref's name, file and globals). */
+	if (bpf_ringbuf_output(&records, rec, size, new_stack_wakeup(rec, task))) {
 		count(SAMPLE_LOST);
 		return false;
 	}

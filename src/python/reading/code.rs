@@ -16,6 +16,8 @@ const MAX_LINETABLE: u64 = 1 << 20;
 pub struct Code {
     /// What identifies this code object at its address (see `still_at`).
     identity: (u64, u64),
+    /// Its file name's address (co_filename).
+    filename_at: u64,
     pub qualname: String,
     pub filename: String,
     pub firstlineno: u32,
@@ -52,7 +54,8 @@ impl Code {
         let field = |offset: u32| addr + offset as u64;
         let identity = identity(mem, layout, addr)?;
         let qualname = read_str(mem, layout, identity.0)?;
-        let filename = read_str(mem, layout, mem.read_u64(field(layout.code_filename))?)?;
+        let filename_at = mem.read_u64(field(layout.code_filename))?;
+        let filename = read_str(mem, layout, filename_at)?;
         let mut line = [0u8; 4];
         mem.read(field(layout.code_firstlineno), &mut line)?;
         let table = mem.read_u64(field(layout.code_linetable))?;
@@ -62,7 +65,7 @@ impl Code {
         }
         let mut linetable = vec![0u8; size as usize];
         mem.read(table + layout.bytes_data as u64, &mut linetable)?;
-        Ok(Code { identity, qualname, filename, firstlineno: i32::from_ne_bytes(line).max(0) as u32, linetable, format: layout.line_format })
+        Ok(Code { identity, filename_at, qualname, filename, firstlineno: i32::from_ne_bytes(line).max(0) as u32, linetable, format: layout.line_format })
     }
 
     /// What identifies it at its address: its name's address and that
@@ -72,6 +75,12 @@ impl Code {
     /// and compare (the sampler does, for many objects at once).
     pub fn identity(&self) -> (u64, u64) {
         self.identity
+    }
+
+    /// Whether this is the object BPF sampled, by the name and file name
+    /// pointers it read from it (module bodies share their name, `<module>`).
+    pub fn is_sampled(&self, name: u64, file: u64) -> bool {
+        (self.identity.0, self.filename_at) == (name, file)
     }
 
     /// Bytes this object holds on the heap (names and line table), for the

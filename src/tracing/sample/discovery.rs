@@ -282,7 +282,7 @@ fn running_start_time(pid: u32) -> Option<u64> {
 /// fields are within the bytes the walk reads of each frame.
 fn target_entry(python: &Python, interpreters_head: u64) -> sample_target {
     let l = &python.layout;
-    let fields = [l.frame_code, l.frame_previous, l.frame_instr, l.frame_owner, l.frame_is_entry];
+    let fields = [l.frame_code, l.frame_previous, l.frame_instr, l.frame_globals, l.frame_owner, l.frame_is_entry];
     let present = || fields.into_iter().filter(|&o| o != NO_FIELD);
     // From the 8-byte word holding the first field to the end of the last
     // (8-byte fields; the one-byte ones end before an 8-byte boundary).
@@ -290,6 +290,7 @@ fn target_entry(python: &Python, interpreters_head: u64) -> sample_target {
     let end = present().map(|o| o + 8).max().unwrap_or(8);
     let relative = |o: u32| if o == NO_FIELD { NO_FIELD } else { o - start };
     let tstate = TstateRead::of(l);
+    let names = NamesRead::of(l);
     sample_target {
         layout: super::super::py_layout!(py_layout, l),
         interpreters_head,
@@ -298,11 +299,16 @@ fn target_entry(python: &Python, interpreters_head: u64) -> sample_target {
         frame_code: relative(l.frame_code),
         frame_previous: relative(l.frame_previous),
         frame_instr: relative(l.frame_instr),
+        frame_globals: relative(l.frame_globals),
         frame_owner: relative(l.frame_owner),
         frame_is_entry: relative(l.frame_is_entry),
         // From 3.11 frames live on the thread's data stack (bar generators'),
         // each caller's right below its callee's.
         frames_contiguous: (l.frame_owner != NO_FIELD) as u32,
+        names_read_start: names.start,
+        names_read_size: names.size,
+        name_in_read: l.code_qualname - names.start,
+        file_in_read: l.code_filename - names.start,
         tstate_thread_id: l.tstate_thread_id,
         tstate_read_start: tstate.start,
         tstate_read_size: tstate.size,
@@ -312,6 +318,21 @@ fn target_entry(python: &Python, interpreters_head: u64) -> sample_target {
         tstate_next: l.tstate_next,
         tstate_running_task: l.tstate_asyncio_running_task,
         ..gil_fields(l, interpreters_head)
+    }
+}
+
+/// The bytes of a code object read to name a new stack's frame: from its
+/// qualified name pointer's word to its file name pointer's, in either
+/// order (neighbours in every version).
+struct NamesRead {
+    start: u32,
+    size: u32,
+}
+
+impl NamesRead {
+    fn of(l: &crate::python::Layout) -> Self {
+        let start = l.code_qualname.min(l.code_filename);
+        NamesRead { start, size: l.code_qualname.max(l.code_filename) + 8 - start }
     }
 }
 
@@ -428,12 +449,25 @@ mod tests {
     #[test]
     fn frame_reads_cover_every_field_and_no_more() {
         for l in crate::python::layouts::LAYOUTS {
-            let fields = [l.frame_code, l.frame_previous, l.frame_instr, l.frame_owner, l.frame_is_entry];
+            let fields = [l.frame_code, l.frame_previous, l.frame_instr, l.frame_globals, l.frame_owner, l.frame_is_entry];
             let start = fields.iter().copied().filter(|&o| o != NO_FIELD).min().unwrap() & !7;
             let end = fields.iter().copied().filter(|&o| o != NO_FIELD).map(|o| o + 8).max().unwrap();
             assert!(end - start <= 128, "{:?}: {} bytes", l.version, end - start);
-            for f in [l.frame_code, l.frame_previous, l.frame_instr] {
+            for f in [l.frame_code, l.frame_previous, l.frame_instr, l.frame_globals] {
                 assert_eq!((f - start) % 8, 0, "{:?}: 8-byte fields stay aligned", l.version);
+            }
+        }
+    }
+
+    /// Each version's code object name and file name pointers, read in
+    /// one go, fit bpf/sample.h's NAMES_READ (32 bytes) as 8-byte words.
+    #[test]
+    fn name_reads_fit_and_hold_both_pointers() {
+        for l in crate::python::layouts::LAYOUTS {
+            let read = NamesRead::of(l);
+            assert!(read.size >= 8 && read.size <= 32, "{:?}: {} bytes", l.version, read.size);
+            for f in [l.code_qualname, l.code_filename] {
+                assert!(f >= read.start && f + 8 <= read.start + read.size && (f - read.start).is_multiple_of(8), "{:?}", l.version);
             }
         }
     }

@@ -1,11 +1,17 @@
 //! Naming one process's Python frames: its code objects, read from its
-//! memory once and cached by address, and the line of each instruction.
+//! memory once and cached by address and the frame's globals (`CodeKey`),
+//! and the line of each instruction.
 //!
 //! The target is untrusted and code objects come and go: a freed code
 //! object's address is soon reused by another (at start-up, a module's
 //! code object is freed when its import ends and the next function's takes
 //! its place). So a new stack's frames are named from a cached object only
-//! if it has the name pointer BPF read from the sampled one, and every
+//! if it has the name and file name pointers BPF read from the sampled one
+//! and ran with the same globals (module bodies all share the interned
+//! name `<module>`, but each has its own file and runs with its own
+//! module's dict, which outlives it); an object read later than BPF read
+//! those, and found with others, names nothing (the frame is unreadable);
+//! and every
 //! cached object is checked once per drain (`Code::identity`, read for all
 //! of them in two system calls); an object found changed is read again and
 //! gets a new generation, by which the stacks named after the old one know
@@ -53,6 +59,14 @@ impl CacheCounts {
     }
 }
 
+/// Which cached object names a frame: its code object's address and the
+/// frame's globals (0 where the layout has no such field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CodeKey {
+    pub code: u64,
+    pub globals: u64,
+}
+
 struct Entry {
     /// None: what is at the address is not a readable code object.
     code: Option<Rc<Code>>,
@@ -76,7 +90,7 @@ pub struct CodeResolver {
     mem: Option<Memory>,
     /// &PyCode_Type in the target, once its interpreter file is mapped.
     code_type: Option<u64>,
-    codes: HashMap<u64, Entry>,
+    codes: HashMap<CodeKey, Entry>,
     bytes: usize,
     /// Generations are unique across addresses, so that a flushed and
     /// re-read entry never repeats one.
@@ -112,54 +126,55 @@ impl CodeResolver {
     /// there now: cached objects are checked (their identities read in a
     /// batch) and read again if they changed; missing ones are read.
     /// Objects already checked in `drain` are not checked again.
-    pub fn refresh(&mut self, addrs: impl Iterator<Item = u64>, drain: u64) {
+    pub fn refresh(&mut self, keys: impl Iterator<Item = CodeKey>, drain: u64) {
         let mut seen = foldhash::HashSet::default();
-        let mut to_check: Vec<(u64, (u64, u64))> = Vec::new();
-        let mut to_read: Vec<u64> = Vec::new();
-        for addr in addrs.filter(|&a| seen.insert(a)) {
-            match self.codes.get_mut(&addr) {
+        let mut to_check: Vec<(CodeKey, (u64, u64))> = Vec::new();
+        let mut to_read: Vec<CodeKey> = Vec::new();
+        for key in keys.filter(|&k| seen.insert(k)) {
+            match self.codes.get_mut(&key) {
                 Some(e) if e.checked == drain => {}
                 Some(e) => {
                     e.checked = drain;
                     match &e.code {
-                        Some(code) => to_check.push((addr, code.identity())),
+                        Some(code) => to_check.push((key, code.identity())),
                         // Not a code object when last read: it may be one now.
-                        None => to_read.push(addr),
+                        None => to_read.push(key),
                     }
                 }
-                None => to_read.push(addr),
+                None => to_read.push(key),
             }
         }
         if !to_check.is_empty() {
-            let names = read_words(self.pid, to_check.iter().map(|(a, _)| a + self.layout.code_qualname as u64));
+            let names = read_words(self.pid, to_check.iter().map(|(k, _)| k.code + self.layout.code_qualname as u64));
             let hashes = read_words(self.pid, names.iter().map(|n| n.unwrap_or(0) + self.layout.unicode_hash as u64));
-            for (i, (addr, identity)) in to_check.iter().enumerate() {
+            for (i, (key, identity)) in to_check.iter().enumerate() {
                 if (names[i], hashes[i]) != (Some(identity.0), Some(identity.1)) {
-                    to_read.push(*addr);
+                    to_read.push(*key);
                 }
             }
         }
-        for addr in to_read {
-            self.read(addr, drain);
+        for key in to_read {
+            self.read(key, drain);
         }
     }
 
-    /// Makes the cache hold the objects a new stack's frames (code object,
-    /// the name pointer BPF read from it) refer to: an object cached with
-    /// that name pointer is taken as the one sampled, and the drain's
+    /// Makes the cache hold the objects a new stack's frames (code object
+    /// and globals, the name and file name pointers BPF read from the
+    /// object) refer to: an object cached under that key with those
+    /// pointers is taken as the one sampled, and the drain's
     /// `check_all` checks it whole within a second; one cached with another
     /// name, or not cached, is read now. (Checking every cached object of
     /// each batch of new stacks against the target took two system calls,
     /// about 90 µs of a batch's 140 on a line-level workload here.)
-    pub fn refresh_sampled(&mut self, frames: impl Iterator<Item = (u64, u64)>) {
-        let mut to_read: Vec<u64> = frames
-            .filter(|&(addr, name)| self.codes.get(&addr).and_then(|e| e.code.as_ref()).is_none_or(|c| c.identity().0 != name))
-            .map(|(addr, _)| addr)
+    pub fn refresh_sampled(&mut self, frames: impl Iterator<Item = (CodeKey, u64, u64)>) {
+        let mut to_read: Vec<CodeKey> = frames
+            .filter(|&(key, name, file)| self.codes.get(&key).and_then(|e| e.code.as_ref()).is_none_or(|c| !c.is_sampled(name, file)))
+            .map(|(key, _, _)| key)
             .collect();
         to_read.sort_unstable();
         to_read.dedup();
-        for addr in to_read {
-            self.read(addr, 0);
+        for key in to_read {
+            self.read(key, 0);
         }
     }
 
@@ -170,8 +185,8 @@ impl CodeResolver {
     /// frame. (Checking each counted stack's frames at every drain cost
     /// more than sampling itself at 1000 Hz on a deep workload.)
     pub fn check_all(&mut self, drain: u64) {
-        let addrs: Vec<u64> = self.codes.keys().copied().collect();
-        self.refresh(addrs.into_iter(), drain);
+        let keys: Vec<CodeKey> = self.codes.keys().copied().collect();
+        self.refresh(keys.into_iter(), drain);
     }
 
     /// How many objects have been read into the cache so far: unchanged
@@ -181,12 +196,14 @@ impl CodeResolver {
     }
 
     /// The frame of instruction `instr` in the code object cached for
-    /// `addr` (see `refresh`), and that object's generation; None when no
+    /// `key` (see `refresh`), and that object's generation; None when no
     /// code object could be read there, or when it is not the one sampled
-    /// (BPF read that one's name pointer, `name`, when it sent the stack).
-    pub fn frame(&mut self, addr: u64, instr: u64, name: u64) -> Option<(Rc<Frame>, u64)> {
-        let entry = self.codes.get_mut(&addr)?;
-        let code = entry.code.clone().filter(|c| c.identity().0 == name)?;
+    /// (BPF read that one's name and file name pointers, `name` and `file`,
+    /// when it sent the stack).
+    pub fn frame(&mut self, key: CodeKey, instr: u64, name: u64, file: u64) -> Option<(Rc<Frame>, u64)> {
+        let addr = key.code;
+        let entry = self.codes.get_mut(&key)?;
+        let code = entry.code.clone().filter(|c| c.is_sampled(name, file))?;
         let generation = entry.generation;
         if let Some(frame) = entry.by_instr.get(&instr) {
             return Some((frame.clone(), generation));
@@ -219,16 +236,17 @@ impl CodeResolver {
         Some((frame, generation))
     }
 
-    /// The generation of the object cached for `addr`, if any.
-    pub fn generation(&self, addr: u64) -> Option<u64> {
-        self.codes.get(&addr).filter(|e| e.code.is_some()).map(|e| e.generation)
+    /// The generation of the object cached for `key`, if any.
+    pub fn generation(&self, key: CodeKey) -> Option<u64> {
+        self.codes.get(&key).filter(|e| e.code.is_some()).map(|e| e.generation)
     }
 
-    /// (Re)reads the object at `addr` into the cache (as "no code object"
-    /// if it cannot be read).
-    fn read(&mut self, addr: u64, drain: u64) {
+    /// (Re)reads the object at `key.code` into the cache (as "no code
+    /// object" if it cannot be read).
+    fn read(&mut self, key: CodeKey, drain: u64) {
+        let addr = key.code;
         let mut had_code = false;
-        if let Some(old) = self.codes.remove(&addr) {
+        if let Some(old) = self.codes.remove(&key) {
             self.bytes = self.bytes.saturating_sub(old.bytes);
             had_code = old.code.is_some();
         }
@@ -266,7 +284,7 @@ impl CodeResolver {
             self.flush();
         }
         self.bytes += entry.bytes;
-        self.codes.insert(addr, entry);
+        self.codes.insert(key, entry);
     }
 
     /// Empties the cache: what is still in use is read again when next met.

@@ -16,6 +16,7 @@ use libbpf_rs::MapCore;
 use super::counts::{samples_of, SAMPLE_WEIGHT};
 use super::discovery::Processes;
 use super::kernel_symbols::KernelFrames;
+use super::resolve::CodeKey;
 use crate::bpf::sample::types::{native_record, py_frame_ref, sample_stack, stack_key};
 use crate::native::merge::PythonStack;
 use crate::native::{NativeStacks, UserStack};
@@ -288,14 +289,14 @@ impl Stacks {
             let pid = group[0].0;
             let Some(process) = processes.by_pid.get_mut(&pid) else { continue };
             process.tasks.forget_reads();
-            let frames = group.iter().filter_map(|k| self.raw.get(k)).flat_map(|s| s.python.iter().map(|f| (f.code, f.name)));
+            let frames = group.iter().filter_map(|k| self.raw.get(k)).flat_map(|s| s.python.iter().map(|f| (code_key(f), f.name, f.file)));
             process.resolver.refresh_sampled(frames);
             for key in group {
                 let Some(stack) = self.raw.get_mut(key) else { continue };
                 let (named, generations) = stack
                     .python
                     .iter()
-                    .map(|f| process.resolver.frame(f.code, f.instr, f.name).unwrap_or_else(|| (self.markers.unreadable.clone(), 0)))
+                    .map(|f| process.resolver.frame(code_key(f), f.instr, f.name, f.file).unwrap_or_else(|| (self.markers.unreadable.clone(), 0)))
                     .unzip();
                 stack.named = named;
                 stack.generations = generations;
@@ -527,6 +528,11 @@ impl Profile {
     }
 }
 
+/// What names a sampled frame in its process's code cache.
+fn code_key(frame: &py_frame_ref) -> CodeKey {
+    CodeKey { code: frame.code, globals: frame.globals }
+}
+
 /// Whether a stack's code objects changed since it was named (checked once
 /// per drain): a code object freed and another made at its address, or a
 /// frame unreadable then that can be read now. A retired stack is not
@@ -543,10 +549,10 @@ fn stale(raw: &mut RawStack, drain: u64, process: &mut super::discovery::Process
         return false;
     }
     // Reads the frames' objects that are not cached (a flushed cache).
-    process.resolver.refresh(raw.python.iter().map(|f| f.code), drain);
+    process.resolver.refresh(raw.python.iter().map(code_key), drain);
     // A code object freed since (nothing readable there now) changes
     // nothing: the samples were taken while it lived.
-    let changed = raw.python.iter().zip(&raw.generations).any(|(f, &g)| process.resolver.generation(f.code).is_some_and(|now| now != g));
+    let changed = raw.python.iter().zip(&raw.generations).any(|(f, &g)| process.resolver.generation(code_key(f)).is_some_and(|now| now != g));
     raw.retired = changed;
     raw.reads_seen = process.resolver.reads();
     changed

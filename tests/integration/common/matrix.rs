@@ -697,3 +697,48 @@ pub fn stacks_read_while_running_are_ones_it_can_have(py: &Interpreter) {
     assert!(samples >= 100, "{version}: only {samples} samples");
     assert!(target.0.try_wait().unwrap().is_none(), "{version}: the target died");
 }
+
+/// Module bodies are named after their own files: fixtures/module_bodies.py
+/// imports 30 modules (from .pyc files) whose bodies are the same code,
+/// each spinning for 0.1 s of CPU time, the second half once the process
+/// is 6 s old (past the seconds in which every new stack wakes pytrace).
+/// Each body's code object is freed as its import ends and the next one's
+/// is often made at its address, with the same interned name `<module>`:
+/// the sampler hashes each frame's globals (its module's dict, which lives
+/// on) and reads each code object's file name pointer with its name; and
+/// a new stack whose code was not seen before wakes pytrace at once. Before,
+/// every sample was named after the first module (after those fixes but
+/// the wake-up, one late module's 100 samples went unreadable beside CPU
+/// hogs). Ground truth: each module's CPU time, measured around its
+/// import; every module's share of the body samples must be within 2
+/// points of its share of that time, from at least 1,500 samples in all
+/// (3 s of CPU at 999 Hz).
+pub fn module_bodies_are_named_after_their_own_files(py: &Interpreter) {
+    let version = py.version;
+    let (dir, _) = py.output("module-bodies");
+    let (truth, truth_host) = py.output("module-bodies.json");
+    let report = py.json(
+        &["sample", "-r", "999"],
+        "module_bodies.py",
+        &["--dir", &dir, "--truth", &truth, "--cpu-seconds-each", &longer(0.1), "--from-bytecode", "--steady-after", "6"],
+    );
+    let truth = read_json(&truth_host);
+    let truth = truth.as_object().unwrap();
+    assert_eq!(truth.len(), 30, "{version}: {truth:?}");
+    let samples_in = |file: &str| -> u64 {
+        report["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["name"] == "<module>" && f["file"] == file)
+            .map(|f| f["total_samples"].as_u64().unwrap())
+            .sum()
+    };
+    let sum: u64 = truth.keys().map(|file| samples_in(file)).sum();
+    let cpu_sum: f64 = truth.values().map(|s| s.as_f64().unwrap()).sum();
+    assert!(sum >= 1500, "{version}: only {sum} samples in the module bodies");
+    for (file, cpu) in truth {
+        let (share, want) = (samples_in(file) as f64 * 100.0 / sum as f64, cpu.as_f64().unwrap() * 100.0 / cpu_sum);
+        assert!((share - want).abs() <= 2.0, "{version}: {file}'s body has {share:.1}% of the body samples, its CPU time {want:.1}%");
+    }
+}

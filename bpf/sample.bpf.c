@@ -6,7 +6,7 @@
  * object and instruction addresses, kernel return addresses) go to user
  * space once, when the stack is first seen; user space names them and reads
  * the counts periodically. Only --native sends a record per sample (its
- * copied user stack can only be unwound in user space).
+ * native frames go with it: bpf/native_unwind.bpf.h).
  *
  * Kernels: bounded loops (5.3), bpf_get_stack (4.18), bpf_ringbuf_output
  * (5.8), map-in-map (4.12) are all this program needs;
@@ -100,6 +100,9 @@ DEFINE_COUNTERS(SAMPLE_COUNTER_COUNT);
 
 struct sample_stack _sample_stack = {};
 struct native_record _native_record = {};
+struct unwind_row _unwind_row = {};
+struct native_mappings _native_mappings = {};
+enum native_end _native_end = 0;
 struct stack_key _stack_key = {};
 enum sample_counter _sample_counter = 0;
 enum record_kind _record_kind = 0;
@@ -109,6 +112,8 @@ enum sample_weight _sample_weight = 0;
 /* The ring of new stacks, the walk's scratch and its helpers, shared with
  * bpf/memory.bpf.c. */
 #include "sample_walk_base.bpf.h"
+/* --native's unwinder. */
+#include "native_unwind.bpf.h"
 
 /* The walker three times, from one template: reading the interrupted
  * thread's own memory (the perf-event sampler), with bounded loops for
@@ -233,18 +238,94 @@ static __always_inline struct pt_regs *saved_user_regs_fallback(struct task_stru
 	return regs;
 }
 
+/* --native: the interrupted thread's user registers, if the interrupt
+ * came from user mode (read through the context, which the verifier
+ * rewrites on every kernel); otherwise those saved at the top of the
+ * kernel stack, found by bpf_task_pt_regs (5.15) or as the kernel does.
+ * sp 0: none. */
+static __always_inline void native_user_regs(struct bpf_perf_event_data *ctx, struct task_struct *task, __u64 *ip,
+					     __u64 *sp, __u64 *bp)
+{
+	bool user = (((volatile const __u64 *)ctx)[PT_REGS_CS_WORD] & 3) == 3;
+
+	*ip = ctx->regs.ip;
+	*sp = ctx->regs.sp;
+	*bp = ctx->regs.bp;
+	if (!user) {
+		struct pt_regs *regs;
+
+		if (cfg.task_pt_regs && bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_task_pt_regs)) {
+			regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+			user = regs && (BPF_CORE_READ(regs, cs) & 3) == 3;
+		} else {
+			regs = saved_user_regs_fallback(task, &user);
+		}
+		*ip = BPF_CORE_READ(regs, ip);
+		*sp = BPF_CORE_READ(regs, sp);
+		*bp = BPF_CORE_READ(regs, bp);
+	}
+	if (!user) {
+		count(SAMPLE_NO_USER_REGS);
+		*sp = 0;
+	}
+}
+
+/* With bpf_loop (5.17+): the unwinding called. */
+static __always_inline void native_sample_call(struct bpf_perf_event_data *ctx, struct task_struct *task,
+					       __u64 pid_tid, __u64 hash)
+{
+	__u64 ip, sp, bp;
+
+	native_user_regs(ctx, task, &ip, &sp, &bp);
+	native_sample_loops(pid_tid, hash, ip, sp, bp);
+}
+
+/* Before: tail-called (see native_tail), the key through the scratch. */
+static __always_inline void native_sample_tail_call(struct bpf_perf_event_data *ctx, struct task_struct *task,
+						    __u64 pid_tid, __u64 hash)
+{
+	__u32 zero = 0;
+	struct native_scratch *ns = bpf_map_lookup_elem(&native_scratch, &zero);
+
+	if (!ns)
+		return;
+	ns->key_pid_tid = pid_tid;
+	ns->key_hash = hash;
+	bpf_tail_call(ctx, &native_tail, 0);
+	count(SAMPLE_LOST);
+}
+
+SEC("perf_event")
+int sample_native_tail(struct bpf_perf_event_data *ctx)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	__u32 zero = 0;
+	struct native_scratch *ns = bpf_map_lookup_elem(&native_scratch, &zero);
+	__u64 ip, sp, bp;
+
+	if (!ns)
+		return 0;
+	native_user_regs(ctx, task, &ip, &sp, &bp);
+	native_sample_bounded(ns->key_pid_tid, ns->key_hash, ip, sp, bp);
+	return 0;
+}
+
 /* The perf-event sampler twice, one per current-thread walker: with plain
  * bounded loops (kernels before 5.17) and with bpf_loop. */
 #define WALK(name) CAT(name, _current)
 #define SAMPLE_THREAD_PROGRAM sample_thread
+#define NATIVE_SAMPLE_CALL native_sample_tail_call
 #include "sample_thread.bpf.h"
 #undef WALK
 #undef SAMPLE_THREAD_PROGRAM
+#undef NATIVE_SAMPLE_CALL
 #define WALK(name) CAT(name, _current_loops)
 #define SAMPLE_THREAD_PROGRAM sample_thread_loops
+#define NATIVE_SAMPLE_CALL native_sample_call
 #include "sample_thread.bpf.h"
 #undef WALK
 #undef SAMPLE_THREAD_PROGRAM
+#undef NATIVE_SAMPLE_CALL
 
 /* --idle: every thread of every target, running or not, each time user
  * space reads this iterator (at the sampling rate): a wall-clock view.
@@ -310,6 +391,11 @@ int sample_all_threads(struct bpf_iter__task *ctx)
 			return 0;
 		}
 		start_native(r, &key);
+		/* Nothing unwound in the kernel: the whole stack is copied. */
+		r->frames = 0;
+		r->end = NATIVE_STACK_COPY;
+		r->reason = NATIVE_NOT_UNWOUND;
+		r->copy = 1;
 		/* A thread running on another CPU right now has its registers in
 		 * that CPU, not saved in its task: no native stack for it this
 		 * tick. */

@@ -96,27 +96,112 @@ enum thread_state {
 	THREAD_RELEASED = 4,         /* without the GIL, off CPU: in `syscall`, or preempted */
 };
 
-/* --native: one record per sample, since the copied stack can only be
- * unwound in user space. Its Python and kernel frames are the stack_record
- * of `hash`, sent before it; NATIVE_STACK_BYTES of stack follow it
- * (stack_len of them filled). */
+/* --native: native frames unwound in the kernel (bpf/native_unwind.bpf.h)
+ * from the unwind tables user space loads (src/native/kernel_tables.rs):
+ * at most this many frames a sample, a power of two for masks. */
+#define MAX_NATIVE_FRAMES 256
+/* Set in a frame's address: the address is exact (the sampled frame, or
+ * one a signal interrupted), not a return address, whose call is at
+ * address - 1. Bit 63: user addresses stay below 2^47. */
+#define NATIVE_EXACT_PC (1ULL << 63)
+
+/* Why a sample's native stack ends: one per sample, counted per CPU
+ * (native_ends) and sent with the sample. */
+enum native_end {
+	NATIVE_COMPLETE = 0,          /* the thread's first frame was reached */
+	NATIVE_FRAME_CAP = 1,         /* MAX_NATIVE_FRAMES frames */
+	NATIVE_NO_MAPPING = 2,        /* pc in no executable mapping BPF knows */
+	NATIVE_NO_TABLE = 3,          /* pc in a file without a table in the rows map */
+	NATIVE_NO_UNWIND_INFO = 4,    /* no row for pc and the frame-pointer step failed */
+	NATIVE_UNSUPPORTED = 5,       /* a rule the stepper does not follow */
+	NATIVE_READ_FAILED = 6,       /* a stack word could not be read */
+	NATIVE_BAD_RETURN_ADDRESS = 7,/* the CFA or the return address is not a user address */
+	NATIVE_SP_NOT_RISING = 8,     /* the CFA is not above sp */
+	NATIVE_STACK_COPY = 9,        /* stopped at no mapping, no table or no unwind information:
+				       * the stack from there copied for user space (`reason` says which) */
+	NATIVE_NO_REGISTERS = 10,     /* no user registers (a kernel thread) */
+	NATIVE_NOT_UNWOUND = 11,      /* --idle: nothing unwound in the kernel (a reason only) */
+	NATIVE_END_COUNT,
+};
+
+/* --native: one record per sample. Its Python and kernel frames are the
+ * stack_record of `hash`, sent before it. The kernel's frames follow the
+ * header (`frames` of them); where the kernel could go no further but user
+ * space may (end NATIVE_STACK_COPY, or --idle, which unwinds nothing in the
+ * kernel), NATIVE_STACK_BYTES of stack follow the frames (stack_len of
+ * them filled), copied from user_sp's page, and user space unwinds on from
+ * the registers user_*: the last of the kernel's frames is theirs. */
 struct native_record {
 	__u32 kind;        /* RECORD_NATIVE */
 	__u32 pid;
 	__u32 tid;
 	__u32 stack_len;   /* bytes copied, a multiple of NATIVE_PAGE */
 	__u64 hash;
-	/* The thread's user registers where it was interrupted (or entered the
-	 * kernel). */
+	/* With a stack copy, the registers user space's unwinding starts from
+	 * (the thread's own where it was interrupted, or the kernel's last
+	 * frame's). */
 	__u64 user_ip;
 	__u64 user_sp;
 	__u64 user_bp;
 	__u64 stack_start; /* address of the first copied byte: user_sp's page */
-	__u8 native;       /* 1: registers and stack recorded */
-	__u8 pad[7];
+	__u8 native;       /* 1: registers recorded */
+	__u8 end;          /* enum native_end */
+	__u8 reason;       /* NATIVE_STACK_COPY: the end that made the kernel stop */
+	__u8 copy;         /* 1: the stack copy follows the frames */
+	__u32 frames;      /* kernel-unwound frames, innermost first */
+	__u64 frame[MAX_NATIVE_FRAMES]; /* run-time addresses, NATIVE_EXACT_PC where exact */
 };
 
+#define NATIVE_HEADER_BYTES (sizeof(struct native_record) - MAX_NATIVE_FRAMES * sizeof(__u64))
 #define NATIVE_RECORD_BYTES (sizeof(struct native_record) + NATIVE_STACK_BYTES)
+
+/* One row of a file's unwind table: src/native/table.rs's UnwindRow. */
+struct unwind_row {
+	__u32 pc;         /* address minus the table's start */
+	__s16 cfa_offset;
+	__u8 kind;        /* enum unwind_row_kind */
+	__s8 rbp_at;      /* caller's rbp at CFA + 8 * rbp_at; 0: unchanged */
+};
+
+/* table.rs's RowKind. */
+enum unwind_row_kind {
+	ROW_CFA_RSP = 0,
+	ROW_CFA_RBP = 1,
+	ROW_PLT = 2,
+	ROW_SIGNAL_FRAME = 3,
+	ROW_END_OF_STACK = 4,
+	ROW_NO_FDE = 5,
+	/* 6 and up: unsupported rules */
+};
+
+/* The rows map's entries when --native is off (user space sizes it at
+ * load otherwise). */
+#define MIN_UNWIND_ROWS 1
+/* Fixed-count binary search steps: enough for 2^22 rows (32 MiB). */
+#define ROW_SEARCH_STEPS 23
+/* A process's executable mappings BPF knows (a power of two). */
+#define MAX_NATIVE_MAPPINGS 512
+#define MAPPING_SEARCH_STEPS 10
+/* Processes whose mappings BPF knows at once (--all --native). */
+#define MAX_NATIVE_PROCESSES 64
+
+/* One executable mapping: its table's rows are
+ * unwind_rows[first_row, first_row + rows), row pc 0 at table_start
+ * (run-time address). rows 0: the file has no table. */
+struct native_mapping {
+	__u64 start;
+	__u64 end;
+	__u64 table_start;
+	__u32 first_row;
+	__u32 rows;
+};
+
+/* A process's executable mappings, sorted by start, not overlapping. */
+struct native_mappings {
+	__u32 count;
+	__u32 pad;
+	struct native_mapping m[MAX_NATIVE_MAPPINGS];
+};
 
 enum sample_counter {
 	SAMPLE_LOST,          /* ring buffer full: a new stack's frames or a --native record not sent */

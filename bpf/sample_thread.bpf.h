@@ -46,34 +46,7 @@ int SAMPLE_THREAD_PROGRAM(struct bpf_perf_event_data *ctx)
 	if (!SEND_IF_NEW(&s->rec, &known, t, task, WALK(read_names)))
 		return 0;
 	if (cfg.native) {
-		/* The interrupt's registers, if it came from user mode (read
-		 * through the context, which the verifier rewrites on every
-		 * kernel); otherwise those saved at the top of the kernel stack,
-		 * found by bpf_task_pt_regs (5.15) or as the kernel does. */
-		bool user = (((volatile const __u64 *)ctx)[PT_REGS_CS_WORD] & 3) == 3;
-		__u64 ip = ctx->regs.ip, sp = ctx->regs.sp, bp = ctx->regs.bp;
-		struct native_record *r = bpf_ringbuf_reserve(&records, NATIVE_RECORD_BYTES, 0);
-
-		if (!r) {
-			count(SAMPLE_LOST);
-			return 0;
-		}
-		start_native(r, &key);
-		if (!user) {
-			struct pt_regs *regs;
-
-			if (cfg.task_pt_regs && bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_task_pt_regs)) {
-				regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-				user = regs && (BPF_CORE_READ(regs, cs) & 3) == 3;
-			} else {
-				regs = saved_user_regs_fallback(task, &user);
-			}
-			ip = BPF_CORE_READ(regs, ip);
-			sp = BPF_CORE_READ(regs, sp);
-			bp = BPF_CORE_READ(regs, bp);
-		}
-		WALK(fill_native)(r, user, ip, sp, bp, task);
-		bpf_ringbuf_submit(r, ring_submit_flags(&records));
+		NATIVE_SAMPLE_CALL(ctx, task, ((__u64)pid << 32) | tid, key.hash);
 		return 0;
 	}
 	start_count(counts_map, &key, weight && *weight ? *weight : SAMPLE_WEIGHT);

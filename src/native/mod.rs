@@ -1,10 +1,14 @@
-//! `sample --native`: the C frames between the Python ones. BPF copies each
-//! sampled thread's user registers and the top of its stack; here the stack
-//! is unwound (unwind.rs, framehop over each module's .eh_frame), its frames
-//! named (symbols.rs, blazesym) and merged with the Python frames
-//! (merge.rs). Every sample whose native stack could not be had whole, or
-//! could not be paired with its Python frames, is counted.
+//! `sample --native`: the C frames between the Python ones. BPF unwinds
+//! each sampled thread's native stack from the tables loaded here
+//! (kernel_tables.rs, built by table.rs); where it cannot go on, it copies
+//! the stack from there and user space unwinds the rest (unwind.rs,
+//! framehop over each module's .eh_frame, and scan.rs past code without
+//! unwind information). The frames are named (symbols.rs, blazesym) and
+//! merged with the Python frames (merge.rs). Every sample whose native
+//! stack could not be had whole, or could not be paired with its Python
+//! frames, is counted.
 
+pub mod kernel_tables;
 pub mod merge;
 mod module;
 mod scan;
@@ -16,7 +20,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use merge::{End, Markers, Outcome, PythonStack};
-pub use unwind::UserStack;
+pub use unwind::{KernelStack, UserStack};
 use unwind::{ModuleFiles, ProcessUnwinder, Stop};
 
 use crate::model::samples::Frame;
@@ -52,6 +56,11 @@ pub struct NativeStacks {
     markers: Markers,
     unavailable: Rc<Frame>,
     pub counts: Counts,
+    /// The tables and mappings BPF unwinds by; None when it unwinds
+    /// nothing (--idle, the tests).
+    pub kernel: Option<kernel_tables::KernelTables>,
+    /// pid -> the generation of its mappings loaded into `kernel`.
+    published: HashMap<u32, u64>,
 }
 
 impl Default for NativeStacks {
@@ -63,6 +72,8 @@ impl Default for NativeStacks {
             markers: Markers::default(),
             unavailable: Rc::new(Frame::NativeUnavailable),
             counts: Counts::default(),
+            kernel: None,
+            published: HashMap::new(),
         }
     }
 }
@@ -74,6 +85,27 @@ impl NativeStacks {
     /// interpreter under emulation, long enough to lose samples).
     pub fn prepare(&mut self, pid: u32) {
         self.processes.entry(pid).or_insert_with(|| ProcessUnwinder::new(pid)).prepare(&mut self.files);
+        self.publish(pid);
+    }
+
+    /// Loads pid's mappings and their tables into BPF if they changed
+    /// since last loaded.
+    fn publish(&mut self, pid: u32) {
+        let (Some(kernel), Some(unwinder)) = (self.kernel.as_mut(), self.processes.get(&pid)) else { return };
+        if self.published.get(&pid) == Some(&unwinder.generation) {
+            return;
+        }
+        self.published.insert(pid, unwinder.generation);
+        kernel.publish(pid, unwinder.mappings());
+    }
+
+    /// A process exited: what BPF held for it is freed.
+    pub fn forget(&mut self, pid: u32) {
+        self.processes.remove(&pid);
+        self.published.remove(&pid);
+        if let Some(kernel) = self.kernel.as_mut() {
+            kernel.forget(pid);
+        }
     }
 
     /// A sample's frames, innermost first: its Python frames merged with
@@ -81,7 +113,19 @@ impl NativeStacks {
     /// under a `[native stack unavailable]` marker; and whether the native
     /// stack was had whole, to its first frame.
     pub fn frames(&mut self, pid: u32, python: &PythonStack, user: Option<&UserStack>) -> (Vec<Rc<Frame>>, bool) {
-        let Some(user) = user else {
+        match user {
+            Some(user) => self.native_frames(pid, python, Some(Native::Copied(user))),
+            None => self.native_frames(pid, python, None),
+        }
+    }
+
+    /// `frames`, from what BPF unwound (and the copy it sent, if any).
+    pub fn kernel_frames(&mut self, pid: u32, python: &PythonStack, stack: &KernelStack) -> (Vec<Rc<Frame>>, bool) {
+        self.native_frames(pid, python, Some(Native::Kernel(stack)))
+    }
+
+    fn native_frames(&mut self, pid: u32, python: &PythonStack, native: Option<Native>) -> (Vec<Rc<Frame>>, bool) {
+        let Some(native) = native else {
             self.counts.unavailable += 1;
             let mut out: Vec<Rc<Frame>> = python.frames.to_vec();
             if python.truncated {
@@ -90,7 +134,12 @@ impl NativeStacks {
             out.push(self.unavailable.clone());
             return (out, false);
         };
-        let unwound = self.processes.entry(pid).or_insert_with(|| ProcessUnwinder::new(pid)).unwind(user, &mut self.files);
+        let unwinder = self.processes.entry(pid).or_insert_with(|| ProcessUnwinder::new(pid));
+        let unwound = match native {
+            Native::Copied(user) => unwinder.unwind(user, &mut self.files),
+            Native::Kernel(stack) => unwinder.name_kernel_frames(stack, &mut self.files),
+        };
+        self.publish(pid);
         let native: Vec<_> = unwound.frames.iter().map(|raw| self.symbols.frame(raw)).collect();
         let end = match unwound.stop {
             Stop::Complete => End::Complete,
@@ -115,6 +164,12 @@ impl NativeStacks {
         }
         (frames, end == End::Complete)
     }
+}
+
+/// Where a sample's native stack comes from.
+enum Native<'a> {
+    Copied(&'a UserStack<'a>),
+    Kernel(&'a KernelStack<'a>),
 }
 
 #[cfg(test)]

@@ -100,7 +100,25 @@ pub struct ProcessUnwinder {
     last_scan: Option<Instant>,
     /// Pages of code found in no module at the last scan.
     unmapped_pages: HashSet<u64>,
+    /// Counts the scans of the mappings: BPF's copy of them is loaded
+    /// again when it changes.
+    pub generation: u64,
 }
+
+/// A sample's native stack as BPF unwound it (bpf/native_unwind.bpf.h).
+pub struct KernelStack<'a> {
+    /// Run-time addresses, innermost first, NATIVE_EXACT_PC set on exact
+    /// ones (the first frame, one a signal interrupted).
+    pub frames: &'a [u64],
+    /// The kernel reached the thread's first frame.
+    pub complete: bool,
+    /// The stack from the kernel's last frame (whose registers it holds),
+    /// where the kernel could go no further and user space may.
+    pub copy: Option<UserStack<'a>>,
+}
+
+/// Set on a kernel frame's address when it is exact (sample.h).
+pub const EXACT_PC: u64 = 1 << 63;
 
 impl ProcessUnwinder {
     pub fn new(pid: u32) -> Self {
@@ -111,6 +129,7 @@ impl ProcessUnwinder {
             cache: Box::new(CacheX86_64::new()),
             last_scan: None,
             unmapped_pages: HashSet::new(),
+            generation: 0,
         }
     }
 
@@ -123,6 +142,7 @@ impl ProcessUnwinder {
     /// Reads the process's executable mappings again, adding the new ones.
     fn rescan(&mut self, files: &mut ModuleFiles) {
         self.last_scan = Some(Instant::now());
+        self.generation += 1;
         self.unmapped_pages.clear();
         let Ok(mappings) = proc::code_mappings(self.pid) else { return };
         let current: Vec<(Range<u64>, u64)> = mappings.iter().map(|m| (m.start..m.end, m.inode)).collect();
@@ -168,21 +188,67 @@ impl ProcessUnwinder {
         }
     }
 
+    /// The executable mappings with their files, sorted by start.
+    pub fn mappings(&self) -> impl Iterator<Item = super::kernel_tables::MappedFile<'_>> {
+        self.modules.iter().map(|m| super::kernel_tables::MappedFile { range: m.range.clone(), bias: m.bias, file: &m.file })
+    }
+
     /// The stack's frames, innermost first, as far as they can be unwound.
     pub fn unwind(&mut self, stack: &UserStack, files: &mut ModuleFiles) -> Unwound {
+        self.unwind_with(files, |me| me.unwind_once(stack))
+    }
+
+    /// The frames BPF unwound, named by module, and from a stack copy, the
+    /// rest as far as user space unwinds it.
+    pub fn name_kernel_frames(&mut self, stack: &KernelStack, files: &mut ModuleFiles) -> Unwound {
+        self.unwind_with(files, |me| me.name_kernel_frames_once(stack))
+    }
+
+    /// `unwind_once`, again after reading the mappings anew when the stack
+    /// reached an address in no known module (a library loaded since).
+    fn unwind_with(&mut self, files: &mut ModuleFiles, once: impl Fn(&mut Self) -> Unwound) -> Unwound {
         self.prepare(files);
-        let unwound = self.unwind_once(stack);
+        let unwound = once(self);
         let Some(RawFrame { module: None, address }) = unwound.frames.last() else { return unwound };
         let page = address >> 12;
         if !self.unmapped_pages.contains(&page) || self.last_scan.is_some_and(|t| t.elapsed() >= RESCAN_EVERY) {
             self.rescan(files);
-            let unwound = self.unwind_once(stack);
+            let unwound = once(self);
             if let Some(RawFrame { module: None, address }) = unwound.frames.last() {
                 self.unmapped_pages.insert(address >> 12);
             }
             return unwound;
         }
         unwound
+    }
+
+    fn name_kernel_frames_once(&mut self, stack: &KernelStack) -> Unwound {
+        let mut walk = Walk { frames: Vec::new(), scanned: 0, scan_time: Duration::ZERO };
+        // With a copy, the last frame is where user space goes on from.
+        let named = if stack.copy.is_some() { &stack.frames[..stack.frames.len().saturating_sub(1)] } else { stack.frames };
+        for &frame in named {
+            let pc = frame & !EXACT_PC;
+            let lookup = if frame & EXACT_PC != 0 { pc } else { pc.wrapping_sub(1) };
+            let Some(m) = self.module_at(lookup) else {
+                walk.frames.push(RawFrame { module: None, address: lookup });
+                return Unwound { frames: walk.frames, stop: Stop::Lost, scanned: 0, scan_time: Duration::ZERO };
+            };
+            walk.frames.push(RawFrame { module: Some(m.file.clone()), address: lookup.wrapping_sub(m.bias) });
+        }
+        let stop = match &stack.copy {
+            Some(copy) => {
+                let exact = stack.frames.last().is_none_or(|f| f & EXACT_PC != 0);
+                let regs = UnwindRegsX86_64::new(copy.ip, copy.sp, copy.bp);
+                let address = if exact { Some(FrameAddress::from_instruction_pointer(copy.ip)) } else { FrameAddress::from_return_address(copy.ip) };
+                match address {
+                    Some(address) => self.walk(copy, address, regs, &mut walk, MAX_SCANS, false),
+                    None => Stop::Complete,
+                }
+            }
+            None if stack.complete => Stop::Complete,
+            None => Stop::Lost,
+        };
+        Unwound { frames: walk.frames, stop, scanned: walk.scanned, scan_time: walk.scan_time }
     }
 
     fn unwind_once(&mut self, stack: &UserStack) -> Unwound {

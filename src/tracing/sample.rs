@@ -183,6 +183,12 @@ impl<'obj, 'a> Session<'obj, 'a> {
         }
         if opts.native {
             open.maps.records.set_max_entries(NATIVE_RING_BYTES).context("failed to size the sample ring buffer")?;
+            // --idle unwinds nothing in the kernel (its iterator copies the
+            // stacks whole).
+            if !opts.idle {
+                open.maps.unwind_rows.set_max_entries(crate::native::kernel_tables::UNWIND_ROWS).context("failed to size the unwind rows map")?;
+                open.maps.native_mappings.set_max_entries(crate::native::kernel_tables::NATIVE_PROCESSES).context("failed to size the native mappings map")?;
+            }
         }
         // Reading a hash map visits every bucket: size the counts maps to
         // what one drain can gather (every sample a distinct stack, twice
@@ -197,7 +203,15 @@ impl<'obj, 'a> Session<'obj, 'a> {
         let loops = uses_bpf_loop();
         open.progs.sample_thread.set_autoload(!opts.idle && !loops);
         open.progs.sample_thread_loops.set_autoload(!opts.idle && loops);
+        // Before bpf_loop, the sampler tail-calls --native's unwinding.
+        let native_tail = opts.native && !opts.idle && !loops;
+        open.progs.sample_native_tail.set_autoload(native_tail);
         let skel = crate::bpf::load::load("sample", open)?;
+        if native_tail {
+            use std::os::fd::{AsFd, AsRawFd};
+            let fd = skel.progs.sample_native_tail.as_fd().as_raw_fd();
+            skel.maps.native_tail.update(&0u32.to_ne_bytes(), &fd.to_ne_bytes(), libbpf_rs::MapFlags::ANY).context("failed to set the native unwinding's tail call")?;
+        }
         let all = matches!(targets, Targets::All);
         if all {
             keep_large_buffers_apart();
@@ -226,8 +240,14 @@ impl<'obj, 'a> Session<'obj, 'a> {
         // walked from the run's first tick, not counted without a thread
         // state until then (a second or more under emulation).
         session.processes.borrow_mut().locate(&session.target_maps())?;
-        if let (Some(pid), Some(native)) = (session.processes.borrow().only(), session.stacks.borrow_mut().native.as_mut()) {
-            native.prepare(pid);
+        if let Some(native) = session.stacks.borrow_mut().native.as_mut() {
+            if !opts.idle {
+                let maps = &session.skel.maps;
+                native.kernel = Some(crate::native::kernel_tables::KernelTables::new(&maps.unwind_rows, &maps.native_slots, &maps.native_mappings)?);
+            }
+            if let Some(pid) = session.processes.borrow().only() {
+                native.prepare(pid);
+            }
         }
         session.attach()?;
         if let Some(pid) = session.processes.borrow().only() {
@@ -350,6 +370,9 @@ impl<'obj, 'a> Session<'obj, 'a> {
         let forgotten = processes.rescan(&self.target_maps(), stacks.drains());
         for &pid in &forgotten {
             stacks.forget_process(pid, &self.skel.maps.known_stacks);
+            if let Some(native) = stacks.native.as_mut() {
+                native.forget(pid);
+            }
         }
         if !forgotten.is_empty() {
             // Hand what the exited processes' caches held back to the system.
@@ -533,6 +556,24 @@ impl<'obj, 'a> Session<'obj, 'a> {
             counters.push("processes_exited", Informational, "processes that exited during the run", processes.counts.exited);
         }
         if let Some(native) = &stacks.native {
+            if let Some(kernel) = &native.kernel {
+                use crate::bpf::sample::types::native_end as e;
+                let ends = [
+                    ("native_kernel_complete", "native stacks BPF unwound to their first frame", e::NATIVE_COMPLETE.0),
+                    ("native_kernel_frame_cap", "native stacks BPF cut at its frame limit", e::NATIVE_FRAME_CAP.0),
+                    ("native_kernel_unsupported", "native stacks BPF ended at an unwind rule it does not follow", e::NATIVE_UNSUPPORTED.0),
+                    ("native_kernel_read_failed", "native stacks BPF ended at a stack word it could not read", e::NATIVE_READ_FAILED.0),
+                    ("native_kernel_bad_return_address", "native stacks BPF ended at a CFA or return address outside user space", e::NATIVE_BAD_RETURN_ADDRESS.0),
+                    ("native_kernel_sp_not_rising", "native stacks BPF ended where the stack would not unwind upwards", e::NATIVE_SP_NOT_RISING.0),
+                    ("native_kernel_stack_copied", "native stacks BPF sent the rest of for user space to unwind (no mapping, no table, or no unwind information and no frame pointer)", e::NATIVE_STACK_COPY.0),
+                ];
+                let names: Vec<_> = ends.iter().map(|&(name, what, index)| (name, Informational, what, index)).collect();
+                counters.extend(read_counters(&self.skel.maps.native_ends, &names)?.iter().cloned());
+                let t = kernel.counts;
+                counters.push("native_files_without_table", Informational, "mapped files BPF has no unwind table for (too large, or none built): their samples unwound in user space", t.files_without_table);
+                counters.push("native_mappings_left_out", Informational, "executable mappings past what BPF holds per process", t.mappings_left_out);
+                counters.push("native_processes_left_out", Informational, "processes past those whose mappings BPF holds at once", t.processes_left_out);
+            }
             let c = native.counts;
             counters.push("native_unavailable", Informational, "samples without native frames", c.unavailable);
             counters.push("native_stack_cut", Informational, "native stacks deeper than the copy", c.stack_cut);

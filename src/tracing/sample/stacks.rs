@@ -17,9 +17,9 @@ use super::counts::{samples_of, SAMPLE_WEIGHT};
 use super::discovery::Processes;
 use super::kernel_symbols::KernelFrames;
 use super::resolve::CodeKey;
-use crate::bpf::sample::types::{native_record, py_frame_ref, sample_stack, stack_key};
+use crate::bpf::sample::types::{native_end, native_record, py_frame_ref, sample_stack, stack_key};
 use crate::native::merge::PythonStack;
-use crate::native::{NativeStacks, UserStack};
+use crate::native::{KernelStack, NativeStacks, UserStack};
 use crate::model::samples::{Frame, Sample};
 
 /// Bytes of reported stacks kept (frames as addresses and as names).
@@ -311,10 +311,18 @@ impl Stacks {
     fn receive_native(&mut self, bytes: &[u8], processes: &mut Processes) {
         // Its stack record came before it.
         self.name_new(processes);
+        // The record is cut after the frames BPF filled, unless a stack
+        // copy follows them.
         let header = std::mem::size_of::<native_record>();
-        let Some(head) = bytes.get(..header) else { return };
-        // SAFETY: a native_record the BPF program wrote, read unaligned.
-        let r: native_record = unsafe { std::ptr::read_unaligned(head.as_ptr().cast()) };
+        let first_frame = std::mem::offset_of!(native_record, frame);
+        if bytes.len() < first_frame {
+            return;
+        }
+        let filled = bytes.len().min(header);
+        // SAFETY: the start of a native_record the BPF program wrote (all
+        // zeroes is a valid one), copied unaligned.
+        let mut r: native_record = unsafe { std::mem::zeroed() };
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), (&mut r as *mut native_record).cast::<u8>(), filled) };
         let Some(process) = processes.by_pid.get_mut(&r.pid) else { return };
         let label = process.label.clone();
         let drain = self.drain;
@@ -329,21 +337,28 @@ impl Stacks {
             self.retire(r.pid, r.hash);
         }
         let Some(raw) = self.raw.get(&(r.pid, r.hash)) else { return };
-        let stack = &bytes[header..];
-        let len = (r.stack_len as usize).min(stack.len());
-        let user = (r.native != 0).then(|| UserStack {
-            ip: r.user_ip,
-            sp: r.user_sp,
-            bp: r.user_bp,
-            start: r.stack_start,
-            bytes: &stack[..len],
-            full: len == stack.len(),
-        });
         let entry: Vec<bool> = (0..raw.named.len()).map(|i| raw.is_entry(i)).collect();
         let python = PythonStack { frames: &raw.named, entry: &entry, truncated: raw.truncated };
         let Some(native) = self.native.as_mut() else { return };
         let mut frames: Vec<Rc<Frame>> = raw.kernel.clone();
-        let (native_frames, whole) = native.frames(r.pid, &python, user.as_ref());
+        let (native_frames, whole) = if r.native == 0 {
+            native.frames(r.pid, &python, None)
+        } else {
+            let sent = (r.frames as usize).min((filled - first_frame) / 8);
+            // With a copy, the stack follows the whole frame array.
+            let stack = bytes.get(header..).unwrap_or_default();
+            let len = (r.stack_len as usize).min(stack.len());
+            let copy = (r.copy != 0).then(|| UserStack {
+                ip: r.user_ip,
+                sp: r.user_sp,
+                bp: r.user_bp,
+                start: r.stack_start,
+                bytes: &stack[..len],
+                full: len == stack.len(),
+            });
+            let complete = r.end == native_end::NATIVE_COMPLETE.0 as u8;
+            native.kernel_frames(r.pid, &python, &KernelStack { frames: &r.frame[..sent], complete, copy })
+        };
         frames.extend(native_frames);
         if raw.no_python && whole && r.tid != r.pid {
             // A thread native code started (its stack ends in the thread

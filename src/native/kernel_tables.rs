@@ -104,8 +104,7 @@ pub struct KernelTables {
     cache: TableCache,
     /// By the table's address (Arc::as_ptr), held while placed.
     placed: HashMap<usize, Placement>,
-    /// Free row ranges, sorted, not touching.
-    free: Vec<Range<u32>>,
+    free: RowSpace,
     /// pid -> (its slot, the placements its mappings use).
     processes: HashMap<u32, (u32, Vec<usize>)>,
     free_slots: Vec<u32>,
@@ -123,7 +122,7 @@ impl KernelTables {
             mappings: MapHandle::try_from(mappings).context("failed to duplicate the native mappings map")?,
             cache: TableCache::new(capacity as usize),
             placed: HashMap::new(),
-            free: std::iter::once(0..capacity).collect(),
+            free: RowSpace::new(capacity),
             processes: HashMap::new(),
             free_slots: (0..max_slots).rev().collect(),
             counts: TableCounts::default(),
@@ -208,7 +207,7 @@ impl KernelTables {
             return Some((key, p.rows.clone(), table.base));
         }
         let len = table.rows.len();
-        let Some(rows) = (len > 0 && len <= MAX_TABLE_ROWS).then(|| self.allocate(len as u32)).flatten() else {
+        let Some(rows) = (len > 0 && len <= MAX_TABLE_ROWS).then(|| self.free.allocate(len as u32)).flatten() else {
             self.counts.files_without_table += 1;
             return None;
         };
@@ -226,7 +225,19 @@ impl KernelTables {
         }
         let rows = p.rows.clone();
         self.placed.remove(&key);
-        self.free_rows(rows);
+        self.free.release(rows);
+    }
+
+}
+
+/// The rows map's free rows: ranges, sorted, none touching another.
+struct RowSpace {
+    free: Vec<Range<u32>>,
+}
+
+impl RowSpace {
+    fn new(capacity: u32) -> Self {
+        RowSpace { free: std::iter::once(0..capacity).filter(|r| !r.is_empty()).collect() }
     }
 
     /// First fit. (The cache's budget is the map's size, but free rows may
@@ -241,10 +252,10 @@ impl KernelTables {
         Some(start..start + len)
     }
 
-    fn free_rows(&mut self, rows: Range<u32>) {
+    fn release(&mut self, rows: Range<u32>) {
         let i = self.free.partition_point(|r| r.start < rows.start);
         self.free.insert(i, rows);
-        // Merge with the neighbours it touches.
+        // Merged with the neighbours it touches.
         if i + 1 < self.free.len() && self.free[i].end == self.free[i + 1].start {
             self.free[i].end = self.free[i + 1].end;
             self.free.remove(i + 1);
@@ -258,3 +269,27 @@ impl KernelTables {
 
 // The layouts BPF and this file share.
 const _: () = assert!(std::mem::size_of::<native_mapping>() == 32);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tables placed and freed in any order leave the rows whole again,
+    /// and a table fits only in one free piece.
+    #[test]
+    fn freed_rows_merge_back() {
+        let mut space = RowSpace::new(100);
+        let a = space.allocate(30).unwrap();
+        let b = space.allocate(30).unwrap();
+        let c = space.allocate(30).unwrap();
+        assert_eq!((a.clone(), b.clone(), c.clone()), (0..30, 30..60, 60..90));
+        assert_eq!(space.allocate(11), None, "10 rows are left");
+        space.release(a);
+        space.release(c);
+        assert_eq!(space.allocate(41), None, "30 and 40 free rows, apart");
+        space.release(b);
+        assert_eq!(space.free, vec![0..100]);
+        assert_eq!(space.allocate(100), Some(0..100));
+        assert!(space.free.is_empty());
+    }
+}

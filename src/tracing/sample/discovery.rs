@@ -289,8 +289,8 @@ fn target_entry(python: &Python, interpreters_head: u64) -> sample_target {
     let start = present().min().unwrap_or(0) & !7;
     let end = present().map(|o| o + 8).max().unwrap_or(8);
     let relative = |o: u32| if o == NO_FIELD { NO_FIELD } else { o - start };
-    let tstate = TstateRead::of(l);
-    let names = NamesRead::of(l);
+    let tstate = FieldsRead::tstate(l);
+    let names = FieldsRead::names(l);
     sample_target {
         layout: super::super::py_layout!(py_layout, l),
         interpreters_head,
@@ -321,35 +321,29 @@ fn target_entry(python: &Python, interpreters_head: u64) -> sample_target {
     }
 }
 
-/// The bytes of a code object read to name a new stack's frame: from its
-/// qualified name pointer's word to its file name pointer's, in either
-/// order (neighbours in every version).
-struct NamesRead {
+/// The bytes from one 8-byte field to another, in either order, read at
+/// once: a PyThreadState's thread id and current frame pointer (finding a
+/// thread's state and its running frame cost one read of the target; larger
+/// than bpf/sample.h's SAMPLE_TSTATE_HEAD, BPF would find no thread state
+/// and count it), and a code object's qualified name and file name
+/// pointers (a new stack's frame named in one read; NAMES_READ).
+struct FieldsRead {
     start: u32,
     size: u32,
 }
 
-impl NamesRead {
-    fn of(l: &crate::python::Layout) -> Self {
-        let start = l.code_qualname.min(l.code_filename);
-        NamesRead { start, size: l.code_qualname.max(l.code_filename) + 8 - start }
+impl FieldsRead {
+    fn covering(a: u32, b: u32) -> Self {
+        let start = a.min(b);
+        FieldsRead { start, size: a.max(b) + 8 - start }
     }
-}
 
-/// The bytes of a PyThreadState the walk reads at once: from its thread
-/// id's word to its current frame pointer's (in either order), so that
-/// finding a thread's state and its running frame cost one read of the
-/// target. Larger than bpf/sample.h's SAMPLE_TSTATE_HEAD (no layout is,
-/// see the test below), BPF would find no thread state and count it.
-struct TstateRead {
-    start: u32,
-    size: u32,
-}
+    fn tstate(l: &crate::python::Layout) -> Self {
+        Self::covering(l.tstate_thread_id, l.tstate_current)
+    }
 
-impl TstateRead {
-    fn of(l: &crate::python::Layout) -> Self {
-        let start = l.tstate_thread_id.min(l.tstate_current);
-        TstateRead { start, size: l.tstate_thread_id.max(l.tstate_current) + 8 - start }
+    fn names(l: &crate::python::Layout) -> Self {
+        Self::covering(l.code_qualname, l.code_filename)
     }
 }
 
@@ -459,30 +453,23 @@ mod tests {
         }
     }
 
-    /// Each version's code object name and file name pointers, read in
-    /// one go, fit bpf/sample.h's NAMES_READ (32 bytes) as 8-byte words.
+    /// Each version's two-field reads fit their buffers in bpf/sample.h
+    /// and hold both fields as 8-byte words: a thread's id and current
+    /// frame pointer in SAMPLE_TSTATE_HEAD (256 bytes), a code object's
+    /// name and file name pointers in NAMES_READ (32 bytes).
     #[test]
-    fn name_reads_fit_and_hold_both_pointers() {
+    fn two_field_reads_fit_and_hold_both_fields() {
         for l in crate::python::layouts::LAYOUTS {
-            let read = NamesRead::of(l);
-            assert!(read.size >= 8 && read.size <= 32, "{:?}: {} bytes", l.version, read.size);
-            for f in [l.code_qualname, l.code_filename] {
-                assert!(f >= read.start && f + 8 <= read.start + read.size && (f - read.start).is_multiple_of(8), "{:?}", l.version);
-            }
-        }
-    }
-
-    /// Each version's thread id and current frame pointer, read in one go,
-    /// fit bpf/sample.h's SAMPLE_TSTATE_HEAD (256 bytes) and stay 8-byte
-    /// words there.
-    #[test]
-    fn thread_state_reads_fit_and_hold_both_fields() {
-        for l in crate::python::layouts::LAYOUTS {
-            let read = TstateRead::of(l);
-            assert!(read.size >= 8 && read.size <= 256, "{:?}: {} bytes", l.version, read.size);
-            for f in [l.tstate_thread_id, l.tstate_current] {
-                assert!(f >= read.start && f + 8 <= read.start + read.size, "{:?}", l.version);
-                assert_eq!((f - read.start) % 8, 0, "{:?}: 8-byte fields stay aligned", l.version);
+            let reads = [
+                (FieldsRead::tstate(l), [l.tstate_thread_id, l.tstate_current], 256),
+                (FieldsRead::names(l), [l.code_qualname, l.code_filename], 32),
+            ];
+            for (read, fields, most) in reads {
+                assert!(read.size >= 8 && read.size <= most, "{:?}: {} bytes", l.version, read.size);
+                for f in fields {
+                    assert!(f >= read.start && f + 8 <= read.start + read.size, "{:?}", l.version);
+                    assert!((f - read.start).is_multiple_of(8), "{:?}: 8-byte fields stay aligned", l.version);
+                }
             }
         }
     }

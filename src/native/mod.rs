@@ -113,10 +113,7 @@ impl NativeStacks {
     /// under a `[native stack unavailable]` marker; and whether the native
     /// stack was had whole, to its first frame.
     pub fn frames(&mut self, pid: u32, python: &PythonStack, user: Option<&UserStack>) -> (Vec<Rc<Frame>>, bool) {
-        match user {
-            Some(user) => self.native_frames(pid, python, Some(Native::Copied(user))),
-            None => self.native_frames(pid, python, None),
-        }
+        self.native_frames(pid, python, user.map(Native::Copied))
     }
 
     /// `frames`, from what BPF unwound (and the copy it sent, if any).

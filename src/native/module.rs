@@ -162,14 +162,12 @@ impl ModuleFile {
 
     /// The file it was read from, with its identity (device, inode, size,
     /// mtime); None for the vDSO.
-    #[cfg_attr(not(test), allow(dead_code))] // the unwind tables' cache (table.rs) is not used outside tests yet
     pub fn file(&self) -> Option<&CheckedFile> {
         self.file.as_ref()
     }
 
     /// Link-time addresses from the lowest to the highest byte of its
     /// executable segments: where its unwind entries may point.
-    #[cfg_attr(not(test), allow(dead_code))] // the unwind tables (table.rs) are not used outside tests yet
     pub fn code_span(&self) -> Option<Range<u64>> {
         let start = self.exec_segments.iter().map(|(file, delta)| file.start.wrapping_add(*delta)).min()?;
         let end = self.exec_segments.iter().map(|(file, delta)| file.end.wrapping_add(*delta)).max()?;

@@ -7,8 +7,10 @@
 //! `step`, the per-frame rules in Rust, which the BPF code is to mirror and
 //! the tests check against readelf and framehop.
 
-// Nothing outside the tests uses the tables until BPF does (the design's
-// steps 2 and 3).
+// kernel_tables.rs loads the rows into BPF; the reference stepper (`step`
+// and its types) and the look-ups it uses serve only the tests, which hold
+// them against readelf and framehop as the model bpf/native_unwind.bpf.h
+// mirrors.
 #![cfg_attr(not(test), allow(dead_code))]
 
 use std::cmp::Reverse;
